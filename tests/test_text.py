@@ -1,0 +1,95 @@
+"""TextEncoder: the ViT's own blocks on token ids, checked against nn.TransformerEncoder."""
+
+import pytest
+import torch
+from torch import nn
+
+import vit
+from vit.encoder import Block, Encoder
+
+
+def _pair(D, H, depth, norm_first, final_norm):
+    layer = nn.TransformerEncoderLayer(D, H, 4 * D, dropout=0.0, activation="gelu", batch_first=True,
+                                       norm_first=norm_first)
+    ref = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(D) if final_norm else None,
+                                enable_nested_tensor=False).eval()
+    for p in ref.parameters():  # non-trivial norms too
+        nn.init.normal_(p, std=0.2) if p.dim() == 1 else None
+    ours = vit.TextEncoder(100, D, depth, H, max_len=32, pos_embed="none", norm_first=norm_first,
+                           norm_eps=1e-5).eval()
+    ours.load_torch_encoder(ref)
+    return ours, ref
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("B,N,D,H,depth", [(2, 7, 32, 4, 2), (3, 12, 48, 6, 3), (1, 5, 16, 1, 1)])
+def test_parity_with_torch_encoder_under_padding(norm_first, B, N, D, H, depth):
+    ours, ref = _pair(D, H, depth, norm_first, final_norm=norm_first)
+    ids = torch.randint(0, 100, (B, N))
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[0, N - 2 :] = 0  # sample 0 ends in padding
+    with torch.no_grad():
+        emb = ours.token_embed(ids)
+        expected = ref(emb, src_key_padding_mask=~mask.bool())
+        got = ours(ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_padded_tokens_do_not_change_real_outputs():
+    m = vit.TextEncoder(50, 32, 2, 4, max_len=16, cls_token=True, pool="cls").eval()
+    ids = torch.randint(0, 50, (2, 10))
+    mask = torch.ones(2, 10)
+    mask[:, 7:] = 0
+    ids2 = ids.clone()
+    ids2[:, 7:] = torch.randint(0, 50, (2, 3))
+    with torch.no_grad():
+        a, b = m(ids, mask), m(ids2, mask)
+    torch.testing.assert_close(a.last_hidden_state[:, :8], b.last_hidden_state[:, :8], atol=1e-6, rtol=0)
+    torch.testing.assert_close(a.pooler_output, b.pooler_output, atol=1e-6, rtol=0)
+
+
+def test_masked_mean_pooling_ignores_padding():
+    m = vit.TextEncoder(50, 16, 1, 2, max_len=8, pool="mean").eval()
+    ids = torch.randint(0, 50, (1, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    with torch.no_grad():
+        out = m(ids, mask)
+        short = m(ids[:, :4])
+    torch.testing.assert_close(out.pooler_output, out.last_hidden_state[0, :4].mean(0, keepdim=True))
+    torch.testing.assert_close(out.pooler_output, short.pooler_output, atol=1e-6, rtol=0)
+
+
+def test_causal_outputs_do_not_see_the_future():
+    m = vit.TextEncoder(50, 16, 2, 2, max_len=8, causal=True).eval()
+    ids = torch.randint(0, 50, (1, 6))
+    ids2 = ids.clone()
+    ids2[0, 4:] = (ids2[0, 4:] + 1) % 50
+    with torch.no_grad():
+        a, b = m(ids).last_hidden_state, m(ids2).last_hidden_state
+    torch.testing.assert_close(a[0, :4], b[0, :4], atol=1e-6, rtol=0)
+    assert not torch.allclose(a[0, 4:], b[0, 4:])
+    # causal + padding together still agree between the fused and explicit paths
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    with torch.no_grad():
+        fused = m(ids, mask).last_hidden_state
+        out = m(ids, mask, return_attention=True)
+    torch.testing.assert_close(fused, out.last_hidden_state, atol=1e-5, rtol=0)
+    assert torch.all(out.attentions[0][0, :, :, 5] == 0)
+
+
+def test_text_and_vision_share_the_same_classes():
+    t = vit.TextEncoder(10, 32, 2, 4, max_len=8, norm_layer="rmsnorm", mlp_layer="swiglu", norm_first=False)
+    v = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=2)
+    assert type(t.blocks) is type(v.blocks) is Encoder
+    assert all(type(b) is Block for b in list(t.blocks) + list(v.blocks))
+    assert type(t.blocks[0].attn) is type(v.blocks[0].attn)
+
+
+def test_sincos_positions_and_errors():
+    m = vit.TextEncoder(10, 16, 1, 2, max_len=6, pos_embed="sincos")
+    torch.testing.assert_close(m.pos_embed[0], vit.layers.sincos_1d(6, 16))
+    with pytest.raises(ValueError, match="longer than max_len=6"):
+        m(torch.zeros(1, 7, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs cls_token=True"):
+        vit.TextEncoder(10, 16, 1, 2, pool="cls")

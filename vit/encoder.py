@@ -1,0 +1,127 @@
+"""The shared Transformer encoder: `Block` and `Encoder`, used unchanged by images and text.
+
+A block is two residual sub-layers, attention then feed-forward (Vaswani et al., 2017, section 3.1):
+    pre-norm  (ViT, GPT-2, default):   x = x + DropPath(LS(Attn(Norm(x))));  x = x + DropPath(LS(FFN(Norm(x))))
+    post-norm (original Transformer, BERT): x = Norm(x + Attn(x));           x = Norm(x + FFN(x))
+Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train without warmup
+tricks; a pre-norm stack needs one final norm after the last block (the model owns it, named `norm`).
+Disabled options become `nn.Identity()`, so `forward` has no branches on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, get_norm_layer
+
+__all__ = ["Block", "Encoder", "MLP_LAYERS"]
+
+MLP_LAYERS: dict[str, type[nn.Module]] = {"gelu": Mlp, "swiglu": SwiGLU}
+
+
+def get_mlp_layer(name: str) -> type[nn.Module]:
+    try:
+        return MLP_LAYERS[name]
+    except KeyError:
+        raise ValueError(f"unknown mlp_layer {name!r}; choose one of {sorted(MLP_LAYERS)}.") from None
+
+
+class Block(nn.Module):
+    """One Transformer layer. Parameter names follow timm (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_layer: str | Callable[[int], nn.Module] = "layernorm",
+        mlp_layer: str | type[nn.Module] = "gelu",
+        norm_first: bool = True,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
+        mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
+        self.norm_first = norm_first
+        self.norm1 = norm(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
+                              fused_attn=fused_attn)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm(dim)
+        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked."""
+        if self.norm_first:
+            y, attn = self.attn(self.norm1(x), mask, is_causal, return_attention)
+            x = x + self.drop_path1(self.ls1(y))
+            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        else:
+            y, attn = self.attn(x, mask, is_causal, return_attention)
+            x = self.norm1(x + self.drop_path1(self.ls1(y)))
+            x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        return x, attn
+
+
+class Encoder(nn.ModuleList):
+    """A stack of `Block`s. Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
+    as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth."""
+
+    def __init__(
+        self,
+        depth: int,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        **block_kwargs,
+    ) -> None:
+        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 1 else [drop_path_rate] * depth
+        super().__init__(
+            Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
+            for rate in rates
+        )
+
+    @property
+    def fused_attn(self) -> bool:
+        return all(blk.attn.fused_attn for blk in self)
+
+    @fused_attn.setter
+    def fused_attn(self, value: bool) -> None:
+        for blk in self:
+            blk.attn.fused_attn = value
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block."""
+        attentions: list[torch.Tensor] = []
+        for blk in self:
+            x, attn = blk(x, mask, is_causal, return_attention)
+            if return_attention:
+                attentions.append(attn)
+        return x, attentions

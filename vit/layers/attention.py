@@ -1,0 +1,126 @@
+"""Multi-head self-attention (Vaswani et al., 2017, "Attention Is All You Need", eq. 1 and section 3.2.2).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+Q, K and V come from one fused Linear (`qkv`, D -> 3D) so the three projections are a single matmul, named as
+in timm so that timm weights load unchanged. The fused path calls `F.scaled_dot_product_attention`, which
+dispatches to FlashAttention kernels (on CPU `_scaled_dot_product_flash_attention_for_cpu`) and never
+materializes the (N, N) score matrix. The explicit path computes softmax(QK^T/sqrt(d))V step by step and is
+used only when a caller asks for the attention probabilities, for inspection and attention rollout.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["Attention", "expand_mask"]
+
+
+def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
+    """Bring a user's mask into the (B | 1, 1 | H, N, N) form that attention broadcasts.
+
+    Accepted forms, all following SDPA's convention (boolean True = may attend; float = added to the scores):
+      (B, N)        a key-padding mask, e.g. a tokenizer's attention_mask (1 = real token, 0 = padding)
+      (N, N)        one mask for every sample and head, e.g. a causal mask
+      (B, N, N)     one mask per sample
+      (B, H, N, N)  fully specified
+    Integer masks are read as boolean (non-zero = may attend).
+    """
+    if mask is None:
+        return None
+    if not (mask.dtype == torch.bool or mask.is_floating_point()):
+        mask = mask != 0
+    if mask.dim() == 2 and mask.shape != (num_tokens, num_tokens):
+        if mask.shape[-1] != num_tokens:
+            raise ValueError(
+                f"attention mask of shape {tuple(mask.shape)} does not match the {num_tokens} tokens; "
+                "pass a (batch, tokens) padding mask or a (tokens, tokens) mask."
+            )
+        return mask[:, None, None, :]  # (B, 1, 1, N): masks keys only
+    if mask.dim() == 2:
+        return mask  # (N, N) broadcasts over batch and heads
+    if mask.dim() == 3:
+        return mask[:, None]  # (B, 1, N, N)
+    if mask.dim() == 4:
+        return mask
+    raise ValueError(f"attention mask must have 2, 3 or 4 dimensions, got shape {tuple(mask.shape)}.")
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection.
+
+    Args:
+        dim: token width D.
+        num_heads: number of heads H; D must be divisible by H (head width D / H).
+        qkv_bias: add a bias to the QKV projection (ViT and BERT do).
+        attn_drop: dropout on the attention probabilities.
+        proj_drop: dropout after the output projection.
+        fused_attn: use `F.scaled_dot_product_attention` (default); False selects the explicit path always.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim {dim} is not divisible by num_heads {num_heads}; choose a head count that divides it."
+            )
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = fused_attn
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, N, D). mask: see `expand_mask`. Returns (output (B, N, D), probabilities (B, H, N, N) or None)."""
+        B, N, D = x.shape
+        mask = expand_mask(mask, N)
+        if is_causal and mask is not None:
+            # SDPA takes either a mask or is_causal; fold the causal constraint into the given mask.
+            causal = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+            mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
+            is_causal = False
+        # (B, N, 3D) -> (3, B, H, N, d): one matmul for Q, K and V, then a view and a permute (no copy).
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+        if self.fused_attn and not return_attention:
+            x = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=self.attn_drop.p if self.training else 0.0,
+                is_causal=is_causal,
+            )
+            attn = None
+        else:
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if is_causal:
+                causal = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+                scores = scores.masked_fill(~causal, float("-inf"))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+            attn = scores.softmax(dim=-1)
+            x = self.attn_drop(attn) @ v  # (B, H, N, d)
+
+        x = x.transpose(1, 2).reshape(B, N, D)  # (B, N, H*d): heads side by side again
+        x = self.proj_drop(self.proj(x))
+        return x, attn

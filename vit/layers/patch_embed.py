@@ -1,0 +1,58 @@
+"""Patch embedding (Dosovitskiy et al., 2021, "An Image is Worth 16x16 Words", eq. 1).
+
+An image (B, C, H, W) is cut into non-overlapping P x P patches, each flattened and linearly projected to D.
+A Conv2d with kernel = stride = P is exactly that linear map applied to every patch, named `proj` as in timm.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["PatchEmbed", "to_2tuple"]
+
+
+def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(x, int):
+        return (x, x)
+    x = tuple(x)
+    if len(x) != 2:
+        raise ValueError(f"expected an int or a (height, width) pair, got {x!r}.")
+    return x  # type: ignore[return-value]
+
+
+class PatchEmbed(nn.Module):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        for side, (s, p) in zip(("height", "width"), zip(self.img_size, self.patch_size)):
+            if s % p != 0:
+                raise ValueError(
+                    f"image {side} {s} is not divisible by patch size {p}; pick an image size that is a "
+                    "multiple of the patch size."
+                )
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+
+    def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
+        """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
+        ph, pw = self.patch_size
+        if height % ph or width % pw:
+            raise ValueError(
+                f"input of size {height}x{width} is not divisible by the patch size {ph}x{pw}; "
+                "resize or crop it to a multiple of the patch size."
+            )
+        return height // ph, width // pw
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, C, H, W) -> (B, D, h, w) -> (B, h*w, D), patches in row-major order.
+        return self.proj(x).flatten(2).transpose(1, 2)

@@ -1,0 +1,138 @@
+"""Load timm / Hugging Face-timm weights into our models, adapting them to the model at hand.
+
+Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `.bin` / `.ckpt` through
+`torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
+  - position embeddings resampled to the model's patch grid (bicubic, prefix tokens kept apart, as timm);
+  - a classifier head whose class count differs is dropped and the model's fresh head kept (fine-tuning);
+  - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed.
+Anything else that does not fit raises one sentence naming the mismatch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from .layers import resample_abs_pos_embed
+
+__all__ = ["load_pretrained", "read_state_dict", "LoadReport"]
+log = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
+
+
+@dataclass
+class LoadReport:
+    path: str
+    actions: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"loaded {self.path}" + ("".join(f"\n  - {a}" for a in self.actions) if self.actions else "")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a weights file into a flat {name: tensor} dict, never executing code from it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist; check the path.")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except Exception as e:
+            raise ValueError(f"{path} is not a readable safetensors file ({e}); re-download or re-export it.") from None
+    if path.suffix not in PICKLE_SUFFIXES:
+        raise ValueError(
+            f"{path} has an unknown weights format {path.suffix!r}; use .safetensors, .pth, .pt, .bin or .ckpt."
+        )
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"refusing to load {path}: it contains pickled code or objects beyond plain tensors, which could run "
+            f"arbitrary code ({str(e).splitlines()[0]}); convert it to .safetensors from a trusted source."
+        ) from None
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable PyTorch weights file ({e}).") from None
+    return _unwrap(obj, path)
+
+
+def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:
+    for key in ("state_dict", "model", "module", "model_ema", "state_dict_ema"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path} does not hold a state dict of tensors; pass a model weights file.")
+    prefix = "module."
+    if all(k.startswith(prefix) for k in obj):  # saved from DistributedDataParallel
+        obj = {k[len(prefix) :]: v for k, v in obj.items()}
+    return obj
+
+
+def adapt_state_dict(
+    state: dict[str, torch.Tensor], model: nn.Module, report: LoadReport
+) -> dict[str, torch.Tensor]:
+    """Resample positions and drop a mismatched head so `state` fits `model`; record what was done."""
+    state = dict(state)
+    own = model.state_dict()
+    pos = state.get("pos_embed")
+    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
+        prefix = getattr(model, "num_prefix_tokens", 1)
+        new_grid = model.patch_embed.grid_size
+        old_n = pos.shape[1] - prefix
+        side = math.isqrt(old_n)
+        if side * side != old_n or pos.shape[-1] != own["pos_embed"].shape[-1]:
+            raise ValueError(
+                f"position embeddings of shape {tuple(pos.shape)} cannot be resampled to "
+                f"{tuple(own['pos_embed'].shape)}; the checkpoint is from another architecture."
+            )
+        state["pos_embed"] = resample_abs_pos_embed(pos, new_grid, (side, side), prefix)
+        report.actions.append(f"resampled pos_embed from a {side}x{side} grid to {new_grid[0]}x{new_grid[1]}")
+    head_keys = [k for k in ("head.weight", "head.bias") if k in state]
+    if head_keys and ("head.weight" not in own or state["head.weight"].shape != own["head.weight"].shape):
+        n_old = state["head.weight"].shape[0]
+        n_new = own["head.weight"].shape[0] if "head.weight" in own else 0
+        for k in head_keys:
+            del state[k]
+        report.actions.append(f"dropped the {n_old}-class head; the model keeps its new {n_new}-class head")
+    return state
+
+
+def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True) -> LoadReport:
+    """Load a timm (or HF-timm) checkpoint file into `model`, adapting positions and head.
+
+    With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a ValueError that
+    names it. Returns a report of the adaptations, also logged.
+    """
+    report = LoadReport(str(path))
+    state = adapt_state_dict(read_state_dict(path), model, report)
+    own = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape
+    ]
+    dropped_head = any("head" in a for a in report.actions)
+    missing = [k for k in own if k not in state and not (dropped_head and k.startswith("head."))]
+    unexpected = [k for k in state if k not in own]
+    if strict and (wrong or missing or unexpected):
+        parts = []
+        if wrong:
+            parts.append("shape mismatch: " + ", ".join(wrong[:4]))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else ""))
+        if unexpected:
+            parts.append("unexpected: " + ", ".join(unexpected[:4]) + (" ..." if len(unexpected) > 4 else ""))
+        raise ValueError(
+            f"{path} does not fit this model ({'; '.join(parts)}); it is from another architecture: "
+            "create the model it was saved from."
+        )
+    state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(state, strict=False)
+    log.info("%s", report)
+    return report
