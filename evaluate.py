@@ -1,0 +1,199 @@
+"""Evaluate a checkpoint: accuracy, per-class precision/recall/F1, calibration, and the images it gets wrong.
+
+    python evaluate.py --checkpoint runs/default/best                       # its own config, classes, val split
+    python evaluate.py --checkpoint runs/x/best --data.dataset=imagefolder --data.root=/data/other
+    python evaluate.py --model vit_base_patch16_224 --weights vit_b16.safetensors --img-size 224 \\
+        --data.dataset=imagefolder --data.root=/data/imagenet-val-as-folder
+    accelerate launch --num_processes 2 evaluate.py --checkpoint ...        # same numbers, one row per image
+
+Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
+reliability.png; prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, Dataset
+
+from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
+from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
+from vit.data import DataError, build_datasets
+from vit.metrics import expected_calibration_error, predict, summarize_logits
+from vit.plots import plot_confusion, plot_reliability
+from vit.pretrained import load_pretrained, read_state_dict
+from vit.vision import create_model
+
+
+class Indexed(Dataset):
+    """Yields (image, label, index) so predictions can be matched to their sample after gathering."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __len__(self):
+        return len(self.ds)
+
+    def __getitem__(self, i):
+        x, y = self.ds[i]
+        return x, y, i
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] [--data.key=value ...]")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name, with --weights: evaluate a timm checkpoint file")
+    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin)")
+    ap.add_argument("--img-size", type=int, default=None)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
+    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
+    args, rest = ap.parse_known_args(argv)
+    overrides = parse_overrides(rest)
+    bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
+    if bad:
+        raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
+    if args.model and not args.weights:
+        raise ConfigError("--model needs --weights FILE (a timm checkpoint); or pass --checkpoint.")
+    return args, overrides
+
+
+def load_model_and_config(args, overrides):
+    if args.checkpoint:
+        model, cfg, classes, meta = load_checkpoint(args.checkpoint)
+        data = apply_overrides(to_dict(cfg), overrides)
+        cfg = from_dict(data)
+        return model, cfg, classes
+    state = read_state_dict(args.weights)
+    if "head.weight" not in state:
+        raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
+    num_classes = state["head.weight"].shape[0]
+    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
+    model = create_model(args.model, img_size=cfg.model.img_size, num_classes=num_classes)
+    print(load_pretrained(model, args.weights))
+    return model.eval(), cfg, None
+
+
+def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
+    """Precision/recall/F1/support per class from a confusion matrix (rows true, columns predicted)."""
+    tp = np.diag(conf).astype(float)
+    support = conf.sum(1).astype(float)
+    predicted = conf.sum(0).astype(float)
+    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
+    denom = precision + recall
+    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
+    rows = [dict(precision=p, recall=r, f1=f, support=int(s)) for p, r, f, s in zip(precision, recall, f1, support)]
+    present = support > 0
+    w = support / max(1.0, support.sum())
+    avgs = {
+        "macro": dict(precision=precision[present].mean(), recall=recall[present].mean(), f1=f1[present].mean()),
+        "weighted": dict(precision=(precision * w).sum(), recall=(recall * w).sum(), f1=(f1 * w).sum()),
+    }
+    return rows, {k: {m: float(v) for m, v in d.items()} for k, d in avgs.items()}
+
+
+def csv_text(fieldnames, rows) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fieldnames)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    # the class check happens here, before any image is decoded or any forward pass runs
+    _, val_ds, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=ckpt_classes)
+    if ckpt_classes is None and len(classes) != model.num_classes:
+        raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
+                        "evaluate on data with the classes the model was trained on.")
+    out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
+                                                 else Path("runs") / f"eval-{args.model}")
+    accelerator = Accelerator()
+    loader = DataLoader(Indexed(val_ds), batch_size=args.batch_size or cfg.data.eval_batch_size or
+                        cfg.data.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
+    model, loader = accelerator.prepare(model, loader)
+
+    t0 = time.perf_counter()
+    logits_all, labels_all, index_all = [], [], []
+    model.eval()
+    with torch.no_grad():
+        for x, y, idx in loader:
+            with accelerator.autocast():
+                logits = model(x)
+            logits, y, idx = accelerator.gather_for_metrics((logits.float().contiguous(), y, idx))
+            logits_all.append(logits.cpu())
+            labels_all.append(y.cpu())
+            index_all.append(idx.cpu())
+    seconds = time.perf_counter() - t0
+    order = torch.cat(index_all).argsort()
+    logits, labels, index = torch.cat(logits_all)[order], torch.cat(labels_all)[order], torch.cat(index_all)[order]
+    if not accelerator.is_main_process:
+        return 0
+
+    n, k = len(labels), len(classes)
+    summary = summarize_logits(logits, labels)
+    probs = logits.softmax(1)
+    ece, bins = expected_calibration_error(probs, labels)
+    pred = logits.argmax(1)
+    conf = np.zeros((k, k), dtype=np.int64)
+    np.add.at(conf, (labels.numpy(), pred.numpy()), 1)
+    rows, avgs = per_class_table(conf)
+    metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
+                   images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
+                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
+                   num_processes=accelerator.num_processes)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+    atomic_write_text(out_dir / "per_class.csv", csv_text(
+        ["class", "precision", "recall", "f1", "support"],
+        [{"class": c, **r} for c, r in zip(classes, rows)]))
+    topk = min(args.topk, k)
+    p_top, i_top = probs.topk(topk, dim=1)
+    pred_rows = []
+    for j in range(n):
+        i = int(index[j])
+        row = {"sample": val_ds.describe(i), "label": int(labels[j]), "label_name": classes[int(labels[j])],
+               "correct": int(i_top[j, 0] == labels[j])}
+        for r in range(topk):
+            row[f"pred{r + 1}"] = int(i_top[j, r])
+            row[f"pred{r + 1}_name"] = classes[int(i_top[j, r])]
+            row[f"prob{r + 1}"] = f"{float(p_top[j, r]):.6f}"
+        pred_rows.append(row)
+    atomic_write_text(out_dir / "predictions.csv", csv_text(list(pred_rows[0]) if pred_rows else ["sample"], pred_rows))
+    plot_confusion(conf, classes, out_dir / "confusion.png")
+    plot_reliability(bins, ece, out_dir / "reliability.png")
+
+    print(f"\n{n} images, {accelerator.num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"top-1 {100 * metrics['top1']:.2f}%" + (f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None
+                                                   else "") + f"   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
+    width = max(8, max(len(c) for c in classes) + 2)
+    print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
+    for c, r in zip(classes, rows):
+        print(f"{c:<{width}}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}{r['support']:>10d}")
+    for name in ("macro", "weighted"):
+        a = avgs[name]
+        print(f"{name + ' avg':<{width}}{a['precision']:>10.4f}{a['recall']:>10.4f}{a['f1']:>10.4f}{n:>10d}")
+    print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv confusion.png reliability.png")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

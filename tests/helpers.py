@@ -1,0 +1,40 @@
+"""Small things the tests make: ImageFolders of generated images, tiny training runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY = [
+    "--model.img_size=32", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2",
+    "--model.mlp_ratio=2", "--data.batch_size=8", "--run.log_every=1", "--aug.random_resized_crop=false",
+    "--optim.warmup_epochs=0.5",
+]
+
+
+def make_image_folder(root: Path, classes=("cat", "dog", "fox"), n_train=8, n_val=5, size=40, seed=0) -> Path:
+    """Images whose mean colour encodes the class, so a tiny model can learn them in a few steps."""
+    rng = np.random.default_rng(seed)
+    colours = {c: rng.integers(30, 225, size=3) for c in classes}
+    for split, n in (("train", n_train), ("val", n_val)):
+        for c in classes:
+            d = root / split / c
+            d.mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                img = np.clip(colours[c] + rng.normal(0, 25, size=(size, size + 8, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(img).save(d / f"{i:03d}.png")
+    return root
+
+
+def run_script(script: str, *args: str, timeout: float = 600, env: dict | None = None,
+               launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    cmd = (launcher or [sys.executable]) + [str(ROOT / script), *args]
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)

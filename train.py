@@ -1,0 +1,340 @@
+"""Train a Vision Transformer with Accelerate: one CPU, one GPU or many, without edits.
+
+    accelerate launch train.py                                   # configs/default.yaml: digits, offline
+    accelerate launch train.py --config configs/cifar10_vit_small.yaml --optim.lr=5e-4
+    accelerate launch --multi_gpu --num_processes 2 train.py     # two processes (gloo on a CPU-only machine)
+    accelerate launch train.py --resume=auto                     # continue a run at its last saved step
+
+The story: config -> accelerator -> data -> model -> optimizer -> loop (train, evaluate, checkpoint) -> curves.
+Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from vit.checkpoint import (CheckpointError, atomic_write_text, build_model, latest_state, save_checkpoint,
+                            save_state_atomic)
+from vit.config import ConfigError, dump, load_config
+from vit.data import DataError, EpochSampler, build_datasets
+from vit.metrics import predict, summarize_logits
+from vit.optim import build_optimizer, lr_at, set_lr
+from vit.plots import plot_curves
+from vit.pretrained import load_pretrained
+
+METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
+                 "skipped_steps"]
+
+
+@dataclass
+class TrainState:
+    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved with Accelerate's state."""
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed
+    best: list = field(default_factory=list)  # [(val_acc1, epoch)] of kept checkpoints, best first
+    skipped: int = 0
+
+    def state_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def load_state_dict(self, d: dict) -> None:
+        self.__dict__.update(d)
+
+
+def parse_args(argv: list[str]) -> tuple[str, list[str]]:
+    config, rest, i = "configs/default.yaml", [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("-h", "--help"):
+            print(__doc__)
+            sys.exit(0)
+        if a == "--config" and i + 1 < len(argv):
+            config, i = argv[i + 1], i + 2
+            continue
+        if a.startswith("--config="):
+            config = a.split("=", 1)[1]
+        elif a == "--resume" or a.startswith("--resume="):
+            rest.append("--run.resume=" + (a.split("=", 1)[1] if "=" in a else "auto"))
+        else:
+            rest.append(a)
+        i += 1
+    return config, rest
+
+
+def check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"cannot write to the output folder {run_dir} ({e.strerror}); "
+                          "set run.output_dir to a writable folder.") from None
+
+
+def mix_batch(mixup_fn, x, y, num_classes, smoothing):
+    """timm's Mixup needs an even batch; an odd last sample keeps its own (smoothed) one-hot target."""
+    from timm.data.mixup import mixup_target
+
+    if mixup_fn is None:
+        return x, y
+    if x.shape[0] % 2 == 0:
+        return mixup_fn(x, y)
+    xm, ym = mixup_fn(x[:-1], y[:-1])
+    y_last = mixup_target(y[-1:], num_classes, lam=1.0, smoothing=smoothing)
+    return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg = load_config(config_path, overrides)
+    run_dir = Path(cfg.run.output_dir) / cfg.run.name
+
+    # --- accelerator ------------------------------------------------------------------------------------------
+    accelerator = Accelerator(
+        gradient_accumulation_steps=cfg.optim.grad_accum_steps,
+        mixed_precision=cfg.run.mixed_precision,
+        log_with="tensorboard",
+        project_dir=str(run_dir),
+    )
+    logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.ERROR,
+                        format="%(message)s")
+    logging.getLogger("accelerate").setLevel(logging.WARNING)  # its per-file save messages drown the progress
+    if accelerator.is_main_process:
+        check_writable(run_dir)
+    set_seed(cfg.run.seed)
+    accelerator.print(f"config ({config_path}):\n{dump(cfg)}")
+    accelerator.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
+                      f"mixed precision {accelerator.mixed_precision}")
+
+    # --- data -------------------------------------------------------------------------------------------------
+    train_ds, val_ds, classes = build_datasets(cfg)
+    num_classes = len(classes)
+    sampler = EpochSampler(len(train_ds), shuffle=True, seed=cfg.run.seed)
+    train_loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=False,
+                              num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
+                              persistent_workers=False)
+    val_loader = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
+                            num_workers=cfg.data.num_workers)
+    accelerator.print(f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, "
+                      f"{num_classes} classes")
+
+    # --- model and optimizer ----------------------------------------------------------------------------------
+    model = build_model(cfg, num_classes)
+    if cfg.model.pretrained:
+        accelerator.print(load_pretrained(model, cfg.model.pretrained))
+    accelerator.print(f"model: {cfg.model.name}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")
+    optimizer = build_optimizer(model, cfg.optim)
+    if cfg.run.compile:
+        model = torch.compile(model)
+    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    ema = None
+    if cfg.optim.ema:
+        from timm.utils import ModelEmaV3
+
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
+        accelerator.register_for_checkpointing(ema)
+    state = TrainState()
+    accelerator.register_for_checkpointing(state)
+
+    steps_per_epoch = math.ceil(len(train_loader) / cfg.optim.grad_accum_steps)
+    total_steps = cfg.run.epochs * steps_per_epoch
+    warmup_steps = int(cfg.optim.warmup_epochs * steps_per_epoch)
+    lr_peak = cfg.optim.lr
+
+    mixup_fn = None
+    if cfg.aug.mixup > 0 or cfg.aug.cutmix > 0:
+        from timm.data import Mixup
+
+        mixup_fn = Mixup(mixup_alpha=cfg.aug.mixup, cutmix_alpha=cfg.aug.cutmix, prob=cfg.aug.mixup_prob,
+                         label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
+
+    # --- resume -----------------------------------------------------------------------------------------------
+    if cfg.run.resume:
+        path = latest_state(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
+        if path is None:
+            accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
+        elif not path.is_dir():
+            raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
+        else:
+            accelerator.load_state(str(path))
+            accelerator.print(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
+    if accelerator.is_main_process:
+        atomic_write_text(run_dir / "config.yaml", dump(cfg))
+        _trim_metrics(run_dir / "metrics.csv", state.step)
+    accelerator.init_trackers("tensorboard", config=_flat_scalars(cfg))
+
+    # --- loop -------------------------------------------------------------------------------------------------
+    progress = tqdm(total=total_steps, initial=state.step, disable=not accelerator.is_local_main_process,
+                    desc="train", dynamic_ncols=True)
+    while state.epoch < cfg.run.epochs and not _done(cfg, state):
+        model.train()
+        train_ds.set_epoch(state.epoch)
+        sampler.set_epoch(state.epoch)
+        loader = accelerator.skip_first_batches(train_loader, state.batch_in_epoch) if state.batch_in_epoch \
+            else train_loader
+        loss_sum, loss_n, seen, t0 = torch.zeros((), device=accelerator.device), 0, 0, time.perf_counter()
+        for x, y in loader:
+            with accelerator.accumulate(model):
+                lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
+                set_lr(optimizer, lr)
+                xm, ym = mix_batch(mixup_fn, x, y, num_classes, cfg.aug.label_smoothing)
+                with accelerator.autocast():
+                    logits = model(xm)
+                if mixup_fn is not None:
+                    loss = torch.sum(-ym * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+                else:
+                    loss = F.cross_entropy(logits.float(), ym, label_smoothing=cfg.aug.label_smoothing)
+                finite = accelerator.reduce(torch.isfinite(loss.detach()).float(), "min").item() > 0
+                if not finite:
+                    optimizer.zero_grad(set_to_none=True)
+                    if cfg.run.on_nonfinite == "stop":
+                        raise FloatingPointError(
+                            f"the loss became non-finite at step {state.step} (epoch {state.epoch}); the last good "
+                            f"checkpoint in {run_dir} is untouched. Lower optim.lr, enable optim.clip_grad, or set "
+                            "run.on_nonfinite=skip.")
+                    state.skipped += 1
+                else:
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients and cfg.optim.clip_grad:
+                        accelerator.clip_grad_norm_(model.parameters(), cfg.optim.clip_grad)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    loss_sum += loss.detach()
+                    loss_n += 1
+            state.batch_in_epoch += 1
+            seen += x.shape[0] * accelerator.num_processes
+            if accelerator.sync_gradients:
+                state.step += 1
+                if ema is not None:
+                    ema.update(accelerator.unwrap_model(model), step=state.step)
+                progress.update(1)
+                if state.step % cfg.run.log_every == 0:
+                    accelerator.log({"train/loss": loss.item(), "train/lr": lr}, step=state.step)
+                    progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
+                                         img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+                if cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0:
+                    save_state_atomic(accelerator, run_dir, state.step)
+                if _done(cfg, state):
+                    break
+        ips = seen / max(1e-9, time.perf_counter() - t0)
+        train_loss = accelerator.reduce(loss_sum / max(1, loss_n), "mean").item()
+        epoch_done = state.batch_in_epoch >= len(train_loader)
+        if epoch_done:
+            state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        # --- evaluate and checkpoint --------------------------------------------------------------------------
+        last_epoch = state.epoch >= cfg.run.epochs or _done(cfg, state)
+        if state.epoch % cfg.run.eval_every == 0 or last_epoch:
+            eval_model = ema.module if ema is not None else model
+            out = predict(eval_model, val_loader, accelerator)
+            m = summarize_logits(out["logits"], out["labels"])
+            row = dict(step=state.step, epoch=state.epoch, lr=lr, train_loss=train_loss, val_loss=m["loss"],
+                       val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=ips, skipped_steps=state.skipped)
+            accelerator.log({"val/loss": m["loss"], "val/acc1": m["acc1"], "train/images_per_s": ips},
+                            step=state.step)
+            accelerator.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {train_loss:.4f}  "
+                              f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  "
+                              f"({m['n']} images)  {ips:.0f} img/s")
+            if accelerator.is_main_process:
+                meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
+                unwrapped = accelerator.unwrap_model(eval_model)
+                save_checkpoint(run_dir / "last", unwrapped, cfg, classes, meta)
+                _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
+                _append_metrics(run_dir / "metrics.csv", row)
+        if epoch_done or cfg.run.save_state_every == 0:
+            save_state_atomic(accelerator, run_dir, state.step)
+
+    progress.close()
+    accelerator.end_training()
+    if accelerator.is_main_process and (run_dir / "metrics.csv").is_file():
+        plot_curves(run_dir / "metrics.csv", run_dir / "curves.png")
+        best = state.best[0] if state.best else None
+        if best:
+            accelerator.print(f"best val top-1 {100 * best[0]:.2f}% at epoch {best[1]}; checkpoint {run_dir / 'best'}")
+    return 0
+
+
+def _done(cfg, state) -> bool:
+    return cfg.run.max_steps is not None and state.step >= cfg.run.max_steps
+
+
+def _keep_best(run_dir, model, cfg, classes, meta, state, k) -> None:
+    """`best/` holds the best checkpoint; with keep_best > 1 the runners-up live in top/epoch-XXX."""
+    import shutil
+
+    acc, epoch = meta["val_acc1"], meta["epoch"]
+    ranked = sorted(state.best + [[acc, epoch]], key=lambda t: (-t[0], t[1]))
+    if [acc, epoch] not in ranked[:k]:
+        return
+    if ranked[0] == [acc, epoch]:
+        save_checkpoint(run_dir / "best", model, cfg, classes, meta)
+    if k > 1:
+        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, cfg, classes, meta)
+        for _, e in ranked[k:]:
+            shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
+    state.best = ranked[:k]
+
+
+def _append_metrics(path: Path, row: dict) -> None:
+    rows = _read_metrics(path) + [{k: row.get(k, "") for k in METRIC_FIELDS}]
+    _write_metrics(path, rows)
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _write_metrics(path: Path, rows: list[dict]) -> None:
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=METRIC_FIELDS)
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def _trim_metrics(path: Path, step: int) -> None:
+    """On resume, forget rows written after the state we resumed from (they will be written again)."""
+    rows = _read_metrics(path)
+    kept = [r for r in rows if int(r["step"]) <= step]
+    if len(kept) != len(rows) or (not kept and path.is_file()):
+        _write_metrics(path, kept)
+
+
+def _flat_scalars(cfg) -> dict:
+    from vit.config import to_dict
+
+    out = {}
+    for section, values in to_dict(cfg).items():
+        for k, v in values.items():
+            out[f"{section}.{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as e:  # e.g. a pretrained file that does not fit
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,248 @@
+"""Datasets for training and evaluation: digits (the offline default), ImageFolder, CIFAR, synthetic.
+
+Every dataset yields (image (3, S, S) float tensor, label int) through an albumentations pipeline and knows its
+`classes`. Augmentation randomness is seeded per (seed, epoch, index): call `set_epoch` before each epoch.
+`EpochSampler` shuffles with a permutation that depends only on (seed, epoch), so resuming mid-epoch and
+skipping the batches already seen reproduces the uninterrupted order exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from .config import Config
+from .transforms import BadImageError, apply, build_transform, decode_image
+
+__all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS"]
+log = logging.getLogger(__name__)
+
+IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+class DataError(ValueError):
+    """A dataset that cannot be used as given; the message says what to do."""
+
+
+class _Seeded(Dataset):
+    """Shared part: a transform seeded per (seed, epoch, index)."""
+
+    def __init__(self, transform, classes: Sequence[str], seed: int) -> None:
+        self.transform, self.classes, self.seed, self.epoch = transform, list(classes), seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _sample_seed(self, index: int) -> int:
+        return (self.seed * 1_000_003 + self.epoch * 10_007 + index) % (2**31)
+
+
+class ArrayDataset(_Seeded):
+    """In-memory RGB uint8 images (N, H, W, 3) and integer labels."""
+
+    def __init__(self, images: np.ndarray, labels: Sequence[int], classes, transform, seed: int = 0) -> None:
+        super().__init__(transform, classes, seed)
+        self.images, self.labels = images, [int(y) for y in labels]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return apply(self.transform, self.images[i], self._sample_seed(i)), self.labels[i]
+
+    def describe(self, i: int) -> str:
+        return str(i)
+
+
+class FolderDataset(_Seeded):
+    """Images in `<root>/<class>/*`. Unreadable files found while loading are replaced by the next good one
+    (and logged); `check()` finds them all before training starts."""
+
+    def __init__(self, root: Path, classes: Sequence[str], transform, seed: int = 0, decode_side=None) -> None:
+        super().__init__(transform, classes, seed)
+        self.root = Path(root)
+        index = {c: i for i, c in enumerate(self.classes)}
+        self.samples: list[tuple[Path, int]] = []
+        for c in sorted(p.name for p in self.root.iterdir() if p.is_dir()):
+            if c not in index:
+                raise DataError(f"{self.root / c} is a class the training split does not have; "
+                                "every split needs the same class folders.")
+            files = sorted(p for p in (self.root / c).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
+            self.samples += [(p, index[c]) for p in files]
+        self.decode_side = decode_side
+        self.bad: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    @property
+    def labels(self) -> list[int]:
+        return [y for _, y in self.samples]
+
+    def describe(self, i: int) -> str:
+        return str(self.samples[i][0])
+
+    def check(self, on_bad_image: str) -> list[str]:
+        """Decode every file once; drop (skip) or refuse (error) the unreadable ones."""
+        good, bad = [], []
+        for path, y in self.samples:
+            try:
+                decode_image(path, max_side=64)
+                good.append((path, y))
+            except BadImageError as e:
+                bad.append(str(e))
+        if bad and on_bad_image == "error":
+            raise DataError(f"{len(bad)} unreadable image(s) in {self.root}, first: {bad[0]}; remove them or "
+                            "set data.on_bad_image=skip.")
+        for msg in bad:
+            log.warning("skipping %s", msg)
+        self.samples, self.bad = good, bad
+        return bad
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        for k in range(len(self.samples)):
+            path, y = self.samples[(i + k) % len(self.samples)]
+            try:
+                img = decode_image(path, max_side=self.decode_side)
+            except BadImageError as e:  # a file that went bad after check(): never kill the epoch
+                log.warning("skipping %s", e)
+                continue
+            return apply(self.transform, img, self._sample_seed(i)), y
+        raise DataError(f"no readable image left in {self.root}.")
+
+
+class EpochSampler(Sampler[int]):
+    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch)."""
+
+    def __init__(self, n: int, shuffle: bool = True, seed: int = 0) -> None:
+        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+# --- dataset builders ----------------------------------------------------------------------------------------
+
+
+def _digits(cfg: Config):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    imgs = np.clip(d.images * 16, 0, 255).astype(np.uint8)  # (N, 8, 8), values 0..16 -> 0..255
+    imgs = np.repeat(imgs[..., None], 3, axis=3)  # RGB, so every dataset shares one pipeline
+    idx = np.arange(len(imgs))
+    tr, va = train_test_split(idx, test_size=cfg.data.val_fraction, random_state=cfg.data.split_seed,
+                              stratify=d.target)
+    classes = [str(c) for c in d.target_names]
+    return (imgs[tr], d.target[tr]), (imgs[va], d.target[va]), classes
+
+
+def _cifar(cfg: Config, name: str):
+    from torchvision import datasets
+
+    root = Path(cfg.data.root or "data") / name
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    try:
+        tr = cls(str(root), train=True, download=cfg.data.download)
+        va = cls(str(root), train=False, download=cfg.data.download)
+    except (RuntimeError, OSError) as e:
+        raise DataError(
+            f"{name} is not in {root} and could not be downloaded ({str(e).splitlines()[0]}); put the extracted "
+            f"'{'cifar-10-batches-py' if name == 'cifar10' else 'cifar-100-python'}' folder there, or go online."
+        ) from None
+    return (tr.data, tr.targets), (va.data, va.targets), list(tr.classes)
+
+
+def _synthetic(cfg: Config, img_size: int):
+    """Noise images whose mean colour encodes the class: learnable in a few steps, for smoke runs."""
+    rng = np.random.default_rng(cfg.data.split_seed)
+    k = cfg.data.synthetic_num_classes
+    palette = rng.integers(0, 256, size=(k, 3))
+
+    def make(n):
+        y = rng.integers(0, k, size=n)
+        noise = rng.normal(0, 40, size=(n, img_size, img_size, 3))
+        return np.clip(palette[y][:, None, None, :] + noise, 0, 255).astype(np.uint8), y
+
+    return make(cfg.data.synthetic_train_size), make(cfg.data.synthetic_val_size), [f"class_{i}" for i in range(k)]
+
+
+def _folder_classes(root: Path, split: str) -> list[str]:
+    d = root / split
+    if not d.is_dir():
+        raise DataError(f"ImageFolder split folder {d} does not exist; expected {root}/train/<class>/ and "
+                        f"{root}/val/<class>/.")
+    classes = sorted(p.name for p in d.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
+    for c in classes:
+        if not any(p.suffix.lower() in IMG_EXTENSIONS for p in (d / c).rglob("*")):
+            raise DataError(f"class folder {d / c} holds no images; add images or remove the folder.")
+    return classes
+
+
+def _check_classes(expected: list[str] | None, found: list[str]) -> list[str]:
+    if expected is None:
+        return found
+    extra = [c for c in found if c not in expected]
+    if extra or len(found) > len(expected):
+        missing = [c for c in expected if c not in found]
+        raise DataError(
+            f"the dataset's classes differ from the checkpoint's: not in the checkpoint: {extra[:5]}"
+            + (f", not in the dataset: {missing[:5]}" if missing else "")
+            + "; evaluate on data with the classes the model was trained on."
+        )
+    return list(expected)
+
+
+def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ...] = ("train", "val"),
+                   classes: list[str] | None = None):
+    """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
+    `splits` comes back as None (evaluation builds only val). `classes` (a checkpoint's) fixes the label order;
+    a dataset whose classes differ raises DataError before any image is read."""
+    size, seed = cfg.model.img_size, cfg.run.seed
+    t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
+    name = cfg.data.dataset
+    if name == "imagefolder":
+        root = Path(cfg.data.root)
+        if not root.is_dir():
+            raise DataError(f"data.root {root} does not exist; point it at a folder with train/ and val/.")
+        found = _folder_classes(root, "train") if "train" in splits else _folder_classes(root, "val")
+        classes = _check_classes(classes, found)
+        out = {}
+        for split, t in (("train", t_train), ("val", t_val)):
+            if split in splits:
+                _folder_classes(root, split)
+                out[split] = FolderDataset(root / split, classes, t, seed, decode_side=size)
+                if check_images:
+                    out[split].check(cfg.data.on_bad_image)
+        return out.get("train"), out.get("val"), classes
+    given = classes
+    if name == "digits":
+        tr, va, classes = _digits(cfg)
+    elif name in ("cifar10", "cifar100"):
+        tr, va, classes = _cifar(cfg, name)
+    else:
+        tr, va, classes = _synthetic(cfg, size)
+    checked = _check_classes(given, classes)
+    if checked != classes:  # same names in another order: relabel to the checkpoint's indices
+        remap = np.array([checked.index(c) for c in classes])
+        tr, va = (tr[0], remap[np.asarray(tr[1])]), (va[0], remap[np.asarray(va[1])])
+    classes = checked
+    return (ArrayDataset(tr[0], tr[1], classes, t_train, seed), ArrayDataset(va[0], va[1], classes, t_val, seed),
+            classes)

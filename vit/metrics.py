@@ -1,0 +1,62 @@
+"""Classification metrics computed the same way on one process or many.
+
+`predict` runs a model over a loader and gathers logits and labels with `accelerator.gather_for_metrics`,
+which drops the samples that distributed samplers duplicate to even out the last batch: every sample is
+counted exactly once. `summarize_logits` turns them into loss, top-1/top-5 and calibration numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error"]
+
+
+@torch.no_grad()
+def predict(model, loader, accelerator, keep: bool = True) -> dict[str, torch.Tensor | float | int]:
+    """Logits (N, C) and labels (N,) of the whole split, gathered on every process (float32, on CPU)."""
+    model.eval()
+    logits_all, labels_all = [], []
+    for x, y in loader:
+        with accelerator.autocast():
+            logits = model(x)
+        logits, y = accelerator.gather_for_metrics((logits.float().contiguous(), y))
+        logits_all.append(logits.cpu())
+        labels_all.append(y.cpu())
+    return {"logits": torch.cat(logits_all), "labels": torch.cat(labels_all)}
+
+
+def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
+    k = min(k, logits.shape[1])
+    return int((logits.topk(k, dim=1).indices == labels[:, None]).any(dim=1).sum())
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> tuple[float, list]:
+    """ECE (Guo et al., 2017): confidence-binned |accuracy - confidence|, weighted by bin size. Also returns
+    the bins (lower, upper, count, accuracy, confidence) for a reliability diagram."""
+    conf, pred = probs.max(dim=1)
+    correct = (pred == labels).float()
+    edges = torch.linspace(0, 1, n_bins + 1)
+    ece, bins = 0.0, []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inb = (conf > lo) & (conf <= hi) if lo > 0 else (conf >= lo) & (conf <= hi)
+        n = int(inb.sum())
+        acc = float(correct[inb].mean()) if n else 0.0
+        c = float(conf[inb].mean()) if n else 0.0
+        ece += n / max(1, len(labels)) * abs(acc - c)
+        bins.append((float(lo), float(hi), n, acc, c))
+    return ece, bins
+
+
+def summarize_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    n = len(labels)
+    out = {
+        "n": n,
+        "loss": float(F.cross_entropy(logits, labels, reduction="sum")) / max(1, n),
+        "acc1": topk_correct(logits, labels, 1) / max(1, n),
+    }
+    if logits.shape[1] > 5:
+        out["acc5"] = topk_correct(logits, labels, 5) / max(1, n)
+    out["ece"] = expected_calibration_error(logits.softmax(dim=1), labels)[0]
+    return out
