@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
@@ -30,6 +29,7 @@ from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides,
 from vit.data import DataError, build_datasets
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
+from vit.runtime import make_accelerator
 from vit.pretrained import load_pretrained, read_state_dict
 from vit.vision import create_model
 
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
                         "evaluate on data with the classes the model was trained on.")
     out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
                                                  else Path("runs") / f"eval-{args.model}")
-    accelerator = Accelerator()
+    accelerator = make_accelerator()
     loader = DataLoader(Indexed(val_ds), batch_size=args.batch_size or cfg.data.eval_batch_size or
                         cfg.data.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
     model, loader = accelerator.prepare(model, loader)

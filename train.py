@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
@@ -33,6 +32,7 @@ from vit.data import DataError, EpochSampler, build_datasets
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
+from vit.runtime import make_accelerator
 from vit.pretrained import load_pretrained
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     # --- accelerator ------------------------------------------------------------------------------------------
-    accelerator = Accelerator(
+    accelerator = make_accelerator(
         gradient_accumulation_steps=cfg.optim.grad_accum_steps,
         mixed_precision=cfg.run.mixed_precision,
         log_with="tensorboard",
@@ -127,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     sampler = EpochSampler(len(train_ds), shuffle=True, seed=cfg.run.seed)
     train_loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=False,
                               num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
-                              persistent_workers=False)
+                              generator=torch.Generator().manual_seed(cfg.run.seed))
     val_loader = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
-                            num_workers=cfg.data.num_workers)
+                            num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(cfg.run.seed))
+    # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
+    # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     accelerator.print(f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, "
                       f"{num_classes} classes")
 
@@ -184,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     while state.epoch < cfg.run.epochs and not _done(cfg, state):
         model.train()
         train_ds.set_epoch(state.epoch)
-        sampler.set_epoch(state.epoch)
         loader = accelerator.skip_first_batches(train_loader, state.batch_in_epoch) if state.batch_in_epoch \
             else train_loader
+        # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
+        # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
+        loader.set_epoch(state.epoch)
         loss_sum, loss_n, seen, t0 = torch.zeros((), device=accelerator.device), 0, 0, time.perf_counter()
         for x, y in loader:
             with accelerator.accumulate(model):
@@ -236,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         epoch_done = state.batch_in_epoch >= len(train_loader)
         if epoch_done:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        elif cfg.run.save_state_every == 0 or state.step % cfg.run.save_state_every:
+            save_state_atomic(accelerator, run_dir, state.step)  # stopped mid-epoch: save before evaluating
         # --- evaluate and checkpoint --------------------------------------------------------------------------
         last_epoch = state.epoch >= cfg.run.epochs or _done(cfg, state)
         if state.epoch % cfg.run.eval_every == 0 or last_epoch:
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 save_checkpoint(run_dir / "last", unwrapped, cfg, classes, meta)
                 _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
                 _append_metrics(run_dir / "metrics.csv", row)
-        if epoch_done or cfg.run.save_state_every == 0:
+        if epoch_done:
             save_state_atomic(accelerator, run_dir, state.step)
 
     progress.close()
