@@ -35,6 +35,7 @@ def make_image_folder(root: Path, classes=("cat", "dog", "fox"), n_train=8, n_va
 
 def run_script(script: str, *args: str, timeout: float = 600, env: dict | None = None,
                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    cmd = (launcher or [sys.executable]) + [str(ROOT / script), *args]
+    target = [script] if script.startswith("-") else [str(ROOT / script)]
+    cmd = (launcher or [sys.executable]) + target + list(args)
     e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)

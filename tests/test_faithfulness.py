@@ -1,0 +1,83 @@
+"""Token deletion / insertion: the curves' end points are the model's own outputs; the script writes its files."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import vit
+from helpers import TINY, make_image_folder, run_script
+from vit.faithfulness import auc, paired_bootstrap, token_curves
+
+
+def test_curves_start_and_end_at_the_models_outputs():
+    torch.manual_seed(0)
+    m = vit.create_model("vit_tiny_patch16_224", img_size=(32, 48), depth=2, num_classes=4).eval()
+    x = torch.randn(3, 3, 32, 48)
+    with torch.no_grad():
+        probs = m(x).softmax(1)
+    target = probs.argmax(1)
+    order = torch.stack([torch.randperm(6) for _ in range(3)])
+    dele = token_curves(m, x, order, target, "deletion")
+    ins = token_curves(m, x, order, target, "insertion")
+    assert dele.shape == ins.shape == (3, 7)
+    torch.testing.assert_close(dele[:, 0], probs.gather(1, target[:, None])[:, 0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ins[:, -1], dele[:, 0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(ins[:, 0], dele[:, -1], atol=1e-6, rtol=0)  # both: [CLS] alone
+    # deleting patch j equals running the model on the sequence without token j (an independent route)
+    with torch.no_grad():
+        tokens = m._pos_embed(m.patch_embed(x), (2, 3))  # (B, 1 + 6, D)
+        keep = [0] + [1 + j for j in range(6) if j != int(order[0, 0])]
+        y, _ = m.blocks(tokens[:1, keep])
+        p = m.forward_head(m.norm(y)).softmax(1)[0, target[0]]
+    torch.testing.assert_close(dele[0, 1], p, atol=1e-6, rtol=0)
+
+
+def test_auc_and_bootstrap():
+    c = torch.tensor([[1.0, 0.5, 0.0], [1.0, 1.0, 1.0]])
+    torch.testing.assert_close(auc(c), torch.tensor([0.5, 1.0]))
+    rng = np.random.default_rng(0)
+    a = rng.normal(0.3, 0.1, 200)
+    r = paired_bootstrap({"a": a, "b": a + 0.2, "c": a + rng.normal(0, 0.01, 200)})
+    assert r["methods"]["a"]["lo"] < a.mean() < r["methods"]["a"]["hi"]
+    assert r["differences"]["a - b"]["excludes_zero"] and r["differences"]["a - b"]["mean"] == pytest.approx(-0.2)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("viz")
+    data = make_image_folder(tmp / "folder", n_train=6, n_val=3)
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={data}", f"--run.output_dir={tmp}",
+                   "--run.name=t", "--run.epochs=1", *TINY)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp / "t/best", data
+
+
+def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
+    ckpt, _ = checkpoint
+    r = run_script("-m", "vit.faithfulness", "--checkpoint", str(ckpt), "--out", str(tmp_path), "--limit", "6")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "faithfulness.json").read_text())
+    assert res["n_images"] == 6
+    assert set(res["deletion"]["methods"]) == {"rollout", "grad_rollout", "attention", "random"}
+    assert (tmp_path / "faithfulness_curves.png").stat().st_size > 1000
+    assert "deletion AUC" in r.stdout
+
+
+def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
+    ckpt, data = checkpoint
+    (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")
+    for method in ("rollout", "grad_rollout"):
+        r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"), "--method", method,
+                       "--batch-size", "4", "--out", str(tmp_path), "--target-class", "dog")
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "skipping" in r.stderr and "broken.png" in r.stderr
+        for i in range(3):
+            for suffix in ("png", "npy", "json"):
+                assert (tmp_path / f"{i:03d}_{method}.{suffix}").is_file()
+    side = json.loads((tmp_path / "000_grad_rollout.json").read_text())
+    assert side["method"] == "grad_rollout" and side["explained_class"] == "dog" and len(side["top5"]) == 3
+    assert np.load(tmp_path / "000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
+    r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"))
+    assert r.returncode == 2 and "no images found" in r.stderr
