@@ -128,3 +128,20 @@ def test_flash_kernel_runs_with_padding_mask():
     pad[1, 5:] = False
     ops = _profiled_ops(lambda: attn(torch.randn(2, 7, 32), pad))
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
+
+
+def test_cls_only_last_block_equals_full_stack_and_trains_every_parameter():
+    m = vit.create_model("vit_tiny_patch16_224", img_size=64, depth=3, num_classes=4, drop_path_rate=0.0)
+    x = torch.randn(3, 3, 64, 64)
+    pruned = m(x)  # token pooling: the last block runs for [CLS] only
+    full = m.forward_head(m.forward_features(x))
+    torch.testing.assert_close(pruned, full, atol=1e-5, rtol=0)
+    F.cross_entropy(pruned, torch.tensor([0, 1, 3])).backward()
+    for name, p in m.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    # and the attention it computes is the [CLS] row of the full attention
+    blk = m.blocks[-1]
+    tokens = torch.randn(2, 17, 192)
+    q1, _ = blk.attn(tokens, num_queries=1)
+    all_rows, _ = blk.attn(tokens)
+    torch.testing.assert_close(q1, all_rows[:, :1], atol=1e-6, rtol=0)

@@ -67,8 +67,14 @@ class Block(nn.Module):
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_attention: bool = False,
+        num_queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked."""
+        """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked.
+        With `num_queries=q` (pre-norm, no mask) only the first q tokens are computed: (B, q, D)."""
+        if num_queries is not None:
+            y, _ = self.attn(self.norm1(x), num_queries=num_queries)
+            x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
         if self.norm_first:
             y, attn = self.attn(self.norm1(x), mask, is_causal, return_attention)
             x = x + self.drop_path1(self.ls1(y))

@@ -41,8 +41,8 @@ def token_curves(model, x: torch.Tensor, order: torch.Tensor, target: torch.Tens
     for k in range(N + 1):
         keep = order[:, k:] if mode == "deletion" else order[:, :k]
         keep = keep.sort(dim=1).values
-        if keep.shape[1] == 0 and model.num_prefix_tokens == 0:  # nothing left to pool: no evidence
-            out.append(torch.full((B,), 1.0 / model.num_classes))
+        if keep.shape[1] == 0 and getattr(model, "global_pool", "token") == "avg":  # no patch left to pool
+            out.append(torch.full((B,), 1.0 / model.num_classes))  # no evidence: chance
             continue
         feats, _ = model.encode(x, patch_keep=keep)
         probs = model.forward_head(feats).softmax(dim=1)

@@ -180,9 +180,18 @@ class VisionTransformer(nn.Module):
         self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits (B, num_classes); with return_attention, also a list of (B, H, N, N) maps, one per block."""
-        feats, attentions = self.encode(x, return_attention=return_attention)
-        logits = self.forward_head(feats)
-        return (logits, attentions) if return_attention else logits
+        if return_attention or self.global_pool != "token" or not self.blocks[-1].norm_first:
+            feats, attentions = self.encode(x, return_attention=return_attention)
+            logits = self.forward_head(feats)
+            return (logits, attentions) if return_attention else logits
+        # A [CLS]-pooled classifier reads one token of the last block: compute that block for [CLS] only (its
+        # attention still looks at every token). Same logits as the full stack, ~7% fewer FLOPs at 12 blocks.
+        grid = self.grid_size(x.shape[-2:])
+        x = self._pos_embed(self.patch_embed(x), grid)
+        for blk in list(self.blocks)[:-1]:
+            x, _ = blk(x)
+        x, _ = self.blocks[-1](x, num_queries=1)  # (B, 1, D)
+        return self.forward_head(self.norm(x))
 
 
 # --- variants and the factory -------------------------------------------------------------------------------
