@@ -12,6 +12,7 @@ Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, be
 from __future__ import annotations
 
 import csv
+import os
 import logging
 import math
 import sys
@@ -25,8 +26,8 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from vit.checkpoint import (CheckpointError, atomic_write_text, build_model, latest_state, save_checkpoint,
-                            save_state_atomic)
+from vit.checkpoint import (CheckpointError, atomic_write_text, build_model, fault_point, latest_state,
+                            save_checkpoint, save_state_atomic)
 from vit.config import ConfigError, dump, load_config
 from vit.data import DataError, EpochSampler, build_datasets
 from vit.metrics import predict, summarize_logits
@@ -76,13 +77,16 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def check_writable(run_dir: Path) -> None:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("ok")
-        probe.unlink()
+    """Fail early, creating nothing, if the run folder could not be made or written."""
+    import tempfile
+
+    existing = run_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    try:  # a real attempt (permission bits say nothing to root): a temporary folder, removed at once
+        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
     except OSError as e:
-        raise ConfigError(f"cannot write to the output folder {run_dir} ({e.strerror}); "
+        raise ConfigError(f"cannot write to the output folder {run_dir} ({existing}: {e.strerror}); "
                           "set run.output_dir to a writable folder.") from None
 
 
@@ -134,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     accelerator.print(f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, "
                       f"{num_classes} classes")
+    for split, ds in (("train", train_ds), ("val", val_ds)):
+        if getattr(ds, "bad", None):
+            accelerator.print(f"skipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
+                              + "; ".join(ds.bad[:5]) + (" ..." if len(ds.bad) > 5 else ""))
 
     # --- model and optimizer ----------------------------------------------------------------------------------
     model = build_model(cfg, num_classes)
@@ -176,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             accelerator.load_state(str(path))
             accelerator.print(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
     if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad dataset or model has written nothing
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
         _trim_metrics(run_dir / "metrics.csv", state.step)
     accelerator.init_trackers("tensorboard", config=_flat_scalars(cfg))
@@ -192,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
         loader.set_epoch(state.epoch)
         loss_sum, loss_n, seen, t0 = torch.zeros((), device=accelerator.device), 0, 0, time.perf_counter()
+        lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
         for x, y in loader:
             with accelerator.accumulate(model):
                 lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
@@ -203,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                     loss = torch.sum(-ym * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
                 else:
                     loss = F.cross_entropy(logits.float(), ym, label_smoothing=cfg.aug.label_smoothing)
+                if os.environ.get("VIT_FAULT_INJECT") == f"nan:{state.step}":  # tests: a numerical fault
+                    loss = loss * float("nan")
                 finite = accelerator.reduce(torch.isfinite(loss.detach()).float(), "min").item() > 0
                 if not finite:
                     optimizer.zero_grad(set_to_none=True)
@@ -224,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             seen += x.shape[0] * accelerator.num_processes
             if accelerator.sync_gradients:
                 state.step += 1
+                fault_point("step", state.step)
                 if ema is not None:
                     ema.update(accelerator.unwrap_model(model), step=state.step)
                 progress.update(1)
@@ -231,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                     accelerator.log({"train/loss": loss.item(), "train/lr": lr}, step=state.step)
                     progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
                                          img_s=f"{seen / (time.perf_counter() - t0):.0f}")
-                if cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0:
+                if (cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0
+                        and state.batch_in_epoch < len(train_loader)):  # an epoch's end saves after evaluating
                     save_state_atomic(accelerator, run_dir, state.step)
                 if _done(cfg, state):
                     break

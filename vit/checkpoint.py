@@ -21,6 +21,18 @@ from safetensors.torch import load_file, save_file
 from .config import Config, ConfigError, from_dict, read_yaml, to_dict
 from .vision import VisionTransformer, create_model
 
+FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
+
+
+def fault_point(point: str, n: int) -> None:
+    """Die abruptly (SIGKILL, as a crash or an OOM killer would) when VIT_FAULT_INJECT names this point.
+    Used by the crash-safety tests to stop a run at exact places; a no-op otherwise."""
+    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "save_checkpoint", "load_checkpoint", "build_model",
     "latest_state", "CheckpointError",
@@ -100,6 +112,7 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     _atomic_save_safetensors(folder / "model.safetensors", state, {"format": "pt", "model": cfg.model.name})
+    fault_point("checkpoint", int((meta or {}).get("step", -1)))
     atomic_write_text(folder / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
     atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
@@ -154,10 +167,12 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
     final = root / state_dir_name(step)
     tmp = root / f".tmp-{state_dir_name(step)}"
     if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-*"):  # left by a process killed mid-save
+            shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
+    fault_point("state", step)  # files written, folder not yet renamed into place
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         for f in tmp.rglob("*"):

@@ -82,6 +82,7 @@ class AugConfig:
     mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     eval_crop_pct: float = 1.0
+    interpolation: str = "bilinear"  # bilinear | bicubic, for resizing and crops
 
 
 @dataclass
@@ -131,6 +132,7 @@ CHOICES = {
     "model.mlp_layer": ("gelu", "swiglu"),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic"),
     "data.on_bad_image": ("skip", "error"),
+    "aug.interpolation": ("bilinear", "bicubic"),
     "run.mixed_precision": ("no", "bf16", "fp16", None),
     "run.on_nonfinite": ("stop", "skip"),
 }

@@ -3,7 +3,7 @@
 Decoding turns whatever a folder holds into RGB uint8 (H, W, 3): EXIF orientation applied, grayscale and
 16-bit scaled to 8 bits, palette and alpha images converted; an unreadable file raises `BadImageError`.
 Training: random resized crop (or resize) -> affine jitter -> flip -> colour jitter -> RandAugment-like ops
--> normalize -> random erasing -> CHW tensor. Evaluation: resize (and centre crop) -> normalize -> tensor.
+-> random erasing -> normalized CHW tensor. Evaluation: resize (and centre crop) -> normalize -> tensor.
 Random draws are seeded per (epoch, index) by the dataset, so an epoch's augmentations are reproducible on
 resume and independent of worker count.
 """
@@ -11,6 +11,7 @@ resume and independent of worker count.
 from __future__ import annotations
 
 import math
+import random
 import warnings
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def to_rgb_array(img: Image.Image) -> np.ndarray:
         img = img.convert("RGBA")
         bg = Image.new("RGBA", img.size, (255, 255, 255, 255))
         img = Image.alpha_composite(bg, img)  # transparent areas become white, not black
-    return np.asarray(img.convert("RGB"))
+    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
 
 
 def decode_image(path: str | Path, max_side: int | None = None) -> np.ndarray:
@@ -91,16 +92,50 @@ def _rand_augment(n: int) -> A.BaseCompose:
     return A.SomeOf(ops, n=n, p=1.0)
 
 
-def build_transform(aug: AugConfig, img_size: int, train: bool) -> A.Compose:
-    """The albumentations pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (3, S, S)."""
+class Pipeline:
+    """An albumentations Compose on uint8 images, then one step to a normalized, contiguous (C, H, W) tensor.
+
+    Normalization is a per-channel lookup table (256 float32 entries per channel: (v - mean) / std) applied
+    plane by plane with cv2.LUT straight into the CHW output: one pass instead of albumentations' Normalize, a
+    transpose and a copy (~160 us instead of ~400 us at 224 px). The random generators are created once and
+    re-seeded in place per sample (~40 us), instead of `set_random_seed`, which builds new generators for every
+    transform on every call (~450 us)."""
+
+    def __init__(self, compose: A.Compose, mean, std) -> None:
+        self.compose = compose
+        self.luts = [((np.arange(256) - 255.0 * m) / (255.0 * s)).astype(np.float32).reshape(1, 256)
+                     for m, s in zip(mean, std)]
+        self.np_rng, self.py_rng = np.random.default_rng(0), random.Random(0)
+        compose.set_random_state(self.np_rng, self.py_rng)
+
+    def reseed(self, seed: int) -> None:
+        self.py_rng.seed(seed)
+        self.np_rng.bit_generator.state = np.random.PCG64(seed).state
+
+    def __call__(self, image: np.ndarray, seed: int | None = None) -> torch.Tensor:
+        if seed is not None:
+            self.reseed(seed)
+        out = self.compose(image=image)["image"]  # (H, W, C) uint8
+        planes = cv2.split(out)
+        if len(planes) != len(self.luts):
+            raise ValueError(f"image has {len(planes)} channels, the normalization expects {len(self.luts)}.")
+        dst = np.empty((len(planes), *out.shape[:2]), dtype=np.float32)
+        for c, plane in enumerate(planes):
+            cv2.LUT(plane, self.luts[c], dst=dst[c])
+        return torch.from_numpy(dst)
+
+
+def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
+    """The pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (3, S, S)."""
     size = (img_size, img_size)
+    interp = cv2.INTER_CUBIC if aug.interpolation == "bicubic" else cv2.INTER_LINEAR
     steps: list = []
     if train:
         if aug.random_resized_crop:
             steps.append(A.RandomResizedCrop(size, scale=tuple(aug.scale), ratio=tuple(aug.ratio),
-                                             interpolation=cv2.INTER_CUBIC))
+                                             interpolation=interp))
         else:
-            steps.append(A.Resize(*size, interpolation=cv2.INTER_CUBIC))
+            steps.append(A.Resize(*size, interpolation=interp))
         if aug.affine_translate or aug.affine_rotate or aug.affine_scale:
             steps.append(A.Affine(
                 scale=(1 - aug.affine_scale, 1 + aug.affine_scale),
@@ -115,19 +150,16 @@ def build_transform(aug: AugConfig, img_size: int, train: bool) -> A.Compose:
             steps.append(A.ColorJitter(brightness=j, contrast=j, saturation=j, hue=0.0, p=0.8))
         if aug.rand_augment_ops:
             steps.append(_rand_augment(aug.rand_augment_ops))
+        if aug.random_erasing:
+            # filled with the mean colour: zero after normalization, as timm's 'const' random erasing
+            steps.append(A.Erasing(p=aug.random_erasing, fill=tuple(round(255 * m) for m in aug.mean)))
     else:
         resize = int(round(img_size / aug.eval_crop_pct))
-        steps.append(A.SmallestMaxSize(max_size=resize, interpolation=cv2.INTER_CUBIC))
+        steps.append(A.SmallestMaxSize(max_size=resize, interpolation=interp))
         steps.append(A.CenterCrop(*size))
-    steps.append(A.Normalize(mean=tuple(aug.mean), std=tuple(aug.std), max_pixel_value=255.0))
-    if train and aug.random_erasing:
-        steps.append(A.Erasing(p=aug.random_erasing))
-    return A.Compose(steps, seed=0)
+    return Pipeline(A.Compose(steps, seed=0, is_check_shapes=False), aug.mean, aug.std)
 
 
-def apply(transform: A.Compose, image: np.ndarray, seed: int | None = None) -> torch.Tensor:
-    """Run `transform` on an RGB uint8 array, optionally seeded; returns a (C, H, W) float tensor."""
-    if seed is not None:
-        transform.set_random_seed(seed)
-    out = transform(image=image)["image"]  # (H, W, C) float32
-    return torch.from_numpy(np.ascontiguousarray(out.transpose(2, 0, 1)))
+def apply(transform: Pipeline, image: np.ndarray, seed: int | None = None) -> torch.Tensor:
+    """Run a pipeline on an RGB uint8 array, optionally seeded; returns a (C, H, W) float tensor."""
+    return transform(image, seed)

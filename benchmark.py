@@ -1,0 +1,382 @@
+"""Speed and memory of our ViT against timm's same-named model, measured side by side in one run.
+
+    python benchmark.py --model vit_small_patch16_224 --batch-size 32            # CPU, fp32
+    python benchmark.py --model vit_base_patch16_224 --device cuda --precision bf16 --compile
+    python benchmark.py --data                                                   # the input pipeline
+    python benchmark.py --model vit_tiny_patch16_224 --scaling 224 448 672 896 --out bench.json
+
+Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
+model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
+(ours: `vit.optim.build_optimizer`, timm: `timm.optim.create_optimizer_v2`). Reported: medians, the ratio
+ours/timm with its min-max spread over the paired repeats, counted FLOPs per image, achieved FLOP/s and
+utilization against a matrix-multiply peak measured in the same run, activation memory kept for backward
+(bytes of tensors saved by autograd; on CUDA also the allocator's peak), and the attention kernel the profiler saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+import vit
+from vit.config import OptimConfig
+from vit.flops import count_flops
+from vit.optim import build_optimizer
+
+KERNELS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_flash_attention_forward": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_efficient_attention_forward": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_softmax": "explicit softmax",
+}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def autocast(device: torch.device, precision: str):
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def matmul_peak(device: torch.device, precision: str, n: int = 2048, reps: int = 10) -> float:
+    """FLOP/s of a large square matmul, the practical peak for dense layers on this device."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    if device.type == "cpu" and precision != "fp32":
+        dtype = torch.float32  # autocast on CPU still multiplies most matrices in fp32 on machines without AMX
+    if device.type == "cuda":
+        n = 8192
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+class Side:
+    """One model (ours or timm's) with its optimizer and step functions."""
+
+    def __init__(self, name: str, model: torch.nn.Module, optimizer, device, precision: str) -> None:
+        self.name, self.model, self.opt, self.device, self.precision = name, model, optimizer, device, precision
+
+    def infer(self, x):
+        self.model.eval()
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            self.model(x)
+
+    def train_step(self, x, y):
+        self.model.train()
+        with autocast(self.device, self.precision):
+            loss = torch.nn.functional.cross_entropy(self.model(x).float(), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def build_sides(args, device) -> list[Side]:
+    import timm
+    import timm.optim
+
+    kw = dict(img_size=args.img_size)
+    ours = vit.create_model(args.model, **kw).to(device)
+    ref = timm.create_model(args.model, pretrained=False, **kw).to(device)
+    ref.load_state_dict(ours.state_dict())
+    cfg = OptimConfig(lr=1e-4, weight_decay=0.05)
+    sides = [Side("ours", ours, build_optimizer(ours, cfg), device, args.precision),
+             Side("timm", ref, timm.optim.create_optimizer_v2(ref, "adamw", lr=1e-4, weight_decay=0.05),
+                  device, args.precision)]
+    if args.compile:
+        for s in sides:
+            s.model = torch.compile(s.model)
+    return sides
+
+
+def timed(fn, device, n_iter: int) -> float:
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(n_iter):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t) / n_iter
+
+
+def interleaved(sides, make_fn, device, warmup, repeats, n_iter) -> dict[str, list[float]]:
+    """Seconds per call for each side, measured A, B, A, B, ... after warm-up."""
+    for s in sides:
+        for _ in range(warmup):
+            make_fn(s)()
+    times = {s.name: [] for s in sides}
+    for _ in range(repeats):
+        for s in sides:
+            times[s.name].append(timed(make_fn(s), device, n_iter))
+    return times
+
+
+def saved_activation_bytes(side: Side, x, y) -> int:
+    """Bytes of distinct tensors autograd keeps for backward during one training forward."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            try:
+                key = t.untyped_storage().data_ptr()
+                seen[key] = max(seen.get(key, 0), t.untyped_storage().nbytes())
+            except (RuntimeError, NotImplementedError):
+                pass
+        return t
+
+    side.model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(side.device, side.precision):
+        loss = torch.nn.functional.cross_entropy(side.model(x).float(), y)
+    params = {p.untyped_storage().data_ptr() for p in side.model.parameters()}
+    loss.backward()
+    side.opt.zero_grad(set_to_none=True)
+    return sum(v for k, v in seen.items() if k not in params)
+
+
+def cuda_peak(side: Side, x, y) -> int | None:
+    if side.device.type != "cuda":
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    side.train_step(x, y)
+    sync(side.device)
+    return torch.cuda.max_memory_allocated() - base
+
+
+def attention_kernels(side: Side, x, y) -> list[str]:
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                    if side.device.type == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        side.train_step(x, y)
+    names = {e.key for e in prof.key_averages()}
+    return sorted({label for op, label in KERNELS.items() if op in names})
+
+
+def ratio_stats(ours: list[float], ref: list[float]) -> dict:
+    """ours/timm throughput ratio per paired repeat (timm time / our time): median, min, max."""
+    r = [b / a for a, b in zip(ours, ref)]
+    return dict(median=statistics.median(r), min=min(r), max=max(r))
+
+
+def bench_model(args, device) -> dict:
+    torch.manual_seed(0)
+    sides = build_sides(args, device)
+    B = args.batch_size
+    x = torch.randn(B, 3, args.img_size, args.img_size, device=device)
+    y = torch.randint(0, 1000, (B,), device=device)
+    peak = matmul_peak(device, args.precision)
+    ours = sides[0].model
+    with torch.no_grad():
+        flops_fwd = count_flops(lambda: ours(x[:1]))
+    def step_once():
+        sides[0].model(x[:1]).sum().backward()
+    flops_train = count_flops(step_once)
+    sides[0].opt.zero_grad(set_to_none=True)
+
+    res = {"model": args.model, "batch_size": B, "img_size": args.img_size, "precision": args.precision,
+           "device": str(device), "compile": args.compile, "threads": torch.get_num_threads(),
+           "matmul_peak_tflops": peak / 1e12, "flops_per_image": {"inference": flops_fwd, "train_step": flops_train}}
+    for mode, make in (("inference", lambda s: (lambda: s.infer(x))),
+                       ("train_step", lambda s: (lambda: s.train_step(x, y)))):
+        times = interleaved(sides, make, device, args.warmup, args.repeats, args.iters)
+        entry = {}
+        for s in sides:
+            med = statistics.median(times[s.name])
+            # FLOPs: ours counted; timm runs the full last block for every token, so count its own
+            fl = flops_fwd if mode == "inference" else flops_train
+            if s.name == "timm":
+                fl = _timm_flops(s, x, mode)
+            entry[s.name] = dict(images_per_s=B / med, seconds_median=med, seconds_all=times[s.name],
+                                 tflops=fl * B / med / 1e12, utilization=fl * B / med / peak, flops_per_image=fl)
+        entry["ratio_ours_over_timm"] = ratio_stats(times["ours"], times["timm"])
+        res[mode] = entry
+    res["memory"] = {s.name: dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
+                                  cuda_peak_mib=(lambda v: None if v is None else v / 2**20)(cuda_peak(s, x, y)))
+                     for s in sides}
+    res["attention_kernels"] = {s.name: attention_kernels(s, x, y) for s in sides}
+    return res
+
+
+def _timm_flops(side: Side, x, mode: str) -> int:
+    if mode == "inference":
+        with torch.no_grad():
+            return count_flops(lambda: side.model(x[:1]))
+    def once():
+        side.model(x[:1]).sum().backward()
+    f = count_flops(once)
+    side.opt.zero_grad(set_to_none=True)
+    return f
+
+
+def bench_scaling(args, device, sizes: list[int]) -> list[dict]:
+    """Activation memory and fwd+bwd time as the token count grows (batch 1)."""
+    rows = []
+    for size in sizes:
+        a = argparse.Namespace(**{**vars(args), "img_size": size})
+        torch.manual_seed(0)
+        sides = build_sides(a, device)
+        x = torch.randn(1, 3, size, size, device=device)
+        y = torch.zeros(1, dtype=torch.long, device=device)
+        row = {"img_size": size, "tokens": 1 + (size // 16) ** 2}
+        times = interleaved(sides, lambda s: (lambda: s.train_step(x, y)), device, 1, args.scaling_repeats, 1)
+        for s in sides:
+            row[s.name] = dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
+                               train_step_s=statistics.median(times[s.name]),
+                               cuda_peak_mib=(lambda v: None if v is None else v / 2**20)(cuda_peak(s, x, y)))
+        rows.append(row)
+    return rows
+
+
+def bench_data(args) -> dict:
+    """Images/s of one worker on generated 500x375 JPEGs: decode alone, our albumentations pipeline, and the
+    torchvision-v2 equivalent (decode, random resized crop 224, flip, colour jitter, normalize)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    from vit.config import AugConfig
+    from vit.transforms import apply, build_transform, decode_image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    import tempfile
+
+    tmp = tempfile.mkdtemp(prefix="vit-bench-")
+    for i in range(args.data_images):
+        # smooth random images compress like photos, unlike white noise
+        small = rng.integers(0, 256, size=(24, 32, 3), dtype=np.uint8)
+        img = Image.fromarray(small).resize((500, 375), Image.BICUBIC)
+        p = f"{tmp}/{i:04d}.jpg"
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        open(p, "wb").write(buf.getvalue())
+        paths.append(p)
+    aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=[0.485, 0.456, 0.406],
+                    std=[0.229, 0.224, 0.225])
+    ours = build_transform(aug, 224, train=True)
+    tv = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                     v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8), v2.ToImage(),
+                     v2.ToDtype(torch.float32, scale=True),
+                     v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    torch.set_num_threads(1)
+
+    def run(fn):
+        fn(paths[0])
+        t = time.perf_counter()
+        for p in paths:
+            fn(p)
+        return len(paths) / (time.perf_counter() - t)
+
+    results = {}
+    for rep in range(args.data_repeats):
+        for name, fn in (
+            ("decode_only", lambda p: decode_image(p)),
+            ("ours_albumentations", lambda p: apply(ours, decode_image(p), seed=0)),
+            ("ours_albumentations_reduced_decode", lambda p: apply(ours, decode_image(p, max_side=224), seed=0)),
+            ("torchvision_v2", lambda p: tv(Image.open(p).convert("RGB"))),
+        ):
+            results.setdefault(name, []).append(run(fn))
+    out = {k: dict(images_per_s=statistics.median(v), all=v) for k, v in results.items()}
+    tvr = out["torchvision_v2"]["images_per_s"]
+    dec = out["decode_only"]["images_per_s"]
+    for k in ("ours_albumentations", "ours_albumentations_reduced_decode"):
+        out[k]["vs_torchvision"] = out[k]["images_per_s"] / tvr
+        out[k]["vs_decode_only"] = out[k]["images_per_s"] / dec
+    return out
+
+
+def print_report(res: dict) -> None:
+    if "inference" in res:
+        print(f"\n{res['model']}  batch {res['batch_size']}  {res['img_size']} px  {res['precision']}  "
+              f"{res['device']}  {res['threads']} threads  compile={res['compile']}")
+        print(f"matmul peak measured: {res['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s;  FLOPs/image: inference "
+              f"{res['flops_per_image']['inference'] / 1e9:.2f} G (ours), train step "
+              f"{res['flops_per_image']['train_step'] / 1e9:.2f} G (ours)")
+        print(f"{'':12}{'ours img/s':>12}{'timm img/s':>12}{'ratio (min-max)':>22}{'ours util':>11}{'timm util':>11}")
+        for mode in ("inference", "train_step"):
+            e = res[mode]
+            r = e["ratio_ours_over_timm"]
+            print(f"{mode:12}{e['ours']['images_per_s']:>12.1f}{e['timm']['images_per_s']:>12.1f}"
+                  f"{r['median']:>9.3f} ({r['min']:.3f}-{r['max']:.3f})"
+                  f"{100 * e['ours']['utilization']:>10.0f}%{100 * e['timm']['utilization']:>10.0f}%")
+        m = res["memory"]
+        print(f"activations kept for backward: ours {m['ours']['saved_activation_mib']:.1f} MiB, "
+              f"timm {m['timm']['saved_activation_mib']:.1f} MiB")
+        print(f"attention kernels: ours {res['attention_kernels']['ours']}, timm {res['attention_kernels']['timm']}")
+    if "scaling" in res:
+        print(f"\n{'px':>6}{'tokens':>8}{'ours MiB':>10}{'timm MiB':>10}{'ours/timm':>10}{'ours s':>9}{'timm s':>9}")
+        for r in res["scaling"]:
+            o, t = r["ours"], r["timm"]
+            print(f"{r['img_size']:>6}{r['tokens']:>8}{o['saved_activation_mib']:>10.1f}"
+                  f"{t['saved_activation_mib']:>10.1f}{o['saved_activation_mib'] / t['saved_activation_mib']:>10.3f}"
+                  f"{o['train_step_s']:>9.3f}{t['train_step_s']:>9.3f}")
+    if "data" in res:
+        print("\ninput pipeline, one worker, 500x375 JPEG -> 224 training tensor:")
+        for k, v in res["data"].items():
+            extra = (f"  ({v['vs_torchvision']:.2f}x torchvision-v2, {100 * v['vs_decode_only']:.0f}% of decode "
+                     "alone)") if "vs_torchvision" in v else ""
+            print(f"  {k:<38}{v['images_per_s']:>8.0f} img/s{extra}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="vit_small_patch16_224")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--img-size", type=int, default=224)
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=1, help="calls per timed repeat")
+    ap.add_argument("--scaling", type=int, nargs="*", default=None, help="image sizes for the token-scaling table")
+    ap.add_argument("--scaling-repeats", type=int, default=2)
+    ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
+    ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
+    ap.add_argument("--data-images", type=int, default=100)
+    ap.add_argument("--data-repeats", type=int, default=3)
+    ap.add_argument("--out", default=None, help="write the results as JSON")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if args.model not in vit.list_models():
+        print(f"error: unknown model {args.model!r}; known: {', '.join(vit.list_models())}", file=sys.stderr)
+        return 2
+    res: dict = {}
+    if not args.no_model:
+        res.update(bench_model(args, device))
+    if args.scaling:
+        res["scaling"] = bench_scaling(args, device, args.scaling)
+    if args.data:
+        res["data"] = bench_data(args)
+    print_report(res)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
