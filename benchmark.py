@@ -239,7 +239,8 @@ def bench_scaling(args, device, sizes: list[int]) -> list[dict]:
         x = torch.randn(1, 3, size, size, device=device)
         y = torch.zeros(1, dtype=torch.long, device=device)
         row = {"img_size": size, "tokens": 1 + (size // 16) ** 2}
-        times = interleaved(sides, lambda s: (lambda: s.train_step(x, y)), device, 1, args.scaling_repeats, 1)
+        times = interleaved(sides, lambda s, x=x, y=y: (lambda: s.train_step(x, y)), device, 1,
+                            args.scaling_repeats, 1)
         for s in sides:
             row[s.name] = dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
                                train_step_s=statistics.median(times[s.name]),
@@ -291,7 +292,7 @@ def bench_data(args) -> dict:
         return len(paths) / (time.perf_counter() - t)
 
     results = {}
-    for rep in range(args.data_repeats):
+    for _ in range(args.data_repeats):
         for name, fn in (
             ("decode_only", lambda p: decode_image(p)),
             ("ours_albumentations", lambda p: apply(ours, decode_image(p), seed=0)),

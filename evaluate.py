@@ -27,10 +27,10 @@ from torch.utils.data import DataLoader, Dataset
 from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
 from vit.data import DataError, build_datasets
-from vit.metrics import expected_calibration_error, predict, summarize_logits
+from vit.metrics import expected_calibration_error, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import make_accelerator
 from vit.pretrained import load_pretrained, read_state_dict
+from vit.runtime import make_accelerator, run_cli
 from vit.vision import create_model
 
 
@@ -178,8 +178,8 @@ def main(argv=None) -> int:
     plot_reliability(bins, ece, out_dir / "reliability.png")
 
     print(f"\n{n} images, {accelerator.num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
-    print(f"top-1 {100 * metrics['top1']:.2f}%" + (f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None
-                                                   else "") + f"   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
+    top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
+    print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
     width = max(8, max(len(c) for c in classes) + 2)
     print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
     for c, r in zip(classes, rows):
@@ -192,8 +192,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

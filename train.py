@@ -12,9 +12,9 @@ Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, be
 from __future__ import annotations
 
 import csv
-import os
 import logging
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,15 +26,22 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from vit.checkpoint import (CheckpointError, atomic_write_text, build_model, fault_point, latest_state,
-                            save_checkpoint, save_state_atomic)
+from vit.checkpoint import (
+    CheckpointError,
+    atomic_write_text,
+    build_model,
+    fault_point,
+    latest_state,
+    save_checkpoint,
+    save_state_atomic,
+)
 from vit.config import ConfigError, dump, load_config
-from vit.data import DataError, EpochSampler, build_datasets
+from vit.data import EpochSampler, build_datasets
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
-from vit.runtime import make_accelerator
 from vit.pretrained import load_pretrained
+from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
                  "skipped_steps"]
@@ -350,11 +357,4 @@ def _flat_scalars(cfg) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    except ValueError as e:  # e.g. a pretrained file that does not fit
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
-from vit.config import ConfigError
+from vit.checkpoint import atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.rollout import attention_maps
+from vit.runtime import run_cli
 from vit.transforms import BadImageError, apply, build_transform, decode_image
 
 
@@ -172,8 +172,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from helpers import TINY, make_image_folder, run_script
 
 

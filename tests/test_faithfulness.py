@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import TINY, make_image_folder, run_script
 
 import vit
-from helpers import TINY, make_image_folder, run_script
 from vit.faithfulness import auc, paired_bootstrap, token_curves
 
 

@@ -2,22 +2,20 @@
 
 import csv
 import json
-import os
 import pickle
 import signal
-import sys
 
 import numpy as np
 import pytest
 import torch
+from helpers import TINY, make_image_folder, run_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from safetensors.torch import load_file
 
-from helpers import TINY, make_image_folder, run_script
 from vit.checkpoint import load_checkpoint
-from vit.config import ConfigError, from_dict, load_config
+from vit.config import ConfigError, from_dict
 from vit.transforms import BadImageError, decode_image
 
 SYN = ["--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=12",
@@ -59,7 +57,7 @@ def _bad_folder(root):
     good = d / "000.png"
     (d / "truncated.png").write_bytes(good.read_bytes()[: len(good.read_bytes()) // 2])
     Image.fromarray(rgb).convert("CMYK").save(d / "cmyk.jpg")
-    Image.fromarray((rgb[..., 0].astype(np.uint16) * 257)).save(d / "sixteen.png")
+    Image.fromarray(rgb[..., 0].astype(np.uint16) * 257).save(d / "sixteen.png")
     Image.fromarray(rgb).convert("P").save(d / "palette.png")
     Image.fromarray(np.dstack([rgb, rgb[..., :1]])).save(d / "rgba.png")
     Image.fromarray(rgb[..., 0]).save(d / "gray.png")

@@ -6,9 +6,8 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import TINY, make_image_folder, run_script
+from safetensors.torch import load_file
 
 
 def _rows(run):

@@ -5,11 +5,13 @@ Public API:
     TextEncoder                                    the same encoder on token ids
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
+    attention_rollout, gradient_rollout, ...       where the model looks (vit.rollout)
 """
 
 from .encoder import Block, Encoder
 from .layers import Attention, resample_abs_pos_embed
 from .pretrained import load_pretrained, read_state_dict
+from .rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
 from .text import TextEncoder, TextEncoderOutput
 from .vision import VARIANTS, VisionTransformer, create_model, list_models
 
@@ -19,6 +21,11 @@ __all__ = [
     "Encoder",
     "TextEncoder",
     "TextEncoderOutput",
+    "attention_maps",
+    "attention_rollout",
+    "gradient_rollout",
+    "raw_attention",
+    "to_grid",
     "VARIANTS",
     "VisionTransformer",
     "create_model",

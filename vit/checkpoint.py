@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from .config import Config, ConfigError, from_dict, read_yaml, to_dict
 from .vision import VisionTransformer, create_model
@@ -74,20 +74,6 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def _atomic_save_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def build_model(cfg: Config, num_classes: int) -> VisionTransformer:
     """The model a config describes (the only place the config meets `create_model`)."""
     m = cfg.model
@@ -111,7 +97,7 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    _atomic_save_safetensors(folder / "model.safetensors", state, {"format": "pt", "model": cfg.model.name})
+    atomic_write_bytes(folder / "model.safetensors", save(state, metadata={"format": "pt", "model": cfg.model.name}))
     fault_point("checkpoint", int((meta or {}).get("step", -1)))
     atomic_write_text(folder / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))

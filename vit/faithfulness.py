@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError, atomic_write_bytes, atomic_write_text, load_checkpoint
-from .data import DataError, build_datasets
+from .checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
+from .data import build_datasets
 from .rollout import attention_maps
 
 __all__ = ["token_curves", "auc", "paired_bootstrap", "evaluate_faithfulness"]
@@ -151,12 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/faithfulness)")
     args = ap.parse_args(argv)
-    try:
-        model, cfg, classes, _ = load_checkpoint(args.checkpoint)
-        _, val, _ = build_datasets(cfg, splits=("val",), classes=classes)
-    except (CheckpointError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    model, cfg, classes, _ = load_checkpoint(args.checkpoint)
+    _, val, _ = build_datasets(cfg, splits=("val",), classes=classes)
     n = min(len(val), args.limit or len(val))
     images = torch.stack([val[i][0] for i in range(n)])
     torch.manual_seed(args.seed)
@@ -172,4 +167,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from .runtime import run_cli
+
+    run_cli(main)

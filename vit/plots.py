@@ -15,8 +15,9 @@ __all__ = ["plot_curves", "plot_confusion", "plot_reliability"]
 
 
 def _save(fig, path: Path) -> None:
-    from .checkpoint import atomic_write_bytes
     import io
+
+    from .checkpoint import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")

@@ -115,7 +115,9 @@ def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True) -> 
     state = adapt_state_dict(read_state_dict(path), model, report)
     own = model.state_dict()
     wrong = [
-        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items() if k in own and v.shape != own[k].shape
+        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
     ]
     dropped_head = any("head" in a for a in report.actions)
     missing = [k for k in own if k not in state and not (dropped_head and k.startswith("head."))]

@@ -1,4 +1,4 @@
-"""The Accelerator the scripts share.
+"""What the scripts share at run time: the Accelerator, and turning user errors into one clear line.
 
 Accelerate only picks its multi-process CPU mode (gloo) when asked for the CPU explicitly; started by
 `accelerate launch --multi_gpu --num_processes 2` on a machine without CUDA, each process would otherwise
@@ -8,11 +8,24 @@ believe it is alone and evaluate everything twice. `make_accelerator` asks for t
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 
 import torch
 from accelerate import Accelerator
 
-__all__ = ["make_accelerator"]
+__all__ = ["make_accelerator", "run_cli"]
+
+
+def run_cli(main: Callable[[], int]) -> None:
+    """Run a script's `main()` and exit with its code. A user's mistake (our errors are ValueErrors: config,
+    data, checkpoint), a missing file or a non-finite loss becomes one line on stderr and exit code 2."""
+    try:
+        code = main()
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
 
 
 def make_accelerator(**kwargs) -> Accelerator:

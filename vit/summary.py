@@ -2,8 +2,8 @@
 
     python -m vit.summary vit_base_patch16_224 [--img-size 224] [--batch-size 1] [--num-classes 1000]
 
-FLOPs are counted by PyTorch's `FlopCounterMode` (see vit/flops.py) (a multiply-add counts as 2 FLOPs, so they are twice the
-"GMACs" that timm's tables quote), attributed to the module that ran them.
+FLOPs are counted by PyTorch's `FlopCounterMode` with CPU flash attention added (vit/flops.py) and attributed to
+the module that ran them; a multiply-add counts as 2 FLOPs, so they are twice the "GMACs" of timm's tables.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from .encoder import Encoder
-from .pretrained import load_pretrained
 from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
+from .pretrained import load_pretrained
 
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
 
