@@ -45,10 +45,13 @@ def summarize(model: VisionTransformer, x: torch.Tensor) -> list[Row]:
             out = out[0] if isinstance(out, tuple) else out
             shapes[name] = tuple(out.shape)
         handles.append(mod.register_forward_hook(hook))
+    # the full path (every token through every block), not forward()'s [CLS]-only last block
+    pruned, model.prune_last_block = model.prune_last_block, False
     try:
         with torch.no_grad(), flop_counter() as counter:
             model(x)
     finally:
+        model.prune_last_block = pruned
         for h in handles:
             h.remove()
     per_module = counter.get_flop_counts()

@@ -86,6 +86,9 @@ class VisionTransformer(nn.Module):
         self.fc_norm = norm(embed_dim) if norm_first and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        # forward() of a [CLS]-pooled model runs its last block for [CLS] only; False runs every token (e.g. for
+        # hooks that inspect the last block's outputs)
+        self.prune_last_block = True
         self.init_weights()
 
     # --- construction helpers -------------------------------------------------------------------------------
@@ -180,7 +183,8 @@ class VisionTransformer(nn.Module):
         self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Logits (B, num_classes); with return_attention, also a list of (B, H, N, N) maps, one per block."""
-        if return_attention or self.global_pool != "token" or not self.blocks[-1].norm_first:
+        if (return_attention or not self.prune_last_block or self.global_pool != "token"
+                or not self.blocks[-1].norm_first):
             feats, attentions = self.encode(x, return_attention=return_attention)
             logits = self.forward_head(feats)
             return (logits, attentions) if return_attention else logits
