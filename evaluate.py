@@ -21,13 +21,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
 from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
 from vit.data import DataError, build_datasets
-from vit.metrics import expected_calibration_error, summarize_logits
+from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
 from vit.pretrained import load_pretrained, read_state_dict
 from vit.runtime import make_accelerator, run_cli
@@ -127,19 +126,9 @@ def main(argv=None) -> int:
     model, loader = accelerator.prepare(model, loader)
 
     t0 = time.perf_counter()
-    logits_all, labels_all, index_all = [], [], []
-    model.eval()
-    with torch.no_grad():
-        for x, y, idx in loader:
-            with accelerator.autocast():
-                logits = model(x)
-            logits, y, idx = accelerator.gather_for_metrics((logits.float().contiguous(), y, idx))
-            logits_all.append(logits.cpu())
-            labels_all.append(y.cpu())
-            index_all.append(idx.cpu())
+    out = predict(model, loader, accelerator)  # one row per sample, in dataset order
     seconds = time.perf_counter() - t0
-    order = torch.cat(index_all).argsort()
-    logits, labels, index = torch.cat(logits_all)[order], torch.cat(labels_all)[order], torch.cat(index_all)[order]
+    logits, labels, index = out["logits"], out["labels"], out["index"]
     if not accelerator.is_main_process:
         return 0
 

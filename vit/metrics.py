@@ -14,17 +14,24 @@ __all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_
 
 
 @torch.no_grad()
-def predict(model, loader, accelerator, keep: bool = True) -> dict[str, torch.Tensor | float | int]:
-    """Logits (N, C) and labels (N,) of the whole split, gathered on every process (float32, on CPU)."""
+def predict(model, loader, accelerator) -> dict[str, torch.Tensor]:
+    """Logits (N, C) and labels (N,) of the whole split, gathered on every process (float32, on CPU).
+    Batches may carry a third element, the sample indices; they are gathered too and the result is put in
+    index order (`index`)."""
     model.eval()
-    logits_all, labels_all = [], []
-    for x, y in loader:
+    out: dict[str, list] = {"logits": [], "labels": [], "index": []}
+    for batch in loader:
+        x, rest = batch[0], tuple(batch[1:])
         with accelerator.autocast():
             logits = model(x)
-        logits, y = accelerator.gather_for_metrics((logits.float().contiguous(), y))
-        logits_all.append(logits.cpu())
-        labels_all.append(y.cpu())
-    return {"logits": torch.cat(logits_all), "labels": torch.cat(labels_all)}
+        gathered = accelerator.gather_for_metrics((logits.float().contiguous(), *rest))
+        for key, value in zip(("logits", "labels", "index"), gathered):
+            out[key].append(value.cpu())
+    res = {k: torch.cat(v) for k, v in out.items() if v}
+    if "index" in res:
+        order = res["index"].argsort()
+        res = {k: v[order] for k, v in res.items()}
+    return res
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, k: int) -> int:
