@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .config import Config, ConfigError, from_dict, read_yaml, to_dict
+from .config import Config, from_dict, read_yaml, to_dict
 from .vision import VisionTransformer, create_model
 
 FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
@@ -121,7 +121,7 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         classes = json.loads((folder / "classes.json").read_text())
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
-    except (ConfigError, json.JSONDecodeError, OSError, Exception) as e:
+    except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
     model = build_model(cfg, len(classes))
     own = model.state_dict()

@@ -19,14 +19,13 @@ import albumentations as A
 import cv2
 import numpy as np
 import torch
-from PIL import Image, ImageFile, ImageOps
+from PIL import Image, ImageOps
 
 from .config import AugConfig
 
 __all__ = ["BadImageError", "decode_image", "build_transform", "to_rgb_array"]
 
 Image.MAX_IMAGE_PIXELS = 256_000_000  # very large images are decoded (cheaply, see below) not refused
-ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 
 class BadImageError(ValueError):
