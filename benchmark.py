@@ -263,61 +263,81 @@ def photo_like(rng, width: int = 500, height: int = 375):
     return np.clip((a - a.mean()) / a.std() * 50 + 128, 0, 255).astype(np.uint8)
 
 
+def _jpeg_files(rng, n: int, width: int, height: int, tmp: str) -> list[str]:
+    import numpy as np
+    from PIL import Image
+
+    paths = []
+    for i in range(n):
+        p = f"{tmp}/{width}x{height}-{i:04d}.jpg"
+        Image.fromarray(np.ascontiguousarray(photo_like(rng, width, height))).save(p, format="JPEG", quality=90)
+        paths.append(p)
+    return paths
+
+
 def bench_data(args) -> dict:
-    """Images/s of one worker on generated 500x375 JPEGs: decode alone, our albumentations pipeline, and the
-    torchvision-v2 equivalent (decode, random resized crop 224, flip, colour jitter, normalize)."""
-    import io
+    """Images/s of one worker (one thread) on generated photo-like JPEGs, 500x375 (an ImageNet-sized photo)
+    and, unless --data-large 0, 2000x1500 (a phone photo): decoding alone (our decoder, and PIL's), our
+    training pipeline (decode, random resized crop 224, flip, colour jitter 0.4 with p=0.8, normalize), and
+    the same recipe in torchvision-v2, from PIL images (what ImageFolder's loader gives it) and from tensors
+    decoded by torchvision.io. Every pipeline gets a fresh seed per image; the passes are interleaved."""
+    import tempfile
 
     import numpy as np
     from PIL import Image
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
     from torchvision.transforms import v2
 
     from vit.config import AugConfig
-    from vit.transforms import apply, build_transform, decode_image
+    from vit.transforms import build_transform, decode_image
 
-    rng = np.random.default_rng(0)
-    paths = []
-    import tempfile
-
-    tmp = tempfile.mkdtemp(prefix="vit-bench-")
-    for i in range(args.data_images):
-        img = Image.fromarray(photo_like(rng))
-        p = f"{tmp}/{i:04d}.jpg"
-        buf = io.BytesIO()
-        img.save(buf, format="JPEG", quality=90)
-        open(p, "wb").write(buf.getvalue())
-        paths.append(p)
-    aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=[0.485, 0.456, 0.406],
-                    std=[0.229, 0.224, 0.225])
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=mean, std=std)
     ours = build_transform(aug, 224, train=True)
-    tv = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
-                     v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8), v2.ToImage(),
-                     v2.ToDtype(torch.float32, scale=True),
-                     v2.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])])
+    recipe = [v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+              v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8)]
+    tv_pil = v2.Compose([*recipe, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    tv_tensor = v2.Compose([*recipe, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    cv2 = __import__("cv2")
+    cv2_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
+    pipelines = {
+        "decode_only": lambda p, i: decode_image(p),
+        "decode_only_pil": lambda p, i: np.asarray(Image.open(p).convert("RGB")),
+        "ours": lambda p, i: ours.load(p, seed=i),
+        "torchvision_v2": lambda p, i: tv_pil(Image.open(p).convert("RGB")),
+        "torchvision_v2_tensor": lambda p, i: tv_tensor(decode_jpeg(read_file(p), mode=ImageReadMode.RGB)),
+    }
 
-    def run(fn):
-        fn(paths[0])
+    def run(fn, paths):
+        fn(paths[0], 0)
         t = time.perf_counter()
-        for p in paths:
-            fn(p)
+        for i, p in enumerate(paths):
+            fn(p, i)
         return len(paths) / (time.perf_counter() - t)
 
-    results = {}
-    for _ in range(args.data_repeats):
-        for name, fn in (
-            ("decode_only", lambda p: decode_image(p)),
-            ("ours_albumentations", lambda p: apply(ours, decode_image(p), seed=0)),
-            ("ours_albumentations_reduced_decode", lambda p: apply(ours, decode_image(p, max_side=224), seed=0)),
-            ("torchvision_v2", lambda p: tv(Image.open(p).convert("RGB"))),
-        ):
-            results.setdefault(name, []).append(run(fn))
-    out = {k: dict(images_per_s=statistics.median(v), all=v) for k, v in results.items()}
-    tvr = out["torchvision_v2"]["images_per_s"]
-    dec = out["decode_only"]["images_per_s"]
-    for k in ("ours_albumentations", "ours_albumentations_reduced_decode"):
-        out[k]["vs_torchvision"] = out[k]["images_per_s"] / tvr
-        out[k]["vs_decode_only"] = out[k]["images_per_s"] / dec
+    rng = np.random.default_rng(0)
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="vit-bench-") as tmp:
+        sets = {"500x375": _jpeg_files(rng, args.data_images, 500, 375, tmp)}
+        if args.data_large:
+            sets["2000x1500"] = _jpeg_files(rng, args.data_large, 2000, 1500, tmp)
+        try:
+            for size, paths in sets.items():
+                results: dict[str, list[float]] = {}
+                for _ in range(args.data_repeats):
+                    for name, fn in pipelines.items():
+                        results.setdefault(name, []).append(run(fn, paths))
+                rows = {k: dict(images_per_s=statistics.median(v), all=v) for k, v in results.items()}
+                for ref in ("torchvision_v2", "torchvision_v2_tensor", "decode_only", "decode_only_pil"):
+                    # ratio per pass (the two timed back to back), then the median and spread of those
+                    rows["ours"][f"vs_{ref}"] = ratio_stats(results[ref], results["ours"])  # img/s: ours / ref
+                out[size] = rows
+        finally:
+            torch.set_num_threads(threads)
+            cv2.setNumThreads(cv2_threads)
     return out
 
 
@@ -346,12 +366,17 @@ def print_report(res: dict) -> None:
             print(f"{r['img_size']:>6}{r['tokens']:>8}{o['saved_activation_mib']:>10.1f}"
                   f"{t['saved_activation_mib']:>10.1f}{o['saved_activation_mib'] / t['saved_activation_mib']:>10.3f}"
                   f"{o['train_step_s']:>9.3f}{t['train_step_s']:>9.3f}")
-    if "data" in res:
-        print("\ninput pipeline, one worker, 500x375 JPEG -> 224 training tensor:")
-        for k, v in res["data"].items():
-            extra = (f"  ({v['vs_torchvision']:.2f}x torchvision-v2, {100 * v['vs_decode_only']:.0f}% of decode "
-                     "alone)") if "vs_torchvision" in v else ""
-            print(f"  {k:<38}{v['images_per_s']:>8.0f} img/s{extra}")
+    for size, rows in res.get("data", {}).items():
+        print(f"\ninput pipeline, one worker, {size} JPEG -> 224 training tensor (median of passes):")
+        for k, v in rows.items():
+            print(f"  {k:<24}{v['images_per_s']:>8.0f} img/s")
+        o = rows["ours"]
+        for ref, what in (("torchvision_v2", "x torchvision-v2 from PIL images"),
+                          ("torchvision_v2_tensor", "x torchvision-v2 from torchvision.io tensors"),
+                          ("decode_only", "x decoding alone (our decoder)"),
+                          ("decode_only_pil", "x decoding alone (PIL)")):
+            r = o[f"vs_{ref}"]
+            print(f"  ours = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) {what}")
 
 
 def main(argv=None) -> int:
@@ -370,7 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
     ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
     ap.add_argument("--data-images", type=int, default=100)
-    ap.add_argument("--data-repeats", type=int, default=3)
+    ap.add_argument("--data-repeats", type=int, default=5)
+    ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
     device = torch.device(args.device)

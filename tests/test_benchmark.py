@@ -9,7 +9,7 @@ def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
     out = tmp_path / "b.json"
     r = run_script("benchmark.py", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2",
                    "--warmup", "1", "--repeats", "2", "--scaling", "32", "48", "--scaling-repeats", "1", "--data",
-                   "--data-images", "4", "--data-repeats", "1", "--out", str(out))
+                   "--data-images", "4", "--data-repeats", "1", "--data-large", "2", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     for mode in ("inference", "train_step"):
@@ -21,5 +21,7 @@ def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
     assert res["attention_kernels"]["ours"] == ["flash (CPU)"]
     assert res["memory"]["ours"]["saved_activation_mib"] > 0
     assert [row["tokens"] for row in res["scaling"]] == [5, 10]
-    assert {"decode_only", "ours_albumentations", "torchvision_v2"} <= set(res["data"])
+    for size in ("500x375", "2000x1500"):
+        assert {"decode_only", "ours", "torchvision_v2", "torchvision_v2_tensor"} <= set(res["data"][size])
+        assert res["data"][size]["ours"]["vs_decode_only"]["median"] > 0
     assert "ratio" in r.stdout

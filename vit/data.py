@@ -63,7 +63,7 @@ class FolderDataset(_Seeded):
     """Images in `<root>/<class>/*`. Unreadable files found while loading are replaced by the next good one
     (and logged); `check()` finds them all before training starts."""
 
-    def __init__(self, root: Path, classes: Sequence[str], transform, seed: int = 0, decode_side=None) -> None:
+    def __init__(self, root: Path, classes: Sequence[str], transform, seed: int = 0) -> None:
         super().__init__(transform, classes, seed)
         self.root = Path(root)
         index = {c: i for i, c in enumerate(self.classes)}
@@ -74,7 +74,6 @@ class FolderDataset(_Seeded):
                                 "every split needs the same class folders.")
             files = sorted(p for p in (self.root / c).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
             self.samples += [(p, index[c]) for p in files]
-        self.decode_side = decode_side
         self.bad: list[str] = []
 
     def __len__(self) -> int:
@@ -107,12 +106,10 @@ class FolderDataset(_Seeded):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         for k in range(len(self.samples)):
             path, y = self.samples[(i + k) % len(self.samples)]
-            try:
-                img = decode_image(path, max_side=self.decode_side)
+            try:  # decoded at the smallest JPEG scale this sample's crop allows
+                return self.transform.load(path, self._sample_seed(i)), y
             except BadImageError as e:  # a file that went bad after check(): never kill the epoch
                 log.warning("skipping %s", e)
-                continue
-            return apply(self.transform, img, self._sample_seed(i)), y
         raise DataError(f"no readable image left in {self.root}.")
 
 
@@ -228,7 +225,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         for split, t in (("train", t_train), ("val", t_val)):
             if split in splits:
                 _folder_classes(root, split)
-                out[split] = FolderDataset(root / split, classes, t, seed, decode_side=size)
+                out[split] = FolderDataset(root / split, classes, t, seed)
                 if check_images:
                     out[split].check(cfg.data.on_bad_image)
         return out.get("train"), out.get("val"), classes
