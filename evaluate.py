@@ -129,7 +129,12 @@ def main(argv=None) -> int:
     out = predict(model, loader, accelerator)  # one row per sample, in dataset order
     seconds = time.perf_counter() - t0
     logits, labels, index = out["logits"], out["labels"], out["index"]
-    if not accelerator.is_main_process:
+    num_processes, is_main = accelerator.num_processes, accelerator.is_main_process
+    # that was the last collective: close the process group on every rank now, so that a rank leaving early
+    # does not tear gloo's threads down under the others (std::terminate, SIGABRT, the run killed)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if not is_main:
         return 0
 
     n, k = len(labels), len(classes)
@@ -143,7 +148,7 @@ def main(argv=None) -> int:
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
-                   num_processes=accelerator.num_processes)
+                   num_processes=num_processes)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
@@ -166,7 +171,7 @@ def main(argv=None) -> int:
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
 
-    print(f"\n{n} images, {accelerator.num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
     width = max(8, max(len(c) for c in classes) + 2)
