@@ -8,8 +8,9 @@ from helpers import run_script
 def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
     out = tmp_path / "b.json"
     r = run_script("benchmark.py", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2",
-                   "--warmup", "1", "--repeats", "2", "--scaling", "32", "48", "--scaling-repeats", "1", "--data",
-                   "--data-images", "4", "--data-repeats", "1", "--data-large", "2", "--out", str(out))
+                   "--warmup", "1", "--repeats", "2", "--peak-size", "256", "--scaling", "32", "48",
+                   "--scaling-repeats", "1", "--data", "--data-images", "2", "--data-repeats", "1",
+                   "--data-large", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     for mode in ("inference", "train_step"):
