@@ -24,7 +24,7 @@ from vit.checkpoint import atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
-from vit.transforms import BadImageError, apply, build_transform, decode_image
+from vit.transforms import BadImageError, build_transform
 
 
 def parse_args(argv):
@@ -133,13 +133,12 @@ def main(argv=None) -> int:
     for start in range(0, len(items), args.batch_size):
         batch, shown, names = [], [], []
         for name, src in items[start : start + args.batch_size]:
-            try:
-                img = src if isinstance(src, np.ndarray) else decode_image(src)
+            try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
+                x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
             except BadImageError as e:
                 print(f"skipping {e}", file=sys.stderr)
                 skipped += 1
                 continue
-            x = apply(transform, img)
             batch.append(x)
             names.append(name)
             # what the model saw, back in [0, 1] for display

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from .config import Config
-from .transforms import BadImageError, apply, build_transform, decode_image
+from .transforms import BadImageError, build_transform, decode_image
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS"]
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class ArrayDataset(_Seeded):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return apply(self.transform, self.images[i], self._sample_seed(i)), self.labels[i]
+        return self.transform(self.images[i], self._sample_seed(i)), self.labels[i]
 
     def describe(self, i: int) -> str:
         return str(i)

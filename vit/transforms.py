@@ -26,6 +26,7 @@ import io
 import math
 import random
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import albumentations as A
@@ -70,9 +71,21 @@ def to_rgb_array(img: Image.Image) -> np.ndarray:
 
 
 def _is_jpeg(data: bytes) -> bool:
-    """A baseline/progressive JPEG that is complete (ends with EOI); anything else goes through PIL, whose
-    errors name truncated files instead of filling them with grey as libjpeg's warnings do."""
-    return data[:3] == b"\xff\xd8\xff" and data.rstrip(b"\x00\r\n ")[-2:] == b"\xff\xd9"
+    """A baseline/progressive JPEG that is complete (ends with EOI, maybe padded); anything else goes through
+    PIL, whose errors name truncated files instead of filling them with grey as libjpeg's warnings do. Only
+    the tail is stripped: stripping `data` itself would copy the whole file."""
+    return data[:3] == b"\xff\xd8\xff" and data[-64:].rstrip(b"\x00\r\n ")[-2:] == b"\xff\xd9"
+
+
+@contextmanager
+def _pil_errors(path):
+    """Around PIL calls: a decompression bomb is an error, and every PIL failure a `BadImageError`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadImageError(f"cannot decode image {path}: {e}") from None
 
 
 def _read(path: str | Path) -> bytes:
@@ -138,14 +151,9 @@ def _jpeg_size(data: bytes, path) -> tuple[int, int]:
     if head is not None:
         w, h, orientation = head
     else:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", Image.DecompressionBombWarning)
-                img = Image.open(io.BytesIO(data))
-                (w, h), orientation = img.size, img.getexif().get(0x0112, 1)
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
-                Image.DecompressionBombWarning) as e:
-            raise BadImageError(f"cannot decode image {path}: {e}") from None
+        with _pil_errors(path):
+            img = Image.open(io.BytesIO(data))
+            (w, h), orientation = img.size, img.getexif().get(0x0112, 1)
     if w * h > Image.MAX_IMAGE_PIXELS:
         raise BadImageError(f"cannot decode image {path}: {w}x{h} pixels is over the limit of "
                             f"{Image.MAX_IMAGE_PIXELS} (PIL.Image.MAX_IMAGE_PIXELS); shrink it or raise the limit.")
@@ -161,17 +169,12 @@ def _decode(data: bytes, path, reduction: int = 1) -> np.ndarray:
             arr = None
         if arr is not None and arr.ndim == 3 and arr.shape[2] == 3 and arr.size:
             return arr
-    try:  # anything cv2 did not take: PIL names the problem
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            if reduction > 1 and img.format == "JPEG":
-                w, h = img.size
-                img.draft("RGB", (math.ceil(w / reduction), math.ceil(h / reduction)))
-            img = ImageOps.exif_transpose(img)
-            arr = to_rgb_array(img)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise BadImageError(f"cannot decode image {path}: {e}") from None
+    with _pil_errors(path):  # anything cv2 did not take: PIL names the problem
+        img = Image.open(io.BytesIO(data))
+        if reduction > 1 and img.format == "JPEG":
+            w, h = img.size
+            img.draft("RGB", (math.ceil(w / reduction), math.ceil(h / reduction)))
+        arr = to_rgb_array(ImageOps.exif_transpose(img))
     if arr.ndim != 3 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise BadImageError(f"cannot decode image {path}: empty image")
     return arr
@@ -191,8 +194,7 @@ def decode_image(path: str | Path, max_side: int | None = None) -> np.ndarray:
     data = _read(path)
     r = 1
     if max_side and _is_jpeg(data):
-        w, h = _jpeg_size(data, path)
-        r = _reduction(w, h, max_side, max_side) if min(w, h) >= max_side else 1
+        r = _reduction(*_jpeg_size(data, path), max_side, max_side)
     return _decode(data, path, r)
 
 
@@ -293,6 +295,9 @@ class _Flip:
         return cv2.flip(img, 1, dst=img) if rng.random() < self.p else img  # in place: the pipeline owns img
 
 
+_IDENTITY_3x4 = ((1.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, 0.0), (0.0, 0.0, 1.0, 0.0))
+
+
 class _ColorJitter:
     """torchvision's ColorJitter (brightness, contrast, saturation, in random order) with probability p.
 
@@ -324,7 +329,7 @@ class _ColorJitter:
         """-> (image, pending uint8 value table or None); the image is changed in place. The 3x4 map is
         kept in Python floats: numpy's per-call overhead on 3x4 arrays cost more than the pixel passes."""
         g = GRAY
-        m = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]  # out = m[:, :3] @ rgb + m[:, 3]
+        m = _IDENTITY_3x4  # out = m[:, :3] @ rgb + m[:, 3]; each op builds a new m
         means, mixes = None, False  # channel means of img as it is now; whether m mixes channels
         for k, op in enumerate(order):
             f = factors[op]
@@ -342,7 +347,7 @@ class _ColorJitter:
                 mixes = True
             if f > 1 and k < len(order) - 1:  # values may leave [0, 255]: clip them now, as the op does
                 img = cv2.transform(img, np.array(m), dst=img)
-                m, means, mixes = [[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]], None, False
+                m, means, mixes = _IDENTITY_3x4, None, False
         if not mixes:  # v -> m[0][0] * v + m[0][3] for every channel: a table
             return img, np.clip(np.rint(self.values * m[0][0] + m[0][3]), 0, 255).astype(np.uint8)
         return cv2.transform(img, np.array(m), dst=img), None
@@ -397,8 +402,7 @@ class Pipeline:
             self.reseed(seed)
         data = _read(path)
         if not _is_jpeg(data):
-            img = _decode(data, path)
-            return self._run(img, self.geometry.box(img.shape[1], img.shape[0], self.py_rng))
+            return self(_decode(data, path))
         w, h = _jpeg_size(data, path)
         box = self.geometry.box(w, h, self.py_rng)
         r = _reduction(box[2], box[3], *self.geometry.need(box))
@@ -475,8 +479,3 @@ def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
         albu.append(A.Erasing(p=aug.random_erasing, fill=tuple(round(255 * m) for m in aug.mean)))
     flush()
     return Pipeline(geometry, steps, aug.mean, aug.std)
-
-
-def apply(transform: Pipeline, image: np.ndarray, seed: int | None = None) -> torch.Tensor:
-    """Run a pipeline on an RGB uint8 array, optionally seeded; returns a (C, H, W) float tensor."""
-    return transform(image, seed)
