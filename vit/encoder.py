@@ -123,11 +123,14 @@ class Encoder(nn.ModuleList):
         mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_attention: bool = False,
+        last_queries: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block."""
+        """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block.
+        `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
         attentions: list[torch.Tensor] = []
-        for blk in self:
-            x, attn = blk(x, mask, is_causal, return_attention)
+        last = len(self) - 1
+        for i, blk in enumerate(self):
+            x, attn = blk(x, mask, is_causal, return_attention, last_queries if i == last else None)
             if return_attention:
                 attentions.append(attn)
         return x, attentions

@@ -154,11 +154,13 @@ class VisionTransformer(nn.Module):
         x: torch.Tensor,
         patch_keep: torch.Tensor | None = None,
         return_attention: bool = False,
+        last_queries: int | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Images (B, C, H, W) -> normalized tokens (B, prefix + N, D) and the per-block attention maps.
 
         `patch_keep` (B, K) lists the patch indices (row-major) to keep after positions are added; the others
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
+        `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
         grid = self.grid_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)  # (B, prefix + h*w, D)
@@ -166,7 +168,7 @@ class VisionTransformer(nn.Module):
             p = self.num_prefix_tokens
             idx = patch_keep[..., None].expand(-1, -1, x.shape[-1])  # (B, K, D)
             x = torch.cat([x[:, :p], x[:, p:].gather(1, idx)], dim=1)  # (B, prefix + K, D)
-        x, attentions = self.blocks(x, return_attention=return_attention)
+        x, attentions = self.blocks(x, return_attention=return_attention, last_queries=last_queries)
         return self.norm(x), attentions
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,20 +184,15 @@ class VisionTransformer(nn.Module):
     def forward(
         self, x: torch.Tensor, return_attention: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits (B, num_classes); with return_attention, also a list of (B, H, N, N) maps, one per block."""
-        if (return_attention or not self.prune_last_block or self.global_pool != "token"
-                or not self.blocks[-1].norm_first):
-            feats, attentions = self.encode(x, return_attention=return_attention)
-            logits = self.forward_head(feats)
-            return (logits, attentions) if return_attention else logits
-        # A [CLS]-pooled classifier reads one token of the last block: compute that block for [CLS] only (its
-        # attention still looks at every token). Same logits as the full stack, ~7% fewer FLOPs at 12 blocks.
-        grid = self.grid_size(x.shape[-2:])
-        x = self._pos_embed(self.patch_embed(x), grid)
-        for blk in list(self.blocks)[:-1]:
-            x, _ = blk(x)
-        x, _ = self.blocks[-1](x, num_queries=1)  # (B, 1, D)
-        return self.forward_head(self.norm(x))
+        """Logits (B, num_classes); with return_attention, also a list of (B, H, N, N) maps, one per block.
+
+        A [CLS]-pooled pre-norm classifier reads one token of the last block, so that block is computed for
+        [CLS] only (its attention still looks at every token): same logits, ~7% fewer FLOPs at 12 blocks."""
+        prune = (self.prune_last_block and not return_attention and self.global_pool == "token"
+                 and self.blocks[-1].norm_first)
+        feats, attentions = self.encode(x, return_attention=return_attention, last_queries=1 if prune else None)
+        logits = self.forward_head(feats)
+        return (logits, attentions) if return_attention else logits
 
 
 # --- variants and the factory -------------------------------------------------------------------------------
