@@ -13,8 +13,6 @@ reliability.png; prints a table.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import json
 import sys
 import time
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import CheckpointError, atomic_write_text, load_checkpoint
+from vit.checkpoint import CheckpointError, atomic_write_csv, atomic_write_text, load_checkpoint
 from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
 from vit.data import DataError, build_datasets
 from vit.metrics import expected_calibration_error, predict, summarize_logits
@@ -102,14 +100,6 @@ def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
     return rows, {k: {m: float(v) for m, v in d.items()} for k, d in avgs.items()}
 
 
-def csv_text(fieldnames, rows) -> str:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fieldnames)
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, ckpt_classes = load_model_and_config(args, overrides)
@@ -152,9 +142,8 @@ def main(argv=None) -> int:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
-    atomic_write_text(out_dir / "per_class.csv", csv_text(
-        ["class", "precision", "recall", "f1", "support"],
-        [{"class": c, **r} for c, r in zip(classes, rows)]))
+    atomic_write_csv(out_dir / "per_class.csv", ["class", "precision", "recall", "f1", "support"],
+                     [{"class": c, **r} for c, r in zip(classes, rows)])
     topk = min(args.topk, k)
     p_top, i_top = probs.topk(topk, dim=1)
     pred_rows = []
@@ -167,7 +156,7 @@ def main(argv=None) -> int:
             row[f"pred{r + 1}_name"] = classes[int(i_top[j, r])]
             row[f"prob{r + 1}"] = f"{float(p_top[j, r]):.6f}"
         pred_rows.append(row)
-    atomic_write_text(out_dir / "predictions.csv", csv_text(list(pred_rows[0]) if pred_rows else ["sample"], pred_rows))
+    atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
 

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from vit.checkpoint import (
     CheckpointError,
+    atomic_write_csv,
     atomic_write_text,
     build_model,
     fault_point,
@@ -318,7 +319,7 @@ def _keep_best(run_dir, model, cfg, classes, meta, state, k) -> None:
 
 def _append_metrics(path: Path, row: dict) -> None:
     rows = _read_metrics(path) + [{k: row.get(k, "") for k in METRIC_FIELDS}]
-    _write_metrics(path, rows)
+    atomic_write_csv(path, METRIC_FIELDS, rows)
 
 
 def _read_metrics(path: Path) -> list[dict]:
@@ -328,22 +329,12 @@ def _read_metrics(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def _write_metrics(path: Path, rows: list[dict]) -> None:
-    import io
-
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=METRIC_FIELDS)
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
-
-
 def _trim_metrics(path: Path, step: int) -> None:
     """On resume, forget rows written after the state we resumed from (they will be written again)."""
     rows = _read_metrics(path)
     kept = [r for r in rows if int(r["step"]) <= step]
     if len(kept) != len(rows) or (not kept and path.is_file()):
-        _write_metrics(path, kept)
+        atomic_write_csv(path, METRIC_FIELDS, kept)
 
 
 def _flat_scalars(cfg) -> dict:

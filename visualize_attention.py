@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.checkpoint import atomic_write_text, load_checkpoint
+from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
@@ -87,16 +88,10 @@ def resolve_target(target: str | None, classes: list[str]) -> int | None:
     raise DataError(f"--target-class {target!r} is neither a class name nor an index below {len(classes)}.")
 
 
-def save_figure(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
+def plot_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:
     import cv2
-    import matplotlib.pyplot as plt
 
-    from vit.checkpoint import atomic_write_bytes
+    from vit.plots import plt, save_figure  # pyplot with the headless backend set
 
     h, w = image.shape[:2]
     m = grid_map - grid_map.min()
@@ -113,10 +108,7 @@ def save_figure(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str)
     for a in axes:
         a.axis("off")
     fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi=100)
 
 
 def main(argv=None) -> int:
@@ -155,11 +147,13 @@ def main(argv=None) -> int:
             pred = int(top_i[j, 0])
             stem = out / f"{name}_{args.method}"
             grid_map = maps[j].numpy()
-            np.save(stem.with_suffix(".npy"), grid_map)
+            buf = io.BytesIO()
+            np.save(buf, grid_map)
+            atomic_write_bytes(stem.with_suffix(".npy"), buf.getvalue())
             explained = classes[target] if target is not None else classes[pred]
             title = (f"{name}: predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)  |  {args.method}"
                      + (f" for '{explained}'" if args.method == "grad_rollout" else ""))
-            save_figure(stem.with_suffix(".png"), shown[j], grid_map, title)
+            plot_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))

@@ -9,6 +9,8 @@ folder that is renamed to `state/step-XXXXXXXX` only once complete; `latest_stat
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .config import Config, from_dict, read_yaml, to_dict
+from .config import Config, dump, from_dict, read_yaml
 from .vision import VisionTransformer, create_model
 
 FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
@@ -34,7 +36,7 @@ def fault_point(point: str, n: int) -> None:
 
 
 __all__ = [
-    "atomic_write_bytes", "atomic_write_text", "save_checkpoint", "load_checkpoint", "build_model",
+    "atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "save_checkpoint", "load_checkpoint", "build_model",
     "latest_state", "CheckpointError",
 ]
 
@@ -74,6 +76,14 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) -> None:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
 def build_model(cfg: Config, num_classes: int) -> VisionTransformer:
     """The model a config describes (the only place the config meets `create_model`)."""
     m = cfg.model
@@ -92,14 +102,12 @@ def build_model(cfg: Config, num_classes: int) -> VisionTransformer:
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
                     meta: dict | None = None) -> Path:
     """Write a self-contained model checkpoint folder (weights, config, classes, meta), file by file atomically."""
-    import yaml
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_write_bytes(folder / "model.safetensors", save(state, metadata={"format": "pt", "model": cfg.model.name}))
     fault_point("checkpoint", int((meta or {}).get("step", -1)))
-    atomic_write_text(folder / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    atomic_write_text(folder / "config.yaml", dump(cfg))
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
     atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
     return folder

@@ -15,14 +15,13 @@ Pixel blanking is not used: on digits a blank patch carries no evidence, so blan
 from __future__ import annotations
 
 import argparse
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
+from .checkpoint import atomic_write_text, load_checkpoint
 from .data import build_datasets
 from .rollout import attention_maps
 
@@ -121,10 +120,7 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import plt, save_figure  # pyplot with the headless backend set
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, mode in zip(axes, ("deletion", "insertion")):
@@ -136,10 +132,7 @@ def plot(result: dict, path: Path) -> None:
                ylabel="probability of the predicted class", title=f"token {mode}")
         ax.legend()
         ax.grid(alpha=0.3)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:

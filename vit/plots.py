@@ -11,16 +11,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_curves", "plot_confusion", "plot_reliability"]
+__all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure"]
 
 
-def _save(fig, path: Path) -> None:
+def save_figure(fig, path: str | Path, dpi: int = 120) -> None:
+    """Render a figure to PNG in memory, close it, and write the file atomically."""
     import io
 
     from .checkpoint import atomic_write_bytes
 
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
 
@@ -45,7 +46,7 @@ def plot_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
     a2.set(xlabel="epoch", ylabel="accuracy (%)", title="held-out accuracy")
     a2.legend()
     a2.grid(alpha=0.3)
-    _save(fig, Path(out_png))
+    save_figure(fig, Path(out_png))
 
 
 def plot_confusion(matrix: np.ndarray, classes: list[str], out_png: str | Path) -> None:
@@ -65,7 +66,7 @@ def plot_confusion(matrix: np.ndarray, classes: list[str], out_png: str | Path) 
                     ax.text(j, i, f"{norm[i, j]:.2f}", ha="center", va="center", fontsize=7,
                             color="white" if norm[i, j] > 0.5 else "black")
     fig.colorbar(im, ax=ax, fraction=0.046)
-    _save(fig, Path(out_png))
+    save_figure(fig, Path(out_png))
 
 
 def plot_reliability(bins: list, ece: float, out_png: str | Path) -> None:
@@ -78,4 +79,4 @@ def plot_reliability(bins: list, ece: float, out_png: str | Path) -> None:
     ax.plot([0, 1], [0, 1], "k--", label="perfect calibration")
     ax.set(xlabel="confidence", ylabel="accuracy", title=f"reliability (ECE {ece:.3f})", xlim=(0, 1), ylim=(0, 1))
     ax.legend(loc="upper left")
-    _save(fig, Path(out_png))
+    save_figure(fig, Path(out_png))
