@@ -155,14 +155,15 @@ def saved_activation_bytes(side: Side, x, y) -> int:
     return sum(v for k, v in seen.items() if k not in params)
 
 
-def cuda_peak(side: Side, x, y) -> int | None:
+def cuda_peak_mib(side: Side, x, y) -> float | None:
+    """The CUDA allocator's peak during one training step, above what was allocated before it; None on CPU."""
     if side.device.type != "cuda":
         return None
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     side.train_step(x, y)
     sync(side.device)
-    return torch.cuda.max_memory_allocated() - base
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def attention_kernels(side: Side, x, y) -> list[str]:
@@ -174,9 +175,10 @@ def attention_kernels(side: Side, x, y) -> list[str]:
     return sorted({label for op, label in KERNELS.items() if op in names})
 
 
-def ratio_stats(ours: list[float], ref: list[float]) -> dict:
-    """ours/timm throughput ratio per paired repeat (timm time / our time): median, min, max."""
-    r = [b / a for a, b in zip(ours, ref)]
+def ratio_stats(a: list[float], b: list[float]) -> dict:
+    """b / a for each paired repeat, then median, min and max. With seconds (ours, timm) it is our speed-up;
+    with images/s (reference, ours) it is ours over the reference."""
+    r = [y / x for x, y in zip(a, b)]
     return dict(median=statistics.median(r), min=min(r), max=max(r))
 
 
@@ -187,17 +189,11 @@ def bench_model(args, device) -> dict:
     x = torch.randn(B, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 1000, (B,), device=device)
     peak = matmul_peak(device, args.precision, n=args.peak_size)
-    ours = sides[0].model
-    with torch.no_grad():
-        flops_fwd = count_flops(lambda: ours(x[:1]))
-    def step_once():
-        sides[0].model(x[:1]).sum().backward()
-    flops_train = count_flops(step_once)
-    sides[0].opt.zero_grad(set_to_none=True)
-
+    # counted per side: timm runs the full last block for every token, ours for [CLS] only
+    flops = {s.name: {mode: side_flops(s, x, mode) for mode in ("inference", "train_step")} for s in sides}
     res = {"model": args.model, "batch_size": B, "img_size": args.img_size, "precision": args.precision,
            "device": str(device), "compile": args.compile, "threads": torch.get_num_threads(),
-           "flops_per_image": {"inference": flops_fwd, "train_step": flops_train}}
+           "flops_per_image": flops["ours"]}
     all_times, peaks = {}, [peak]
     for mode, make in (("inference", lambda s: (lambda: s.infer(x))),
                        ("train_step", lambda s: (lambda: s.train_step(x, y)))):
@@ -210,22 +206,19 @@ def bench_model(args, device) -> dict:
         entry = {}
         for s in sides:
             med = statistics.median(times[s.name])
-            # FLOPs: ours counted; timm runs the full last block for every token, so count its own
-            fl = flops_fwd if mode == "inference" else flops_train
-            if s.name == "timm":
-                fl = _timm_flops(s, x, mode)
+            fl = flops[s.name][mode]
             entry[s.name] = dict(images_per_s=B / med, seconds_median=med, seconds_all=times[s.name],
                                  tflops=fl * B / med / 1e12, utilization=fl * B / med / peak, flops_per_image=fl)
         entry["ratio_ours_over_timm"] = ratio_stats(times["ours"], times["timm"])
         res[mode] = entry
     res["memory"] = {s.name: dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
-                                  cuda_peak_mib=(lambda v: None if v is None else v / 2**20)(cuda_peak(s, x, y)))
-                     for s in sides}
+                                  cuda_peak_mib=cuda_peak_mib(s, x, y)) for s in sides}
     res["attention_kernels"] = {s.name: attention_kernels(s, x, y) for s in sides}
     return res
 
 
-def _timm_flops(side: Side, x, mode: str) -> int:
+def side_flops(side: Side, x, mode: str) -> int:
+    """FLOPs per image of one inference or one forward+backward, counted on a single image."""
     if mode == "inference":
         with torch.no_grad():
             return count_flops(lambda: side.model(x[:1]))
@@ -245,39 +238,28 @@ def bench_scaling(args, device, sizes: list[int]) -> list[dict]:
         sides = build_sides(a, device)
         x = torch.randn(1, 3, size, size, device=device)
         y = torch.zeros(1, dtype=torch.long, device=device)
-        row = {"img_size": size, "tokens": 1 + (size // 16) ** 2}
+        row = {"img_size": size, "tokens": sides[0].model.num_prefix_tokens + sides[0].model.patch_embed.num_patches}
         times = interleaved(sides, lambda s, x=x, y=y: (lambda: s.train_step(x, y)), device, 1,
                             args.scaling_repeats, 1)
         for s in sides:
             row[s.name] = dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
                                train_step_s=statistics.median(times[s.name]),
-                               cuda_peak_mib=(lambda v: None if v is None else v / 2**20)(cuda_peak(s, x, y)))
+                               cuda_peak_mib=cuda_peak_mib(s, x, y))
         rows.append(row)
     return rows
 
 
-def photo_like(rng, width: int = 500, height: int = 375):
-    """An RGB uint8 image with the 1/f power spectrum of natural photographs: as a quality-90 JPEG it is about
-    120 KB and decodes about as slowly as a photo of that size (a smooth or blank image decodes 2-3x faster and
-    would flatter any pipeline's ratio to decoding)."""
-    import numpy as np
-
-    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
-    f = np.sqrt(fx**2 + fy**2)
-    f[0, 0] = 1.0
-    spec = (rng.normal(size=(3, *f.shape)) + 1j * rng.normal(size=(3, *f.shape))) / f
-    a = np.fft.irfft2(spec, s=(height, width)).transpose(1, 2, 0)  # (H, W, 3)
-    return np.clip((a - a.mean()) / a.std() * 50 + 128, 0, 255).astype(np.uint8)
-
-
 def _jpeg_files(rng, n: int, width: int, height: int, tmp: str) -> list[str]:
-    import numpy as np
+    """Photo-like JPEGs (1/f spectrum, quality 90: ~120 KB at 500x375, decoding as slowly as a photo of that
+    size; a smooth or blank image decodes 2-3x faster and would flatter any pipeline's ratio to decoding)."""
     from PIL import Image
+
+    from vit.data import photo_like
 
     paths = []
     for i in range(n):
         p = f"{tmp}/{width}x{height}-{i:04d}.jpg"
-        Image.fromarray(np.ascontiguousarray(photo_like(rng, width, height))).save(p, format="JPEG", quality=90)
+        Image.fromarray(photo_like(rng, width, height)).save(p, format="JPEG", quality=90)
         paths.append(p)
     return paths
 

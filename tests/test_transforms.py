@@ -15,18 +15,13 @@ from torchvision.transforms.v2 import functional as F
 
 import vit.transforms as T
 from vit.config import AugConfig
+from vit.data import photo_like
 from vit.transforms import build_transform, decode_image
 
 
 def _smooth(h, w, seed=0):
-    """An RGB image with detail at every scale but most energy at low frequencies (1/f^2), like a photo."""
-    rng = np.random.default_rng(seed)
-    fy, fx = np.fft.fftfreq(h)[:, None], np.fft.rfftfreq(w)[None, :]
-    f = np.hypot(fx, fy)
-    f[0, 0] = 1.0
-    spec = (rng.normal(size=(3, *f.shape)) + 1j * rng.normal(size=(3, *f.shape))) / f**1.5
-    a = np.fft.irfft2(spec, s=(h, w)).transpose(1, 2, 0)
-    return np.ascontiguousarray(np.clip((a - a.mean()) / a.std() * 45 + 128, 0, 255).astype(np.uint8))
+    """Photo-like detail at every scale, most energy at low frequencies (a 1/f^1.5 amplitude spectrum)."""
+    return photo_like(np.random.default_rng(seed), w, h, slope=1.5, contrast=45)
 
 
 def test_color_jitter_matches_torchvision_in_float64():
