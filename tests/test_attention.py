@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import vit
+from vit.flops import count_flops
 from vit.layers import Attention
 
 
@@ -136,6 +137,8 @@ def test_cls_only_last_block_equals_full_stack_and_trains_every_parameter():
     pruned = m(x)  # token pooling: the last block runs for [CLS] only
     full = m.forward_head(m.forward_features(x))
     torch.testing.assert_close(pruned, full, atol=1e-5, rtol=0)
+    with torch.no_grad():  # and it really is pruned: the 16 patch rows of the last block are not computed
+        assert count_flops(lambda: m(x)) < count_flops(lambda: m.forward_head(m.forward_features(x)))
     F.cross_entropy(pruned, torch.tensor([0, 1, 3])).backward()
     for name, p in m.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
