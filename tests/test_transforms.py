@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
+import vit.decode as D
 import vit.transforms as T
 from vit.config import AugConfig
 from vit.data import photo_like
@@ -101,10 +102,10 @@ def test_jpeg_header_parser_agrees_with_pil():
         Image.fromarray(rgb).convert(mode).save(buf, format="JPEG", exif=exif.tobytes(), progressive=progressive)
         data = buf.getvalue()
         pil = Image.open(io.BytesIO(data))
-        assert T._jpeg_header(data) == (*pil.size, pil.getexif().get(0x0112, 1))
-        decoded = T._decode(data, "x.jpg")
-        assert decoded.shape[1::-1] == T._jpeg_size(data, "x.jpg")  # displayed size: EXIF rotation applied
-    assert T._jpeg_header(b"\xff\xd8\xff\xe0\x00\x10JFIF") is None  # cut short: PIL is asked instead
+        assert D._jpeg_header(data) == (*pil.size, pil.getexif().get(0x0112, 1))
+        decoded = D.decode_bytes(data, "x.jpg")
+        assert decoded.shape[1::-1] == D.jpeg_size(data, "x.jpg")  # displayed size: EXIF rotation applied
+    assert D._jpeg_header(b"\xff\xd8\xff\xe0\x00\x10JFIF") is None  # cut short: PIL is asked instead
 
 
 def _psnr(a, b) -> float:
@@ -124,8 +125,8 @@ def test_load_decodes_at_reduced_scale_when_the_crop_allows(tmp_path, monkeypatc
                     mean=[0.0, 0.0, 0.0], std=[1 / 255, 1 / 255, 1 / 255])  # output in grey levels
     pipe = build_transform(aug, 64, train=geometry != "eval")
     used = []
-    decode = T._decode
-    monkeypatch.setattr(T, "_decode", lambda data, path, r=1: used.append(r) or decode(data, path, r))
+    decode = D.decode_bytes
+    monkeypatch.setattr(T, "decode_bytes", lambda data, path, r=1: used.append(r) or decode(data, path, r))
     full_img = decode_image(large)
     for seed in range(4):
         assert torch.equal(pipe.load(small, seed), pipe(decode_image(small), seed))
