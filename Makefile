@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make train` and `make test`. Both create .venv when it is missing.
+# Two commands on a fresh machine: `make train` and `make test`. Both create .venv when it is missing and install
+# the exact versions in constraints.txt (pyproject.toml itself only has lower bounds).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
@@ -6,9 +7,9 @@ PYTEST_ARGS ?=
 
 .PHONY: setup train test test-fast lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export]'
 	touch $(STAMP)
 
 setup: $(STAMP)
