@@ -127,7 +127,8 @@ def attention_maps(
     residual_alpha: float = 0.5,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run `model` on images x (B, C, H, W) through `model.forward_with_attention` (the explicit attention path)
-    and return (grid maps (B, h, w), logits (B, K)). `target_class` (B,) is used by 'grad_rollout' (default: the predicted class)."""
+    and return (grid maps (B, h, w), logits (B, K)). `target_class` (B,) is used by 'grad_rollout' (default: the
+    predicted class)."""
     grid = model.grid_size(tuple(x.shape[-2:]))
     p = model.num_prefix_tokens
     pool = getattr(model, "global_pool", "token")

@@ -20,10 +20,9 @@ from typing import Any, Literal
 import torch
 import torch.fx
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .encoder import Encoder
-from .features import feature_take_indices, features_only_model
+from .features import FeatureIntermediates, features_only_model
 from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
 from .pretrained import load_pretrained
 
@@ -52,7 +51,7 @@ def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
 torch.fx.wrap("check_img_size")
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(FeatureIntermediates, nn.Module):
     __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
     # computed from the model name and timm's registry on first use (importing timm is slow): not for TorchScript
     __jit_unused_properties__ = ["pretrained_cfg", "default_cfg"]
@@ -324,89 +323,6 @@ class VisionTransformer(nn.Module):
         (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
         return self.forward_head(feats), attentions
-
-    # --- intermediate features (timm's forward_intermediates contract) ----------------------------------------
-
-    @torch.jit.unused
-    def forward_intermediates(
-        self,
-        x: torch.Tensor,
-        indices: int | list[int] | tuple[int, ...] | None = None,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        stop_early: bool = False,
-        output_fmt: str = "NCHW",
-        intermediates_only: bool = False,
-        output_dict: bool = False,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]] | dict[str, Any]:
-        """Block outputs for dense heads. `indices`: None (all), n (last n) or a list (see vit.features).
-        Each is (B, D, h, w) for output_fmt='NCHW' or (B, h*w, D) for 'NLC', without prefix tokens unless
-        `return_prefix_tokens` (then (features, prefix (B, prefix, D)) pairs); `norm` applies the final norm.
-        Returns (final normalized tokens, intermediates), only the intermediates, or timm's dict."""
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"unknown output_fmt {output_fmt!r}; choose 'NCHW' or 'NLC'.")
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        B, _, height, width = x.shape
-        h, w = self.grid_size((height, width))
-        x = self._embed(x)
-        intermediates = []
-        stop = max_index if stop_early else len(self.blocks) - 1
-        for i, blk in enumerate(self.blocks):
-            if i > stop:
-                break
-            if self.blocks.grad_checkpointing and self.training:
-                x, _ = checkpoint(blk, x, attn_mask, is_causal, use_reentrant=False)
-            else:
-                x, _ = blk(x, attn_mask, is_causal)
-            if i in take:
-                intermediates.append(self.norm(x) if norm else x)  # (B, prefix + h*w, D)
-        p = self.num_prefix_tokens
-        prefix = [y[:, :p] for y in intermediates]
-        intermediates = [y[:, p:] for y in intermediates]
-        if output_fmt == "NCHW":  # (B, h*w, D) -> (B, D, h, w)
-            intermediates = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
-        if output_dict:
-            out: dict[str, Any] = {"image_intermediates": intermediates}
-            if return_prefix_tokens and p:
-                out["image_intermediates_prefix"] = prefix
-            if not intermediates_only:
-                out["image_features"] = self.norm(x)
-            return out
-        if return_prefix_tokens and p:
-            intermediates = list(zip(intermediates, prefix))
-        return intermediates if intermediates_only else (self.norm(x), intermediates)
-
-    @torch.jit.ignore
-    def prune_intermediate_layers(
-        self, indices: int | list[int] | tuple[int, ...] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """Drop the blocks after the last index read (and the final norm, the head) in place; returns the
-        absolute indices, which forward_intermediates then takes."""
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        del self.blocks[max_index + 1 :]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "")
-        return take
-
-    @torch.jit.unused
-    def get_intermediate_layers(
-        self,
-        x: torch.Tensor,
-        n: int | list[int] | tuple[int, ...] = 1,
-        reshape: bool = False,
-        return_prefix_tokens: bool = False,
-        norm: bool = False,
-        attn_mask: torch.Tensor | None = None,
-    ) -> list[torch.Tensor]:
-        """DINO's interface: the last n (or the listed) blocks' patch tokens, (B, h*w, D) or (B, D, h, w)."""
-        return self.forward_intermediates(x, n, return_prefix_tokens=return_prefix_tokens, norm=norm,
-                                          output_fmt="NCHW" if reshape else "NLC", intermediates_only=True,
-                                          attn_mask=attn_mask)
 
 
 # --- variants and the factory -------------------------------------------------------------------------------
