@@ -238,11 +238,16 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, [CLS] prepended, positions added."""
         if self.dynamic_img_size:
             grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
-            pos = self._resized_pos_embed(grid).to(x.dtype)
         else:
             check_img_size(x, self.patch_embed.img_size)
-            pos = self.pos_embed
-        x = self.patch_embed(x)  # (B, h*w, D)
+            grid = self.patch_embed.grid_size
+        return self._pos_embed(self.patch_embed(x), grid)
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D) with [CLS] prepended and positions added."""
+        pos = self.pos_embed
+        if self.dynamic_img_size:
+            pos = self._resized_pos_embed(grid).to(x.dtype)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return self.pos_drop(x + pos)
