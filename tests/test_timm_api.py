@@ -13,6 +13,7 @@ import pytest
 import timm
 import timm.optim
 import torch
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
 import vit
 
@@ -139,12 +140,18 @@ def test_fx_and_torchscript_equal_eager_also_with_masks():
     pad = _masks()["padding"][0]
     graph = torch.fx.symbolic_trace(ours)
     scripted = torch.jit.script(ours)
+    # deployment: torchvision's FX feature extractor, then compiled (needs real annotations on forward)
+    train_nodes, eval_nodes = get_graph_node_names(ours)
+    last = eval_nodes[-1]
+    extractor = create_feature_extractor(ours, train_return_nodes=train_nodes[-1:], eval_return_nodes=[last])
+    extractor = torch.jit.script(extractor.eval())
     x = _x()
     with torch.no_grad():
         for args in ((x,), (x, pad), (x, None, True)):
             eager = ours(*args)
-            _close(graph(*args), eager)
-            _close(scripted(*args), eager)
+            for model in (graph, scripted):
+                _close(model(*args), eager)
+        _close(extractor(x)[last], ours(x))
     # the traced graph has no Python branch left on the mask: the same graph serves all three calls above
     assert "sdpa_mask" in graph.code and "check_img_size" in graph.code
     with pytest.raises(ValueError, match="input size 32x32 differs from the model's 32x48"):

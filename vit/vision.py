@@ -12,8 +12,6 @@ written for timm's ViT runs unchanged; the default forward traces with torch.fx 
 Attention maps come from a separate method, `forward_with_attention`, whose return type never changes.
 """
 
-from __future__ import annotations
-
 import inspect
 from typing import Any, Literal
 
