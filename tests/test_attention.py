@@ -81,7 +81,7 @@ def test_model_attention_maps_fused_equal_explicit_and_gradients_everywhere():
                          global_pool="avg")
     x = torch.randn(2, 3, 64, 64)
     logits_f = m(x)
-    logits_e, attns = m(x, return_attention=True)
+    logits_e, attns = m.forward_with_attention(x)
     torch.testing.assert_close(logits_f, logits_e, atol=1e-5, rtol=0)
     assert len(attns) == 3 and all(a.shape == (2, 3, 17, 17) for a in attns)
     torch.testing.assert_close(attns[0].sum(-1), torch.ones(2, 3, 17))
@@ -118,7 +118,7 @@ def test_flash_kernel_runs_forward_and_backward():
     assert "aten::_scaled_dot_product_flash_attention_for_cpu_backward" in ops
     assert not any("softmax" in op for op in ops), sorted(o for o in ops if "softmax" in o)
     # the explicit path really is a different computation: it shows a softmax and no flash kernel
-    ops_explicit = _profiled_ops(lambda: m(x, return_attention=True))
+    ops_explicit = _profiled_ops(lambda: m.forward_with_attention(x))
     assert any("softmax" in op for op in ops_explicit)
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in ops_explicit
 

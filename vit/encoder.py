@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, get_norm_layer
 
@@ -70,9 +71,9 @@ class Block(nn.Module):
         num_queries: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked.
-        With `num_queries=q` (pre-norm, no mask) only the first q tokens are computed: (B, q, D)."""
+        With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D)."""
         if num_queries is not None:
-            y, _ = self.attn(self.norm1(x), num_queries=num_queries)
+            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries)
             x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
         if self.norm_first:
@@ -88,7 +89,11 @@ class Block(nn.Module):
 
 class Encoder(nn.ModuleList):
     """A stack of `Block`s. Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
-    as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth."""
+    as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth.
+    With `grad_checkpointing`, training recomputes each block's activations in the backward pass instead of
+    storing them (less memory, about one more forward of compute)."""
+
+    __jit_unused_properties__ = ["fused_attn"]  # a Python-side switch; TorchScript need not compile it
 
     def __init__(
         self,
@@ -107,6 +112,7 @@ class Encoder(nn.ModuleList):
             Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
             for rate in rates
         )
+        self.grad_checkpointing = False
 
     @property
     def fused_attn(self) -> bool:
@@ -128,9 +134,15 @@ class Encoder(nn.ModuleList):
         """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block.
         `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
         attentions: list[torch.Tensor] = []
-        last = len(self) - 1
+        last = -1
+        for i, _ in enumerate(self):  # len(self): TorchScript has no len() of a ModuleList in its own methods
+            last = i
         for i, blk in enumerate(self):
-            x, attn = blk(x, mask, is_causal, return_attention, last_queries if i == last else None)
-            if return_attention:
+            queries = last_queries if i == last else None
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, use_reentrant=False)
+            else:
+                x, attn = blk(x, mask, is_causal, return_attention, queries)
+            if attn is not None:
                 attentions.append(attn)
         return x, attentions

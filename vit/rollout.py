@@ -126,21 +126,22 @@ def attention_maps(
     layer: int = -1,
     residual_alpha: float = 0.5,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `model` on images x (B, C, H, W) through its explicit attention path and return (grid maps (B, h, w),
-    logits (B, K)). `target_class` (B,) is used by 'grad_rollout' (default: the predicted class)."""
+    """Run `model` on images x (B, C, H, W) through `model.forward_with_attention` (the explicit attention path)
+    and return (grid maps (B, h, w), logits (B, K)). `target_class` (B,) is used by 'grad_rollout' (default: the
+    predicted class)."""
     grid = model.grid_size(tuple(x.shape[-2:]))
     p = model.num_prefix_tokens
     pool = getattr(model, "global_pool", "token")
     if method == "grad_rollout":
         with torch.enable_grad():
-            logits, attns = model(x, return_attention=True)
+            logits, attns = model.forward_with_attention(x)
             target = logits.argmax(1) if target_class is None else target_class
             score = logits.gather(1, target[:, None]).sum()  # samples are independent: one backward for all
             grads = torch.autograd.grad(score, attns)
         rel = gradient_rollout([a.detach() for a in attns], [g.detach() for g in grads], start_layer)
         return to_grid(rel, grid, p, pool), logits.detach()
     with torch.no_grad():
-        logits, attns = model(x, return_attention=True)
+        logits, attns = model.forward_with_attention(x)
     if method == "rollout":
         rel = attention_rollout(attns, head_fusion, discard_ratio, residual_alpha, start_layer, p)
     elif method == "attention":

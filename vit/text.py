@@ -81,6 +81,7 @@ class TextEncoder(nn.Module):
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
+        *,
         return_attention: bool = False,
     ) -> TextEncoderOutput:
         """input_ids (B, N) int; attention_mask (B, N), 1 for real tokens and 0 for padding."""

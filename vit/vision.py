@@ -5,33 +5,62 @@
     y  = Head(Norm(z_L^0))                                [CLS] (or mean of patch tokens)    (eq. 4)
 
 Parameter names and shapes match timm's `VisionTransformer`, so `load_state_dict(timm_model.state_dict())`
-works with strict=True and timm serves as the numerical oracle. API: `forward_features`, `forward_head`,
-`forward(x, return_attention=False)`.
+works with strict=True and timm serves as the numerical oracle. The API is timm's too (1.0.31): `forward(x,
+attn_mask=None, is_causal=False)`, `forward_features`, `forward_head`, `forward_intermediates`,
+`prune_intermediate_layers`, `feature_info`, `reset_classifier`, `group_matcher`, `pretrained_cfg`, ..., so code
+written for timm's ViT runs unchanged; the default forward traces with torch.fx and compiles with TorchScript.
+Attention maps come from a separate method, `forward_with_attention`, whose return type never changes.
 """
 
-from __future__ import annotations
-
 import inspect
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+import torch.fx
 from torch import nn
 
 from .encoder import Encoder
+from .features import FeatureIntermediates, features_only_model
 from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
 from .pretrained import load_pretrained
 
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
 
+GLOBAL_POOLS = ("token", "avg", "max", "avgmax", "")  # timm's, less attention pooling ('map')
 
-class VisionTransformer(nn.Module):
+
+def _check_global_pool(global_pool: str, class_token: bool) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"unknown global_pool {global_pool!r}; choose 'token', 'avg', 'max', 'avgmax' or '' (none).")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
+
+
+def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
+    """A fixed-size model refuses another input size with a sentence (an FX leaf: no branch in traced graphs)."""
+    H, W = x.shape[-2], x.shape[-1]
+    if H != img_size[0] or W != img_size[1]:
+        raise ValueError(
+            f"input size {H}x{W} differs from the model's {img_size[0]}x{img_size[1]}; resize the input, or build "
+            "the model with dynamic_img_size=True (positions are then resampled on the fly)."
+        )
+
+
+torch.fx.wrap("check_img_size")
+
+
+class VisionTransformer(FeatureIntermediates, nn.Module):
+    __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
+    # computed from the model name and timm's registry on first use (importing timm is slow): not for TorchScript
+    __jit_unused_properties__ = ["pretrained_cfg", "default_cfg"]
+
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
-        global_pool: Literal["token", "avg"] = "token",
+        global_pool: Literal["token", "avg", "max", "avgmax", ""] = "token",
         embed_dim: int = 768,
         depth: int = 12,
         num_heads: int = 12,
@@ -51,19 +80,22 @@ class VisionTransformer(nn.Module):
         fused_attn: bool = True,
     ) -> None:
         super().__init__()
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"unknown global_pool {global_pool!r}; choose 'token' or 'avg'.")
-        if global_pool == "token" and not class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
+        _check_global_pool(global_pool, class_token)
         if pos_embed not in ("learn", "sincos"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn' or 'sincos'.")
         norm = get_norm_layer(norm_layer)
         self.num_classes = num_classes
+        self.in_chans = in_chans
         self.global_pool = global_pool
-        self.num_features = self.embed_dim = embed_dim
+        # timm's names for the token width: features, pre-logits and embedding are all D in a plain ViT
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
+        self.has_class_token = class_token
         self.dynamic_img_size = dynamic_img_size
         self.pos_embed_type = pos_embed
+        self.norm_first = norm_first
+        self._variant: str | None = None  # the name create_model built, for pretrained_cfg
+        self._pretrained_cfg: dict[str, Any] | None = None
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         num_patches = self.patch_embed.num_patches
@@ -79,9 +111,14 @@ class VisionTransformer(nn.Module):
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
             fused_attn=fused_attn,
         )
-        # timm: mean pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
+        # one feature level per block, all at the patch stride (timm's feature_info)
+        self.feature_info = [
+            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=max(self.patch_embed.patch_size))
+            for i in range(depth)
+        ]
+        # timm: mean/max pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
         # stack already ends in a norm, so it gets none here.
-        use_fc_norm = global_pool == "avg"
+        use_fc_norm = global_pool in ("avg", "max", "avgmax")
         self.norm = norm(embed_dim) if norm_first and not use_fc_norm else nn.Identity()
         self.fc_norm = norm(embed_dim) if norm_first and use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
@@ -110,17 +147,82 @@ class VisionTransformer(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
+    # --- timm's model API: what optimizers, feature extractors and training loops read -----------------------
+
+    @property
+    def pretrained_cfg(self) -> dict[str, Any]:
+        """timm's pretrained config. Set by weights that come with one; otherwise, for a named model, the
+        registry's default for that name (as `timm.create_model(name, pretrained=False)` has it)."""
+        if self._pretrained_cfg is None:
+            self._pretrained_cfg = default_pretrained_cfg(self._variant, self)
+        return self._pretrained_cfg
+
+    @pretrained_cfg.setter
+    def pretrained_cfg(self, cfg: dict[str, Any]) -> None:
+        self._pretrained_cfg = cfg
+
+    @property
+    def default_cfg(self) -> dict[str, Any]:
+        """timm's older name for `pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    @default_cfg.setter
+    def default_cfg(self, cfg: dict[str, Any]) -> None:
+        self._pretrained_cfg = cfg
+
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
         return {"pos_embed", "cls_token"}
 
-    def reset_classifier(self, num_classes: int) -> None:
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Parameter groups by depth, as timm's (layer-wise lr decay: timm.optim.create_optimizer_v2(...,
+        layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
+        return dict(stem=r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre",
+                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute block activations in backward while training (memory for compute); outputs unchanged."""
+        self.blocks.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new head for `num_classes` (0: none, forward returns pooled features) and optionally another pooling
+        ('' returns every token). The norms stay where they are, as in timm."""
+        if global_pool is not None:
+            _check_global_pool(global_pool, self.cls_token is not None)
+            self.global_pool = global_pool
         self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        ref = self.patch_embed.proj.weight
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+                     if num_classes > 0 else nn.Identity())
 
     def set_fused_attn(self, enabled: bool) -> None:
         self.blocks.fused_attn = enabled
+
+    @torch.jit.ignore
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
+    ) -> None:
+        """Change the input resolution and/or patch size in place, as timm: positions are resampled (bicubic,
+        [CLS] kept apart), patch projections are resized (FlexiViT's pseudo-inverse, timm's resample_patch_embed)."""
+        prev_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(img_size, patch_size)
+        grid = self.patch_embed.grid_size
+        for info in self.feature_info:
+            info["reduction"] = max(self.patch_embed.patch_size)
+        if grid == prev_grid:
+            return
+        if isinstance(self.pos_embed, nn.Parameter):
+            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_prefix_tokens)
+            self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
+        else:
+            self.pos_embed = self._sincos(grid).to(self.pos_embed)
 
     def grid_size(self, img_size: tuple[int, int] | None = None) -> tuple[int, int]:
         """The patch grid (h, w) for an input of `img_size` (H, W), or for the configured size."""
@@ -130,31 +232,42 @@ class VisionTransformer(nn.Module):
 
     # --- forward --------------------------------------------------------------------------------------------
 
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, [CLS] prepended, positions added."""
+        if self.dynamic_img_size:
+            grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
+        else:
+            check_img_size(x, self.patch_embed.img_size)
+            grid = self.patch_embed.grid_size
+        return self._pos_embed(self.patch_embed(x), grid)
+
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D) with [CLS] prepended and positions added."""
         pos = self.pos_embed
-        if grid != self.patch_embed.grid_size:
-            if not self.dynamic_img_size:
-                H, W = (g * p for g, p in zip(grid, self.patch_embed.patch_size))
-                h, w = self.patch_embed.img_size
-                raise ValueError(
-                    f"input size {H}x{W} differs from the model's {h}x{w}; resize the input, or build the model "
-                    "with dynamic_img_size=True (positions are then resampled on the fly)."
-                )
-            if self.pos_embed_type == "learn":
-                pos = resample_abs_pos_embed(pos, grid, self.patch_embed.grid_size, self.num_prefix_tokens)
-            else:
-                pos = self._sincos(grid).to(x)
+        if self.dynamic_img_size:
+            pos = self._resized_pos_embed(grid).to(x.dtype)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return self.pos_drop(x + pos)
 
+    @torch.jit.unused
+    def _resized_pos_embed(self, grid: tuple[int, int]) -> torch.Tensor:
+        """(1, prefix + h*w, D) positions for another grid: learned ones resampled, sine-cosine ones rebuilt."""
+        if grid == self.patch_embed.grid_size:
+            return self.pos_embed
+        if self.pos_embed_type == "learn":
+            return resample_abs_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix_tokens)
+        return self._sincos(grid).to(self.pos_embed.device)
+
+    @torch.jit.unused
     def encode(
         self,
         x: torch.Tensor,
         patch_keep: torch.Tensor | None = None,
         return_attention: bool = False,
         last_queries: int | None = None,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Images (B, C, H, W) -> normalized tokens (B, prefix + N, D) and the per-block attention maps.
 
@@ -162,37 +275,57 @@ class VisionTransformer(nn.Module):
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
-        grid = self.grid_size(x.shape[-2:])
-        x = self._pos_embed(self.patch_embed(x), grid)  # (B, prefix + h*w, D)
+        x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
             idx = patch_keep[..., None].expand(-1, -1, x.shape[-1])  # (B, K, D)
             x = torch.cat([x[:, :p], x[:, p:].gather(1, idx)], dim=1)  # (B, prefix + K, D)
-        x, attentions = self.blocks(x, return_attention=return_attention, last_queries=last_queries)
+        x, attentions = self.blocks(x, attn_mask, is_causal, return_attention, last_queries)
         return self.norm(x), attentions
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, prefix + N, D)."""
-        return self.encode(x)[0]
+    def forward_features(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
+        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes."""
+        x, _ = self.blocks(self._embed(x), attn_mask, is_causal)
+        return self.norm(x)
+
+    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+        """(B, prefix + N, D) -> (B, D): [CLS] ('token'), mean/max/both of the patch tokens; '' keeps all."""
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "token":
+            return x[:, 0]
+        if pool_type == "":
+            return x
+        x = x[:, self.num_prefix_tokens :]
+        if pool_type == "avg":
+            return x.mean(dim=1)
+        if pool_type == "max":
+            return x.amax(dim=1)
+        return 0.5 * (x.amax(dim=1) + x.mean(dim=1))  # 'avgmax'
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes)."""
-        x = x[:, self.num_prefix_tokens :].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
-        x = self.head_drop(self.fc_norm(x))
+        x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
-    def forward(
-        self, x: torch.Tensor, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Logits (B, num_classes); with return_attention, also a list of (B, H, N, N) maps, one per block.
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """Logits (B, num_classes) (pooled features if num_classes=0; every token if global_pool='').
 
         A [CLS]-pooled pre-norm classifier reads one token of the last block, so that block is computed for
         [CLS] only (its attention still looks at every token): same logits, ~7% fewer FLOPs at 12 blocks."""
-        prune = (self.prune_last_block and not return_attention and self.global_pool == "token"
-                 and self.blocks[-1].norm_first)
-        feats, attentions = self.encode(x, return_attention=return_attention, last_queries=1 if prune else None)
-        logits = self.forward_head(feats)
-        return (logits, attentions) if return_attention else logits
+        prune = self.prune_last_block and self.global_pool == "token" and self.norm_first
+        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, 1 if prune else None)
+        return self.forward_head(self.norm(x))
+
+    @torch.jit.unused
+    def forward_with_attention(
+        self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Logits (B, num_classes) and every block's attention probabilities, a list of (B, H, N, N) maps
+        (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
+        feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
+        return self.forward_head(feats), attentions
 
 
 # --- variants and the factory -------------------------------------------------------------------------------
@@ -214,10 +347,31 @@ def list_models() -> list[str]:
     return sorted(VARIANTS)
 
 
-def create_model(name: str, pretrained: str | None = None, **overrides) -> VisionTransformer:
+def default_pretrained_cfg(name: str | None, model: VisionTransformer) -> dict[str, Any]:
+    """timm's pretrained config for `name` (its default tag) from timm's registry; for a model built without a
+    name, one describing the model itself (timm's ViT defaults: bicubic, crop 0.9, mean = std = 0.5)."""
+    if name is not None:
+        from timm.models import resolve_pretrained_cfg  # imported on first use only: importing timm takes seconds
+
+        return resolve_pretrained_cfg(name).to_dict()
+    return dict(input_size=(model.in_chans, *model.patch_embed.img_size), fixed_input_size=not model.dynamic_img_size,
+                interpolation="bicubic", crop_pct=0.9, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
+                num_classes=model.num_classes, pool_size=None, first_conv="patch_embed.proj", classifier="head")
+
+
+def create_model(
+    name: str,
+    pretrained: str | bool | None = None,
+    features_only: bool = False,
+    out_indices: int | list[int] | tuple[int, ...] = 3,
+    feature_cls: str = "getter",
+    **overrides,
+) -> nn.Module:
     """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
     img_size=64, num_classes=10)`. `pretrained` is a path to a timm checkpoint file, loaded with
-    `vit.load_pretrained` (positions resampled and the head replaced as needed)."""
+    `vit.load_pretrained` (positions resampled and the head replaced as needed); False or None: none.
+    `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
+    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.features)."""
     if name not in VARIANTS:
         close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
@@ -231,7 +385,9 @@ def create_model(name: str, pretrained: str | None = None, **overrides) -> Visio
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
     model = VisionTransformer(**kwargs)
+    model._variant = name
     if pretrained:
         load_pretrained(model, pretrained)
+    if features_only:
+        return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
     return model
-

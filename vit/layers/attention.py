@@ -12,10 +12,11 @@ used only when a caller asks for the attention probabilities, for inspection and
 from __future__ import annotations
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Attention", "expand_mask"]
+__all__ = ["Attention", "expand_mask", "sdpa_mask", "masked_scores"]
 
 
 def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
@@ -35,7 +36,7 @@ def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | No
     if mask.dim() == 2 and mask.shape != (num_tokens, num_tokens):
         if mask.shape[-1] != num_tokens:
             raise ValueError(
-                f"attention mask of shape {tuple(mask.shape)} does not match the {num_tokens} tokens; "
+                f"attention mask of shape {list(mask.shape)} does not match the {num_tokens} tokens; "
                 "pass a (batch, tokens) padding mask or a (tokens, tokens) mask."
             )
         return mask[:, None, None, :]  # (B, 1, 1, N): masks keys only
@@ -45,7 +46,40 @@ def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | No
         return mask[:, None]  # (B, 1, N, N)
     if mask.dim() == 4:
         return mask
-    raise ValueError(f"attention mask must have 2, 3 or 4 dimensions, got shape {tuple(mask.shape)}.")
+    raise ValueError(f"attention mask must have 2, 3 or 4 dimensions, got shape {list(mask.shape)}.")
+
+
+def sdpa_mask(
+    mask: torch.Tensor | None, is_causal: bool, num_tokens: int, num_queries: int
+) -> tuple[torch.Tensor | None, bool]:
+    """A user's mask and causal flag -> what SDPA takes for the first `num_queries` query rows.
+
+    SDPA accepts a mask or is_causal, not both, so a causal constraint is folded into a given mask. A leaf for
+    torch.fx (`torch.fx.wrap` below): the Python branches on the mask's form stay out of traced graphs."""
+    mask = expand_mask(mask, num_tokens)
+    if mask is None:
+        return None, is_causal
+    if is_causal:
+        causal = torch.ones(num_tokens, num_tokens, dtype=torch.bool, device=mask.device).tril()
+        mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
+    if num_queries < num_tokens and mask.shape[-2] == num_tokens:
+        mask = mask[..., :num_queries, :]  # (..., q, N): rows of the queries computed
+    return mask, False
+
+
+def masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """Apply an `sdpa_mask` result to explicit scores (B, H, N, N), as SDPA would. An FX leaf, like sdpa_mask."""
+    if is_causal:
+        n = scores.shape[-1]
+        causal = torch.ones(n, n, dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return scores
+
+
+torch.fx.wrap("sdpa_mask")
+torch.fx.wrap("masked_scores")
 
 
 class Attention(nn.Module):
@@ -94,19 +128,18 @@ class Attention(nn.Module):
         """x: (B, N, D). mask: see `expand_mask`. Returns (output (B, N, D), probabilities (B, H, N, N) or None).
 
         `num_queries=q` computes the output of the first q tokens only (all N tokens still serve as keys and
-        values): (B, q, D). A classifier that reads only [CLS] needs nothing else from its last layer."""
+        values): (B, q, D). A classifier that reads only [CLS] needs nothing else from its last layer.
+        Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
+        and the module traces with torch.fx as well as it scripts."""
         B, N, D = x.shape
         if num_queries is not None:
-            return self._first_queries(x, num_queries), None
-        mask = expand_mask(mask, N)
-        if is_causal and mask is not None:
-            # SDPA takes either a mask or is_causal; fold the causal constraint into the given mask.
-            causal = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-            mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
-            is_causal = False
+            mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
+            return self._first_queries(x, num_queries, mask, is_causal), None
+        mask, is_causal = sdpa_mask(mask, is_causal, N, N)
         # (B, N, 3D) -> (3, B, H, N, d): one matmul for Q, K and V, then a view and a permute (no copy).
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
 
+        attn: torch.Tensor | None = None
         if self.fused_attn and not return_attention:
             x = F.scaled_dot_product_attention(
                 q,
@@ -116,14 +149,8 @@ class Attention(nn.Module):
                 dropout_p=self.attn_drop.p if self.training else 0.0,
                 is_causal=is_causal,
             )
-            attn = None
         else:
-            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-            if is_causal:
-                causal = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-                scores = scores.masked_fill(~causal, float("-inf"))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+            scores = masked_scores((q * self.scale) @ k.transpose(-2, -1), mask, is_causal)  # (B, H, N, N)
             attn = scores.softmax(dim=-1)
             x = self.attn_drop(attn) @ v  # (B, H, N, d)
 
@@ -131,9 +158,12 @@ class Attention(nn.Module):
         x = self.proj_drop(self.proj(x))
         return x, attn
 
-    def _first_queries(self, x: torch.Tensor, q: int) -> torch.Tensor:
+    def _first_queries(
+        self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False
+    ) -> torch.Tensor:
         """Attention output for the first `q` tokens: Q from those tokens, K and V from all. Same numbers as the
-        full computation's first rows, at about (2N + 2q) / 4N of its projection cost."""
+        full computation's first rows, at about (2N + 2q) / 4N of its projection cost. `mask` has q rows
+        (`sdpa_mask`); SDPA's causal mask for q < N queries is aligned top-left, i.e. row i sees keys <= i."""
         B, N, D = x.shape
         H, d = self.num_heads, self.head_dim
         w, b = self.qkv.weight, self.qkv.bias
@@ -142,5 +172,5 @@ class Attention(nn.Module):
         query = query.reshape(B, q, H, d).transpose(1, 2)  # (B, H, q, d)
         k, v = kv.reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each
         p = self.attn_drop.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(query, k, v, dropout_p=p)  # (B, H, q, d)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, q, D)))
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, q, D)))  # (B, q, D)

@@ -56,3 +56,30 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (B, C, H, W) -> (B, D, h, w) -> (B, h*w, D), patches in row-major order.
         return self.proj(x).flatten(2).transpose(1, 2)
+
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
+    ) -> None:
+        """Another input size and/or patch size, in place. A new patch size resizes the projection with timm's
+        `resample_patch_embed` (FlexiViT, Beyer et al., 2023: the pseudo-inverse resize keeps token values)."""
+        img = self.img_size if img_size is None else to_2tuple(img_size)
+        patch = self.patch_size if patch_size is None else to_2tuple(patch_size)
+        for side, (s, p) in zip(("height", "width"), zip(img, patch)):
+            if s % p != 0:
+                raise ValueError(
+                    f"image {side} {s} is not divisible by patch size {p}; pick an image size that is a "
+                    "multiple of the patch size."
+                )
+        if patch != self.patch_size:
+            from timm.layers import resample_patch_embed
+
+            old = self.proj
+            self.proj = nn.Conv2d(old.in_channels, old.out_channels, patch, stride=patch, bias=old.bias is not None,
+                                  device=old.weight.device, dtype=old.weight.dtype)
+            with torch.no_grad():
+                self.proj.weight.copy_(resample_patch_embed(old.weight, list(patch)))
+                if old.bias is not None:
+                    self.proj.bias.copy_(old.bias)
+        self.img_size, self.patch_size = img, patch
+        self.grid_size = (img[0] // patch[0], img[1] // patch[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
