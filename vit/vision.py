@@ -12,12 +12,14 @@ works with strict=True and timm serves as the numerical oracle. API: `forward_fe
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import nn
 
 from .encoder import Encoder
+from .hub import resolve_source
 from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
 from .pretrained import load_pretrained
 
@@ -214,10 +216,17 @@ def list_models() -> list[str]:
     return sorted(VARIANTS)
 
 
-def create_model(name: str, pretrained: str | None = None, **overrides) -> VisionTransformer:
+def create_model(name: str, pretrained: bool | str | Path | None = None, cache_dir: str | Path | None = None,
+                 **overrides) -> VisionTransformer:
     """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
-    img_size=64, num_classes=10)`. `pretrained` is a path to a timm checkpoint file, loaded with
-    `vit.load_pretrained` (positions resampled and the head replaced as needed)."""
+    img_size=64, num_classes=10)`. As in timm, `name` may carry a tag (`vit_base_patch16_224.augreg_in21k`) or a
+    source (`hf-hub:org/repo[@rev]`, `local-dir:/folder`), and `pretrained=True` loads the weights it names
+    from the Hugging Face cache (see `vit.hub`); `pretrained` may also be another such name, a folder or a
+    weights file. Weights go through `vit.load_pretrained` (positions resampled, head replaced, input channels
+    adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation)."""
+    source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    if source is not None:  # architecture and defaults from the weights' config; the overrides still win
+        name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
     if name not in VARIANTS:
         close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
@@ -231,7 +240,10 @@ def create_model(name: str, pretrained: str | None = None, **overrides) -> Visio
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
     model = VisionTransformer(**kwargs)
-    if pretrained:
-        load_pretrained(model, pretrained)
+    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
+    if source is not None:
+        model.pretrained_cfg = model.default_cfg = source.pretrained_cfg  # timm's attribute and its old alias
+        if pretrained:
+            load_pretrained(model, source, cache_dir=cache_dir)
     return model
 
