@@ -15,6 +15,7 @@ sentence naming it, the cache folder and the command that fetches it. The checkp
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 from collections.abc import Collection
@@ -40,6 +41,7 @@ class Source:
     revision: str | None = None  # ... at this branch, tag or commit (None: main)
     folder: Path | None = None  # local-dir: a folder laid out like a repository
     file: Path | None = None  # a plain weights file
+    weights: Path | None = None  # where the weights are (set by resolve_source when they are wanted)
 
     def model_kwargs(self) -> dict:
         """create_model defaults the weights imply, as timm's factory: the pretrained config's class count,
@@ -176,13 +178,22 @@ def resolve_source(name: str, pretrained: bool | str | Path | None, known: Colle
     `name` may itself carry a tag or a source (its config then applies even without weights, as in timm).
     `pretrained`: True (the weights `name` points at), a model name in any form above whose architecture must be
     `name`'s, a folder (read as local-dir:), or a weights file (timm's registry config for the architecture,
-    with `file` set, as timm's pretrained_cfg_overlay=dict(file=...))."""
+    with `file` set, as timm's pretrained_cfg_overlay=dict(file=...)). Wanted weights are located here, before
+    any model is built, so that a missing one fails at once."""
     named = resolve(name, known, cache_dir) if ("." in name or ":" in name) else None
     if pretrained is None or pretrained is False:
         return named
     if pretrained is True:
-        return named or resolve(name, known, cache_dir)
-    text, arch = str(pretrained), named.architecture if named else name
+        source = named or resolve(name, known, cache_dir)
+    else:
+        source = _weights_source(named, name, str(pretrained), known, cache_dir)
+    return dataclasses.replace(source, weights=weights_file(source, cache_dir))
+
+
+def _weights_source(named: Source | None, name: str, text: str, known: Collection[str] | None,
+                    cache_dir: str | Path | None) -> Source:
+    """The Source of a `pretrained=` string: a model name, a folder or a file (see resolve_source)."""
+    arch = named.architecture if named else name
     if not _is_path(text, known):
         weights = resolve(text, known, cache_dir)
     elif Path(text).is_dir():
@@ -253,7 +264,11 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
 def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
     """The file holding `source`'s weights: model.safetensors first, then pytorch_model.bin (read later with
     weights_only=True); for the hub through huggingface_hub's cache, downloaded only when online."""
+    if source.weights is not None:
+        return source.weights
     if source.file is not None:
+        if not source.file.is_file():
+            raise FileNotFoundError(f"weights file {str(source.file)!r} does not exist; check the path.")
         return source.file
     if source.folder is not None:
         for filename in WEIGHT_FILES:
