@@ -89,9 +89,11 @@ def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) 
     atomic_write_text(path, buf.getvalue())
 
 
-def build_model(cfg: Config, num_classes: int, pretrained: bool = False) -> VisionTransformer:
+def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
+                saved: dict | None = None) -> VisionTransformer:
     """The model a config describes (the only place the config meets `create_model`); with `pretrained`, loaded
-    from the weights model.pretrained names."""
+    from the weights model.pretrained names. `saved`: a checkpoint's config.json, whose architecture and
+    model_args (which hold what came from the pretrained weights) fill in what the config leaves unset."""
     m = cfg.model
     overrides = dict(
         img_size=m.img_size, in_chans=m.in_chans, num_classes=num_classes, drop_rate=m.drop_rate,
@@ -106,7 +108,8 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False) -> Visi
     for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio"):
         if getattr(m, key) is not None:
             overrides[key] = getattr(m, key)
-    return create_model(m.name, pretrained=m.pretrained if pretrained else None, **overrides)
+    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
+    return create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
@@ -144,9 +147,12 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         classes = json.loads((folder / "classes.json").read_text())
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
+        saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
+        if saved is not None and not isinstance(saved.get("architecture"), str):
+            raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
-    model = _architecture_of(folder) or build_model(cfg, len(classes))
+    model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
     if bad:
@@ -154,20 +160,6 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
                               "it is from another architecture or was edited.")
     model.load_state_dict(state)
     return model.eval(), cfg, classes, meta
-
-
-def _architecture_of(folder: Path) -> VisionTransformer | None:
-    """The model a checkpoint's config.json describes (architecture + model_args, which also hold what came from
-    the weights it was fine-tuned from), or None for a checkpoint from before config.json was written."""
-    path = folder / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        hub_cfg = json.loads(path.read_text())
-        return create_model(hub_cfg["architecture"], **hub_cfg.get("model_args", {}))
-    except Exception as e:  # bad JSON, no architecture, an option this library does not have, ...
-        raise CheckpointError(f"checkpoint {folder} has an unreadable config.json ({str(e).splitlines()[0]}); "
-                              "delete it to rebuild the model from config.yaml.") from None
 
 
 def state_dir_name(step: int) -> str:

@@ -268,7 +268,8 @@ def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
         return source.weights
     if source.file is not None:
         if not source.file.is_file():
-            raise FileNotFoundError(f"weights file {str(source.file)!r} does not exist; check the path.")
+            raise FileNotFoundError(f"weights file {str(source.file)!r} does not exist; check the path (a hub "
+                                    "repository is written hf-hub:org/name).")
         return source.file
     if source.folder is not None:
         for filename in WEIGHT_FILES:
