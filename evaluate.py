@@ -4,6 +4,8 @@
     python evaluate.py --checkpoint runs/x/best --data.dataset=imagefolder --data.root=/data/other
     python evaluate.py --model vit_base_patch16_224 --weights vit_b16.safetensors --img-size 224 \\
         --data.dataset=imagefolder --data.root=/data/imagenet-val-as-folder
+    python evaluate.py --model hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --data.dataset=imagefolder ...
+                                                   # hub weights (vit/hub.py); their mean/std/crop unless --aug.*
     accelerate launch --num_processes 2 evaluate.py --checkpoint ...        # same numbers, one row per image
 
 Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
@@ -23,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import CheckpointError, atomic_write_csv, atomic_write_text, load_checkpoint
 from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
-from vit.data import DataError, build_datasets
+from vit.data import DataError, build_datasets, resolve_data_config
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
 from vit.pretrained import load_pretrained, read_state_dict
@@ -49,7 +51,8 @@ def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] [--data.key=value ...]")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights: evaluate a timm checkpoint file")
+    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
+                     "local-dir:/folder), or with --weights a timm checkpoint file")
     ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin)")
     ap.add_argument("--img-size", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None)
@@ -60,8 +63,6 @@ def parse_args(argv):
     bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
-    if args.model and not args.weights:
-        raise ConfigError("--model needs --weights FILE (a timm checkpoint); or pass --checkpoint.")
     return args, overrides
 
 
@@ -71,13 +72,18 @@ def load_model_and_config(args, overrides):
         data = apply_overrides(to_dict(cfg), overrides)
         cfg = from_dict(data)
         return model, cfg, classes
-    state = read_state_dict(args.weights)
-    if "head.weight" not in state:
-        raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
-    num_classes = state["head.weight"].shape[0]
     cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
-    model = create_model(args.model, img_size=cfg.model.img_size, num_classes=num_classes)
-    print(load_pretrained(model, args.weights))
+    if args.weights:
+        state = read_state_dict(args.weights)
+        if "head.weight" not in state:
+            raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
+        model = create_model(args.model, img_size=cfg.model.img_size, num_classes=state["head.weight"].shape[0])
+        print(load_pretrained(model, args.weights))
+    else:  # named weights, from the hub cache: their class count, and their size unless --img-size
+        model = create_model(args.model, pretrained=True, **({"img_size": args.img_size} if args.img_size else {}))
+        cfg.model.img_size = model.patch_embed.img_size[0]
+    # normalization and eval resizing of the weights (timm's pretrained_cfg) unless --aug.* says otherwise
+    cfg = resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {})
     return model.eval(), cfg, None
 
 

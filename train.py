@@ -37,11 +37,10 @@ from vit.checkpoint import (
     save_state_atomic,
 )
 from vit.config import ConfigError, dump, load_config
-from vit.data import EpochSampler, build_datasets
+from vit.data import EpochSampler, build_datasets, resolve_data_config
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
-from vit.pretrained import load_pretrained
 from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -114,6 +113,7 @@ def mix_batch(mixup_fn, x, y, num_classes, smoothing):
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(config_path, overrides)
+    cfg = resolve_data_config(cfg)  # mean/std/crop/interpolation of the pretrained weights unless the config sets them
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
 
     # --- accelerator ------------------------------------------------------------------------------------------
@@ -152,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                               + "; ".join(ds.bad[:5]) + (" ..." if len(ds.bad) > 5 else ""))
 
     # --- model and optimizer ----------------------------------------------------------------------------------
-    model = build_model(cfg, num_classes)
-    if cfg.model.pretrained:
-        accelerator.print(load_pretrained(model, cfg.model.pretrained))
+    model = build_model(cfg, num_classes, pretrained=True)  # weights from model.pretrained, if set (report logged)
     accelerator.print(f"model: {cfg.model.name}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params")
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:

@@ -5,6 +5,10 @@ A model checkpoint is a folder holding `model.safetensors` (weights), `config.ya
 temporary name, fsync'ed and renamed over the old one, so a process killed mid-write leaves the previous
 complete file in place. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
 folder that is renamed to `state/step-XXXXXXXX` only once complete; `latest_state` ignores anything else.
+
+Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
+model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
+pretrained=True)` or `huggingface_hub.upload_folder` as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .config import Config, dump, from_dict, read_yaml
+from .config import Config, ModelConfig, dump, from_dict, read_yaml
+from .hub import split_tag, timm_config
 from .vision import VisionTransformer, create_model
 
 FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
@@ -84,19 +89,27 @@ def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) 
     atomic_write_text(path, buf.getvalue())
 
 
-def build_model(cfg: Config, num_classes: int) -> VisionTransformer:
-    """The model a config describes (the only place the config meets `create_model`)."""
+def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
+                saved: dict | None = None) -> VisionTransformer:
+    """The model a config describes (the only place the config meets `create_model`); with `pretrained`, loaded
+    from the weights model.pretrained names. `saved`: a checkpoint's config.json, whose architecture and
+    model_args (which hold what came from the pretrained weights) fill in what the config leaves unset."""
     m = cfg.model
     overrides = dict(
-        img_size=m.img_size, in_chans=m.in_chans, num_classes=num_classes, global_pool=m.global_pool,
-        pos_embed=m.pos_embed, norm_layer=m.norm_layer, mlp_layer=m.mlp_layer, norm_first=m.norm_first,
-        init_values=m.init_values, drop_rate=m.drop_rate, attn_drop_rate=m.attn_drop_rate,
-        drop_path_rate=m.drop_path_rate,
+        img_size=m.img_size, in_chans=m.in_chans, num_classes=num_classes, drop_rate=m.drop_rate,
+        attn_drop_rate=m.attn_drop_rate, drop_path_rate=m.drop_path_rate,
     )
+    # Architecture options at their defaults are left to the variant, or to the pretrained weights' config.json
+    # (model_args), whose model they must rebuild; the defaults are create_model's own, so nothing else changes.
+    default = ModelConfig()
+    for key in ("global_pool", "pos_embed", "norm_layer", "mlp_layer", "norm_first", "init_values"):
+        if getattr(m, key) != getattr(default, key):
+            overrides[key] = getattr(m, key)
     for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio"):
         if getattr(m, key) is not None:
             overrides[key] = getattr(m, key)
-    return create_model(m.name, **overrides)
+    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
+    return create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
@@ -110,6 +123,11 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     atomic_write_text(folder / "config.yaml", dump(cfg))
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
     atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
+    # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
+    aug = cfg.aug.resolved(getattr(model, "pretrained_cfg", None), cfg.model.in_chans)
+    arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+    data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
+    atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
     return folder
 
 
@@ -129,9 +147,12 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         classes = json.loads((folder / "classes.json").read_text())
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
+        saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
+        if saved is not None and not isinstance(saved.get("architecture"), str):
+            raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
-    model = build_model(cfg, len(classes))
+    model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
     if bad:

@@ -44,7 +44,10 @@ class ModelConfig:
     drop_rate: float = 0.0
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
-    pretrained: str | None = None  # a timm checkpoint file to fine-tune from
+    # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
+    # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
+    # (a run's best/) or a weights file; see vit/hub.py
+    pretrained: bool | str | None = None
 
 
 @dataclass
@@ -63,6 +66,9 @@ class DataConfig:
     synthetic_num_classes: int = 4
 
 
+INTERPOLATIONS = ("bilinear", "bicubic")
+
+
 @dataclass
 class AugConfig:
     random_resized_crop: bool = True
@@ -79,10 +85,32 @@ class AugConfig:
     cutmix: float = 0.0
     mixup_prob: float = 1.0
     label_smoothing: float = 0.1
-    mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    eval_crop_pct: float = 1.0
-    interpolation: str = "bilinear"  # bilinear | bicubic, for resizing and crops
+    # Preprocessing; None (unset): the pretrained weights' own (model.pretrained_cfg, as timm's
+    # resolve_data_config), else the fallbacks in `resolved`. train.py saves the resolved values.
+    mean: list[float] | None = None
+    std: list[float] | None = None
+    eval_crop_pct: float | None = None
+    interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
+
+    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int = 3) -> AugConfig:
+        """A copy with mean, std, eval_crop_pct and interpolation filled where unset: from the weights'
+        pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
+        0.5, 1.0 and bilinear. A ViT fine-tuned with other statistics than its weights saw loses accuracy
+        silently, so values the config sets are kept and everything else follows the weights."""
+        p = pretrained_cfg or {}
+
+        def pick(value, key, fallback, usable):
+            if value is not None:
+                return value
+            return p[key] if p.get(key) is not None and usable(p[key]) else fallback
+
+        return dataclasses.replace(
+            self,
+            mean=[float(v) for v in pick(self.mean, "mean", [0.5] * in_chans, lambda v: len(v) == in_chans)],
+            std=[float(v) for v in pick(self.std, "std", [0.5] * in_chans, lambda v: len(v) == in_chans)],
+            eval_crop_pct=float(pick(self.eval_crop_pct, "crop_pct", 1.0, lambda v: 0 < v <= 1)),
+            interpolation=pick(self.interpolation, "interpolation", "bilinear", lambda v: v in INTERPOLATIONS),
+        )
 
 
 @dataclass
@@ -132,7 +160,7 @@ CHOICES = {
     "model.mlp_layer": ("gelu", "swiglu"),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic"),
     "data.on_bad_image": ("skip", "error"),
-    "aug.interpolation": ("bilinear", "bicubic"),
+    "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", None),
     "run.on_nonfinite": ("stop", "skip"),
 }
@@ -241,7 +269,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
-    if len(cfg.aug.mean) != m.in_chans or len(cfg.aug.std) != m.in_chans:
+    if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
         raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
 
 

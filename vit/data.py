@@ -8,6 +8,7 @@ skipping the batches already seen reproduces the uninterrupted order exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,7 +21,7 @@ from .config import Config
 from .transforms import BadImageError, build_transform, decode_image
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "photo_like"]
+           "photo_like", "resolve_data_config"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -219,6 +220,19 @@ def _check_classes(expected: list[str] | None, found: list[str]) -> list[str]:
             + "; evaluate on data with the classes the model was trained on."
         )
     return list(expected)
+
+
+def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:
+    """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
+    the pretrained weights' config, as timm's resolve_data_config: `pretrained_cfg` (a model's), or that of the
+    weights model.pretrained names (vit.hub, read from the registry or the cache, no weights loaded), else the
+    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used."""
+    if pretrained_cfg is None and cfg.model.pretrained:
+        from .hub import resolve_source
+        from .vision import VARIANTS
+
+        pretrained_cfg = resolve_source(cfg.model.name, cfg.model.pretrained, VARIANTS).pretrained_cfg
+    return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
 def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ...] = ("train", "val"),

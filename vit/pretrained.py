@@ -4,8 +4,11 @@ Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `
 `torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
   - position embeddings resampled to the model's patch grid (bicubic, prefix tokens kept apart, as timm);
   - a classifier head whose class count differs is dropped and the model's fresh head kept (fine-tuning);
+  - patch-embedding weights for another channel count adapted by timm's `adapt_input_conv` (summed for 1
+    channel, repeated and rescaled for more);
   - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed.
-Anything else that does not fit raises one sentence naming the mismatch.
+Anything else that does not fit raises one sentence naming the mismatch. Weights named rather than given as a
+file (`vit_base_patch16_224`, `hf-hub:...`, `local-dir:...`) are found by `vit.hub` and read here.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .hub import Source, weights_file
 from .layers import resample_abs_pos_embed
 
 __all__ = ["load_pretrained", "read_state_dict", "LoadReport"]
@@ -95,6 +99,13 @@ def adapt_state_dict(
             )
         state["pos_embed"] = resample_abs_pos_embed(pos, new_grid, (side, side), prefix)
         report.actions.append(f"resampled pos_embed from a {side}x{side} grid to {new_grid[0]}x{new_grid[1]}")
+    w, own_w = state.get("patch_embed.proj.weight"), own.get("patch_embed.proj.weight")
+    if w is not None and own_w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] \
+            and (w.shape[0], *w.shape[2:]) == (own_w.shape[0], *own_w.shape[2:]):
+        from timm.models import adapt_input_conv
+
+        state["patch_embed.proj.weight"] = adapt_input_conv(own_w.shape[1], w, base_chans=w.shape[1])
+        report.actions.append(f"adapted patch_embed.proj from {w.shape[1]} to {own_w.shape[1]} input channels")
     head_keys = [k for k in ("head.weight", "head.bias") if k in state]
     if head_keys and ("head.weight" not in own or state["head.weight"].shape != own["head.weight"].shape):
         n_old = state["head.weight"].shape[0]
@@ -105,13 +116,19 @@ def adapt_state_dict(
     return state
 
 
-def load_pretrained(model: nn.Module, path: str | Path, strict: bool = True) -> LoadReport:
-    """Load a timm (or HF-timm) checkpoint file into `model`, adapting positions and head.
+def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = True,
+                    cache_dir: str | Path | None = None) -> LoadReport:
+    """Load a timm (or HF-timm) checkpoint into `model`, adapting positions, head and input channels.
 
-    With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a ValueError that
-    names it. Returns a report of the adaptations, also logged.
+    `path`: a weights file, or a `vit.hub.Source` (its model.safetensors / pytorch_model.bin from the hub cache
+    or its folder). With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a
+    ValueError that names it. Returns a report of the adaptations, also logged.
     """
-    report = LoadReport(str(path))
+    if isinstance(path, Source):
+        name, path = path.name, weights_file(path, cache_dir)
+        report = LoadReport(str(path) if name == str(path) else f"{name} ({path})")
+    else:
+        report = LoadReport(str(path))
     state = adapt_state_dict(read_state_dict(path), model, report)
     own = model.state_dict()
     wrong = [

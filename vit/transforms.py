@@ -287,6 +287,7 @@ class Pipeline:
 
 def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
     """The pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (3, S, S)."""
+    aug = aug.resolved()  # preprocessing left unset: the fallbacks (train.py resolves it from the weights first)
     interp = cv2.INTER_CUBIC if aug.interpolation == "bicubic" else cv2.INTER_LINEAR
     if not train:
         resize = int(round(img_size / aug.eval_crop_pct))

@@ -13,6 +13,7 @@ Attention maps come from a separate method, `forward_with_attention`, whose retu
 """
 
 import inspect
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 
 from .encoder import Encoder
 from .features import FeatureIntermediates, features_only_model
+from .hub import resolve_source
 from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
 from .pretrained import load_pretrained
 
@@ -361,17 +363,25 @@ def default_pretrained_cfg(name: str | None, model: VisionTransformer) -> dict[s
 
 def create_model(
     name: str,
-    pretrained: str | bool | None = None,
+    pretrained: bool | str | Path | None = None,
+    cache_dir: str | Path | None = None,
     features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] = 3,
     feature_cls: str = "getter",
     **overrides,
 ) -> nn.Module:
     """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
-    img_size=64, num_classes=10)`. `pretrained` is a path to a timm checkpoint file, loaded with
-    `vit.load_pretrained` (positions resampled and the head replaced as needed); False or None: none.
+    img_size=64, num_classes=10)`. As in timm, `name` may carry a tag (`vit_base_patch16_224.augreg_in21k`) or a
+    source (`hf-hub:org/repo[@rev]`, `local-dir:/folder`), and `pretrained=True` loads the weights it names
+    from the Hugging Face cache (see `vit.hub`); `pretrained` may also be another such name, a folder or a
+    weights file. Weights go through `vit.load_pretrained` (positions resampled, head replaced, input channels
+    adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation); a
+    model without weights gets timm's registry entry for its name.
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.features)."""
+    source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    if source is not None:  # architecture and defaults from the weights' config; the overrides still win
+        name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
     if name not in VARIANTS:
         close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
@@ -386,8 +396,11 @@ def create_model(
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
     model = VisionTransformer(**kwargs)
     model._variant = name
-    if pretrained:
-        load_pretrained(model, pretrained)
+    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
+    if source is not None:
+        model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
+        if pretrained:
+            load_pretrained(model, source, cache_dir=cache_dir)
     if features_only:
         return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
     return model
