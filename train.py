@@ -7,11 +7,14 @@
 
 The story: config -> accelerator -> data -> model -> optimizer -> loop (train, evaluate, checkpoint) -> curves.
 Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png.
+A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
+a resume refuses a config that changes what the run computes (see vit/runfolder.py).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 import os
@@ -31,17 +34,20 @@ from vit.checkpoint import (
     atomic_write_csv,
     atomic_write_text,
     build_model,
+    check_finite,
     fault_point,
     latest_state,
     save_checkpoint,
     save_state_atomic,
+    verify_state,
 )
-from vit.config import ConfigError, dump, load_config
+from vit.config import ConfigError, dump, from_dict, load_config, read_yaml
 from vit.data import EpochSampler, build_datasets
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
 from vit.pretrained import load_pretrained
+from vit.runfolder import RunLock, check_new_run, clear_run, log_resume, resume_changes
 from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -50,12 +56,15 @@ METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "v
 
 @dataclass
 class TrainState:
-    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved with Accelerate's state."""
+    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved as train_state.json beside
+    Accelerate's state (JSON: reading it back runs no code, unlike the pickle Accelerate would write)."""
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # current epoch
     batch_in_epoch: int = 0  # batches of `epoch` already consumed
     best: list = field(default_factory=list)  # [(val_acc1, epoch)] of kept checkpoints, best first
     skipped: int = 0
+    loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
+    loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
 
     def state_dict(self) -> dict:
         return dict(self.__dict__)
@@ -128,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # its per-file save messages drown the progress
     if accelerator.is_main_process:
         check_writable(run_dir)
+        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)  # fail before any data is read
     set_seed(cfg.run.seed)
     accelerator.print(f"config ({config_path}):\n{dump(cfg)}")
     accelerator.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
@@ -164,10 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.optim.ema:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
-        accelerator.register_for_checkpointing(ema)
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)  # saved by _save_state
     state = TrainState()
-    accelerator.register_for_checkpointing(state)
 
     steps_per_epoch = math.ceil(len(train_loader) / cfg.optim.grad_accum_steps)
     total_steps = cfg.run.epochs * steps_per_epoch
@@ -182,15 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                          label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
 
     # --- resume -----------------------------------------------------------------------------------------------
+    lock = _claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until this process ends)
     if cfg.run.resume:
-        path = latest_state(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
-        if path is None:
-            accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
-        elif not path.is_dir():
-            raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
-        else:
-            accelerator.load_state(str(path))
-            accelerator.print(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
+        _resume(accelerator, cfg, run_dir, state, ema)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad dataset or model has written nothing
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
         # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
         loader.set_epoch(state.epoch)
-        loss_sum, loss_n, seen, t0 = torch.zeros((), device=accelerator.device), 0, 0, time.perf_counter()
+        loss_sum, loss_n = torch.full((), state.loss_sum, device=accelerator.device), state.loss_n
+        seen, t0 = 0, time.perf_counter()
         lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
         for x, y in loader:
             with accelerator.accumulate(model):
@@ -254,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                          img_s=f"{seen / (time.perf_counter() - t0):.0f}")
                 if (cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0
                         and state.batch_in_epoch < len(train_loader)):  # an epoch's end saves after evaluating
-                    save_state_atomic(accelerator, run_dir, state.step)
+                    _save_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
                 if _done(cfg, state):
                     break
         ips = seen / max(1e-9, time.perf_counter() - t0)
@@ -263,11 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         if epoch_done:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         elif cfg.run.save_state_every == 0 or state.step % cfg.run.save_state_every:
-            save_state_atomic(accelerator, run_dir, state.step)  # stopped mid-epoch: save before evaluating
+            # stopped mid-epoch: save before evaluating
+            _save_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
         # --- evaluate and checkpoint --------------------------------------------------------------------------
         last_epoch = state.epoch >= cfg.run.epochs or _done(cfg, state)
         if state.epoch % cfg.run.eval_every == 0 or last_epoch:
             eval_model = ema.module if ema is not None else model
+            _check_weights(accelerator, eval_model, state, run_dir)  # never evaluate or save NaN weights
             out = predict(eval_model, val_loader, accelerator)
             m = summarize_logits(out["logits"], out["labels"])
             row = dict(step=state.step, epoch=state.epoch, lr=lr, train_loss=train_loss, val_loss=m["loss"],
@@ -284,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                 _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
                 _append_metrics(run_dir / "metrics.csv", row)
         if epoch_done:
-            save_state_atomic(accelerator, run_dir, state.step)
+            _save_state(accelerator, cfg, run_dir, state, model, ema, 0.0, 0)
 
     progress.close()
     accelerator.end_training()
@@ -294,6 +299,73 @@ def main(argv: list[str] | None = None) -> int:
         if best:
             accelerator.print(f"best val top-1 {100 * best[0]:.2f}% at epoch {best[1]}; checkpoint {run_dir / 'best'}")
     return 0
+
+
+def _claim_run_dir(accelerator, cfg, run_dir: Path) -> RunLock | None:
+    """Lock the run folder (main process), refuse another run's folder, clear it for run.overwrite=true.
+    Taken only now, so that a bad dataset or model has created nothing."""
+    lock = None
+    if accelerator.is_main_process:
+        lock = RunLock(run_dir)
+        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)  # again, under the lock
+        if cfg.run.overwrite:
+            clear_run(run_dir)
+            accelerator.print(f"run.overwrite=true: deleted the previous run in {run_dir}")
+    accelerator.wait_for_everyone()
+    return lock
+
+
+def _resume(accelerator, cfg, run_dir: Path, state: TrainState, ema) -> None:
+    """Load the newest intact state (or the one named), after checking its files and its config."""
+    from safetensors.torch import load_file
+
+    if cfg.run.resume == "auto":
+        path = latest_state(run_dir, warn=accelerator.print)
+        if path is None:
+            accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
+            if (run_dir / "config.yaml").is_file():  # killed before its first state: still the same run
+                resume_changes(from_dict(read_yaml(run_dir / "config.yaml")), cfg, str(run_dir))
+            return
+    else:
+        path = Path(cfg.run.resume)
+        if not path.is_dir():
+            raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
+        verify_state(path)
+    changes = resume_changes(from_dict(read_yaml(path / "config.yaml")), cfg, str(path))
+    try:  # Accelerate reads the model from safetensors, the optimizer and RNG with weights_only=True
+        accelerator.load_state(str(path))
+        saved = json.loads((path / "train_state.json").read_text())
+        if set(saved) != set(TrainState().__dict__):
+            raise ValueError(f"train_state.json has keys {sorted(saved)}")
+        state.__dict__.update(saved)
+        if ema is not None:
+            ema.load_state_dict(load_file(str(path / "ema.safetensors")))
+    except Exception as e:
+        raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
+                              "train.py wrote.") from None
+    if accelerator.is_main_process:
+        accelerator.print(log_resume(run_dir, path, state.step, state.epoch, changes))
+
+
+def _save_state(accelerator, cfg, run_dir: Path, state: TrainState, model, ema, loss_sum, loss_n: int) -> None:
+    """Accelerate's state plus ours (JSON), EMA weights (safetensors) and the config, in one verified folder."""
+    from safetensors.torch import save
+
+    _check_weights(accelerator, model, state, run_dir)
+    # the running sum differs per process; its mean over processes, divided by loss_n, is the epoch's mean
+    state.loss_sum = float(accelerator.reduce(torch.as_tensor(loss_sum, device=accelerator.device).float(),
+                                              "mean").item())
+    state.loss_n = loss_n
+    extra = {"train_state.json": json.dumps(state.__dict__).encode(), "config.yaml": dump(cfg).encode()}
+    if ema is not None:
+        extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
+    save_state_atomic(accelerator, run_dir, state.step, extra=extra)
+
+
+def _check_weights(accelerator, model, state: TrainState, run_dir: Path) -> None:
+    weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
+    check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
+                          f"saved at this point and the last good checkpoint in {run_dir} is untouched")
 
 
 def _done(cfg, state) -> bool:
