@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(config_path, overrides)
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    _RUN["dir"] = run_dir
 
     # --- accelerator ------------------------------------------------------------------------------------------
     accelerator = make_accelerator(
@@ -301,6 +302,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+_RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message
+
+
+def _interrupt_note() -> str:
+    run_dir = _RUN.get("dir")
+    if run_dir is None or not run_dir.is_dir():
+        return "nothing was saved"
+    states = sorted(p.name for p in (run_dir / "state").glob("step-*") if (p / "COMPLETE").is_file())
+    kept = f"state/{states[-1]} (continue with --resume=auto)" if states else "no training state yet"
+    return f"{run_dir} keeps {kept} and the last/ and best/ checkpoints of finished epochs"
+
+
 def _claim_run_dir(accelerator, cfg, run_dir: Path) -> RunLock | None:
     """Lock the run folder (main process), refuse another run's folder, clear it for run.overwrite=true.
     Taken only now, so that a bad dataset or model has created nothing."""
@@ -420,4 +433,4 @@ def _flat_scalars(cfg) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, _interrupt_note)

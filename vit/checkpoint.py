@@ -34,10 +34,12 @@ FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process w
 def fault_point(point: str, n: int) -> None:
     """Die abruptly (SIGKILL, as a crash or an OOM killer would) when VIT_FAULT_INJECT names this point.
     Used by the crash-safety tests to stop a run at exact places; a no-op otherwise."""
-    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
-        import signal
+    import signal
 
+    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(FAULT_ENV) == f"sigint@{point}:{n}":  # Ctrl-C there instead
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 __all__ = [
