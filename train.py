@@ -47,7 +47,7 @@ from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
 from vit.pretrained import load_pretrained
-from vit.runfolder import RunLock, check_new_run, clear_run, log_resume, resume_changes
+from vit.runfolder import RunLock, check_new_run, check_not_locked, clear_run, log_resume, resume_changes
 from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # its per-file save messages drown the progress
     if accelerator.is_main_process:
         check_writable(run_dir)
-        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)  # fail before any data is read
+        check_not_locked(run_dir)  # fail before any data is read; the lock itself is taken below
+        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     accelerator.print(f"config ({config_path}):\n{dump(cfg)}")
     accelerator.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "

@@ -370,6 +370,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file '{path}' does not exist; pass --config with a path under configs/.")
     try:
         data = yaml.load(path.read_text(), Loader=StrictLoader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text; pass a YAML file.") from None
     except ConfigError as e:
         raise ConfigError(f"config file '{path}': {e}") from None
     except yaml.YAMLError as e:

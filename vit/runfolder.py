@@ -20,15 +20,16 @@ from typing import Any
 
 from .config import Config, diff
 
-__all__ = ["RunFolderError", "RunLock", "holds_run", "check_new_run", "clear_run", "resume_changes",
+__all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume"]
 
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "curves.png",
                "resume.log")
 # What a resume may change: none of them alters what a step computes. run.epochs stretches the learning-rate
-# schedule from the resumed step on (it is recorded); everything else refused (model, data, batch size, seed,
-# optimizer, augmentation, precision) would make the resumed run a different one, or fail to load.
-SAFE_ON_RESUME = {"run.epochs", "run.max_steps", "run.resume", "run.overwrite", "run.log_every", "run.eval_every",
+# schedule from the resumed step on (it is recorded); run.name/output_dir differ for a moved run folder;
+# everything else refused (model, data, batch size, seed, optimizer, augmentation, precision) would make the
+# resumed run a different one, or fail to load.
+SAFE_ON_RESUME = {"run.name", "run.output_dir", "run.epochs", "run.max_steps", "run.resume", "run.overwrite", "run.log_every", "run.eval_every",
                   "run.save_state_every", "run.keep_best", "run.on_nonfinite", "data.num_workers",
                   "data.eval_batch_size", "data.download", "data.on_bad_image"}
 
@@ -62,6 +63,22 @@ class RunLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def check_not_locked(run_dir: str | Path) -> None:
+    """Fail fast, creating nothing, if a training holds the folder's lock (it is taken for real later)."""
+    try:
+        fd = os.open(Path(run_dir) / ".lock", os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        raise RunFolderError(f"run folder {run_dir} is in use by another training (pid {holder}); "
+                             "wait for it to finish or pass another --run.name.") from None
+    finally:
+        os.close(fd)
 
 
 def holds_run(run_dir: str | Path) -> bool:
