@@ -14,7 +14,6 @@ a resume refuses a config that changes what the run computes (see vit/runfolder.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import math
 import os
@@ -30,24 +29,27 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from vit.checkpoint import (
-    CheckpointError,
     atomic_write_csv,
     atomic_write_text,
     build_model,
-    check_finite,
     fault_point,
-    latest_state,
     save_checkpoint,
-    save_state_atomic,
-    verify_state,
 )
-from vit.config import ConfigError, dump, from_dict, load_config, read_yaml
+from vit.config import ConfigError, dump, load_config
 from vit.data import EpochSampler, build_datasets
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
 from vit.pretrained import load_pretrained
-from vit.runfolder import RunLock, check_new_run, check_not_locked, clear_run, log_resume, resume_changes
+from vit.runfolder import (
+    check_new_run,
+    check_not_locked,
+    check_weights,
+    claim_run_dir,
+    interrupt_note,
+    resume_run,
+    save_run_state,
+)
 from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -192,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
                          label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
 
     # --- resume -----------------------------------------------------------------------------------------------
-    lock = _claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until this process ends)
+    lock = claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until main returns or the process ends)
     if cfg.run.resume:
-        _resume(accelerator, cfg, run_dir, state, ema)
+        resume_run(accelerator, cfg, run_dir, state, ema)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad dataset or model has written nothing
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
@@ -259,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                                          img_s=f"{seen / (time.perf_counter() - t0):.0f}")
                 if (cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0
                         and state.batch_in_epoch < len(train_loader)):  # an epoch's end saves after evaluating
-                    _save_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
+                    save_run_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
                 if _done(cfg, state):
                     break
         ips = seen / max(1e-9, time.perf_counter() - t0)
@@ -269,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         elif cfg.run.save_state_every == 0 or state.step % cfg.run.save_state_every:
             # stopped mid-epoch: save before evaluating
-            _save_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
+            save_run_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
         # --- evaluate and checkpoint --------------------------------------------------------------------------
         last_epoch = state.epoch >= cfg.run.epochs or _done(cfg, state)
         if state.epoch % cfg.run.eval_every == 0 or last_epoch:
             eval_model = ema.module if ema is not None else model
-            _check_weights(accelerator, eval_model, state, run_dir)  # never evaluate or save NaN weights
+            check_weights(accelerator, eval_model, state, run_dir)  # never evaluate or save NaN weights
             out = predict(eval_model, val_loader, accelerator)
             m = summarize_logits(out["logits"], out["labels"])
             row = dict(step=state.step, epoch=state.epoch, lr=lr, train_loss=train_loss, val_loss=m["loss"],
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
                 _append_metrics(run_dir / "metrics.csv", row)
         if epoch_done:
-            _save_state(accelerator, cfg, run_dir, state, model, ema, 0.0, 0)
+            save_run_state(accelerator, cfg, run_dir, state, model, ema, 0.0, 0)
 
     progress.close()
     accelerator.end_training()
@@ -307,79 +309,7 @@ _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message
 
 
 def _interrupt_note() -> str:
-    run_dir = _RUN.get("dir")
-    if run_dir is None or not run_dir.is_dir():
-        return "nothing was saved"
-    states = sorted(p.name for p in (run_dir / "state").glob("step-*") if (p / "COMPLETE").is_file())
-    kept = f"state/{states[-1]} (continue with --resume=auto)" if states else "no training state yet"
-    return f"{run_dir} keeps {kept} and the last/ and best/ checkpoints of finished epochs"
-
-
-def _claim_run_dir(accelerator, cfg, run_dir: Path) -> RunLock | None:
-    """Lock the run folder (main process), refuse another run's folder, clear it for run.overwrite=true.
-    Taken only now, so that a bad dataset or model has created nothing."""
-    lock = None
-    if accelerator.is_main_process:
-        lock = RunLock(run_dir)
-        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)  # again, under the lock
-        if cfg.run.overwrite:
-            clear_run(run_dir)
-            accelerator.print(f"run.overwrite=true: deleted the previous run in {run_dir}")
-    accelerator.wait_for_everyone()
-    return lock
-
-
-def _resume(accelerator, cfg, run_dir: Path, state: TrainState, ema) -> None:
-    """Load the newest intact state (or the one named), after checking its files and its config."""
-    from safetensors.torch import load_file
-
-    if cfg.run.resume == "auto":
-        path = latest_state(run_dir, warn=accelerator.print)
-        if path is None:
-            accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
-            if (run_dir / "config.yaml").is_file():  # killed before its first state: still the same run
-                resume_changes(from_dict(read_yaml(run_dir / "config.yaml")), cfg, str(run_dir))
-            return
-    else:
-        path = Path(cfg.run.resume)
-        if not path.is_dir():
-            raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
-        verify_state(path)
-    changes = resume_changes(from_dict(read_yaml(path / "config.yaml")), cfg, str(path))
-    try:  # Accelerate reads the model from safetensors, the optimizer and RNG with weights_only=True
-        accelerator.load_state(str(path))
-        saved = json.loads((path / "train_state.json").read_text())
-        if set(saved) != set(TrainState().__dict__):
-            raise ValueError(f"train_state.json has keys {sorted(saved)}")
-        state.__dict__.update(saved)
-        if ema is not None:
-            ema.load_state_dict(load_file(str(path / "ema.safetensors")))
-    except Exception as e:
-        raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
-                              "train.py wrote.") from None
-    if accelerator.is_main_process:
-        accelerator.print(log_resume(run_dir, path, state.step, state.epoch, changes))
-
-
-def _save_state(accelerator, cfg, run_dir: Path, state: TrainState, model, ema, loss_sum, loss_n: int) -> None:
-    """Accelerate's state plus ours (JSON), EMA weights (safetensors) and the config, in one verified folder."""
-    from safetensors.torch import save
-
-    _check_weights(accelerator, model, state, run_dir)
-    # the running sum differs per process; its mean over processes, divided by loss_n, is the epoch's mean
-    state.loss_sum = float(accelerator.reduce(torch.as_tensor(loss_sum, device=accelerator.device).float(),
-                                              "mean").item())
-    state.loss_n = loss_n
-    extra = {"train_state.json": json.dumps(state.__dict__).encode(), "config.yaml": dump(cfg).encode()}
-    if ema is not None:
-        extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
-    save_state_atomic(accelerator, run_dir, state.step, extra=extra)
-
-
-def _check_weights(accelerator, model, state: TrainState, run_dir: Path) -> None:
-    weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
-    check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
-                          f"saved at this point and the last good checkpoint in {run_dir} is untouched")
+    return interrupt_note(_RUN.get("dir"))
 
 
 def _done(cfg, state) -> bool:

@@ -22,7 +22,7 @@ from PIL import Image
 from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
-from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run
+from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, resume_run
 from vit.transforms import BadImageError, decode_image
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
@@ -76,7 +76,7 @@ def _resume_in_process(run: Path, *overrides: str):
     model = build_model(cfg, cfg.data.synthetic_num_classes)
     model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
     state = train.TrainState()
-    train._resume(accelerator, cfg, run, state, None)
+    resume_run(accelerator, cfg, run, state, None)
     return state
 
 
@@ -347,3 +347,28 @@ def test_a_split_without_one_usable_image_is_refused_before_training(tmp_path, s
     cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={root}", *TINY])
     with pytest.raises(DataError, match=f"no usable image in {root / split}: all .* are unreadable"):
         build_datasets(cfg)
+
+
+def test_weights_that_inflate_far_beyond_their_file_or_hold_a_flat_pos_embed_are_refused(tmp_path):
+    import zipfile
+
+    from safetensors.torch import save_file
+
+    import vit
+    from vit.pretrained import read_state_dict
+
+    torch.save({"x": torch.zeros(2**22)}, tmp_path / "plain.pth")  # 16 MiB of zeros, stored as torch.save does
+    bomb = tmp_path / "bomb.pth"
+    with zipfile.ZipFile(tmp_path / "plain.pth") as zin, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))  # the same archive, deflated: torch.load inflates it in full
+    assert bomb.stat().st_size < 2**17 and torch.load(bomb, weights_only=True)["x"].numel() == 2**22
+    with pytest.raises(ValueError, match="inflates to .* bytes from"):
+        read_state_dict(bomb)
+    assert read_state_dict(tmp_path / "plain.pth")["x"].numel() == 2**22
+    model = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["pos_embed"] = state["pos_embed"].flatten()
+    save_file(state, str(tmp_path / "flat.safetensors"))
+    with pytest.raises(ValueError, match=r"position embeddings of shape \(960,\) cannot be resampled"):
+        vit.load_pretrained(model, tmp_path / "flat.safetensors")

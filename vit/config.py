@@ -342,8 +342,8 @@ class StrictLoader(yaml.SafeLoader):
                 if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                     key = self.construct_object(key_node)
                     if key in seen:
-                        raise ConfigError(f"key '{key}' appears twice in one mapping (line {key_node.start_mark.line + 1}); "
-                                          "keep one of them.")
+                        line = key_node.start_mark.line + 1
+                        raise ConfigError(f"key '{key}' appears twice in one mapping (line {line}); keep one of them.")
                     seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
