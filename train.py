@@ -68,12 +68,6 @@ class TrainState:
     loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
     loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
 
-    def state_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, d: dict) -> None:
-        self.__dict__.update(d)
-
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
     config, rest, i = "configs/default.yaml", [], 0
