@@ -372,3 +372,38 @@ def test_weights_that_inflate_far_beyond_their_file_or_hold_a_flat_pos_embed_are
     save_file(state, str(tmp_path / "flat.safetensors"))
     with pytest.raises(ValueError, match=r"position embeddings of shape \(960,\) cannot be resampled"):
         vit.load_pretrained(model, tmp_path / "flat.safetensors")
+
+
+def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
+    from timm.utils import ModelEmaV3
+
+    from vit.checkpoint import build_model
+    from vit.optim import build_optimizer
+    from vit.runfolder import save_run_state
+    from vit.runtime import make_accelerator
+
+    train = _script("train")
+    cfg = load_config(ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={tmp_path}", "--run.name=e",
+                                                      "--optim.ema=true"])
+    accelerator = make_accelerator()
+    model = build_model(cfg, 4)
+    model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
+    ema = ModelEmaV3(model, decay=0.5)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(1.0)  # EMA differs from the model, so a mix-up would show
+    saved = {k: v.clone() for k, v in ema.state_dict().items()}
+    state = train.TrainState(step=3, epoch=1, batch_in_epoch=2, best=[[0.5, 0]])
+    save_run_state(accelerator, cfg, tmp_path / "e", state, model, ema, torch.tensor(2.5), 2)
+    names = sorted(p.name for p in (tmp_path / "e/state/step-00000003").iterdir())
+    assert "ema.safetensors" in names and [n for n in names if n.endswith(".pkl")] == ["random_states_0.pkl"]
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.zero_()
+    back = train.TrainState()
+    resume_run(accelerator, load_config(ROOT / "configs/default.yaml", [
+        *SMALL, f"--run.output_dir={tmp_path}", "--run.name=e", "--optim.ema=true", "--run.resume=auto"]),
+        tmp_path / "e", back, ema)
+    assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())
+    assert (back.step, back.epoch, back.batch_in_epoch, back.best, back.loss_sum, back.loss_n) == (3, 1, 2, [[0.5, 0]],
+                                                                                                     2.5, 2)
