@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.optim.ema:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)  # saved by _save_state
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)  # saved by save_run_state
     state = TrainState()
 
     steps_per_epoch = math.ceil(len(train_loader) / cfg.optim.grad_accum_steps)
