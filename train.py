@@ -7,6 +7,8 @@
 
 The story: config -> accelerator -> data -> model -> optimizer -> loop (train, evaluate, checkpoint) -> curves.
 Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png.
+A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
+a resume refuses a config that changes what the run computes (see vit/runfolder.py).
 """
 
 from __future__ import annotations
@@ -27,20 +29,26 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from vit.checkpoint import (
-    CheckpointError,
     atomic_write_csv,
     atomic_write_text,
     build_model,
     fault_point,
-    latest_state,
     save_checkpoint,
-    save_state_atomic,
 )
 from vit.config import ConfigError, dump, load_config
 from vit.data import EpochSampler, build_datasets, resolve_data_config
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
+from vit.runfolder import (
+    check_new_run,
+    check_not_locked,
+    check_weights,
+    claim_run_dir,
+    interrupt_note,
+    resume_run,
+    save_run_state,
+)
 from vit.runtime import make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
@@ -49,18 +57,15 @@ METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "v
 
 @dataclass
 class TrainState:
-    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved with Accelerate's state."""
+    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved as train_state.json beside
+    Accelerate's state (JSON: reading it back runs no code, unlike the pickle Accelerate would write)."""
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # current epoch
     batch_in_epoch: int = 0  # batches of `epoch` already consumed
     best: list = field(default_factory=list)  # [(val_acc1, epoch)] of kept checkpoints, best first
     skipped: int = 0
-
-    def state_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    def load_state_dict(self, d: dict) -> None:
-        self.__dict__.update(d)
+    loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
+    loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -115,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(config_path, overrides)
     cfg = resolve_data_config(cfg)  # mean/std/crop/interpolation of the pretrained weights unless the config sets them
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
+    _RUN["dir"] = run_dir
 
     # --- accelerator ------------------------------------------------------------------------------------------
     accelerator = make_accelerator(
@@ -128,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # its per-file save messages drown the progress
     if accelerator.is_main_process:
         check_writable(run_dir)
+        check_not_locked(run_dir)  # fail before any data is read; the lock itself is taken below
+        check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     accelerator.print(f"config ({config_path}):\n{dump(cfg)}")
     accelerator.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
@@ -162,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.optim.ema:
         from timm.utils import ModelEmaV3
 
-        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
-        accelerator.register_for_checkpointing(ema)
+        ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)  # saved by save_run_state
     state = TrainState()
-    accelerator.register_for_checkpointing(state)
 
     steps_per_epoch = math.ceil(len(train_loader) / cfg.optim.grad_accum_steps)
     total_steps = cfg.run.epochs * steps_per_epoch
@@ -180,15 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                          label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
 
     # --- resume -----------------------------------------------------------------------------------------------
+    lock = claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until main returns or the process ends)
     if cfg.run.resume:
-        path = latest_state(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
-        if path is None:
-            accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
-        elif not path.is_dir():
-            raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
-        else:
-            accelerator.load_state(str(path))
-            accelerator.print(f"resumed from {path}: epoch {state.epoch}, step {state.step}")
+        resume_run(accelerator, cfg, run_dir, state, ema)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)  # only now: a bad dataset or model has written nothing
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
@@ -206,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
         # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
         loader.set_epoch(state.epoch)
-        loss_sum, loss_n, seen, t0 = torch.zeros((), device=accelerator.device), 0, 0, time.perf_counter()
+        loss_sum, loss_n = torch.full((), state.loss_sum, device=accelerator.device), state.loss_n
+        seen, t0 = 0, time.perf_counter()
         lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
         for x, y in loader:
             with accelerator.accumulate(model):
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                                          img_s=f"{seen / (time.perf_counter() - t0):.0f}")
                 if (cfg.run.save_state_every and state.step % cfg.run.save_state_every == 0
                         and state.batch_in_epoch < len(train_loader)):  # an epoch's end saves after evaluating
-                    save_state_atomic(accelerator, run_dir, state.step)
+                    save_run_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
                 if _done(cfg, state):
                     break
         ips = seen / max(1e-9, time.perf_counter() - t0)
@@ -261,11 +262,13 @@ def main(argv: list[str] | None = None) -> int:
         if epoch_done:
             state.epoch, state.batch_in_epoch = state.epoch + 1, 0
         elif cfg.run.save_state_every == 0 or state.step % cfg.run.save_state_every:
-            save_state_atomic(accelerator, run_dir, state.step)  # stopped mid-epoch: save before evaluating
+            # stopped mid-epoch: save before evaluating
+            save_run_state(accelerator, cfg, run_dir, state, model, ema, loss_sum, loss_n)
         # --- evaluate and checkpoint --------------------------------------------------------------------------
         last_epoch = state.epoch >= cfg.run.epochs or _done(cfg, state)
         if state.epoch % cfg.run.eval_every == 0 or last_epoch:
             eval_model = ema.module if ema is not None else model
+            check_weights(accelerator, eval_model, state, run_dir)  # never evaluate or save NaN weights
             out = predict(eval_model, val_loader, accelerator)
             m = summarize_logits(out["logits"], out["labels"])
             row = dict(step=state.step, epoch=state.epoch, lr=lr, train_loss=train_loss, val_loss=m["loss"],
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
                 _append_metrics(run_dir / "metrics.csv", row)
         if epoch_done:
-            save_state_atomic(accelerator, run_dir, state.step)
+            save_run_state(accelerator, cfg, run_dir, state, model, ema, 0.0, 0)
 
     progress.close()
     accelerator.end_training()
@@ -292,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         if best:
             accelerator.print(f"best val top-1 {100 * best[0]:.2f}% at epoch {best[1]}; checkpoint {run_dir / 'best'}")
     return 0
+
+
+_RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message
+
+
+def _interrupt_note() -> str:
+    return interrupt_note(_RUN.get("dir"))
 
 
 def _done(cfg, state) -> bool:
@@ -346,4 +356,4 @@ def _flat_scalars(cfg) -> dict:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, _interrupt_note)

@@ -44,6 +44,21 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
+def check_options(args, depth: int) -> None:
+    """Option values the model can serve, checked before any image is read or file written."""
+    if not -depth <= args.layer < depth:
+        raise DataError(f"--layer {args.layer} does not exist: the model has {depth} blocks (0 to {depth - 1}, "
+                        "or -1 for the last).")
+    if not 0 <= args.start_layer < depth:
+        raise DataError(f"--start-layer {args.start_layer} must be between 0 and {depth - 1} (the model's blocks).")
+    if args.batch_size < 1:
+        raise DataError(f"--batch-size must be at least 1, got {args.batch_size}.")
+    if not 0 <= args.discard_ratio < 1 or not 0 <= args.residual_alpha <= 1:
+        raise DataError("--discard-ratio must be in [0, 1) and --residual-alpha in [0, 1].")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise DataError(f"--out {args.out} is an existing file; pass a folder to write the maps into.")
+
+
 def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]:
     """(name, image array or path) for every requested image, in order."""
     items: list[tuple[str, np.ndarray | Path]] = []
@@ -114,6 +129,7 @@ def plot_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) ->
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, classes, _ = load_checkpoint(args.checkpoint)
+    check_options(args, len(model.blocks))
     items = collect_inputs(args.images, cfg)
     target = resolve_target(args.target_class, classes)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)

@@ -27,6 +27,11 @@ def _steps(run):
         return [int(r["step"]) for r in csv.DictReader(f)]
 
 
+def _column(run, name):
+    with open(run / "metrics.csv") as f:
+        return [r[name] for r in csv.DictReader(f)]
+
+
 @pytest.mark.slow
 def test_sigkill_at_many_points_then_resume_equals_uninterrupted(tmp_path):
     common = [*SYN, f"--run.output_dir={tmp_path}", "--run.save_state_every=2"]
@@ -45,6 +50,8 @@ def test_sigkill_at_many_points_then_resume_equals_uninterrupted(tmp_path):
     b = load_file(str(tmp_path / "k/last/model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _steps(tmp_path / "k") == _steps(tmp_path / "ref") == [5, 10, 15]  # none repeated, none skipped
+    # killed mid-epoch 0 (step 3, state at 2): the epoch's train loss still covers all of its batches
+    assert _column(tmp_path / "k", "train_loss") == _column(tmp_path / "ref", "train_loss")
     assert not list((tmp_path / "k/state").glob(".tmp-*"))
 
 

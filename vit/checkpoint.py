@@ -4,7 +4,11 @@ A model checkpoint is a folder holding `model.safetensors` (weights), `config.ya
 `classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written to a
 temporary name, fsync'ed and renamed over the old one, so a process killed mid-write leaves the previous
 complete file in place. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
-folder that is renamed to `state/step-XXXXXXXX` only once complete; `latest_state` ignores anything else.
+folder that is renamed to `state/step-XXXXXXXX` only once complete. Its `COMPLETE` marker is a manifest (size
+and SHA-256 of every file): `verify_state` checks it before anything is loaded, so a truncated, corrupted or
+planted file is never read, and `latest_state` falls back to the older kept state. Nothing in a state is
+unpickled with `weights_only=False`: the loop's own state is JSON, EMA weights are safetensors, and
+Accelerate reads its files with `weights_only=True`.
 
 Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
 model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
@@ -14,6 +18,7 @@ pretrained=True)` or `huggingface_hub.upload_folder` as it is.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
@@ -34,15 +39,17 @@ FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process w
 def fault_point(point: str, n: int) -> None:
     """Die abruptly (SIGKILL, as a crash or an OOM killer would) when VIT_FAULT_INJECT names this point.
     Used by the crash-safety tests to stop a run at exact places; a no-op otherwise."""
-    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
-        import signal
+    import signal
 
+    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(FAULT_ENV) == f"sigint@{point}:{n}":  # Ctrl-C there instead
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 __all__ = [
     "atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "save_checkpoint", "load_checkpoint", "build_model",
-    "latest_state", "CheckpointError",
+    "latest_state", "verify_state", "CheckpointError",
 ]
 
 
@@ -116,8 +123,9 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
                     meta: dict | None = None) -> Path:
     """Write a self-contained model checkpoint folder (weights, config, classes, meta), file by file atomically."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    check_finite(state, f"refusing to save {folder}")
+    folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(folder / "model.safetensors", save(state, metadata={"format": "pt", "model": cfg.model.name}))
     fault_point("checkpoint", int((meta or {}).get("step", -1)))
     atomic_write_text(folder / "config.yaml", dump(cfg))
@@ -145,6 +153,8 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
     try:
         cfg = from_dict(read_yaml(folder / "config.yaml"))
         classes = json.loads((folder / "classes.json").read_text())
+        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+            raise ValueError("classes.json must hold a non-empty list of class names")
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
         saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
@@ -162,22 +172,91 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
     return model.eval(), cfg, classes, meta
 
 
+def check_finite(state: dict[str, torch.Tensor], what: str) -> None:
+    """Raise FloatingPointError naming the first floating-point tensor holding inf or NaN."""
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise FloatingPointError(f"{what}: {k} holds non-finite values; lower optim.lr or enable optim.clip_grad.")
+
+
 def state_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def latest_state(run_dir: str | Path) -> Path | None:
-    """The newest complete Accelerate state folder of a run, or None."""
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_state(path: str | Path) -> dict:
+    """Check a state folder against its manifest before anything in it is loaded: the same files, none added,
+    none missing, each with the size and SHA-256 it was written with; RNG files must load with weights_only=True
+    (Accelerate skips an unreadable one silently, which would break exactness). Returns the manifest, or raises
+    CheckpointError saying what differs."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "COMPLETE").read_text())
+        int(manifest["step"])
+        files = {str(k): (int(v[0]), str(v[1])) for k, v in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        raise CheckpointError(f"state {path} has no readable manifest (COMPLETE); it was not saved completely by "
+                              "this version of train.py.") from None
+    present = {str(f.relative_to(path)) for f in path.rglob("*") if not f.is_dir() or f.is_symlink()}
+    present.discard("COMPLETE")
+    extra, missing = sorted(present - set(files)), sorted(set(files) - present)
+    if extra or missing:
+        what = f"holds a file train.py did not write ({extra[0]})" if extra else f"is missing {missing[0]}"
+        raise CheckpointError(f"state {path} {what}.")
+    for name, (size, digest) in files.items():
+        f = path / name
+        if f.is_symlink() or not f.is_file():
+            raise CheckpointError(f"state {path}: {name} is not a regular file.")
+        if f.stat().st_size != size or _sha256(f) != digest:
+            raise CheckpointError(f"state {path}: {name} is not the file that was saved (truncated, corrupted or "
+                                  "replaced).")
+    from accelerate.utils.other import load  # torch.load(weights_only=True) with numpy's RNG arrays allowed
+
+    for f in sorted(path.glob("random_states_*.pkl")):
+        try:
+            rng = load(f)
+            rng["random_state"], rng["numpy_random_seed"], rng["torch_manual_seed"]
+        except Exception as e:  # UnpicklingError for a planted pickle, KeyError/TypeError for another object
+            raise CheckpointError(f"state {path}: {f.name} is not an RNG state ({str(e).splitlines()[0][:120]}).") \
+                from None
+    return manifest
+
+
+def latest_state(run_dir: str | Path, warn=None) -> Path | None:
+    """The newest state folder of a run that passes `verify_state`, or None if the run saved none. A damaged
+    newest state is reported through `warn` and the older kept one is tried; if every state is damaged,
+    CheckpointError."""
     root = Path(run_dir) / "state"
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and
-                  (p / "COMPLETE").is_file())
-    return done[-1] if done else None
+    done = sorted((p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-") and
+                   (p / "COMPLETE").is_file()), reverse=True)
+    errors = []
+    for p in done:
+        try:
+            verify_state(p)
+            return p
+        except CheckpointError as e:
+            errors.append(str(e))
+            if warn is not None:
+                warn(f"warning: {e} Trying the previous saved state.")
+    if errors:
+        raise CheckpointError(f"no saved state in {root} is intact (newest: {errors[0]}); start over with "
+                              "--run.overwrite=true or pick another --run.name.")
+    return None
 
 
-def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2) -> Path | None:
-    """accelerator.save_state into a temporary folder, then rename it into place; keep the newest `keep`."""
+def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2,
+                      extra: dict[str, bytes] | None = None) -> Path | None:
+    """accelerator.save_state into a temporary folder, plus `extra` files ({name: bytes}, written by the main
+    process), then a manifest, then rename it into place; keep the newest `keep`."""
     root = Path(run_dir) / "state"
     final = root / state_dir_name(step)
     tmp = root / f".tmp-{state_dir_name(step)}"
@@ -187,14 +266,19 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
+    if accelerator.is_main_process:
+        for name, data in (extra or {}).items():
+            (tmp / name).write_bytes(data)
     fault_point("state", step)  # files written, folder not yet renamed into place
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        for f in tmp.rglob("*"):
+        files = {}
+        for f in sorted(tmp.rglob("*")):
             if f.is_file():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
-        atomic_write_text(tmp / "COMPLETE", str(step))
+                files[str(f.relative_to(tmp))] = [f.stat().st_size, _sha256(f)]
+        atomic_write_text(tmp / "COMPLETE", json.dumps({"step": step, "files": files}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(root)

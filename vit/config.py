@@ -10,6 +10,7 @@ The resolved config is printed at start and saved with every checkpoint (`to_dic
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides"]
+__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff"]
 
 
 class ConfigError(ValueError):
@@ -139,6 +140,7 @@ class RunConfig:
     save_state_every: int = 0  # steps; 0 = at the end of every epoch
     keep_best: int = 1
     resume: str | None = None  # 'auto' or a state folder
+    overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
     log_every: int = 10  # steps between TensorBoard points
     on_nonfinite: str = "stop"  # stop | skip
     max_steps: int | None = None  # stop early (smoke runs)
@@ -258,6 +260,15 @@ def validate(cfg: Config) -> None:
     for key in UNIT:
         if flat[key] is not None and not 0 <= flat[key] <= 1:
             raise ConfigError(f"config key '{key}' must be between 0 and 1, got {flat[key]!r}.")
+    for key, value in flat.items():  # inf or nan passes every comparison below, and trains to NaN weights
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(v, float) and not math.isfinite(v):
+                where = f"{key}[{i}]" if isinstance(value, list) else key
+                raise ConfigError(f"config key '{where}' must be a finite number, got {v!r}.")
+    _validate_lists(cfg)
+    _validate_run_name(cfg.run.name)
+    if cfg.run.overwrite and cfg.run.resume:
+        raise ConfigError("config keys 'run.overwrite' and 'run.resume' contradict each other; pass one of them.")
     m = cfg.model
     if m.patch_size and m.img_size % m.patch_size:
         raise ConfigError(
@@ -271,6 +282,32 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
     if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
         raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
+
+
+def _validate_lists(cfg: Config) -> None:
+    a, o = cfg.aug, cfg.optim
+    if a.std is not None and any(v <= 0 for v in a.std):
+        raise ConfigError(f"config key 'aug.std' must hold positive values (images are divided by it), got {a.std}.")
+    for key, pair, lo in (("aug.scale", a.scale, 0.0), ("aug.ratio", a.ratio, 0.0)):
+        if len(pair) != 2 or not lo < pair[0] <= pair[1]:
+            raise ConfigError(f"config key '{key}' must be [min, max] with 0 < min <= max, got {pair}.")
+    if a.scale[1] > 1:
+        raise ConfigError(f"config key 'aug.scale' must not exceed 1 (a share of the image area), got {a.scale}.")
+    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
+        raise ConfigError(f"config key 'optim.betas' must be two values in [0, 1), got {o.betas}.")
+
+
+def _validate_run_name(name: str) -> None:
+    """The run folder is output_dir/name: a name that is a path could write anywhere."""
+    if not name or name.strip() != name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"config key 'run.name' must be a plain folder name (no '/', '..' or surrounding spaces, "
+                          f"not empty), got {name!r}.")
+
+
+def diff(old: Config, new: Config) -> dict[str, tuple[Any, Any]]:
+    """{'section.key': (old value, new value)} for every key whose value differs."""
+    a, b = to_dict(old), to_dict(new)
+    return {f"{s}.{k}": (a[s][k], b[s][k]) for s in a for k in a[s] if a[s][k] != b[s][k]}
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -290,7 +327,7 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
         else:
             raw = "true"  # a bare flag: --run.compile
         try:
-            out[key] = yaml.safe_load(raw)
+            out[key] = yaml.load(raw, Loader=StrictLoader)
         except yaml.YAMLError:
             out[key] = raw
         i += 1
@@ -314,12 +351,57 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return data
 
 
+class StrictLoader(yaml.SafeLoader):
+    """yaml.safe_load, but a key given twice in one mapping is an error (PyYAML keeps the last one silently), and
+    so is a document whose aliases expand to more than MAX_NODES values: a few hundred bytes of nested aliases
+    ("billion laughs") become gigabytes the moment anything copies or prints the result."""
+
+    MAX_NODES = 10_000
+
+    def compose_document(self):
+        node = super().compose_document()
+        _expanded_size(node, {}, self.MAX_NODES)
+        return node
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = self.construct_object(key_node)
+                    if key in seen:
+                        line = key_node.start_mark.line + 1
+                        raise ConfigError(f"key '{key}' appears twice in one mapping (line {line}); keep one of them.")
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _expanded_size(node, memo: dict, limit: int) -> int:
+    """Values in the document once every alias is copied out; counted on the node graph, never expanded."""
+    if id(node) in memo:
+        if memo[id(node)] is None:
+            raise ConfigError("the YAML refers to itself through an alias (a recursive structure); remove the alias.")
+        return memo[id(node)]
+    memo[id(node)] = None
+    children = [c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode) else \
+        node.value if isinstance(node, yaml.SequenceNode) else []
+    size = 1 + sum(_expanded_size(c, memo, limit) for c in children)
+    if size > limit:
+        raise ConfigError(f"the YAML's aliases expand to more than {limit} values; write the values out instead.")
+    memo[id(node)] = size
+    return size
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file '{path}' does not exist; pass --config with a path under configs/.")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=StrictLoader)
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text; pass a YAML file.") from None
+    except ConfigError as e:
+        raise ConfigError(f"config file '{path}': {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}.") from None
     if data is not None and not isinstance(data, dict):

@@ -70,12 +70,11 @@ class FolderDataset(_Seeded):
         self.root = Path(root)
         index = {c: i for i, c in enumerate(self.classes)}
         self.samples: list[tuple[Path, int]] = []
-        for c in sorted(p.name for p in self.root.iterdir() if p.is_dir()):
+        for c in _class_folders(self.root):
             if c not in index:
                 raise DataError(f"{self.root / c} is a class the training split does not have; "
                                 "every split needs the same class folders.")
-            files = sorted(p for p in (self.root / c).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS)
-            self.samples += [(p, index[c]) for p in files]
+            self.samples += [(p, index[c]) for p in sorted(_image_files(self.root / c))]
         self.bad: list[str] = []
 
     def __len__(self) -> int:
@@ -194,16 +193,27 @@ def _synthetic(cfg: Config, img_size: int):
     return make(cfg.data.synthetic_train_size), make(cfg.data.synthetic_val_size), [f"class_{i}" for i in range(k)]
 
 
+def _class_folders(d: Path) -> list[str]:
+    """Class folder names, hidden ones (.ipynb_checkpoints, .git) left out."""
+    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _image_files(d: Path):
+    """Files under `d` with an image extension, none inside a hidden folder or hidden itself (._x.jpg)."""
+    return (p for p in d.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS
+            and not any(part.startswith(".") for part in p.relative_to(d).parts))
+
+
 def _folder_classes(root: Path, split: str) -> list[str]:
     d = root / split
     if not d.is_dir():
         raise DataError(f"ImageFolder split folder {d} does not exist; expected {root}/train/<class>/ and "
                         f"{root}/val/<class>/.")
-    classes = sorted(p.name for p in d.iterdir() if p.is_dir())
+    classes = _class_folders(d)
     if not classes:
         raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
     for c in classes:
-        if not any(p.suffix.lower() in IMG_EXTENSIONS for p in (d / c).rglob("*")):
+        if next(_image_files(d / c), None) is None:
             raise DataError(f"class folder {d / c} holds no images; add images or remove the folder.")
     return classes
 
@@ -256,6 +266,9 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
                 out[split] = FolderDataset(root / split, classes, t, seed)
                 if check_images:
                     out[split].check(cfg.data.on_bad_image)
+                    if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
+                        raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
+                                        f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
         return out.get("train"), out.get("val"), classes
     given = classes
     if name == "digits":

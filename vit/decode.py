@@ -6,12 +6,18 @@ Whatever a folder holds becomes RGB uint8 (H, W, 3): EXIF orientation applied, g
 through OpenCV's libjpeg-turbo decoder (about 25% faster than PIL's here, same pixels) and can be decoded at
 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling); everything else, and any JPEG OpenCV refuses, through PIL, whose
 errors name the problem. A JPEG's size and orientation come from a small marker parser (~10 us).
+
+Only regular files are opened (a FIFO would block, a device file never end), at most MAX_FILE_BYTES of them,
+and an image is refused before decoding if it would take more than MAX_SAMPLE_BYTES decoded: PNG's and
+TIFF's compression makes a 500 KB file of 16000 x 16000 16-bit pixels, 7.6 GB and 24 s to decode.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
+import stat
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +30,9 @@ __all__ = ["BadImageError", "decode_image", "to_rgb_array", "read_bytes", "is_co
            "jpeg_reduction", "decode_bytes"]
 
 Image.MAX_IMAGE_PIXELS = 256_000_000  # very large images are decoded (cheaply, at reduced scale) not refused
+MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused unread
+MAX_SAMPLE_BYTES = 512 * 2**20  # decoded: width * height * BYTES_PER_PIXEL; 8192 x 8192 fits, 16000^2 does not
+BYTES_PER_PIXEL = 8  # PIL's 4-byte pixel, the RGB array (3) and a byte of conversion headroom
 _REDUCED = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2 | cv2.IMREAD_COLOR_RGB,
             4: cv2.IMREAD_REDUCED_GRAYSCALE_4 | cv2.IMREAD_COLOR_RGB,
             8: cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_COLOR_RGB}  # reduced flags ORed with RGB output
@@ -67,16 +76,37 @@ def _pil_errors(path):
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             yield
+    except BadImageError:
+        raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise BadImageError(f"cannot decode image {path}: {e}") from None
 
 
 def read_bytes(path: str | Path) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
+    """The file's bytes, if it is a regular file (symlinks followed) of at most MAX_FILE_BYTES."""
+    try:  # O_NONBLOCK: opening a FIFO returns at once instead of waiting for a writer; no effect on files
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise BadImageError(f"cannot decode image {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BadImageError(f"cannot decode image {path}: not a regular file (a folder, FIFO or device)")
+        if st.st_size > MAX_FILE_BYTES:
+            raise BadImageError(f"cannot decode image {path}: {st.st_size} bytes is over the limit of "
+                                f"{MAX_FILE_BYTES} (vit.decode.MAX_FILE_BYTES)")
+        try:
+            return f.read(MAX_FILE_BYTES + 1)
+        except OSError as e:
+            raise BadImageError(f"cannot decode image {path}: {e.strerror or e}") from None
+
+
+def check_decoded_size(w: int, h: int, path) -> None:
+    """Refuse, before decoding, an image that would take more than MAX_SAMPLE_BYTES of memory."""
+    if w * h * BYTES_PER_PIXEL > MAX_SAMPLE_BYTES:
+        raise BadImageError(f"cannot decode image {path}: {w}x{h} pixels would take "
+                            f"{w * h * BYTES_PER_PIXEL / 2**30:.1f} GiB decoded, over the "
+                            f"{MAX_SAMPLE_BYTES // 2**20} MiB a sample may cost (vit.decode.MAX_SAMPLE_BYTES)")
 
 
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # not C4/C8/CC
@@ -146,6 +176,9 @@ def jpeg_size(data: bytes, path) -> tuple[int, int]:
 def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
     """Bytes -> RGB uint8 (H, W, 3); a JPEG at 1/`reduction` scale (1, 2, 4 or 8)."""
     if is_complete_jpeg(data):
+        head = _jpeg_header(data)
+        if head is not None:
+            check_decoded_size(math.ceil(head[0] / reduction), math.ceil(head[1] / reduction), path)
         try:
             arr = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[reduction])
         except cv2.error:
@@ -157,6 +190,7 @@ def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
         if reduction > 1 and img.format == "JPEG":
             w, h = img.size
             img.draft("RGB", (math.ceil(w / reduction), math.ceil(h / reduction)))
+        check_decoded_size(*img.size, path)  # PIL has read the header only: nothing decoded yet
         arr = to_rgb_array(ImageOps.exif_transpose(img))
     if arr.ndim != 3 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise BadImageError(f"cannot decode image {path}: empty image")

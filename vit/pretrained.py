@@ -55,6 +55,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(
             f"{path} has an unknown weights format {path.suffix!r}; use .safetensors, .pth, .pt, .bin or .ckpt."
         )
+    _check_inflated_size(path)
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -65,6 +66,24 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except Exception as e:
         raise ValueError(f"{path} is not a readable PyTorch weights file ({e}).") from None
     return _unwrap(obj, path)
+
+
+def _check_inflated_size(path: Path) -> None:
+    """torch.save writes a zip archive without compression; one whose entries inflate to far more than the file
+    (a zip bomb) is refused before torch.load inflates every entry in full."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as z:
+            total = sum(i.file_size for i in z.infolist())
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{path} is not a readable PyTorch weights file ({e}).") from None
+    size = path.stat().st_size
+    if total > 4 * size + 2**20:
+        raise ValueError(f"{path} inflates to {total} bytes from {size}: it is not a weights file as torch.save "
+                         "writes it (uncompressed); re-export it, or convert it to .safetensors.")
 
 
 def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:
@@ -88,6 +107,9 @@ def adapt_state_dict(
     own = model.state_dict()
     pos = state.get("pos_embed")
     if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
+        if pos.ndim != 3:  # (1, prefix + grid, dim); anything else cannot be resampled
+            raise ValueError(f"position embeddings of shape {tuple(pos.shape)} cannot be resampled to "
+                             f"{tuple(own['pos_embed'].shape)}; the checkpoint is from another architecture.")
         prefix = getattr(model, "num_prefix_tokens", 1)
         new_grid = model.patch_embed.grid_size
         old_n = pos.shape[1] - prefix

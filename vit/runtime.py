@@ -17,14 +17,19 @@ from accelerate import Accelerator
 __all__ = ["make_accelerator", "run_cli"]
 
 
-def run_cli(main: Callable[[], int]) -> None:
+def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
     """Run a script's `main()` and exit with its code. A user's mistake (our errors are ValueErrors: config,
-    data, checkpoint), a missing file or a non-finite loss becomes one line on stderr and exit code 2."""
+    data, checkpoint), a missing file or a non-finite loss becomes one line on stderr and exit code 2; Ctrl-C
+    one line saying what was kept (`interrupt_note()`), exit code 130 as a shell reports it."""
     try:
         code = main()
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)
         code = 2
+    except KeyboardInterrupt:
+        note = interrupt_note() if interrupt_note is not None else "files already written are complete"
+        print(f"interrupted (Ctrl-C); {note}.", file=sys.stderr)
+        code = 130
     sys.exit(code)
 
 

@@ -1,0 +1,410 @@
+"""Reliability II: nothing read back from a run folder runs code, no run is silently overwritten or shared, a
+resume checks what it resumes, and the bad input an adversarial pass found gets one sentence."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import ROOT, TINY, make_image_folder, run_script
+from PIL import Image
+
+from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
+from vit.config import ConfigError, load_config
+from vit.data import DataError, build_datasets
+from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, resume_run
+from vit.transforms import BadImageError, decode_image
+
+SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
+         "--run.epochs=2", "--run.save_state_every=1", *TINY]
+
+
+def _script(name: str):
+    """Import a top-level script (train.py, evaluate.py, ...) of this tree as a module."""
+    if f"_script_{name}" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(f"_script_{name}", ROOT / f"{name}.py")
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[f"_script_{name}"]
+
+
+class _Evil:
+    """Unpickling this creates `path`: proof that a load ran code."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A run Ctrl-C'ed at step 3, after saving states at steps 1 and 2 (one tiny training, shared)."""
+    out = tmp_path_factory.mktemp("runs")
+    r = run_script("train.py", *SMALL, f"--run.output_dir={out}", "--run.name=r",
+                   env={"VIT_FAULT_INJECT": "sigint@step:3"})
+    return out / "r", r
+
+
+def _copy_run(saved_run, tmp_path) -> Path:
+    run = tmp_path / "r"
+    shutil.copytree(saved_run[0], run, ignore=shutil.ignore_patterns(".lock"))
+    return run
+
+
+def _resume_in_process(run: Path, *overrides: str):
+    """train.py's own resume path, on a freshly prepared tiny model and optimizer."""
+    from vit.checkpoint import build_model
+    from vit.data import resolve_data_config
+    from vit.optim import build_optimizer
+    from vit.runtime import make_accelerator
+
+    train = _script("train")
+    cfg = resolve_data_config(load_config(  # as train.py: the preprocessing filled in, as the saved config has it
+        ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={run.parent}", f"--run.name={run.name}", *overrides]))
+    accelerator = make_accelerator()
+    model = build_model(cfg, cfg.data.synthetic_num_classes)
+    model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
+    state = train.TrainState()
+    resume_run(accelerator, cfg, run, state, None)
+    return state
+
+
+# --- Ctrl-C, and what a state holds -------------------------------------------------------------------------
+
+
+def test_ctrl_c_exits_cleanly_and_says_what_was_kept(saved_run):
+    run, r = saved_run
+    assert r.returncode == 130, r.stderr[-2000:]
+    err = re.findall(r"interrupted \(Ctrl-C\).*", r.stderr)  # after tqdm's last \r, on its line
+    assert len(err) == 1 and "Traceback" not in r.stderr and "Error" not in r.stderr
+    assert "state/step-00000002" in err[0] and "--resume=auto" in err[0]
+    assert sorted(p.name for p in (run / "state").iterdir()) == ["step-00000001", "step-00000002"]
+    names = set(verify_state(run / "state/step-00000002")["files"])
+    assert not [n for n in names if n.startswith("custom_checkpoint")]  # nothing Accelerate would unpickle
+    assert {"train_state.json", "config.yaml", "model.safetensors", "optimizer.bin"} <= names
+    saved = json.loads((run / "state/step-00000002/train_state.json").read_text())
+    assert saved["step"] == 2 and saved["batch_in_epoch"] == 2 and saved["loss_n"] == 2 and saved["loss_sum"] > 0
+
+
+def _forge_manifest(state: Path, name: str) -> None:
+    """Rewrite COMPLETE so that a planted `name` passes the hash check: only the loaders stand in the way."""
+    from vit.checkpoint import _sha256
+
+    manifest = json.loads((state / "COMPLETE").read_text())
+    manifest["files"][name] = [(state / name).stat().st_size, _sha256(state / name)]
+    (state / "COMPLETE").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("forge", [False, True], ids=["planted", "planted-and-manifest-forged"])
+def test_a_pickle_planted_in_any_state_file_runs_nothing(saved_run, tmp_path, forge):
+    marker = tmp_path / "pwned.txt"
+    source = saved_run[0] / "state/step-00000002"
+    names = sorted(verify_state(source)["files"]) + ["custom_checkpoint_0.pkl"]  # + Accelerate's old pickle
+    for name in names:
+        run = tmp_path / f"r-{name}"
+        shutil.copytree(saved_run[0], run, ignore=shutil.ignore_patterns(".lock"))
+        state = run / "state/step-00000002"
+        torch.save({"state": _Evil(str(marker))}, state / name)
+        if not forge:
+            with pytest.raises(CheckpointError, match="did not write|not the file that was saved"):
+                verify_state(state)
+            warnings = []
+            assert latest_state(run, warn=warnings.append).name == "step-00000001"  # the older one instead
+            assert name in warnings[0]
+            continue
+        _forge_manifest(state, name)  # each loader refuses it: safetensors, JSON, YAML, weights_only=True
+        with pytest.raises((CheckpointError, ConfigError), match="unreadable|not an RNG state|not UTF-8"):
+            _resume_in_process(run, f"--run.resume={state}")
+        assert not marker.exists(), name
+    assert not marker.exists()
+
+
+def test_a_damaged_newest_state_falls_back_to_the_older_one(saved_run, tmp_path):
+    run = _copy_run(saved_run, tmp_path)
+    opt = run / "state/step-00000002/optimizer.bin"
+    opt.write_bytes(opt.read_bytes()[: opt.stat().st_size // 2])  # truncated, COMPLETE still there
+    state = _resume_in_process(run, "--run.resume=auto")
+    assert state.step == 1 and state.batch_in_epoch == 1
+    assert "resumed from step-00000001" in (run / "resume.log").read_text()
+    rng = run / "state/step-00000001/random_states_0.pkl"
+    rng.write_bytes(b"\0" * rng.stat().st_size)  # same size, other bytes
+    with pytest.raises(CheckpointError, match="no saved state .* is intact"):
+        latest_state(run)
+
+
+def test_resume_refuses_a_changed_config_and_records_a_safe_change(saved_run, tmp_path):
+    run = _copy_run(saved_run, tmp_path)
+    with pytest.raises(RunFolderError) as e:
+        _resume_in_process(run, "--run.resume=auto", "--data.batch_size=4", "--model.embed_dim=64",
+                           "--optim.lr=0.01")
+    msg = str(e.value)
+    assert "data.batch_size (8 -> 4)" in msg and "model.embed_dim (32 -> 64)" in msg and "optim.lr" in msg
+    assert "\n" not in msg and not (run / "resume.log").exists()
+    state = _resume_in_process(run, "--run.resume=auto", "--run.epochs=5")
+    assert state.step == 2
+    assert "changed run.epochs 2 -> 5" in (run / "resume.log").read_text()
+
+
+# --- one run per folder -------------------------------------------------------------------------------------
+
+
+def test_an_existing_run_is_never_silently_overwritten(saved_run, tmp_path):
+    run = _copy_run(saved_run, tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in run.rglob("*")}
+    r = run_script("train.py", *SMALL, f"--run.output_dir={tmp_path}", "--run.name=r")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "already holds a run" in err[0] and "--resume=auto" in err[0]
+    assert "--run.overwrite=true" in err[0] and "--run.name" in err[0]
+    assert {p: p.stat().st_mtime_ns for p in run.rglob("*")} == before  # nothing touched
+    other = tmp_path / "other"
+    (other / "state").mkdir(parents=True)
+    with pytest.raises(RunFolderError, match="not a state of run"):  # another run's state into this one
+        check_new_run(run, str(other / "state/step-00000002"), False)
+    check_new_run(run, "auto", False)
+    check_new_run(run, None, True)
+    (run / ".lock").write_text("1\n")
+    (run / "notes.txt").write_text("mine")
+    clear_run(run)  # what run.overwrite=true does, under the lock
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
+
+
+def test_a_run_folder_is_locked_and_a_stale_lock_is_taken_over(tmp_path):
+    run = tmp_path / "r"
+    lock = RunLock(run)
+    with pytest.raises(RunFolderError, match=f"in use by another training \\(pid {os.getpid()}\\)"):
+        RunLock(run)
+    lock.release()
+    # a training SIGKILLed while holding the lock: the kernel released it, the next one takes it
+    code = ("import fcntl, os, signal, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'99999'); os.kill(os.getpid(), signal.SIGKILL)")
+    assert subprocess.run([sys.executable, "-c", code, str(run / ".lock")]).returncode == -signal.SIGKILL
+    RunLock(run).release()
+
+
+def test_a_second_training_into_a_locked_run_folder_is_refused(tmp_path):
+    lock = RunLock(tmp_path / "r")  # as a running training holds it
+    r = run_script("train.py", *SMALL, f"--run.output_dir={tmp_path}", "--run.name=r")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "in use by another training" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == [".lock"]
+    lock.release()
+
+
+# --- configs and YAML ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg,key", [
+    ("--optim.lr=inf", "optim.lr"), ("--optim.min_lr=.inf", "optim.min_lr"),
+    ("--optim.weight_decay=nan", "optim.weight_decay"), ("--optim.clip_grad=nan", "optim.clip_grad"),
+    ("--optim.warmup_epochs=inf", "optim.warmup_epochs"), ("--aug.std=[0.5,0.0,0.5]", "aug.std"),
+    ("--aug.mean=[0.5,.nan,0.5]", "aug.mean[1]"), ("--aug.scale=[0.9,0.1]", "aug.scale"),
+    ("--run.name=../escape", "run.name"), ("--run.name=/tmp/abs", "run.name"), ("--run.name=''", "run.name"),
+    ("--run.name=..", "run.name"),
+])
+def test_non_finite_and_out_of_range_values_are_refused(arg, key):
+    with pytest.raises(ConfigError, match=key.replace("[", "\\[")) as e:
+        load_config(None, [arg])
+    assert "\n" not in str(e.value)
+
+
+def test_duplicate_keys_and_alias_bombs_are_refused_in_configs_and_checkpoints(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("run:\n  name: a\noptim:\n  lr: 0.1\nrun:\n  epochs: 3\n")
+    with pytest.raises(ConfigError, match="'run' appears twice"):
+        load_config(dup)
+    levels = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefgh", "bcdefghi")]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(levels) + "\n")  # ~700 bytes, 9**9 strings once expanded
+    with pytest.raises(ConfigError, match="aliases expand to more than"):
+        load_config(bomb)
+    merged = tmp_path / "merge.yaml"  # a merge key overriding a merged value is not a duplicate
+    merged.write_text("base: &b {lr: 0.5, min_lr: 0.0}\n")
+    import yaml
+
+    from vit.config import StrictLoader
+
+    assert yaml.load("o: &b {lr: 0.5}\noptim:\n  <<: *b\n  lr: 0.1\n", Loader=StrictLoader)["optim"] == {"lr": 0.1}
+    import vit
+
+    ck = save_checkpoint(tmp_path / "ck", vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1,
+                                                           num_classes=2), load_config(None, TINY), ["a", "b"])
+    (ck / "config.yaml").write_text((ck / "config.yaml").read_text() + "model:\n  depth: 1\n")
+    with pytest.raises(CheckpointError, match="appears twice"):
+        load_checkpoint(ck)
+    (ck / "config.yaml").write_text(bomb.read_text())
+    with pytest.raises(CheckpointError, match="aliases expand"):
+        load_checkpoint(ck)
+
+
+# --- checkpoints and options ----------------------------------------------------------------------------------
+
+
+def test_no_checkpoint_with_non_finite_weights_and_classes_must_be_a_list(tmp_path):
+    import vit
+
+    cfg = load_config(None, [*TINY, "--model.depth=1"])
+    model = vit.create_model("vit_tiny_patch16_224", img_size=32, embed_dim=32, depth=1, num_heads=2,
+                             mlp_ratio=2, num_classes=2)
+    ck = save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b"])
+    with torch.no_grad():
+        model.head.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="head.weight holds non-finite"):
+        save_checkpoint(tmp_path / "nan", model, cfg, ["a", "b"])
+    assert not (tmp_path / "nan").exists()
+    (ck / "classes.json").write_text('{"a": 0, "b": 1}')
+    with pytest.raises(CheckpointError, match="classes.json must hold a non-empty list"):
+        load_checkpoint(ck)
+
+
+def test_evaluate_and_visualize_options_give_one_sentence_before_writing(tmp_path):
+    evaluate, vis = _script("evaluate"), _script("visualize_attention")
+    (tmp_path / "file").write_text("x")
+    for args, needle in ((["--topk", "0"], "--topk must be at least 1"),
+                         (["--batch-size", "0"], "--batch-size must be at least 1"),
+                         (["--out", str(tmp_path / "file")], "is an existing file")):
+        with pytest.raises(ConfigError, match=needle):
+            evaluate.parse_args(["--checkpoint", str(tmp_path), *args])
+    ok = dict(layer=-1, start_layer=0, batch_size=16, discard_ratio=0.0, residual_alpha=0.5, out=str(tmp_path / "o"))
+    vis.check_options(Namespace(**ok), depth=4)
+    for bad, needle in ((dict(layer=9), "--layer 9 does not exist: the model has 4 blocks"),
+                        (dict(layer=-5), "--layer -5"), (dict(start_layer=4), "--start-layer 4"),
+                        (dict(batch_size=0), "--batch-size"), (dict(out=str(tmp_path / "file")), "existing file")):
+        with pytest.raises(DataError, match=needle):
+            vis.check_options(Namespace(**{**ok, **bad}), depth=4)
+
+
+# --- images -------------------------------------------------------------------------------------------------
+
+
+def _png_bomb(w: int, h: int) -> bytes:
+    """A valid 16-bit grayscale PNG of zeros, w x h, in ~500 KB for 16000 x 16000 (2 bytes a pixel, 512 MB raw):
+    one compressed block of 100 rows, full-flushed so that it can be repeated."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"\0" * ((1 + 2 * w) * 100)
+    c = zlib.compressobj(9, wbits=-15)
+    block = c.compress(rows) + c.flush(zlib.Z_FULL_FLUSH)
+    adler = 1
+    for _ in range(h // 100):
+        adler = zlib.adler32(rows, adler)
+    stream = b"\x78\xda" + block * (h // 100) + zlib.compressobj(9, wbits=-15).flush() + struct.pack(">I", adler)
+    header = struct.pack(">IIBBBBB", w, h, 16, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")
+
+
+def test_bombs_fifos_devices_and_hidden_entries(tmp_path):
+    root = make_image_folder(tmp_path / "f", classes=("a", "b"), n_train=2, n_val=1, size=16)
+    d = root / "train" / "a"
+    (d / "bomb.png").write_bytes(_png_bomb(16000, 16000))
+    small = tmp_path / "small.png"
+    small.write_bytes(_png_bomb(300, 200))  # the same construction decodes when small: the bomb is real
+    assert decode_image(small).shape == (200, 300, 3)
+    with pytest.raises(BadImageError, match="MAX_SAMPLE_BYTES"):
+        decode_image(d / "bomb.png")
+    os.mkfifo(d / "fifo.png")
+    os.symlink("/dev/zero", d / "zero.png")
+    result = {}
+    t = threading.Thread(target=lambda: result.update(
+        {n: pytest.raises(BadImageError, decode_image, d / n) for n in ("fifo.png", "zero.png")}), daemon=True)
+    t.start()
+    t.join(20)
+    assert not t.is_alive(), "reading a FIFO or a device file hung"
+    assert all("not a regular file" in str(e.value) for e in result.values())
+    hidden = root / "train" / ".ipynb_checkpoints"
+    hidden.mkdir()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(hidden / "x.png")
+    (root / "val" / ".ipynb_checkpoints").mkdir()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(root / "val" / "b" / "._x.png")
+    cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={root}", *TINY])
+    train, val, classes = build_datasets(cfg)
+    assert classes == ["a", "b"] and len(val) == 2  # neither the hidden folder nor the hidden file
+    assert len(train) == 4 and sorted(Path(b.split(": ")[0].split()[-1]).name for b in train.bad) == \
+        ["bomb.png", "fifo.png", "zero.png"]  # counted and named
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_split_without_one_usable_image_is_refused_before_training(tmp_path, split):
+    root = make_image_folder(tmp_path / "f", classes=("a", "b"), n_train=2, n_val=1, size=16)
+    for p in (root / split).rglob("*.png"):
+        p.write_bytes(b"not an image")
+    cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={root}", *TINY])
+    with pytest.raises(DataError, match=f"no usable image in {root / split}: all .* are unreadable"):
+        build_datasets(cfg)
+
+
+def test_weights_that_inflate_far_beyond_their_file_or_hold_a_flat_pos_embed_are_refused(tmp_path):
+    import zipfile
+
+    from safetensors.torch import save_file
+
+    import vit
+    from vit.pretrained import read_state_dict
+
+    torch.save({"x": torch.zeros(2**22)}, tmp_path / "plain.pth")  # 16 MiB of zeros, stored as torch.save does
+    bomb = tmp_path / "bomb.pth"
+    with zipfile.ZipFile(tmp_path / "plain.pth") as zin, zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))  # the same archive, deflated: torch.load inflates it in full
+    assert bomb.stat().st_size < 2**17 and torch.load(bomb, weights_only=True)["x"].numel() == 2**22
+    with pytest.raises(ValueError, match="inflates to .* bytes from"):
+        read_state_dict(bomb)
+    assert read_state_dict(tmp_path / "plain.pth")["x"].numel() == 2**22
+    model = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["pos_embed"] = state["pos_embed"].flatten()
+    save_file(state, str(tmp_path / "flat.safetensors"))
+    with pytest.raises(ValueError, match=r"position embeddings of shape \(960,\) cannot be resampled"):
+        vit.load_pretrained(model, tmp_path / "flat.safetensors")
+
+
+def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
+    from timm.utils import ModelEmaV3
+
+    from vit.checkpoint import build_model
+    from vit.optim import build_optimizer
+    from vit.runfolder import save_run_state
+    from vit.runtime import make_accelerator
+
+    train = _script("train")
+    cfg = load_config(ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={tmp_path}", "--run.name=e",
+                                                      "--optim.ema=true"])
+    accelerator = make_accelerator()
+    model = build_model(cfg, 4)
+    model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
+    ema = ModelEmaV3(model, decay=0.5)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(1.0)  # EMA differs from the model, so a mix-up would show
+    saved = {k: v.clone() for k, v in ema.state_dict().items()}
+    state = train.TrainState(step=3, epoch=1, batch_in_epoch=2, best=[[0.5, 0]])
+    save_run_state(accelerator, cfg, tmp_path / "e", state, model, ema, torch.tensor(2.5), 2)
+    names = sorted(p.name for p in (tmp_path / "e/state/step-00000003").iterdir())
+    assert "ema.safetensors" in names and [n for n in names if n.endswith(".pkl")] == ["random_states_0.pkl"]
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.zero_()
+    back = train.TrainState()
+    resume_run(accelerator, load_config(ROOT / "configs/default.yaml", [
+        *SMALL, f"--run.output_dir={tmp_path}", "--run.name=e", "--optim.ema=true", "--run.resume=auto"]),
+        tmp_path / "e", back, ema)
+    assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())
+    assert (back.step, back.epoch, back.batch_in_epoch, back.best, back.loss_sum, back.loss_n) == (3, 1, 2, [[0.5, 0]],
+                                                                                                     2.5, 2)
