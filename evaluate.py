@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import CheckpointError, atomic_write_csv, atomic_write_text, load_checkpoint
-from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
+from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
+from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.pretrained import load_pretrained, read_state_dict
 from vit.runtime import make_accelerator, run_cli
-from vit.vision import create_model
 
 
 class Indexed(Dataset):
@@ -63,22 +62,6 @@ def parse_args(argv):
     if args.model and not args.weights:
         raise ConfigError("--model needs --weights FILE (a timm checkpoint); or pass --checkpoint.")
     return args, overrides
-
-
-def load_model_and_config(args, overrides):
-    if args.checkpoint:
-        model, cfg, classes, meta = load_checkpoint(args.checkpoint)
-        data = apply_overrides(to_dict(cfg), overrides)
-        cfg = from_dict(data)
-        return model, cfg, classes
-    state = read_state_dict(args.weights)
-    if "head.weight" not in state:
-        raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
-    num_classes = state["head.weight"].shape[0]
-    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
-    model = create_model(args.model, img_size=cfg.model.img_size, num_classes=num_classes)
-    print(load_pretrained(model, args.weights))
-    return model.eval(), cfg, None
 
 
 def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
