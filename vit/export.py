@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -128,7 +129,12 @@ def load_exported(path: str | Path, fmt: str):
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
         name = session.get_inputs()[0].name
         return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
-    module = torch.jit.load(path) if fmt == "torchscript" else torch.export.load(path).module()
+    if fmt == "torchscript":
+        with warnings.catch_warnings():  # TorchScript is deprecated upstream, still what many runtimes load
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(path)
+    else:
+        module = torch.export.load(path).module()
 
     def run(x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
