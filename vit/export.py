@@ -19,6 +19,7 @@ would compile the attention layer's error messages, which TorchScript's compiler
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -42,13 +43,9 @@ class ExportError(ValueError):
 
 
 def require_onnx() -> None:
-    """Import the optional ONNX packages now, so that a missing one is one sentence, not a traceback."""
-    missing = []
-    for name in ("onnx", "onnxruntime", "onnxscript"):
-        try:
-            __import__(name)
-        except ImportError:
-            missing.append(name)
+    """Look for the optional ONNX packages now (without importing them: onnxscript alone takes seconds), so
+    that a missing one is one sentence, not a traceback in the middle of an export."""
+    missing = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
     if missing:
         raise ExportError(f"ONNX export and ONNX Runtime need {', '.join(missing)}, which is not installed; "
                           "run pip install -e '.[export]'.")
@@ -63,7 +60,8 @@ class ExportableClassifier(nn.Module):
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__()
-        self.model = copy.deepcopy(model).eval()
+        self.model = copy.deepcopy(model)
+        self.eval()  # exporters record the mode: dropout and drop-path off
         if self.model.dynamic_img_size:
             self.model._pos_embed = self._pos_embed  # instance attribute: shadows the method in encode()
 
@@ -104,6 +102,8 @@ def export_model(wrapper: ExportableClassifier, fmt: str, out_dir: str | Path, e
     path = out_dir / FORMATS[fmt]
     tmp = path.with_name(f".tmp-{path.name}")  # renamed into place once complete: a failed export loses nothing
     dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
+    if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
+        example = example.repeat(2, 1, 1, 1)
     with torch.no_grad():
         if fmt == "onnx":
             require_onnx()
