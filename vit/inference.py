@@ -8,6 +8,7 @@ as `evaluate.py`), and one prediction per readable image, in input order, on one
 from __future__ import annotations
 
 import glob
+import re
 from pathlib import Path
 
 import torch
@@ -98,8 +99,8 @@ def decode_error(path: Path, transform: Pipeline) -> str:
     """Why `path` could not be used (decoding again, only for the failed few)."""
     try:
         transform.load(path)
-    except (BadImageError, ValueError) as e:
-        return str(e)
+    except (BadImageError, ValueError) as e:  # PIL names the in-memory buffer it read: name the file instead
+        return re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", Path(path).name, str(e))
     return "unreadable when it was read (it has changed since)"
 
 
