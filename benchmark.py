@@ -4,6 +4,7 @@
     python benchmark.py --model vit_base_patch16_224 --device cuda --precision bf16 --compile
     python benchmark.py --data                                                   # the input pipeline
     python benchmark.py --model vit_tiny_patch16_224 --scaling 224 448 672 896 --out bench.json
+    python benchmark.py --model vit_small_patch16_224 --batch-size 8 --no-model --runtime onnxruntime
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
@@ -330,6 +331,44 @@ def bench_data(args) -> dict:
     return out
 
 
+def bench_onnxruntime(args) -> dict:
+    """ONNX Runtime (CPU execution provider) against PyTorch eager: our model at the same batch, size and thread
+    count, exported by `vit.export` (dynamo exporter, SDPA as ONNX Attention), timed interleaved after warm-up."""
+    import contextlib
+    import io
+    import tempfile
+    import warnings
+    from types import SimpleNamespace
+
+    from vit.export import ExportableClassifier, export_model, require_onnx
+
+    require_onnx()
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = vit.create_model(args.model, img_size=args.img_size).eval()
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        path = export_model(ExportableClassifier(model), "onnx", tmp, x)
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = torch.get_num_threads(), 1  # same cores as torch
+        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    feed = {"x": x.numpy()}
+
+    def eager():
+        with torch.inference_mode():
+            model(x)
+
+    calls = {"pytorch": eager, "onnxruntime": lambda: session.run(None, feed)}
+    sides = [SimpleNamespace(name=k) for k in calls]
+    times = interleaved(sides, lambda s: calls[s.name], torch.device("cpu"), args.warmup, args.repeats, args.iters)
+    out = {k: dict(images_per_s=args.batch_size / statistics.median(t), seconds_all=t) for k, t in times.items()}
+    return dict(model=args.model, batch_size=args.batch_size, img_size=args.img_size, threads=torch.get_num_threads(),
+                ort_version=ort.__version__, **out,
+                ratio_onnxruntime_over_pytorch=ratio_stats(times["onnxruntime"], times["pytorch"]))
+
+
 def print_report(res: dict) -> None:
     if "inference" in res:
         print(f"\n{res['model']}  batch {res['batch_size']}  {res['img_size']} px  {res['precision']}  "
@@ -366,6 +405,13 @@ def print_report(res: dict) -> None:
                           ("decode_only_pil", "x decoding alone (PIL)")):
             r = o[f"vs_{ref}"]
             print(f"  ours = {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f}) {what}")
+    if "onnxruntime" in res:
+        o = res["onnxruntime"]
+        r = o["ratio_onnxruntime_over_pytorch"]
+        print(f"\n{o['model']}  batch {o['batch_size']}  {o['img_size']} px  CPU fp32  {o['threads']} threads: "
+              f"PyTorch eager {o['pytorch']['images_per_s']:.1f} img/s, ONNX Runtime {o['ort_version']} "
+              f"{o['onnxruntime']['images_per_s']:.1f} img/s, ratio onnxruntime/pytorch "
+              f"{r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f})")
 
 
 def main(argv=None) -> int:
@@ -387,6 +433,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data-images", type=int, default=100)
     ap.add_argument("--data-repeats", type=int, default=5)
     ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
+    ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
+                    help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -400,6 +448,12 @@ def main(argv=None) -> int:
         res["scaling"] = bench_scaling(args, device, args.scaling)
     if args.data:
         res["data"] = bench_data(args)
+    if args.runtime == "onnxruntime":
+        try:
+            res["onnxruntime"] = bench_onnxruntime(args)
+        except ValueError as e:  # the export extra is missing: one sentence
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     print_report(res)
     if args.out:
         with open(args.out, "w") as f:

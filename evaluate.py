@@ -23,14 +23,13 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import CheckpointError, atomic_write_csv, atomic_write_text, load_checkpoint
-from vit.config import ConfigError, apply_overrides, from_dict, parse_overrides, to_dict
-from vit.data import DataError, build_datasets, resolve_data_config
+from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.config import ConfigError, parse_overrides
+from vit.data import DataError, build_datasets
+from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.pretrained import load_pretrained, read_state_dict
 from vit.runtime import make_accelerator, run_cli
-from vit.vision import create_model
 
 
 class Indexed(Dataset):
@@ -69,27 +68,6 @@ def parse_args(argv):
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is an existing file; pass a folder to write the results into.")
     return args, overrides
-
-
-def load_model_and_config(args, overrides):
-    if args.checkpoint:
-        model, cfg, classes, meta = load_checkpoint(args.checkpoint)
-        data = apply_overrides(to_dict(cfg), overrides)
-        cfg = from_dict(data)
-        return model, cfg, classes
-    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
-    if args.weights:
-        state = read_state_dict(args.weights)
-        if "head.weight" not in state:
-            raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
-        model = create_model(args.model, img_size=cfg.model.img_size, num_classes=state["head.weight"].shape[0])
-        print(load_pretrained(model, args.weights))
-    else:  # named weights, from the hub cache: their class count, and their size unless --img-size
-        model = create_model(args.model, pretrained=True, **({"img_size": args.img_size} if args.img_size else {}))
-        cfg.model.img_size = model.patch_embed.img_size[0]
-    # normalization and eval resizing of the weights (timm's pretrained_cfg) unless --aug.* says otherwise
-    cfg = resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {})
-    return model.eval(), cfg, None
 
 
 def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:

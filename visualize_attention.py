@@ -23,6 +23,7 @@ import torch
 
 from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
+from vit.plots import plot_attention_map, to_display
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
 from vit.transforms import BadImageError, build_transform
@@ -103,29 +104,6 @@ def resolve_target(target: str | None, classes: list[str]) -> int | None:
     raise DataError(f"--target-class {target!r} is neither a class name nor an index below {len(classes)}.")
 
 
-def plot_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:
-    import cv2
-
-    from vit.plots import plt, save_figure  # pyplot with the headless backend set
-
-    h, w = image.shape[:2]
-    m = grid_map - grid_map.min()
-    m = m / m.max() if m.max() > 0 else m
-    heat = cv2.resize(m.astype(np.float32), (w, h), interpolation=cv2.INTER_CUBIC).clip(0, 1)
-    fig, axes = plt.subplots(1, 3, figsize=(9, 3.3))
-    axes[0].imshow(image)
-    axes[0].set_title("input")
-    axes[1].imshow(m, cmap="jet", interpolation="nearest")
-    axes[1].set_title(f"map ({m.shape[0]}x{m.shape[1]} patches)")
-    axes[2].imshow(image)
-    axes[2].imshow(heat, cmap="jet", alpha=0.5)
-    axes[2].set_title("overlay")
-    for a in axes:
-        a.axis("off")
-    fig.suptitle(title)
-    save_figure(fig, path, dpi=100)
-
-
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, classes, _ = load_checkpoint(args.checkpoint)
@@ -149,8 +127,7 @@ def main(argv=None) -> int:
                 continue
             batch.append(x)
             names.append(name)
-            # what the model saw, back in [0, 1] for display
-            shown.append((x.permute(1, 2, 0).numpy() * np.array(cfg.aug.std) + np.array(cfg.aug.mean)).clip(0, 1))
+            shown.append(to_display(x, cfg.aug.mean, cfg.aug.std))  # what the model saw, in [0, 1]
         if not batch:
             continue
         x = torch.stack(batch)
@@ -169,7 +146,7 @@ def main(argv=None) -> int:
             explained = classes[target] if target is not None else classes[pred]
             title = (f"{name}: predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)  |  {args.method}"
                      + (f" for '{explained}'" if args.method == "grad_rollout" else ""))
-            plot_map(stem.with_suffix(".png"), shown[j], grid_map, title)
+            plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))

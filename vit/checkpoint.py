@@ -18,6 +18,7 @@ pretrained=True)` or `huggingface_hub.upload_folder` as it is.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -169,7 +170,10 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         raise CheckpointError(f"checkpoint {folder} does not match its own config ({bad[0]} differs); "
                               "it is from another architecture or was edited.")
     model.load_state_dict(state)
-    return model.eval(), cfg, classes, meta
+    # preprocessing the config leaves unset (a hand-written or older checkpoint) follows config.json's, as in timm
+    pretrained_cfg = saved.get("pretrained_cfg") if saved else None
+    aug = cfg.aug.resolved(pretrained_cfg if isinstance(pretrained_cfg, dict) else None, cfg.model.in_chans)
+    return model.eval(), dataclasses.replace(cfg, aug=aug), classes, meta
 
 
 def check_finite(state: dict[str, torch.Tensor], what: str) -> None:

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-__all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure"]
+__all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display"]
 
 
 def save_figure(fig, path: str | Path, dpi: int = 120) -> None:
@@ -80,3 +80,30 @@ def plot_reliability(bins: list, ece: float, out_png: str | Path) -> None:
     ax.set(xlabel="confidence", ylabel="accuracy", title=f"reliability (ECE {ece:.3f})", xlim=(0, 1), ylim=(0, 1))
     ax.legend(loc="upper left")
     save_figure(fig, Path(out_png))
+
+
+def to_display(x, mean, std) -> np.ndarray:
+    """A normalized (C, H, W) tensor back to what the model saw, as (H, W, C) floats in [0, 1] for display."""
+    return (x.permute(1, 2, 0).numpy() * np.array(std) + np.array(mean)).clip(0, 1)
+
+
+def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:
+    """Input | patch-grid map | map upsampled (bicubic) over the input, in one PNG."""
+    import cv2
+
+    h, w = image.shape[:2]
+    m = grid_map - grid_map.min()
+    m = m / m.max() if m.max() > 0 else m
+    heat = cv2.resize(m.astype(np.float32), (w, h), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    fig, axes = plt.subplots(1, 3, figsize=(9, 3.3))
+    axes[0].imshow(image)
+    axes[0].set_title("input")
+    axes[1].imshow(m, cmap="jet", interpolation="nearest")
+    axes[1].set_title(f"map ({m.shape[0]}x{m.shape[1]} patches)")
+    axes[2].imshow(image)
+    axes[2].imshow(heat, cmap="jet", alpha=0.5)
+    axes[2].set_title("overlay")
+    for a in axes:
+        a.axis("off")
+    fig.suptitle(title)
+    save_figure(fig, path, dpi=100)

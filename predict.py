@@ -1,0 +1,153 @@
+"""Label images that have no labels: top-k classes and probabilities per image, in input order.
+
+    python predict.py --checkpoint runs/default/best photos/ "more/*.jpg" list.txt       # files, folders, globs
+    python predict.py --model vit_base_patch16_224 --weights vit_b16.safetensors img.jpg --topk 5
+    python predict.py --checkpoint runs/x/best photos/ --format jsonl --cam --out preds/
+    accelerate launch --num_processes 2 predict.py --checkpoint ... photos/             # one row per image
+
+IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
+Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
+Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), skipped.csv (every input passed
+over, with the reason; a broken file never stops the run) and, with --cam, cam/<row>_<name>.png: the
+attention-rollout overlay of each image, named in its row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.config import ConfigError, parse_overrides
+from vit.data import DataError
+from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
+from vit.runtime import make_accelerator, run_cli
+from vit.transforms import build_transform
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
+    ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
+    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
+    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default 224)")
+    ap.add_argument("--topk", type=int, default=5, help="classes per row")
+    ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv")
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--num-workers", type=int, default=None)
+    ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
+    ap.add_argument("--out", default="predictions", help="output folder")
+    args, rest = ap.parse_known_args(argv)
+    overrides = parse_overrides(rest)
+    bad = [k for k in overrides if not k.startswith("aug.")]
+    if bad:
+        raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
+    if args.topk < 1:
+        raise ConfigError(f"--topk must be at least 1, got {args.topk}.")
+    return args, overrides
+
+
+def rows_for(paths, logits, classes: list[str], topk: int) -> list[dict]:
+    """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv."""
+    probs = logits.softmax(1)
+    p_top, i_top = probs.topk(min(topk, len(classes)), dim=1)
+    rows = []
+    for path, ps, idx in zip(paths, p_top.tolist(), i_top.tolist()):
+        row: dict = {"path": str(path)}
+        for r, (p, i) in enumerate(zip(ps, idx), 1):
+            row.update({f"pred{r}": i, f"pred{r}_name": classes[i], f"prob{r}": p})
+        rows.append(row)
+    return rows
+
+
+def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
+    path = out / f"predictions.{fmt}"
+    if fmt == "csv":  # probabilities with 6 decimals, as evaluate.py writes them
+        text_rows = [{k: f"{v:.6f}" if k.startswith("prob") else v for k, v in r.items()} for r in rows]
+        atomic_write_csv(path, list(rows[0]), text_rows)
+        return path
+    nested = []
+    for r in rows:
+        k = sum(key.startswith("prob") for key in r)
+        item = {"path": r["path"], "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"],
+                                              "prob": r[f"prob{j}"]} for j in range(1, k + 1)]}
+        nested.append({**item, **({"cam": r["cam"]} if "cam" in r else {})})
+    text = json.dumps(nested, indent=1) if fmt == "json" else "".join(json.dumps(n) + "\n" for n in nested)
+    atomic_write_text(path, text)
+    return path
+
+
+def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int) -> None:
+    """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot)."""
+    from vit.plots import plot_attention_map, to_display
+    from vit.rollout import attention_maps
+
+    for start in range(0, len(good), batch):
+        chunk = good[start:start + batch]
+        x = torch.stack([dataset[i][0] for i in chunk])
+        maps, _ = attention_maps(model, x, "rollout")
+        for j, (i, row) in enumerate(zip(chunk, rows[start:start + batch])):
+            path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}.png"
+            title = f"{Path(row['path']).name}: {row['pred1_name']} ({100 * row['prob1']:.1f}%)  |  rollout"
+            plot_attention_map(path, to_display(x[j], cfg.aug.mean, cfg.aug.std), maps[j].numpy(), title)
+            row["cam"] = str(path)
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.images:
+        raise DataError("no images given; pass image files, folders, globs or a .txt list of paths.")
+    paths, skipped = collect_images(args.images)
+    if not paths:
+        raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
+                        "or a .txt list of paths.")
+    model, cfg, classes = load_model_and_config(args, overrides)
+    classes = classes or label_names(model, model.num_classes)
+    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    dataset = ImageFiles(paths, transform, cfg.model.in_chans)
+    accelerator = make_accelerator()
+    batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
+    workers = cfg.data.num_workers if args.num_workers is None else args.num_workers
+
+    t0 = time.perf_counter()
+    out = predict_files(model, dataset, batch, workers, accelerator)  # input order, one entry per file
+    seconds = time.perf_counter() - t0
+    num_processes, is_main = accelerator.num_processes, accelerator.is_main_process
+    # the last collective: close the process group on every rank before one leaves (see evaluate.py)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    if not is_main:
+        return 0
+
+    ok, index = out["ok"], out["index"].tolist()
+    good = [i for i, flag in zip(index, ok.tolist()) if flag]
+    skipped += [(str(paths[i]), decode_error(paths[i], transform)) for i, flag in zip(index, ok.tolist()) if not flag]
+    dest = Path(args.out)
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(dest / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
+    if not good:
+        raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
+    rows = rows_for([paths[i] for i in good], out["logits"][ok], classes, args.topk)
+    if args.cam:
+        write_cams(model, dataset, rows, good, cfg, dest, batch)
+    written = write_rows(dest, args.format, rows)
+
+    print(f"{len(rows)} image(s), {num_processes} process(es), {len(paths) / max(seconds, 1e-9):.0f} images/s; "
+          f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
+    for r in rows[:5]:
+        print(f"  {r['path']}: {r['pred1_name']} {100 * r['prob1']:.1f}%")
+    print(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}" + (f" and {dest}/cam/" if args.cam else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,142 @@
+"""export.py and vit.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
+at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, run_script
+
+import vit
+from vit.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
+from vit.config import load_config
+from vit.export import FORMATS, ExportableClassifier, ExportError, export_model, load_exported, require_onnx, verify
+
+
+def _peaked(model):
+    """Scale the head so that softmax probabilities are far from uniform: a 1e-4 check on near-uniform
+    probabilities of a freshly initialized model would hardly test anything."""
+    with torch.no_grad():
+        model.head.weight.mul_(200.0)
+    return model
+
+
+@pytest.mark.slow
+def test_export_script_default_digits_checkpoint_every_format(tmp_path):
+    cfg = load_config(ROOT / "configs/default.yaml")  # digits, 64 px, 4 blocks of width 128
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ck", _peaked(build_model(cfg, 10)), cfg, [str(i) for i in range(10)])
+    out = tmp_path / "exp"
+    r = run_script("export.py", "--checkpoint", str(tmp_path / "ck"), "--format", "all", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count(": ok") == 3 and "digits validation split" in r.stdout
+    pre = json.loads((out / "preprocessing.json").read_text())
+    assert pre["input_size"] == [3, 64, 64] and pre["interpolation"] == "bicubic" and pre["crop_pct"] == 1.0
+    assert pre["mean"] == [0.5] * 3 and pre["label_names"] == [str(i) for i in range(10)]
+    ver = json.loads((out / "verification.json").read_text())["results"]
+    assert set(ver) == set(FORMATS) and all(v["input_shapes"] == [[1, 3, 64, 64], [5, 3, 64, 64]] for v in ver.values())
+    # independently of the script's own check: reload each file here and compare with the checkpoint's model
+    model = load_checkpoint(tmp_path / "ck")[0]
+    g = torch.Generator().manual_seed(1)
+    for n in (1, 5):
+        x = torch.randn(n, 3, 64, 64, generator=g)
+        with torch.no_grad():
+            ref = model(x).softmax(-1)
+        assert ref.max() > 0.5  # peaked, so the comparison below means something
+        for fmt, name in FORMATS.items():
+            got = load_exported(out / name, fmt)(x).softmax(-1)
+            assert (got - ref).abs().max() <= 1e-4, fmt
+            assert torch.equal(got.argmax(-1), ref.argmax(-1)), fmt
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pos_embed", ["learn", "sincos"])
+def test_dynamic_img_size_model_every_format_against_timm(tmp_path, pos_embed):
+    import timm
+
+    kw = dict(img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=7, dynamic_img_size=True)
+    torch.manual_seed(0)
+    model = _peaked(vit.create_model("vit_tiny_patch16_224", pos_embed=pos_embed, **kw)).eval()
+    if pos_embed == "learn":
+        with torch.no_grad():
+            model.pos_embed.normal_()  # a position table far from zero, so resampling it matters
+    oracle = None
+    if pos_embed == "learn":  # timm's own model with the same weights: the oracle at every size
+        oracle = timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw).eval()
+        oracle.load_state_dict(model.state_dict())
+    wrapper = ExportableClassifier(model)
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randn(n, 3, h, w, generator=g) for n in (1, 5) for h, w in ((32, 32), (48, 64))]
+    # the fixed sine-cosine table takes another branch of the wrapper; one exporter suffices to cover it
+    for fmt in FORMATS if pos_embed == "learn" else ("exported-program",):
+        run = load_exported(export_model(wrapper, fmt, tmp_path / fmt, batches[1]), fmt)
+        for x in batches:
+            got = run(x).softmax(-1)
+            with torch.no_grad():
+                ref = (oracle or model)(x).softmax(-1)
+            assert (got - ref).abs().max() <= 1e-4, (fmt, tuple(x.shape))
+            assert torch.equal(got.argmax(-1), ref.argmax(-1)), (fmt, tuple(x.shape))
+        check = verify(model, run, batches)
+        assert check["images"] == 12 and check["top1_disagreements"] == 0
+
+
+def test_verify_rejects_an_export_that_differs():
+    torch.manual_seed(0)
+    model = _peaked(vit.create_model("vit_tiny_patch16_224", img_size=16, embed_dim=16, depth=1, num_heads=2,
+                                     num_classes=3)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        logits = model(x)
+    assert verify(model, lambda t: logits.clone(), [x])["max_abs_prob_diff"] == 0.0
+    shifted = logits.clone()
+    shifted[:, 0] += 1e-2  # a small drift: probabilities move by ~1e-3, past the 1e-4 bound
+    with pytest.raises(ExportError, match="differs from the PyTorch model"):
+        verify(model, lambda t: shifted, [x])
+
+
+def test_missing_export_extra_is_one_sentence(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` now raises ImportError
+    with pytest.raises(ExportError, match=r"onnxruntime, which is not installed; run pip install -e '\.\[export\]'"):
+        require_onnx()
+    script = _load_script("export.py")
+    with pytest.raises(ExportError, match=r"pip install -e '\.\[export\]'"):  # before the checkpoint is read
+        script.main(["--checkpoint", str(tmp_path / "nope"), "--format", "onnx"])
+    monkeypatch.delitem(sys.modules, "onnxruntime")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        script.main(["--checkpoint", str(tmp_path / "nope"), "--format", "torchscript"])
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name[:-3] + "_script", ROOT / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+
+BENCH_ARGS = ["--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2", "--no-model",
+              "--runtime", "onnxruntime", "--warmup", "1", "--repeats", "3"]
+
+
+@pytest.mark.slow
+def test_benchmark_onnxruntime_row(monkeypatch, capsys, tmp_path):
+    """benchmark.py --runtime onnxruntime on a one-block model (create_model narrowed here to keep the export
+    short): both sides timed, the ratio is PyTorch's seconds over ONNX Runtime's for each paired repeat."""
+    bench = _load_script("benchmark.py")
+    real = vit.create_model
+    monkeypatch.setattr(bench.vit, "create_model",
+                        lambda name, **kw: real(name, depth=1, embed_dim=32, num_heads=2, **kw))
+    assert bench.main(BENCH_ARGS + ["--out", str(tmp_path / "b.json")]) == 0
+    assert "ratio onnxruntime/pytorch" in capsys.readouterr().out
+    res = json.loads((tmp_path / "b.json").read_text())["onnxruntime"]
+    ratios = [p / o for p, o in zip(res["pytorch"]["seconds_all"], res["onnxruntime"]["seconds_all"])]
+    assert len(ratios) == 3 and res["ratio_onnxruntime_over_pytorch"]["median"] == pytest.approx(sorted(ratios)[1])
+
+
+def test_benchmark_onnxruntime_without_the_extra(monkeypatch, capsys):
+    bench = _load_script("benchmark.py")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert bench.main(BENCH_ARGS) == 2
+    assert "pip install -e '.[export]'" in capsys.readouterr().err
