@@ -139,7 +139,7 @@ def test_missing_model_offline_names_repository_cache_and_command(hub):
 def test_pretrained_cfg_drives_preprocessing(hub):
     cfg = resolve_data_config(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--model.img_size=32"]))
     assert cfg.aug.mean == list(IMAGENET["mean"]) and cfg.aug.std == list(IMAGENET["std"])
-    assert (cfg.aug.eval_crop_pct, cfg.aug.interpolation) == (0.9, "bicubic")  # timm's tag config, kept by save
+    assert (cfg.aug.eval_crop_pct, cfg.aug.interpolation) == (0.9, "bicubic")  # the repository's pretrained_cfg
     # what the config sets wins, as in timm's resolve_data_config; without weights: the old fallbacks
     own = resolve_data_config(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--aug.mean=[0.1,0.2,0.3]"]))
     assert own.aug.mean == [0.1, 0.2, 0.3] and own.aug.std == list(IMAGENET["std"])
