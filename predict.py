@@ -8,7 +8,7 @@
 IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
 Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
 Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), skipped.csv (every input passed
-over, with the reason; a broken file never stops the run) and, with --cam, cam/<row>_<name>.png: the
+over, with the reason; a broken file never stops the run) and, with --cam, cam/<input index>_<name>.png: the
 attention-rollout overlay of each image, named in its row.
 """
 

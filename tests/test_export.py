@@ -37,6 +37,10 @@ def test_export_script_default_digits_checkpoint_every_format(tmp_path):
     assert pre["mean"] == [0.5] * 3 and pre["label_names"] == [str(i) for i in range(10)]
     ver = json.loads((out / "verification.json").read_text())["results"]
     assert set(ver) == set(FORMATS) and all(v["input_shapes"] == [[1, 3, 64, 64], [5, 3, 64, 64]] for v in ver.values())
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out / "model.onnx")).graph.node}
+    assert "Attention" in ops and "Softmax" not in ops  # SDPA exported as opset 23's one Attention node
     # independently of the script's own check: reload each file here and compare with the checkpoint's model
     model = load_checkpoint(tmp_path / "ck")[0]
     g = torch.Generator().manual_seed(1)
