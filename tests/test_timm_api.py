@@ -277,6 +277,9 @@ def test_forward_with_attention_has_a_fixed_return_type():
         logits, maps = ours.forward_with_attention(x)
         _close(logits, ours(x), atol=1e-5)
     assert len(maps) == 3 and maps[0].shape == (2, 2, 7, 7)
+    ours.set_fused_attn(False)  # the explicit path computes maps anyway; they are returned only when asked
+    with torch.no_grad():
+        assert ours.blocks(ours._embed(x))[1] == [] and len(ours.forward_with_attention(x)[1]) == 3
     with pytest.raises(TypeError):
         ours(x, return_attention=True)  # the old flag is gone, not silently read as a mask
 

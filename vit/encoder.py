@@ -143,6 +143,6 @@ class Encoder(nn.ModuleList):
                 x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, use_reentrant=False)
             else:
                 x, attn = blk(x, mask, is_causal, return_attention, queries)
-            if attn is not None:
+            if return_attention and attn is not None:
                 attentions.append(attn)
         return x, attentions
