@@ -96,7 +96,7 @@ def build_model(cfg: Config, num_classes: int) -> VisionTransformer:
     for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio"):
         if getattr(m, key) is not None:
             overrides[key] = getattr(m, key)
-    return create_model(m.name, **overrides)
+    return create_model(m.name, token_reduction=m.token_reduction, **overrides)
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, get_norm_layer
+from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, TokenState, get_norm_layer
 
 __all__ = ["Block", "Encoder", "MLP_LAYERS"]
 
@@ -60,6 +60,9 @@ class Block(nn.Module):
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # token reduction between attention and MLP (vit.layers.token_reduction), set by the model's
+        # `set_token_reduction`; None keeps this block exactly the plain one
+        self.token_reduction: nn.Module | None = None
 
     def forward(
         self,
@@ -68,11 +71,15 @@ class Block(nn.Module):
         is_causal: bool = False,
         return_attention: bool = False,
         num_queries: int | None = None,
+        tokens: TokenState | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked.
-        With `num_queries=q` (pre-norm, no mask) only the first q tokens are computed: (B, q, D)."""
+        With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D).
+        `tokens` (set by the encoder while tokens are being reduced) selects `_forward_reduced`."""
+        if tokens is not None:
+            return self._forward_reduced(x, tokens, return_attention, num_queries)
         if num_queries is not None:
-            y, _ = self.attn(self.norm1(x), num_queries=num_queries)
+            y, _ = self.attn(self.norm1(x), mask, num_queries=num_queries)
             x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
         if self.norm_first:
@@ -84,6 +91,28 @@ class Block(nn.Module):
             x = self.norm1(x + self.drop_path1(self.ls1(y)))
             x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         return x, attn
+
+    def _forward_reduced(
+        self, x: torch.Tensor, tokens: TokenState, return_attention: bool, num_queries: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same block with token reduction between attention and MLP: (B, N, D) -> (B, N', D). Attention
+        maps come back on the input tokens (B, H, N0, N0) through `tokens`' source tracking."""
+        bias = tokens.attn_bias()  # (B, 1, 1, N) log token sizes once tokens were merged, else None
+        if num_queries is not None:  # [CLS]-only last block: no reduction needed after it
+            return self.forward(x, bias, num_queries=num_queries)
+        reduce = self.token_reduction
+        y, attn, stat = self.attn.forward_reduce(self.norm1(x) if self.norm_first else x, bias,
+                                                 getattr(reduce, "needs", None), return_attention)
+        x = x + self.drop_path1(self.ls1(y))
+        x = x if self.norm_first else self.norm1(x)
+        if tokens.source is not None:
+            tokens.history.append(tokens.source)
+            attn = tokens.to_full_grid(attn) if attn is not None else None
+        if reduce is not None:
+            x = reduce(x, stat, tokens)
+        if self.norm_first:
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), attn
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x)))), attn
 
 
 class Encoder(nn.ModuleList):
@@ -129,8 +158,21 @@ class Encoder(nn.ModuleList):
         `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
         attentions: list[torch.Tensor] = []
         last = len(self) - 1
+        tokens = self._start_reduction(x, mask, is_causal, return_attention)
         for i, blk in enumerate(self):
-            x, attn = blk(x, mask, is_causal, return_attention, last_queries if i == last else None)
+            x, attn = blk(x, mask, is_causal, return_attention, last_queries if i == last else None, tokens)
             if return_attention:
                 attentions.append(attn)
         return x, attentions
+
+    def _start_reduction(self, x: torch.Tensor, mask, is_causal: bool, track: bool) -> TokenState | None:
+        """A fresh TokenState when some block reduces tokens (None otherwise: the plain path). With `track`
+        (attention maps asked for) sources are tracked, and the state is kept as `last_tokens` for drawing."""
+        if all(blk.token_reduction is None for blk in self):
+            return None
+        if mask is not None or is_causal:
+            raise ValueError("token reduction changes which tokens exist, so it cannot take an attention mask; "
+                             "call set_token_reduction(None) first.")
+        tokens = TokenState.start(x, track_source=track)
+        self.last_tokens = tokens if track else None
+        return tokens

@@ -18,7 +18,15 @@ import torch
 from torch import nn
 
 from .encoder import Encoder
-from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
+from .layers import (
+    PatchEmbed,
+    build_token_reduction,
+    get_norm_layer,
+    parse_token_reduction,
+    resample_abs_pos_embed,
+    sincos_2d,
+    to_2tuple,
+)
 from .pretrained import load_pretrained
 
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
@@ -194,6 +202,28 @@ class VisionTransformer(nn.Module):
         logits = self.forward_head(feats)
         return (logits, attentions) if return_attention else logits
 
+    # --- token reduction ----------------------------------------------------------------------------------------
+
+    def set_token_reduction(
+        self,
+        method: str | None,
+        r: int | list[int] | None = None,
+        keep_rate: float | None = None,
+        layers: tuple[int, ...] | None = None,
+    ) -> None:
+        """Reduce tokens between attention and MLP (vit.layers.token_reduction), or stop (`None`):
+        `set_token_reduction("merge", r=8)` (ToMe, off the shelf), `("topk", keep_rate=0.7, layers=(3, 6, 9))`
+        (EViT, trained in), or a spec string such as "merge:8" or "topk:0.7@3,6,9". Weights are untouched."""
+        if method is not None and ":" in method or method in ("none", ""):
+            if r is not None or keep_rate is not None or layers is not None:
+                raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
+            opts = parse_token_reduction(method)
+            method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
+                                            opts.get("layers"))
+        modules = build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers)
+        for blk, m in zip(self.blocks, modules):
+            blk.token_reduction = m
+
 
 # --- variants and the factory -------------------------------------------------------------------------------
 
@@ -214,10 +244,13 @@ def list_models() -> list[str]:
     return sorted(VARIANTS)
 
 
-def create_model(name: str, pretrained: str | None = None, **overrides) -> VisionTransformer:
+def create_model(
+    name: str, pretrained: str | None = None, token_reduction: str | None = None, **overrides
+) -> VisionTransformer:
     """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
     img_size=64, num_classes=10)`. `pretrained` is a path to a timm checkpoint file, loaded with
-    `vit.load_pretrained` (positions resampled and the head replaced as needed)."""
+    `vit.load_pretrained` (positions resampled and the head replaced as needed). `token_reduction` is a spec
+    such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
     if name not in VARIANTS:
         close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
@@ -233,5 +266,7 @@ def create_model(name: str, pretrained: str | None = None, **overrides) -> Visio
     model = VisionTransformer(**kwargs)
     if pretrained:
         load_pretrained(model, pretrained)
+    if token_reduction is not None:
+        model.set_token_reduction(token_reduction)
     return model
 

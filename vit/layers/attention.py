@@ -97,15 +97,14 @@ class Attention(nn.Module):
         values): (B, q, D). A classifier that reads only [CLS] needs nothing else from its last layer."""
         B, N, D = x.shape
         if num_queries is not None:
-            return self._first_queries(x, num_queries), None
+            return self._first_queries(x, num_queries, expand_mask(mask, N)), None
         mask = expand_mask(mask, N)
         if is_causal and mask is not None:
             # SDPA takes either a mask or is_causal; fold the causal constraint into the given mask.
             causal = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
             mask = mask & causal if mask.dtype == torch.bool else mask.masked_fill(~causal, float("-inf"))
             is_causal = False
-        # (B, N, 3D) -> (3, B, H, N, d): one matmul for Q, K and V, then a view and a permute (no copy).
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        q, k, v = self._qkv(x)
 
         if self.fused_attn and not return_attention:
             x = F.scaled_dot_product_attention(
@@ -131,7 +130,47 @@ class Attention(nn.Module):
         x = self.proj_drop(self.proj(x))
         return x, attn
 
-    def _first_queries(self, x: torch.Tensor, q: int) -> torch.Tensor:
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, N, D) -> q, k, v (B, H, N, d) each."""
+        B, N, _ = x.shape
+        # (B, N, 3D) -> (3, B, H, N, d): one matmul for Q, K and V, then a view and a permute (no copy).
+        return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward_reduce(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        need: str | None = None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attention for token reduction (vit.layers.token_reduction): x (B, N, D), bias (B, 1, 1, N) a float
+        mask added to the logits (ToMe's log token sizes) or None. Returns (output (B, N, D), probabilities
+        (B, H, N, N) or None, what `need` asks for):
+          'keys': the keys averaged over heads (B, N, d), ToMe's matching metric;
+          'cls':  the [CLS] row of the probabilities (B, H, 1, N), EViT's ranking. On the fused path it is one
+                  extra (1 x N) product per head beside the fused kernel, O(N d) instead of the N x N map."""
+        B, N, D = x.shape
+        q, k, v = self._qkv(x)
+        bias = None if bias is None else bias.to(q.dtype)
+        if self.fused_attn and not return_attention:
+            p = self.attn_drop.p if self.training else 0.0
+            out, attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p), None
+        else:
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            attn = (scores if bias is None else scores + bias).softmax(dim=-1)
+            out = self.attn_drop(attn) @ v  # (B, H, N, d)
+        stat = None
+        if need == "keys":
+            stat = k.mean(dim=1)  # (B, N, d)
+        elif need == "cls" and attn is not None:
+            stat = attn[:, :, :1]
+        elif need == "cls":
+            row = (q[:, :, :1] * self.scale) @ k.transpose(-2, -1)  # (B, H, 1, N)
+            stat = (row if bias is None else row + bias).softmax(dim=-1)
+        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D)))
+        return out, attn, stat
+
+    def _first_queries(self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attention output for the first `q` tokens: Q from those tokens, K and V from all. Same numbers as the
         full computation's first rows, at about (2N + 2q) / 4N of its projection cost."""
         B, N, D = x.shape
@@ -142,5 +181,9 @@ class Attention(nn.Module):
         query = query.reshape(B, q, H, d).transpose(1, 2)  # (B, H, q, d)
         k, v = kv.reshape(B, N, 2, H, d).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each
         p = self.attn_drop.p if self.training else 0.0
-        out = F.scaled_dot_product_attention(query, k, v, dropout_p=p)  # (B, H, q, d)
+        if mask is not None and mask.shape[-2] != 1:
+            mask = mask[..., :q, :]  # a per-query mask: the rows of these queries
+        if mask is not None and mask.is_floating_point():
+            mask = mask.to(query.dtype)
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, dropout_p=p)  # (B, H, q, d)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, q, D)))
