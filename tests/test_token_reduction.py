@@ -4,6 +4,8 @@ and rollout back on the full patch grid."""
 
 import math
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -255,3 +257,61 @@ def test_bad_options_are_one_clear_sentence():
         enc = Encoder(depth=1, dim=32, num_heads=4)
         enc[0].token_reduction = Merge(2)
         enc(torch.randn(1, 9, 32), mask=torch.ones(1, 9))
+
+
+# --- scripts: evaluate.py --token-reduction, visualize_attention.py --show-tokens -------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from vit.checkpoint import save_checkpoint
+    from vit.config import from_dict
+
+    cfg = from_dict({"model": dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_ratio=4.0),
+                     "aug": dict(random_resized_crop=False, hflip=0.0), "data": dict(val_fraction=0.05)})
+    m = _model(num_classes=10)
+    for p in (m.head.weight, *(b.attn.qkv.weight for b in m.blocks)):  # confident, non-uniform, like a trained one
+        torch.nn.init.normal_(p, std=0.5)
+    folder = tmp_path_factory.mktemp("tr") / "best"
+    save_checkpoint(folder, m, cfg, [str(i) for i in range(10)])
+    return folder
+
+
+def test_evaluate_with_token_reduction_scores_the_reduced_model(checkpoint, tmp_path):
+    import json
+
+    import evaluate
+    from vit.checkpoint import load_checkpoint
+    from vit.data import build_datasets
+    from vit.runtime import run_cli
+
+    assert evaluate.main(["--checkpoint", str(checkpoint), "--token-reduction", "merge:6", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    model, cfg, _, _ = load_checkpoint(checkpoint)
+    val = build_datasets(cfg, splits=("val",))[1]
+    x, y = map(torch.stack, zip(*[(a, torch.tensor(b)) for a, b in val]))
+    with torch.no_grad():
+        plain = F.cross_entropy(model(x), y).item()
+        model.set_token_reduction("merge:6")
+        reduced = F.cross_entropy(model(x), y).item()
+    assert metrics["token_reduction"] == "merge:6" and metrics["n"] == len(y)
+    assert metrics["loss"] == pytest.approx(reduced, rel=1e-5)
+    assert abs(reduced - plain) > 1e-4  # the option reached the model
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: evaluate.main(["--checkpoint", str(checkpoint), "--token-reduction", "merge:x"]))
+    assert e.value.code == 2
+
+
+def test_visualize_show_tokens_draws_every_patch(checkpoint, tmp_path):
+    import visualize_attention
+
+    args = ["--checkpoint", str(checkpoint), "digits:0-1", "--out", str(tmp_path), "--show-tokens"]
+    with pytest.raises(ValueError, match="--show-tokens needs"):
+        visualize_attention.main(args)
+    assert visualize_attention.main(args + ["--token-reduction", "topk:0.5@1,2"]) == 0
+    labels = np.load(tmp_path / "digits_0000_tokens.npy")
+    grid_map = np.load(tmp_path / "digits_0000_rollout.npy")
+    assert labels.shape == grid_map.shape == (8, 8)
+    # 64 patches -> 32 kept + 1 fused (block 1) -> of those 33, 17 kept + 1 fused (block 2)
+    assert len(np.unique(labels[labels >= 0])) == 17 and (labels < 0).sum() >= 16
+    assert (tmp_path / "digits_0001_tokens.png").stat().st_size > 0
