@@ -367,6 +367,84 @@ def bench_onnxruntime(args) -> dict:
     return dict(model=args.model, batch_size=args.batch_size, img_size=args.img_size, threads=torch.get_num_threads(),
                 ort_version=ort.__version__, **out,
                 ratio_onnxruntime_over_pytorch=ratio_stats(times["onnxruntime"], times["pytorch"]))
+def bench_token_reduction(args, device) -> dict:
+    """Token reduction (ToMe `merge`, EViT `topk`) against the plain model and timm, interleaved in one run:
+    images/s for inference (and a training step for `topk`, which is trained in), counted GFLOPs per image, and
+    top-1 on the held-out split when --checkpoint is given (the model then comes from the checkpoint)."""
+    import copy
+
+    import timm
+    import timm.optim
+
+    from vit.checkpoint import load_checkpoint
+    from vit.data import build_datasets
+
+    torch.manual_seed(0)
+    if args.checkpoint:
+        base, cfg, _, _ = load_checkpoint(args.checkpoint)
+        base.set_token_reduction(None)  # the plain model is the reference, whatever the checkpoint trained with
+        name, img = cfg.model.name, cfg.model.img_size
+    else:
+        name, img, cfg = args.model, args.img_size, None
+        base = vit.create_model(name, img_size=img)
+    base = base.to(device)
+    blk = base.blocks[0]
+    ref = timm.create_model(name, pretrained=False, img_size=img, patch_size=base.patch_embed.patch_size,
+                            embed_dim=base.embed_dim, depth=len(base.blocks), num_heads=blk.attn.num_heads,
+                            mlp_ratio=blk.mlp.fc1.out_features / base.embed_dim, num_classes=base.num_classes,
+                            global_pool=base.global_pool).to(device)
+    ref.load_state_dict(base.state_dict())
+    opt = OptimConfig(lr=1e-4, weight_decay=0.05)
+    sides = [Side("ours", base, build_optimizer(base, opt), device, args.precision)]
+    for spec in args.token_reduction:
+        m = copy.deepcopy(base)
+        m.set_token_reduction(spec)
+        sides.append(Side(spec, m, build_optimizer(m, opt), device, args.precision))
+    sides.append(Side("timm", ref, timm.optim.create_optimizer_v2(ref, "adamw", lr=1e-4, weight_decay=0.05),
+                      device, args.precision))
+    B = args.batch_size
+    x = torch.randn(B, 3, img, img, device=device)
+    y = torch.randint(0, base.num_classes, (B,), device=device)
+    times = interleaved(sides, lambda s: (lambda: s.infer(x)), device, args.warmup, args.repeats, args.iters)
+    trained = [s for s in sides if s.name in ("ours", "timm") or s.name.startswith("topk")]
+    train_times = interleaved(trained, lambda s: (lambda: s.train_step(x, y)), device, args.warmup,
+                              args.repeats, args.iters) if len(trained) > 2 else {}
+    acc = {}
+    if cfg is not None:
+        val = build_datasets(cfg, splits=("val",))[1]
+        loader = torch.utils.data.DataLoader(val, batch_size=64)
+        for s in sides[:-1]:
+            s.model.eval()
+            with torch.inference_mode():
+                hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
+            acc[s.name] = hits / len(val)
+    rows = []
+    for s in sides:
+        row = dict(setting=s.name, images_per_s=B / statistics.median(times[s.name]),
+                   speedup=ratio_stats(times[s.name], times["ours"]),
+                   vs_timm=ratio_stats(times[s.name], times["timm"]),
+                   gflops=side_flops(s, x, "inference") / 1e9, top1=acc.get(s.name))
+        if s.name in train_times:
+            row["train_images_per_s"] = B / statistics.median(train_times[s.name])
+            row["train_speedup"] = ratio_stats(train_times[s.name], train_times["ours"])
+        rows.append(row)
+    return dict(model=name, img_size=img, batch_size=B, device=str(device), precision=args.precision,
+                threads=torch.get_num_threads(), checkpoint=args.checkpoint, rows=rows)
+
+
+def print_token_reduction(res: dict) -> None:
+    print(f"\ntoken reduction: {res['model']}  {res['img_size']} px  batch {res['batch_size']}  {res['precision']}  "
+          f"{res['device']}  {res['threads']} threads"
+          + (f"  checkpoint {res['checkpoint']}" if res["checkpoint"] else ""))
+    print(f"{'setting':<16}{'img/s':>9}{'x plain (min-max)':>21}{'x timm':>8}{'GFLOPs':>8}{'top-1':>8}"
+          f"{'train img/s':>13}{'x plain':>9}")
+    for r in res["rows"]:
+        sp, top1 = r["speedup"], r["top1"]
+        train = (f"{r['train_images_per_s']:>13.1f}{r['train_speedup']['median']:>9.2f}"
+                 if "train_images_per_s" in r else "")
+        print(f"{r['setting']:<16}{r['images_per_s']:>9.1f}{sp['median']:>9.2f} ({sp['min']:.2f}-{sp['max']:.2f})"
+              f"{r['vs_timm']['median']:>8.2f}{r['gflops']:>8.2f}"
+              f"{'' if top1 is None else f'{100 * top1:.2f}':>8}{train}")
 
 
 def print_report(res: dict) -> None:
@@ -435,6 +513,10 @@ def main(argv=None) -> int:
     ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
     ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
                     help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
+    ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
+                    help="instead of the ours-vs-timm comparison, a token-reduction table for these settings, "
+                         "e.g. merge:8 merge:16 topk:0.7")
+    ap.add_argument("--checkpoint", default=None, help="with --token-reduction: a train.py checkpoint (adds top-1)")
     ap.add_argument("--out", default=None, help="write the results as JSON")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -442,6 +524,16 @@ def main(argv=None) -> int:
         print(f"error: unknown model {args.model!r}; known: {', '.join(vit.list_models())}", file=sys.stderr)
         return 2
     res: dict = {}
+    if args.token_reduction:
+        try:
+            for spec in args.token_reduction:
+                vit.layers.parse_token_reduction(spec)
+            res["token_reduction"] = bench_token_reduction(args, device)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print_token_reduction(res["token_reduction"])
+        args.no_model = True
     if not args.no_model:
         res.update(bench_model(args, device))
     if args.scaling:

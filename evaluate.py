@@ -56,6 +56,9 @@ def parse_args(argv):
     ap.add_argument("--img-size", type=int, default=None)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
+                         "the checkpoint's own")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     args, rest = ap.parse_known_args(argv)
     overrides = parse_overrides(rest)
@@ -92,6 +95,9 @@ def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    if args.token_reduction is not None:
+        model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
+        cfg.model.token_reduction = args.token_reduction
     # the class check happens here, before any image is decoded or any forward pass runs
     _, val_ds, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=ckpt_classes)
     if ckpt_classes is None and len(classes) != model.num_classes:
@@ -127,6 +133,7 @@ def main(argv=None) -> int:
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
+                   token_reduction=cfg.model.token_reduction,
                    num_processes=num_processes)
 
     out_dir.mkdir(parents=True, exist_ok=True)

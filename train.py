@@ -37,6 +37,7 @@ from vit.checkpoint import (
 )
 from vit.config import ConfigError, dump, load_config
 from vit.data import EpochSampler, build_datasets, resolve_data_config
+from vit.layers import topk_warmup
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr
 from vit.plots import plot_curves
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             with accelerator.accumulate(model):
                 lr = lr_at(state.step, total_steps, warmup_steps, lr_peak, cfg.optim.min_lr)
                 set_lr(optimizer, lr)
+                topk_warmup(model, state.step / total_steps)  # EViT's keep-rate warm-up; no-op without topk
                 xm, ym = mix_batch(mixup_fn, x, y, num_classes, cfg.aug.label_smoothing)
                 with accelerator.autocast():
                     logits = model(xm)

@@ -3,10 +3,13 @@
     python visualize_attention.py --checkpoint runs/default/best digits:0-7          # held-out digits
     python visualize_attention.py --checkpoint runs/x/best photos/ "more/*.jpg" --method grad_rollout
     python visualize_attention.py --checkpoint runs/x/best img.png --target-class dog --out attn/
+    python visualize_attention.py --checkpoint runs/digits_196/best digits:0-3 --token-reduction merge:16 --show-tokens
 
 Per image it writes <name>_<method>.png (input | heatmap | overlay; predicted class and probability in the
 title), <name>_<method>.npy (the raw patch-grid map) and <name>_<method>.json (method, parameters, top-5).
-Images go through the checkpoint's own evaluation preprocessing, in batches; headless.
+Images go through the checkpoint's own evaluation preprocessing, in batches; headless. A model with token
+reduction still gives full-grid maps; --show-tokens also writes <name>_tokens.png (which patches were merged
+into one token, or fused away by top-k) and <name>_tokens.npy (the final token of every patch, -1: fused).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
+from vit.layers.token_reduction import TopK
 from vit.plots import plot_attention_map, to_display
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
@@ -41,6 +45,9 @@ def parse_args(argv):
     ap.add_argument("--layer", type=int, default=-1, help="layer for --method attention")
     ap.add_argument("--target-class", default=None, help="class index or name (default: the predicted class)")
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="run with token reduction, e.g. merge:16 or topk:0.5@1,2,3 ('none': off)")
+    ap.add_argument("--show-tokens", action="store_true", help="draw which patches were merged or dropped")
     ap.add_argument("--out", default="attention_maps")
     return ap.parse_args(argv)
 
@@ -104,10 +111,53 @@ def resolve_target(target: str | None, classes: list[str]) -> int | None:
     raise DataError(f"--target-class {target!r} is neither a class name nor an index below {len(classes)}.")
 
 
+def token_groups(model, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """After a tracked forward: (B, h, w) index of the final token that stands for each patch (-1 for EViT's
+    fused token of inattentive patches) and (B, h, w) that token's size in patches."""
+    tokens = model.blocks.last_tokens
+    p = model.num_prefix_tokens
+    source = tokens.source[:, p:, p:]  # (B, tokens, patches)
+    labels = source.argmax(1)  # (B, patches)
+    sizes = tokens.size[:, p:, 0].gather(1, labels)
+    if isinstance(model.blocks[max(i for i, b in enumerate(model.blocks) if b.token_reduction is not None)]
+                  .token_reduction, TopK):  # top-k fuses the dropped patches into the last token
+        labels = labels.masked_fill(labels == source.shape[1] - 1, -1)
+    B = labels.shape[0]
+    return labels.reshape(B, *grid).numpy(), sizes.reshape(B, *grid).numpy()
+
+
+def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.ndarray, title: str) -> None:
+    """Input | merged groups (one colour per token of 2+ patches, dark: fused away, clear: kept alone)."""
+    from vit.plots import plt, save_figure
+
+    h, w = image.shape[:2]
+    colours = plt.get_cmap("tab20")(np.arange(20))
+    over = np.zeros((*labels.shape, 4))
+    merged = (sizes > 1) & (labels >= 0)
+    over[merged] = colours[labels[merged] % 20]
+    over[merged, 3] = 0.6
+    over[labels < 0] = (0.0, 0.0, 0.0, 0.75)
+    fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    axes[0].imshow(image)
+    axes[0].set_title("input")
+    axes[1].imshow(image)
+    axes[1].imshow(over, extent=(-0.5, w - 0.5, h - 0.5, -0.5), interpolation="nearest")
+    axes[1].set_title("merged (colour) / dropped (dark)")
+    for a in axes:
+        a.axis("off")
+    fig.suptitle(title)
+    save_figure(fig, path, dpi=100)
+
+
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, classes, _ = load_checkpoint(args.checkpoint)
     check_options(args, len(model.blocks))
+    if args.token_reduction is not None:
+        model.set_token_reduction(args.token_reduction)
+    if args.show_tokens and all(b.token_reduction is None for b in model.blocks):
+        raise ValueError("--show-tokens needs a model with token reduction; add --token-reduction merge:8 "
+                         "(or a checkpoint trained with one).")
     items = collect_inputs(args.images, cfg)
     target = resolve_target(args.target_class, classes)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
@@ -135,6 +185,7 @@ def main(argv=None) -> int:
         maps, logits = attention_maps(model, x, args.method, tgt, args.head_fusion, args.discard_ratio,
                                       args.start_layer, args.layer, args.residual_alpha)
         probs = logits.softmax(1)
+        groups = token_groups(model, maps.shape[1:]) if args.show_tokens else None
         top_p, top_i = probs.topk(min(5, len(classes)), dim=1)
         for j, name in enumerate(names):
             pred = int(top_i[j, 0])
@@ -149,9 +200,19 @@ def main(argv=None) -> int:
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
+                           token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))
                                  for p, i in zip(top_p[j], top_i[j])])
             atomic_write_text(stem.with_suffix(".json"), json.dumps(sidecar, indent=1))
+            if groups is not None:
+                labels, sizes = groups[0][j], groups[1][j]
+                buf = io.BytesIO()
+                np.save(buf, labels)
+                atomic_write_bytes(out / f"{name}_tokens.npy", buf.getvalue())
+                left = len(np.unique(labels[labels >= 0])) + int((labels < 0).any())
+                spec = args.token_reduction or cfg.model.token_reduction
+                plot_tokens(out / f"{name}_tokens.png", shown[j], labels, sizes,
+                            f"{name}: {left} tokens for {labels.size} patches ({spec})")
             written += 1
     print(f"wrote {written} map(s) to {out}/" + (f"; skipped {skipped} unreadable file(s)" if skipped else ""))
     return 0 if written else 2

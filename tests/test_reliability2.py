@@ -72,7 +72,8 @@ def _resume_in_process(run: Path, *overrides: str):
 
     train = _script("train")
     cfg = resolve_data_config(load_config(  # as train.py: the preprocessing filled in, as the saved config has it
-        ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={run.parent}", f"--run.name={run.name}", *overrides]))
+        ROOT / "configs/default.yaml",
+        [*SMALL, f"--run.output_dir={run.parent}", f"--run.name={run.name}", *overrides]))
     accelerator = make_accelerator()
     model = build_model(cfg, cfg.data.synthetic_num_classes)
     model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))

@@ -117,7 +117,8 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
         if getattr(m, key) is not None:
             overrides[key] = getattr(m, key)
     name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
-    return create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
+    return create_model(name, pretrained=m.pretrained if pretrained else None, token_reduction=m.token_reduction,
+                        **{**base, **overrides})
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],

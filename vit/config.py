@@ -49,6 +49,8 @@ class ModelConfig:
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
     # (a run's best/) or a weights file; see vit/hub.py
     pretrained: bool | str | None = None
+    # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
+    token_reduction: str | None = None
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, get_norm_layer
+from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, TokenState, get_norm_layer
 
 __all__ = ["Block", "Encoder", "MLP_LAYERS"]
 
@@ -61,6 +61,9 @@ class Block(nn.Module):
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # token reduction between attention and MLP (vit.layers.token_reduction), set by the model's
+        # `set_token_reduction`; None keeps this block exactly the plain one
+        self.token_reduction: nn.Module | None = None
 
     def forward(
         self,
@@ -85,6 +88,29 @@ class Block(nn.Module):
             x = self.norm1(x + self.drop_path1(self.ls1(y)))
             x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         return x, attn
+
+    @torch.jit.unused
+    def _forward_reduced(
+        self, x: torch.Tensor, tokens: TokenState, return_attention: bool, num_queries: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same block with token reduction between attention and MLP: (B, N, D) -> (B, N', D). Attention
+        maps come back on the input tokens (B, H, N0, N0) through `tokens`' source tracking."""
+        bias = tokens.attn_bias()  # (B, 1, 1, N) log token sizes once tokens were merged, else None
+        if num_queries is not None:  # [CLS]-only last block: no reduction needed after it
+            return self.forward(x, bias, num_queries=num_queries)
+        reduce = self.token_reduction
+        y, attn, stat = self.attn.forward_reduce(self.norm1(x) if self.norm_first else x, bias,
+                                                 getattr(reduce, "needs", None), return_attention)
+        x = x + self.drop_path1(self.ls1(y))
+        x = x if self.norm_first else self.norm1(x)
+        if tokens.source is not None:
+            tokens.history.append(tokens.source)
+            attn = tokens.to_full_grid(attn) if attn is not None else None
+        if reduce is not None:
+            x = reduce(x, stat, tokens)
+        if self.norm_first:
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), attn
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x)))), attn
 
 
 class Encoder(nn.ModuleList):
@@ -113,6 +139,7 @@ class Encoder(nn.ModuleList):
             for rate in rates
         )
         self.grad_checkpointing = False
+        self.reduces_tokens = False  # set by set_token_reduction
 
     @property
     def fused_attn(self) -> bool:
@@ -134,6 +161,8 @@ class Encoder(nn.ModuleList):
         """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block.
         `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
         attentions: list[torch.Tensor] = []
+        if self.reduces_tokens and not torch.jit.is_scripting():  # TorchScript keeps the plain stack only
+            return self._forward_reduced(x, mask, is_causal, return_attention, last_queries)
         last = -1
         for i, _ in enumerate(self):  # len(self): TorchScript has no len() of a ModuleList in its own methods
             last = i
@@ -143,6 +172,32 @@ class Encoder(nn.ModuleList):
                 x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, use_reentrant=False)
             else:
                 x, attn = blk(x, mask, is_causal, return_attention, queries)
+            if return_attention and attn is not None:
+                attentions.append(attn)
+        return x, attentions
+
+    def set_token_reduction(self, modules: list[nn.Module | None]) -> None:
+        """One reduction module (or None) per block (vit.layers.token_reduction); all None: the plain stack."""
+        for blk, m in zip(self, modules):
+            blk.token_reduction = m
+        self.reduces_tokens = any(m is not None for m in modules)
+
+    def _forward_reduced(
+        self, x: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, return_attention: bool,
+        last_queries: int | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`forward` while some block reduces tokens: a TokenState (token sizes; with `return_attention` also
+        which patches each token stands for, kept as `last_tokens` for drawing) runs through every block. No
+        gradient checkpointing here: the state is updated in place, and a recomputed block would update it twice."""
+        if mask is not None or is_causal:
+            raise ValueError("token reduction changes which tokens exist, so it cannot take an attention mask; "
+                             "call set_token_reduction(None) first.")
+        tokens = TokenState.start(x, track_source=return_attention)
+        self.last_tokens = tokens if return_attention else None
+        attentions: list[torch.Tensor] = []
+        last = len(self) - 1
+        for i, blk in enumerate(self):
+            x, attn = blk._forward_reduced(x, tokens, return_attention, last_queries if i == last else None)
             if return_attention and attn is not None:
                 attentions.append(attn)
         return x, attentions

@@ -23,7 +23,15 @@ from torch import nn
 from .encoder import Encoder
 from .features import FeatureIntermediates, features_only_model
 from .hub import resolve_source
-from .layers import PatchEmbed, get_norm_layer, resample_abs_pos_embed, sincos_2d, to_2tuple
+from .layers import (
+    PatchEmbed,
+    build_token_reduction,
+    get_norm_layer,
+    parse_token_reduction,
+    resample_abs_pos_embed,
+    sincos_2d,
+    to_2tuple,
+)
 from .pretrained import load_pretrained
 
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
@@ -329,6 +337,27 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
         return self.forward_head(feats), attentions
 
+    # --- token reduction ----------------------------------------------------------------------------------------
+
+    def set_token_reduction(
+        self,
+        method: str | None,
+        r: int | list[int] | None = None,
+        keep_rate: float | None = None,
+        layers: tuple[int, ...] | None = None,
+    ) -> None:
+        """Reduce tokens between attention and MLP (vit.layers.token_reduction), or stop (`None`):
+        `set_token_reduction("merge", r=8)` (ToMe, off the shelf), `("topk", keep_rate=0.7, layers=(3, 6, 9))`
+        (EViT, trained in), or a spec string such as "merge:8" or "topk:0.7@3,6,9". Weights are untouched."""
+        if method is not None and ":" in method or method in ("none", ""):
+            if r is not None or keep_rate is not None or layers is not None:
+                raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
+            opts = parse_token_reduction(method)
+            method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
+                                            opts.get("layers"))
+        self.blocks.set_token_reduction(
+            build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
+
 
 # --- variants and the factory -------------------------------------------------------------------------------
 
@@ -368,6 +397,7 @@ def create_model(
     features_only: bool = False,
     out_indices: int | list[int] | tuple[int, ...] = 3,
     feature_cls: str = "getter",
+    token_reduction: str | None = None,
     **overrides,
 ) -> nn.Module:
     """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
@@ -378,7 +408,8 @@ def create_model(
     adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation); a
     model without weights gets timm's registry entry for its name.
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
-    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.features)."""
+    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.features). `token_reduction` is a spec
+    such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
@@ -401,6 +432,8 @@ def create_model(
         model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
         if pretrained:
             load_pretrained(model, source, cache_dir=cache_dir)
+    if token_reduction is not None:
+        model.set_token_reduction(token_reduction)
     if features_only:
         return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
     return model

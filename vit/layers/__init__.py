@@ -6,6 +6,7 @@ from .mlp import Mlp, SwiGLU
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
+from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
 __all__ = [
     "Attention",
@@ -14,10 +15,14 @@ __all__ = [
     "Mlp",
     "PatchEmbed",
     "SwiGLU",
+    "TokenState",
+    "build_token_reduction",
     "expand_mask",
     "get_norm_layer",
+    "parse_token_reduction",
     "resample_abs_pos_embed",
     "sincos_1d",
     "sincos_2d",
     "to_2tuple",
+    "topk_warmup",
 ]

@@ -158,6 +158,46 @@ class Attention(nn.Module):
         x = self.proj_drop(self.proj(x))
         return x, attn
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, N, D) -> q, k, v (B, H, N, d) each."""
+        B, N, _ = x.shape
+        # (B, N, 3D) -> (3, B, H, N, d): one matmul for Q, K and V, then a view and a permute (no copy).
+        return self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+
+    def forward_reduce(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        need: str | None = None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Attention for token reduction (vit.layers.token_reduction): x (B, N, D), bias (B, 1, 1, N) a float
+        mask added to the logits (ToMe's log token sizes) or None. Returns (output (B, N, D), probabilities
+        (B, H, N, N) or None, what `need` asks for):
+          'keys': the keys averaged over heads (B, N, d), ToMe's matching metric;
+          'cls':  the [CLS] row of the probabilities (B, H, 1, N), EViT's ranking. On the fused path it is one
+                  extra (1 x N) product per head beside the fused kernel, O(N d) instead of the N x N map."""
+        B, N, D = x.shape
+        q, k, v = self._qkv(x)
+        bias = None if bias is None else bias.to(q.dtype)
+        if self.fused_attn and not return_attention:
+            p = self.attn_drop.p if self.training else 0.0
+            out, attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p), None
+        else:
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            attn = (scores if bias is None else scores + bias).softmax(dim=-1)
+            out = self.attn_drop(attn) @ v  # (B, H, N, d)
+        stat = None
+        if need == "keys":
+            stat = k.mean(dim=1)  # (B, N, d)
+        elif need == "cls" and attn is not None:
+            stat = attn[:, :, :1]
+        elif need == "cls":
+            row = (q[:, :, :1] * self.scale) @ k.transpose(-2, -1)  # (B, H, 1, N)
+            stat = (row if bias is None else row + bias).softmax(dim=-1)
+        out = self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D)))
+        return out, attn, stat
+
     def _first_queries(
         self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
