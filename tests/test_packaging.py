@@ -156,3 +156,24 @@ def test_installing_without_constraints_keeps_the_users_torch(tmp_path):
         capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "torch.Size([1, 1000])" in run.stdout
+
+
+def test_jpeg_decoding_without_opencvs_rgb_flag_gives_the_same_pixels(monkeypatch):
+    """OpenCV before 4.11 has no IMREAD_COLOR_RGB (albumentations 2.0 accepts such releases): the fallback decodes
+    to BGR and flips, and must give exactly the pixels of the RGB path, at full and reduced scale."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    import vit.decode as decode
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (64, 48, 3), dtype=np.uint8)).save(buf, "JPEG", quality=90)
+    data = buf.getvalue()
+    rgb = [decode.decode_bytes(data, "x.jpg", reduction=r) for r in (1, 2)]
+    monkeypatch.setattr(decode, "_RGB_DECODE", False)
+    monkeypatch.setattr(decode, "_REDUCED", decode._decode_flags(False))
+    for r, want in zip((1, 2), rgb):
+        np.testing.assert_array_equal(decode.decode_bytes(data, "x.jpg", reduction=r), want)

@@ -33,9 +33,20 @@ Image.MAX_IMAGE_PIXELS = 256_000_000  # very large images are decoded (cheaply, 
 MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused unread
 MAX_SAMPLE_BYTES = 512 * 2**20  # decoded: width * height * BYTES_PER_PIXEL; 8192 x 8192 fits, 16000^2 does not
 BYTES_PER_PIXEL = 8  # PIL's 4-byte pixel, the RGB array (3) and a byte of conversion headroom
-_REDUCED = {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2 | cv2.IMREAD_COLOR_RGB,
-            4: cv2.IMREAD_REDUCED_GRAYSCALE_4 | cv2.IMREAD_COLOR_RGB,
-            8: cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_COLOR_RGB}  # reduced flags ORed with RGB output
+# OpenCV >= 4.11 decodes straight to RGB (IMREAD_COLOR_RGB, ORed with the reduced-scale flags); albumentations
+# accepts older OpenCV releases, which decode to BGR: there the channels are flipped after decoding.
+def _decode_flags(rgb: bool) -> dict[int, int]:
+    """imdecode flags by reduction factor: RGB output, or OpenCV's BGR where it cannot decode to RGB."""
+    if rgb:
+        return {1: cv2.IMREAD_COLOR_RGB, 2: cv2.IMREAD_REDUCED_GRAYSCALE_2 | cv2.IMREAD_COLOR_RGB,
+                4: cv2.IMREAD_REDUCED_GRAYSCALE_4 | cv2.IMREAD_COLOR_RGB,
+                8: cv2.IMREAD_REDUCED_GRAYSCALE_8 | cv2.IMREAD_COLOR_RGB}
+    return {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+            8: cv2.IMREAD_REDUCED_COLOR_8}
+
+
+_RGB_DECODE = hasattr(cv2, "IMREAD_COLOR_RGB")
+_REDUCED = _decode_flags(_RGB_DECODE)
 
 
 class BadImageError(ValueError):
@@ -184,7 +195,7 @@ def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
         except cv2.error:
             arr = None
         if arr is not None and arr.ndim == 3 and arr.shape[2] == 3 and arr.size:
-            return arr
+            return arr if _RGB_DECODE else np.ascontiguousarray(arr[..., ::-1])
     with _pil_errors(path):  # anything cv2 did not take: PIL names the problem
         img = Image.open(io.BytesIO(data))
         if reduction > 1 and img.format == "JPEG":
