@@ -121,19 +121,19 @@ def _masks():
     return {"none": (None, False), "padding": (pad[:, None, None, :], False), "causal": (None, True)}
 
 
-@pytest.mark.parametrize("mask", ["none", "padding", "causal"])
-def test_masks_match_timm(mask):
+def test_masks_match_timm():
     """forward(x, attn_mask, is_causal) as timm's: the same SDPA mask gives the same logits and features (ours
     computes the last block for [CLS] only, with the mask's [CLS] row)."""
     ours, ref = _pair(num_classes=5)
-    attn_mask, causal = _masks()[mask]
     x = _x()
     with torch.no_grad():
-        _close(ours(x, attn_mask, causal), ref(x, attn_mask=attn_mask, is_causal=causal))
-        _close(ours.forward_features(x, attn_mask, causal), ref.forward_features(x, attn_mask, causal))
         unmasked = ours(x)
-    if mask != "none":
-        assert (ours(x, attn_mask, causal) - unmasked).abs().max() > 1e-4  # the mask changes something
+        for name, (attn_mask, causal) in _masks().items():
+            out = ours(x, attn_mask, causal)
+            _close(out, ref(x, attn_mask=attn_mask, is_causal=causal))
+            _close(ours.forward_features(x, attn_mask, causal), ref.forward_features(x, attn_mask, causal))
+            if name != "none":
+                assert (out - unmasked).abs().max() > 1e-4, name  # the mask changes something
 
 
 def test_fx_and_torchscript_equal_eager_also_with_masks():
@@ -174,21 +174,21 @@ def test_backward_matches_timm_in_eager_and_fx():
             torch.testing.assert_close(grads[name].grad, p.grad, atol=1e-6, rtol=1e-4, msg=name)
 
 
-@pytest.mark.parametrize("pool", ["token", "avg", "max", "avgmax", ""])
-def test_reset_classifier_and_pooling_match_timm(pool):
+def test_reset_classifier_and_pooling_match_timm():
     ours, ref = _pair()
-    for num_classes in (4, 0):
-        ours.reset_classifier(num_classes, pool)
-        ref.reset_classifier(num_classes, pool)
-        ours.load_state_dict(ref.state_dict(), strict=True)
-        assert ours.get_classifier().__class__ is ref.get_classifier().__class__
-        x = _x()
-        with torch.no_grad():
-            out = ours(x)
-            _close(out, ref(x))
-        width = num_classes or D
-        expected = (2, 7, width) if pool == "" else (2, width)  # '': the head applies to every token, as timm
-        assert out.shape == expected and ours.num_classes == num_classes
+    x = _x()
+    for pool in ("token", "avg", "max", "avgmax", ""):
+        for num_classes in (4, 0):
+            ours.reset_classifier(num_classes, pool)
+            ref.reset_classifier(num_classes, pool)
+            ours.load_state_dict(ref.state_dict(), strict=True)
+            assert ours.get_classifier().__class__ is ref.get_classifier().__class__
+            with torch.no_grad():
+                out = ours(x)
+                _close(out, ref(x))
+            width = num_classes or D
+            expected = (2, 7, width) if pool == "" else (2, width)  # '': the head applies to every token, as timm
+            assert out.shape == expected and ours.num_classes == num_classes and ours.global_pool == pool
     with pytest.raises(ValueError, match="unknown global_pool 'mean'"):
         ours.reset_classifier(3, "mean")
 
