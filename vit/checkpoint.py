@@ -127,6 +127,9 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder = Path(folder)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     check_finite(state, f"refusing to save {folder}")
+    # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
+    # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
+    cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(folder / "model.safetensors", save(state, metadata={"format": "pt", "model": cfg.model.name}))
     fault_point("checkpoint", int((meta or {}).get("step", -1)))
@@ -134,7 +137,7 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
     atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
     # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
-    aug = cfg.aug.resolved(getattr(model, "pretrained_cfg", None), cfg.model.in_chans)
+    aug = cfg.aug
     arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
     data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
     atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
