@@ -29,7 +29,7 @@ from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import make_accelerator, run_cli
+from vit.runtime import check_options, make_accelerator, run_cli
 
 
 class Indexed(Dataset):
@@ -65,11 +65,7 @@ def parse_args(argv):
     bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
-    for name in ("topk", "batch_size", "img_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
-    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ConfigError(f"--out {args.out} is an existing file; pass a folder to write the results into.")
+    check_options(args, ("topk", "batch_size", "img_size"))
     return args, overrides
 
 

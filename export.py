@@ -42,7 +42,7 @@ from vit.export import (
     write_preprocessing,
 )
 from vit.inference import ImageFiles, collect_images, label_names, load_model_and_config
-from vit.runtime import run_cli
+from vit.runtime import check_options, run_cli
 from vit.transforms import build_transform
 
 
@@ -65,6 +65,7 @@ def parse_args(argv):
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:
         raise ConfigError(f"export.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
+    check_options(args, ("img_size",))
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
     return args, overrides
 

@@ -26,7 +26,7 @@ from vit.checkpoint import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
-from vit.runtime import make_accelerator, run_cli
+from vit.runtime import check_options, make_accelerator, run_cli
 from vit.transforms import build_transform
 
 
@@ -51,8 +51,7 @@ def parse_args(argv):
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:
         raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    if args.topk < 1:
-        raise ConfigError(f"--topk must be at least 1, got {args.topk}.")
+    check_options(args, ("topk", "batch_size", "img_size"))
     return args, overrides
 
 

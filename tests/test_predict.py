@@ -166,3 +166,19 @@ def test_two_processes_give_the_same_rows(setup, tmp_path):
         assert {k: v for k, v in a.items() if "prob" not in k} == {k: v for k, v in b.items() if "prob" not in k}
         assert all(abs(float(a[k]) - float(b[k])) <= 2e-6 for k in a if k.startswith("prob"))
     assert _read(tmp_path / "two/skipped.csv") == _read(tmp_path / "one/skipped.csv")
+
+
+def test_bad_counts_and_an_output_file_are_one_sentence_before_anything_is_written(tmp_path):
+    """predict.py and export.py check the options every front-end shares as evaluate.py does (vit.runtime)."""
+    taken = tmp_path / "taken.png"
+    taken.write_bytes(b"not a folder")
+    cases = [(["--batch-size", "0"], "--batch-size must be at least 1"),
+             (["--img-size", "-3"], "--img-size must be at least 1"),
+             (["--out", str(taken)], "is an existing file")]
+    for extra, message in cases:
+        with pytest.raises(ValueError, match=message):
+            predict.main(["--checkpoint", str(tmp_path / "none"), str(tmp_path), *extra])
+    export = _load_script("export.py")
+    with pytest.raises(ValueError, match="is an existing file"):
+        export.main(["--checkpoint", str(tmp_path / "none"), "--out", str(taken)])
+    assert taken.read_bytes() == b"not a folder" and sorted(p.name for p in tmp_path.iterdir()) == ["taken.png"]

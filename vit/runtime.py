@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from accelerate import Accelerator
 
-__all__ = ["make_accelerator", "run_cli"]
+__all__ = ["make_accelerator", "run_cli", "check_options"]
 
 
 def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
@@ -38,3 +38,17 @@ def make_accelerator(**kwargs) -> Accelerator:
     if world > 1 and not torch.cuda.is_available():
         kwargs.setdefault("cpu", True)
     return Accelerator(**kwargs)
+
+
+def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> None:
+    """The script options every front-end shares: counts that must be at least 1 (None: the default) and an
+    output folder that must not be an existing file. Raises ValueError (one sentence) before anything is written."""
+    from pathlib import Path
+
+    for name in positive:
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+    folder = getattr(args, out, None)
+    if folder and Path(folder).exists() and not Path(folder).is_dir():
+        raise ValueError(f"--{out} {folder} is an existing file; pass a folder to write the results into.")
