@@ -182,3 +182,21 @@ def test_bad_counts_and_an_output_file_are_one_sentence_before_anything_is_writt
     with pytest.raises(ValueError, match="is an existing file"):
         export.main(["--checkpoint", str(tmp_path / "none"), "--out", str(taken)])
     assert taken.read_bytes() == b"not a folder" and sorted(p.name for p in tmp_path.iterdir()) == ["taken.png"]
+
+
+def test_pipes_devices_and_empty_folders_are_listed_not_dropped(tmp_path):
+    import os
+
+    from vit.inference import collect_images
+
+    d = tmp_path / "in"
+    (d / "empty").mkdir(parents=True)
+    os.mkfifo(d / "fifo.png")
+    (d / "rand.png").symlink_to("/dev/urandom")
+    (d / "ok.png").write_bytes(b"x")
+    paths, skipped = collect_images([str(d), str(d / "fifo.png"), str(d / "empty")])
+    reasons = {(p, r.split(" (")[0]) for p, r in skipped}
+    assert paths == [d / "ok.png"]
+    assert reasons == {(str(d / "empty"), "an empty folder"), (str(d / "fifo.png"), "not a regular file"),
+                       (str(d / "rand.png"), "not a regular file")}
+    assert len(skipped) == 4  # the FIFO once from the folder and once named

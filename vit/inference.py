@@ -51,9 +51,14 @@ def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]
 
     def add(p: Path, named: bool) -> None:
         if p.is_dir():
-            for f in sorted(p.rglob("*")):
-                if f.is_file() and not any(part.startswith(".") for part in f.relative_to(p).parts):
-                    add(f, named=False)
+            found = [f for f in sorted(p.rglob("*")) if not f.is_dir()
+                     and not any(part.startswith(".") for part in f.relative_to(p).parts)]
+            if not found:
+                skipped.append((str(p), "an empty folder"))
+            for f in found:
+                add(f, named=False)
+        elif p.exists() and not p.is_file():  # a FIFO or a device (or a link to one) would hang or never end
+            skipped.append((str(p), "not a regular file (a pipe, socket or device)"))
         elif not p.is_file():
             skipped.append((str(p), "no such file or folder"))
         elif named or p.suffix.lower() in IMG_EXTENSIONS:
