@@ -313,3 +313,14 @@ def test_visualize_show_tokens_draws_every_patch(checkpoint, tmp_path):
     # 64 patches -> 32 kept + 1 fused (block 1) -> of those 33, 17 kept + 1 fused (block 2)
     assert len(np.unique(labels[labels >= 0])) == 17 and (labels < 0).sum() >= 16
     assert (tmp_path / "digits_0001_tokens.png").stat().st_size > 0
+
+
+def test_tracing_a_reduced_model_says_to_turn_reduction_off():
+    import torch.fx
+
+    m = _model()
+    m.set_token_reduction("merge:2")
+    with pytest.raises(ValueError, match="set_token_reduction\\(None\\) before tracing"):
+        torch.fx.symbolic_trace(m)
+    m.set_token_reduction(None)
+    torch.fx.symbolic_trace(m)  # the plain model traces

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -189,6 +190,9 @@ class Encoder(nn.ModuleList):
         """`forward` while some block reduces tokens: a TokenState (token sizes; with `return_attention` also
         which patches each token stands for, kept as `last_tokens` for drawing) runs through every block. No
         gradient checkpointing here: the state is updated in place, and a recomputed block would update it twice."""
+        if isinstance(x, torch.fx.Proxy):
+            raise ValueError("token reduction runs eagerly only (the token count depends on the data); call "
+                             "set_token_reduction(None) before tracing, scripting or exporting the model.")
         if mask is not None or is_causal:
             raise ValueError("token reduction changes which tokens exist, so it cannot take an attention mask; "
                              "call set_token_reduction(None) first.")
