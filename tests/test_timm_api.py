@@ -312,3 +312,16 @@ def test_timm_model_suite_passes_on_our_model(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", select,
                            "test_models.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0 and "36 passed" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_a_scripted_dynamic_size_model_runs_at_other_sizes():
+    """With dynamic_img_size, TorchScript calls back into Python for the resampled positions (as timm's model
+    scripts and runs at any size); outputs equal eager's."""
+    torch.manual_seed(0)
+    m = vit.create_model("vit_tiny_patch16_224", dynamic_img_size=True, img_size=32, embed_dim=32, depth=2,
+                         num_heads=2).eval()
+    scripted = torch.jit.script(m)
+    for hw in ((32, 32), (48, 32)):
+        x = torch.randn(2, 3, *hw)
+        with torch.no_grad():
+            assert torch.equal(scripted(x), m(x))

@@ -260,7 +260,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return self.pos_drop(x + pos)
 
-    @torch.jit.unused
+    @torch.jit.ignore  # runs as Python inside a scripted model (so a scripted model cannot be saved with it)
     def _resized_pos_embed(self, grid: tuple[int, int]) -> torch.Tensor:
         """(1, prefix + h*w, D) positions for another grid: learned ones resampled, sine-cosine ones rebuilt."""
         if grid == self.patch_embed.grid_size:
