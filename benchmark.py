@@ -402,14 +402,7 @@ def bench_token_reduction(args, device) -> dict:
         sides.append(Side(spec, m, build_optimizer(m, opt), device, args.precision))
     sides.append(Side("timm", ref, timm.optim.create_optimizer_v2(ref, "adamw", lr=1e-4, weight_decay=0.05),
                       device, args.precision))
-    B = args.batch_size
-    x = torch.randn(B, 3, img, img, device=device)
-    y = torch.randint(0, base.num_classes, (B,), device=device)
-    times = interleaved(sides, lambda s: (lambda: s.infer(x)), device, args.warmup, args.repeats, args.iters)
-    trained = [s for s in sides if s.name in ("ours", "timm") or s.name.startswith("topk")]
-    train_times = interleaved(trained, lambda s: (lambda: s.train_step(x, y)), device, args.warmup,
-                              args.repeats, args.iters) if len(trained) > 2 else {}
-    acc = {}
+    acc = {}  # first: the timed training steps below change the weights
     if cfg is not None:
         val = build_datasets(cfg, splits=("val",))[1]
         loader = torch.utils.data.DataLoader(val, batch_size=64)
@@ -418,6 +411,13 @@ def bench_token_reduction(args, device) -> dict:
             with torch.inference_mode():
                 hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
             acc[s.name] = hits / len(val)
+    B = args.batch_size
+    x = torch.randn(B, 3, img, img, device=device)
+    y = torch.randint(0, base.num_classes, (B,), device=device)
+    times = interleaved(sides, lambda s: (lambda: s.infer(x)), device, args.warmup, args.repeats, args.iters)
+    trained = [s for s in sides if s.name in ("ours", "timm") or s.name.startswith("topk")]
+    train_times = interleaved(trained, lambda s: (lambda: s.train_step(x, y)), device, args.warmup,
+                              args.repeats, args.iters) if len(trained) > 2 else {}
     rows = []
     for s in sides:
         row = dict(setting=s.name, images_per_s=B / statistics.median(times[s.name]),
