@@ -5,7 +5,6 @@ and rollout back on the full patch grid."""
 import math
 
 import numpy as np
-
 import pytest
 import torch
 import torch.nn.functional as F

@@ -65,7 +65,8 @@ class TokenState:
         attends as the token it belongs to, and attention to a token is shared equally by its members, so rows
         still sum to 1:  A0 = S^T A (S / size)."""
         if self.source is None:
-            raise ValueError("attention maps of a reduced model need source tracking; run it with return_attention=True.")
+            raise ValueError("attention maps of a reduced model need source tracking; "
+                             "run it with return_attention=True.")
         s = self.source.to(attn.dtype)  # (B, N, N0)
         spread = s / self.size.to(attn.dtype)  # (B, N, N0): each token's attention shared among its members
         return s.transpose(1, 2)[:, None] @ attn @ spread[:, None]
