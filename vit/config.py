@@ -45,7 +45,7 @@ class ModelConfig:
     attn_drop_rate: float = 0.0
     drop_path_rate: float = 0.0
     pretrained: str | None = None  # a timm checkpoint file to fine-tune from
-    token_reduction: str | None = None  # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
+    token_reduction: str | None = None  # merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); vit/layers/token_reduction.py
 
 
 @dataclass
