@@ -433,9 +433,9 @@ def bench_token_reduction(args, device) -> dict:
 
 
 def print_token_reduction(res: dict) -> None:
+    ckpt = f"  checkpoint {res['checkpoint']}" if res["checkpoint"] else ""
     print(f"\ntoken reduction: {res['model']}  {res['img_size']} px  batch {res['batch_size']}  {res['precision']}  "
-          f"{res['device']}  {res['threads']} threads"
-          + (f"  checkpoint {res['checkpoint']}" if res["checkpoint"] else ""))
+          f"{res['device']}  {res['threads']} threads{ckpt}")
     print(f"{'setting':<16}{'img/s':>9}{'x plain (min-max)':>21}{'x timm':>8}{'GFLOPs':>8}{'top-1':>8}"
           f"{'train img/s':>13}{'x plain':>9}")
     for r in res["rows"]:
