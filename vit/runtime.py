@@ -42,13 +42,15 @@ def make_accelerator(**kwargs) -> Accelerator:
 
 def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> None:
     """The script options every front-end shares: counts that must be at least 1 (None: the default) and an
-    output folder that must not be an existing file. Raises ValueError (one sentence) before anything is written."""
+    output folder that must not be an existing file. Raises ConfigError (one sentence) before anything is written."""
     from pathlib import Path
+
+    from .config import ConfigError
 
     for name in positive:
         value = getattr(args, name, None)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
     folder = getattr(args, out, None)
     if folder and Path(folder).exists() and not Path(folder).is_dir():
-        raise ValueError(f"--{out} {folder} is an existing file; pass a folder to write the results into.")
+        raise ConfigError(f"--{out} {folder} is an existing file; pass a folder to write the results into.")
