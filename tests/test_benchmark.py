@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
 from helpers import run_script
 
 
+@pytest.mark.slow
 def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
     out = tmp_path / "b.json"
     r = run_script("benchmark.py", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2",

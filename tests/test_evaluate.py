@@ -96,6 +96,7 @@ def test_missing_and_foreign_checkpoints(trained, tmp_path):
     assert r.returncode == 2 and "another architecture" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_timm_weights_directly(tmp_path):
     import timm
     from safetensors.torch import save_file

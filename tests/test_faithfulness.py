@@ -65,6 +65,7 @@ def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
     assert "deletion AUC" in r.stdout
 
 
+@pytest.mark.slow
 def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     ckpt, data = checkpoint
     (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")

@@ -90,6 +90,7 @@ def test_convertible_images_convert_and_bad_ones_are_named(tmp_path):
             decode_image(d / name)
 
 
+@pytest.mark.slow
 def test_training_skips_bad_images_or_stops_before_training(tmp_path):
     root = _bad_folder(tmp_path / "f")
     out = tmp_path / "runs"
@@ -126,6 +127,7 @@ def test_bad_arguments_give_one_sentence_and_write_nothing(tmp_path, args, needl
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_empty_class_and_missing_split(tmp_path):
     root = make_image_folder(tmp_path / "f", classes=("a", "b"), n_train=2, n_val=1)
     (root / "train" / "empty").mkdir()
@@ -149,6 +151,7 @@ def test_checkpoint_from_another_architecture_for_fine_tuning(tmp_path):
     assert r.returncode == 2 and "another architecture" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["stop", "skip"])
 def test_non_finite_loss(tmp_path, mode):
     args = [*SYN, f"--run.output_dir={tmp_path}", "--run.name=n", f"--run.on_nonfinite={mode}"]

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import vit
@@ -33,6 +34,7 @@ def test_summary_traces_shapes_and_counts_flops_like_the_papers():
     assert attn - qkv_proj == 12 * 2 * 3 * 197 * 197 * 64 * 2
 
 
+@pytest.mark.slow
 def test_summary_cli():
     out = subprocess.run([sys.executable, "-m", "vit.summary", "vit_tiny_patch16_224", "--img-size", "64"],
                          capture_output=True, text=True, check=True).stdout

@@ -95,6 +95,7 @@ def test_sincos_positions_and_errors():
         vit.TextEncoder(10, 16, 1, 2, pool="cls")
 
 
+@pytest.mark.slow
 def test_example_positions_decide_who_did_what(tmp_path):
     """examples/text_classification.py, shortened: word order is learnable only with positions."""
     import random

@@ -15,6 +15,7 @@ def _rows(run):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_end_to_end_on_generated_image_folder(tmp_path):
     data = make_image_folder(tmp_path / "folder")
     out = tmp_path / "runs"
@@ -38,6 +39,7 @@ def test_end_to_end_on_generated_image_folder(tmp_path):
     assert cfg.data.root == str(data) and meta["n"] == 15
 
 
+@pytest.mark.slow
 def test_resume_reproduces_uninterrupted_run_exactly(tmp_path):
     common = ["--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=12",
               "--run.epochs=3", "--model.drop_path_rate=0.1", "--aug.mixup=0.5", "--aug.cutmix=0.5",
