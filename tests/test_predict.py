@@ -87,6 +87,7 @@ def test_rows_in_order_skipped_listed_and_equal_to_evaluate(setup, tmp_path):
     assert max(float(r["prob1"]) for r in rows) > 0.6  # not near-uniform: the comparison above means something
 
 
+@pytest.mark.slow
 def test_timm_named_weights_imagenet_names_and_timm_oracle(tmp_path):
     import timm
     from safetensors.torch import save_file
