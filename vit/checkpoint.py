@@ -137,8 +137,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
     atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
     # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
-    aug = cfg.aug
     arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+    aug = cfg.aug  # resolved above: what the pipeline used
     data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
     atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
     return folder

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+
+from .config import ConfigError
 
 __all__ = ["make_accelerator", "run_cli", "check_options"]
 
@@ -43,9 +46,6 @@ def make_accelerator(**kwargs) -> Accelerator:
 def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> None:
     """The script options every front-end shares: counts that must be at least 1 (None: the default) and an
     output folder that must not be an existing file. Raises ConfigError (one sentence) before anything is written."""
-    from pathlib import Path
-
-    from .config import ConfigError
 
     for name in positive:
         value = getattr(args, name, None)
