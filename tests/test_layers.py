@@ -21,13 +21,24 @@ def test_sincos_1d_is_the_papers_formula():
             assert pe[pos, 2 * i + 1] == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-def test_sincos_2d_rows_and_columns():
-    pe = sincos_2d((3, 5), 8)
-    assert pe.shape == (15, 8)
-    # tokens in the same row share the first half; same column share the second half
-    torch.testing.assert_close(pe[5, :4], pe[9, :4])
-    torch.testing.assert_close(pe[1, 4:], pe[11, 4:])
-    assert not torch.allclose(pe[0], pe[1])
+@pytest.mark.parametrize("grid,D", [((3, 5), 8), ((4, 2), 24)])
+def test_sincos_2d_is_big_visions_formula(grid, D):
+    """big_vision's posemb_sincos_2d written out per entry in float64: for the token at row y, column x,
+    omega_i = 1 / 10000**(i / (D/4 - 1)) and the row is [sin(x w), cos(x w), sin(y w), cos(y w)]."""
+    h, w = grid
+    q = D // 4
+    ref = torch.empty(h * w, D, dtype=torch.float64)
+    for y in range(h):
+        for x in range(w):
+            for i in range(q):
+                om = 1.0 / 10000 ** (i / (q - 1))
+                row = ref[y * w + x]
+                row[i], row[q + i], row[2 * q + i], row[3 * q + i] = (
+                    math.sin(x * om), math.cos(x * om), math.sin(y * om), math.cos(y * om))
+    torch.testing.assert_close(sincos_2d(grid, D).double(), ref, atol=1e-7, rtol=0)
+    assert ref[:, : D // 2].std() > 0.1 and ref[:, D // 2 :].std() > 0.1  # both halves vary: not a vacuous check
+    with pytest.raises(ValueError, match="divisible by 4 and at least 8"):
+        sincos_2d(grid, 4)
 
 
 def test_sincos_vit_is_fixed_and_not_saved():

@@ -3,8 +3,8 @@
 1-D sine-cosine follows Vaswani et al. (2017, section 3.5):
     PE(pos, 2i) = sin(pos / 10000^(2i/D)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
 (sines and cosines interleaved, so rows match the paper and PyTorch tutorials).
-2-D sine-cosine (MoCo v3, "Better plain ViT baselines") spends half of D on the row index and half on the
-column index. Resampling a learned grid to a new image size follows timm's `resample_abs_pos_embed`: the
+2-D sine-cosine ("Better plain ViT baselines", Beyer et al., 2022; big_vision's `posemb_sincos_2d`) spends
+the first half of D on the column index x and the second half on the row index y. Resampling a learned grid to a new image size follows timm's `resample_abs_pos_embed`: the
 prefix ([CLS]) rows are kept apart, the grid is reshaped to (1, D, h, w), interpolated bicubically with
 antialiasing, and flattened back.
 """
@@ -31,17 +31,21 @@ def sincos_1d(num_positions: int, dim: int, temperature: float = 10000.0) -> tor
 
 
 def sincos_2d(grid_size: tuple[int, int], dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """(h*w, dim) table for a row-major grid: [sin(y), cos(y), sin(x), cos(x)] blocks of dim/4 each."""
-    if dim % 4:
-        raise ValueError(f"2-D sine-cosine position embeddings need a width divisible by 4, got {dim}.")
+    """(h*w, dim) fixed position table for a row-major grid of patches, exactly big_vision's `posemb_sincos_2d`
+    ("Better plain ViT baselines", Beyer et al., 2022): blocks of dim/4 columns [sin(x), cos(x), sin(y), cos(y)],
+    x the column index and y the row index, with frequencies omega_i = 1 / temperature**(i / (dim/4 - 1)),
+    i = 0 .. dim/4 - 1 (so the lowest frequency is exactly 1/temperature). Computed in float64, returned as float32."""
+    if dim % 4 or dim < 8:
+        raise ValueError(f"2-D sine-cosine position embeddings need a width divisible by 4 and at least 8, got {dim}.")
     h, w = grid_size
     y, x = torch.meshgrid(
         torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64), indexing="ij"
-    )
-    omega = temperature ** (-torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (D/4,)
-    ya = y.flatten()[:, None] * omega  # (h*w, D/4)
-    xa = x.flatten()[:, None] * omega
-    return torch.cat([ya.sin(), ya.cos(), xa.sin(), xa.cos()], dim=1).float()
+    )  # (h, w) each: y[i, j] = i (row), x[i, j] = j (column)
+    quarter = dim // 4
+    omega = 1.0 / temperature ** (torch.arange(quarter, dtype=torch.float64) / (quarter - 1))  # (D/4,)
+    xa = x.flatten()[:, None] * omega  # (h*w, D/4)
+    ya = y.flatten()[:, None] * omega
+    return torch.cat([xa.sin(), xa.cos(), ya.sin(), ya.cos()], dim=1).float()
 
 
 def resample_abs_pos_embed(
