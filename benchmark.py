@@ -255,7 +255,7 @@ def _jpeg_files(rng, n: int, width: int, height: int, tmp: str) -> list[str]:
     size; a smooth or blank image decodes 2-3x faster and would flatter any pipeline's ratio to decoding)."""
     from PIL import Image
 
-    from vit.data import photo_like
+    from vit.synthetic import photo_like
 
     paths = []
     for i in range(n):
@@ -279,7 +279,8 @@ def bench_data(args) -> dict:
     from torchvision.transforms import v2
 
     from vit.config import AugConfig
-    from vit.transforms import build_transform, decode_image
+    from vit.decode import decode_image
+    from vit.transforms import build_transform
 
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=mean, std=std)

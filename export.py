@@ -30,7 +30,7 @@ import torch
 
 from vit.checkpoint import atomic_write_text
 from vit.config import ConfigError, parse_overrides
-from vit.data import DataError, build_datasets, photo_like
+from vit.data import DataError, build_datasets
 from vit.export import (
     FORMATS,
     ExportableClassifier,
@@ -43,6 +43,7 @@ from vit.export import (
 )
 from vit.inference import ImageFiles, collect_images, label_names, load_model_and_config
 from vit.runtime import check_options, run_cli
+from vit.synthetic import photo_like
 from vit.transforms import build_transform
 
 

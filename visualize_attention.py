@@ -26,11 +26,12 @@ import torch
 
 from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
+from vit.decode import BadImageError
 from vit.layers.token_reduction import TopK
 from vit.plots import plot_attention_map, to_display
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
-from vit.transforms import BadImageError, build_transform
+from vit.transforms import build_transform
 
 
 def parse_args(argv):

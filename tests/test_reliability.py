@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from vit.checkpoint import load_checkpoint
 from vit.config import ConfigError, from_dict
-from vit.transforms import BadImageError, decode_image
+from vit.decode import BadImageError, decode_image
 
 SYN = ["--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=12",
        "--run.epochs=3", "--model.drop_path_rate=0.1", "--aug.random_resized_crop=true", *TINY]

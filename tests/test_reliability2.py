@@ -22,8 +22,8 @@ from PIL import Image
 from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
+from vit.decode import BadImageError, decode_image
 from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, resume_run
-from vit.transforms import BadImageError, decode_image
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]

@@ -16,8 +16,9 @@ from torchvision.transforms.v2 import functional as F
 import vit.decode as D
 import vit.transforms as T
 from vit.config import AugConfig
-from vit.data import photo_like
-from vit.transforms import build_transform, decode_image
+from vit.decode import decode_image
+from vit.synthetic import photo_like
+from vit.transforms import build_transform
 
 
 def _smooth(h, w, seed=0):

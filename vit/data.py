@@ -18,10 +18,11 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from .config import Config
-from .transforms import BadImageError, build_transform, decode_image
+from .decode import BadImageError, decode_image
+from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "photo_like", "resolve_data_config"]
+           "resolve_data_config"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -164,19 +165,6 @@ def _cifar(cfg: Config, name: str):
             f"'{'cifar-10-batches-py' if name == 'cifar10' else 'cifar-100-python'}' folder there, or go online."
         ) from None
     return (tr.data, tr.targets), (va.data, va.targets), list(tr.classes)
-
-
-def photo_like(rng: np.random.Generator, width: int, height: int, slope: float = 1.0,
-               contrast: float = 50.0) -> np.ndarray:
-    """An RGB uint8 (height, width, 3) image with the power-law spectrum of natural photographs: amplitude
-    ~ 1/f**slope (1 is typical of photos; larger is smoother), grey levels 128 +- `contrast` (one std). For
-    benchmarks and tests that need photo-like detail and JPEG sizes without shipping photos."""
-    fy, fx = np.fft.fftfreq(height)[:, None], np.fft.rfftfreq(width)[None, :]
-    f = np.hypot(fx, fy)
-    f[0, 0] = 1.0
-    spec = (rng.normal(size=(3, *f.shape)) + 1j * rng.normal(size=(3, *f.shape))) / f**slope
-    a = np.fft.irfft2(spec, s=(height, width)).transpose(1, 2, 0)  # (H, W, 3)
-    return np.ascontiguousarray(np.clip((a - a.mean()) / a.std() * contrast + 128, 0, 255).astype(np.uint8))
 
 
 def _synthetic(cfg: Config, img_size: int):

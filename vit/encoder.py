@@ -17,18 +17,9 @@ import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .layers import Attention, DropPath, LayerScale, Mlp, SwiGLU, TokenState, get_norm_layer
+from .layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
 
-__all__ = ["Block", "Encoder", "MLP_LAYERS"]
-
-MLP_LAYERS: dict[str, type[nn.Module]] = {"gelu": Mlp, "swiglu": SwiGLU}
-
-
-def get_mlp_layer(name: str) -> type[nn.Module]:
-    try:
-        return MLP_LAYERS[name]
-    except KeyError:
-        raise ValueError(f"unknown mlp_layer {name!r}; choose one of {sorted(MLP_LAYERS)}.") from None
+__all__ = ["Block", "Encoder"]
 
 
 class Block(nn.Module):

@@ -17,9 +17,10 @@ from torch.utils.data import DataLoader, Dataset
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, apply_overrides, from_dict, to_dict
 from .data import IMG_EXTENSIONS, resolve_data_config
+from .decode import BadImageError
 from .metrics import predict
 from .pretrained import load_pretrained, read_state_dict
-from .transforms import BadImageError, Pipeline
+from .transforms import Pipeline
 from .vision import create_model
 
 __all__ = ["LIST_SUFFIXES", "collect_images", "ImageFiles", "predict_files", "load_model_and_config",

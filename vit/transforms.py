@@ -27,18 +27,9 @@ import numpy as np
 import torch
 
 from .config import AugConfig
-from .decode import (  # noqa: F401  (BadImageError, decode_image, to_rgb_array: re-exported)
-    BadImageError,
-    decode_bytes,
-    decode_image,
-    is_complete_jpeg,
-    jpeg_reduction,
-    jpeg_size,
-    read_bytes,
-    to_rgb_array,
-)
+from .decode import decode_bytes, is_complete_jpeg, jpeg_reduction, jpeg_size, read_bytes
 
-__all__ = ["BadImageError", "decode_image", "build_transform", "to_rgb_array", "Pipeline"]
+__all__ = ["build_transform", "Pipeline"]
 
 GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscale
 

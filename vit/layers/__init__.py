@@ -1,8 +1,9 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
 from .attention import Attention, expand_mask
-from .drop import DropPath, LayerScale
-from .mlp import Mlp, SwiGLU
+from .drop import DropPath
+from .layer_scale import LayerScale
+from .mlp import MLP_LAYERS, Mlp, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
@@ -12,12 +13,14 @@ __all__ = [
     "Attention",
     "DropPath",
     "LayerScale",
+    "MLP_LAYERS",
     "Mlp",
     "PatchEmbed",
     "SwiGLU",
     "TokenState",
     "build_token_reduction",
     "expand_mask",
+    "get_mlp_layer",
     "get_norm_layer",
     "parse_token_reduction",
     "resample_abs_pos_embed",

@@ -1,8 +1,7 @@
-"""Stochastic depth (Huang et al., 2016) and LayerScale (Touvron et al., 2021, CaiT).
+"""Stochastic depth (Huang et al., 2016, "Deep Networks with Stochastic Depth").
 
 DropPath zeroes a whole residual branch for a random subset of samples during training and rescales the rest
-by 1/keep, so the expected output is unchanged. LayerScale multiplies a branch by a learned per-channel
-vector initialised small, which lets deep stacks start close to the identity. Names match timm (`ls1.gamma`).
+by 1/keep, so the expected output is unchanged. (LayerScale, the other per-branch operation: layer_scale.py.)
 """
 
 from __future__ import annotations
@@ -10,10 +9,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["DropPath", "LayerScale"]
+__all__ = ["DropPath"]
 
 
 class DropPath(nn.Module):
+    """Drop a residual branch per sample: (B, ...) -> (B, ...), each sample's branch zeroed with probability
+    `drop_prob` while training and the rest scaled by 1/(1 - drop_prob); the identity in eval mode."""
+
     def __init__(self, drop_prob: float = 0.0) -> None:
         super().__init__()
         self.drop_prob = drop_prob
@@ -28,12 +30,3 @@ class DropPath(nn.Module):
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
-        super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma

@@ -4,9 +4,9 @@
     PE(pos, 2i) = sin(pos / 10000^(2i/D)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/D))
 (sines and cosines interleaved, so rows match the paper and PyTorch tutorials).
 2-D sine-cosine ("Better plain ViT baselines", Beyer et al., 2022; big_vision's `posemb_sincos_2d`) spends
-the first half of D on the column index x and the second half on the row index y. Resampling a learned grid to a new image size follows timm's `resample_abs_pos_embed`: the
-prefix ([CLS]) rows are kept apart, the grid is reshaped to (1, D, h, w), interpolated bicubically with
-antialiasing, and flattened back.
+the first half of D on the column index x and the second half on the row index y. Resampling a learned grid
+to a new image size follows timm's `resample_abs_pos_embed`: the prefix ([CLS]) rows are kept apart, the grid
+is reshaped to (1, D, h, w), interpolated bicubically with antialiasing, and flattened back.
 """
 
 from __future__ import annotations
