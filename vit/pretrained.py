@@ -2,11 +2,10 @@
 
 Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `.bin` / `.ckpt` through
 `torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
-  - position embeddings resampled to the model's patch grid (bicubic, prefix tokens kept apart, as timm);
-  - a classifier head whose class count differs is dropped and the model's fresh head kept (fine-tuning);
-  - patch-embedding weights for another channel count adapted by timm's `adapt_input_conv` (summed for 1
-    channel, repeated and rescaled for more);
-  - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed.
+  - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed;
+  - the model's own, through its `checkpoint_filter_fn` (as timm's models have one): for the ViT, positions
+    resampled to its patch grid and the patch embedding adapted to its input channels (vit/vision_weights.py);
+  - a classifier head whose class count differs is dropped and the model's fresh head kept (fine-tuning).
 Anything else that does not fit raises one sentence naming the mismatch. Weights named rather than given as a
 file (`vit_base_patch16_224`, `hf-hub:...`, `local-dir:...`) are found by `vit.hub` and read here.
 """
@@ -14,7 +13,6 @@ file (`vit_base_patch16_224`, `hf-hub:...`, `local-dir:...`) are found by `vit.h
 from __future__ import annotations
 
 import logging
-import math
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +22,6 @@ from safetensors.torch import load_file
 from torch import nn
 
 from .hub import Source, weights_file
-from .layers import resample_abs_pos_embed
 
 __all__ = ["load_pretrained", "read_state_dict", "LoadReport"]
 log = logging.getLogger(__name__)
@@ -102,32 +99,13 @@ def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:
 def adapt_state_dict(
     state: dict[str, torch.Tensor], model: nn.Module, report: LoadReport
 ) -> dict[str, torch.Tensor]:
-    """Resample positions and drop a mismatched head so `state` fits `model`; record what was done."""
-    state = dict(state)
+    """Fit `state` to `model` and record what was done: first the model's own adaptation, its
+    `checkpoint_filter_fn(state, report)` if it has one (timm's name; the ViT's resamples positions and adapts
+    input channels, vit/vision_weights.py), then the one every classifier shares: a head whose class count
+    differs is dropped so the model keeps its fresh one (fine-tuning)."""
+    filter_fn = getattr(model, "checkpoint_filter_fn", None)
+    state = dict(filter_fn(state, report) if filter_fn is not None else state)
     own = model.state_dict()
-    pos = state.get("pos_embed")
-    if pos is not None and "pos_embed" in own and pos.shape != own["pos_embed"].shape:
-        if pos.ndim != 3:  # (1, prefix + grid, dim); anything else cannot be resampled
-            raise ValueError(f"position embeddings of shape {tuple(pos.shape)} cannot be resampled to "
-                             f"{tuple(own['pos_embed'].shape)}; the checkpoint is from another architecture.")
-        prefix = getattr(model, "num_prefix_tokens", 1)
-        new_grid = model.patch_embed.grid_size
-        old_n = pos.shape[1] - prefix
-        side = math.isqrt(old_n)
-        if side * side != old_n or pos.shape[-1] != own["pos_embed"].shape[-1]:
-            raise ValueError(
-                f"position embeddings of shape {tuple(pos.shape)} cannot be resampled to "
-                f"{tuple(own['pos_embed'].shape)}; the checkpoint is from another architecture."
-            )
-        state["pos_embed"] = resample_abs_pos_embed(pos, new_grid, (side, side), prefix)
-        report.actions.append(f"resampled pos_embed from a {side}x{side} grid to {new_grid[0]}x{new_grid[1]}")
-    w, own_w = state.get("patch_embed.proj.weight"), own.get("patch_embed.proj.weight")
-    if w is not None and own_w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] \
-            and (w.shape[0], *w.shape[2:]) == (own_w.shape[0], *own_w.shape[2:]):
-        from timm.models import adapt_input_conv
-
-        state["patch_embed.proj.weight"] = adapt_input_conv(own_w.shape[1], w, base_chans=w.shape[1])
-        report.actions.append(f"adapted patch_embed.proj from {w.shape[1]} to {own_w.shape[1]} input channels")
     head_keys = [k for k in ("head.weight", "head.bias") if k in state]
     if head_keys and ("head.weight" not in own or state["head.weight"].shape != own["head.weight"].shape):
         n_old = state["head.weight"].shape[0]

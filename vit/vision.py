@@ -33,6 +33,7 @@ from .layers import (
     to_2tuple,
 )
 from .pretrained import load_pretrained
+from .vision_weights import checkpoint_filter_fn
 
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
 
@@ -196,6 +197,12 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward while training (memory for compute); outputs unchanged."""
         self.blocks.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def checkpoint_filter_fn(self, state: dict[str, torch.Tensor], report: Any) -> dict[str, torch.Tensor]:
+        """Pretrained weights fitted to this model (positions resampled, input channels adapted); see
+        vit/vision_weights.py. `vit.load_pretrained` calls it before its strict check."""
+        return checkpoint_filter_fn(state, self, report)
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
