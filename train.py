@@ -31,12 +31,12 @@ from tqdm.auto import tqdm
 from vit.checkpoint import (
     atomic_write_csv,
     atomic_write_text,
-    build_model,
     fault_point,
     save_checkpoint,
 )
 from vit.config import ConfigError, dump, load_config
 from vit.data import EpochSampler, build_datasets, resolve_data_config
+from vit.factory import build_model
 from vit.layers import topk_warmup
 from vit.metrics import predict, summarize_logits
 from vit.optim import build_optimizer, lr_at, set_lr

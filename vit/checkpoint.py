@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .config import Config, ModelConfig, dump, from_dict, read_yaml
+from .config import Config, dump, from_dict, read_yaml
+from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .hub import split_tag, timm_config
-from .vision import VisionTransformer, create_model
+from .vision import VisionTransformer
 
 FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
 
@@ -95,30 +96,6 @@ def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) 
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, buf.getvalue())
-
-
-def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
-                saved: dict | None = None) -> VisionTransformer:
-    """The model a config describes (the only place the config meets `create_model`); with `pretrained`, loaded
-    from the weights model.pretrained names. `saved`: a checkpoint's config.json, whose architecture and
-    model_args (which hold what came from the pretrained weights) fill in what the config leaves unset."""
-    m = cfg.model
-    overrides = dict(
-        img_size=m.img_size, in_chans=m.in_chans, num_classes=num_classes, drop_rate=m.drop_rate,
-        attn_drop_rate=m.attn_drop_rate, drop_path_rate=m.drop_path_rate,
-    )
-    # Architecture options at their defaults are left to the variant, or to the pretrained weights' config.json
-    # (model_args), whose model they must rebuild; the defaults are create_model's own, so nothing else changes.
-    default = ModelConfig()
-    for key in ("global_pool", "pos_embed", "norm_layer", "mlp_layer", "norm_first", "init_values"):
-        if getattr(m, key) != getattr(default, key):
-            overrides[key] = getattr(m, key)
-    for key in ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio"):
-        if getattr(m, key) is not None:
-            overrides[key] = getattr(m, key)
-    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
-    return create_model(name, pretrained=m.pretrained if pretrained else None, token_reduction=m.token_reduction,
-                        **{**base, **overrides})
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -28,18 +28,20 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
+    # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
+    # through): a new model option is one line here, its choices (if any) in a Literal type.
     name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
     img_size: int = 224
     patch_size: int | None = None
     in_chans: int = 3
-    global_pool: str = "token"
+    global_pool: Literal["token", "avg"] = "token"
     embed_dim: int | None = None
     depth: int | None = None
     num_heads: int | None = None
     mlp_ratio: float | None = None
-    pos_embed: str = "learn"
-    norm_layer: str = "layernorm"
-    mlp_layer: str = "gelu"
+    pos_embed: Literal["learn", "sincos"] = "learn"
+    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"
+    mlp_layer: Literal["gelu", "swiglu"] = "gelu"
     norm_first: bool = True
     init_values: float | None = None
     drop_rate: float = 0.0
@@ -157,11 +159,15 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
+def _literal_choices(cls: type, prefix: str) -> dict[str, tuple]:
+    """{'section.key': choices} for the fields of `cls` typed Literal[...] (the choices live in the field)."""
+    hints = typing.get_type_hints(cls)
+    return {f"{prefix}.{f.name}": typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is Literal}
+
+
 CHOICES = {
-    "model.global_pool": ("token", "avg"),
-    "model.pos_embed": ("learn", "sincos"),
-    "model.norm_layer": ("layernorm", "rmsnorm"),
-    "model.mlp_layer": ("gelu", "swiglu"),
+    **_literal_choices(ModelConfig, "model"),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
@@ -282,6 +288,9 @@ def validate(cfg: Config) -> None:
         )
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
+    if m.in_chans not in (1, 3):
+        raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
+                          f"those, got {m.in_chans}.")
     if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
         raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
 

@@ -1,6 +1,6 @@
 """Datasets for training and evaluation: digits (the offline default), ImageFolder, CIFAR, synthetic.
 
-Every dataset yields (image (3, S, S) float tensor, label int) through a `vit.transforms` pipeline and knows its
+Every dataset yields (image (C, S, S) float tensor, label int) through a `vit.transforms` pipeline and knows its
 `classes`. Augmentation randomness is seeded per (seed, epoch, index): call `set_epoch` before each epoch.
 `EpochSampler` shuffles with a permutation that depends only on (seed, epoch), so resuming mid-epoch and
 skipping the batches already seen reproduces the uninterrupted order exactly.

@@ -84,7 +84,8 @@ def plot_reliability(bins: list, ece: float, out_png: str | Path) -> None:
 
 def to_display(x, mean, std) -> np.ndarray:
     """A normalized (C, H, W) tensor back to what the model saw, as (H, W, C) floats in [0, 1] for display."""
-    return (x.permute(1, 2, 0).numpy() * np.array(std) + np.array(mean)).clip(0, 1)
+    img = (x.permute(1, 2, 0).numpy() * np.array(std) + np.array(mean)).clip(0, 1)
+    return img.repeat(3, axis=2) if img.shape[2] == 1 else img  # grey (model.in_chans=1) shown as RGB
 
 
 def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:

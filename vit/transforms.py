@@ -200,7 +200,8 @@ class _Albumentations:
 
 
 class Pipeline:
-    """Geometry, then per-sample steps on uint8 (H, W, 3), then one step to a normalized (C, H, W) tensor.
+    """Geometry, then per-sample steps on uint8 (H, W, 3), then one step to a normalized (C, H, W) tensor,
+    C = len(mean): 3, or 1 for a single-channel model (the RGB image is converted to its luma last).
 
     Normalization is a per-channel lookup table (256 float32 entries per channel: (v - mean) / std) applied
     plane by plane with cv2.LUT straight into the CHW output; a pending colour-jitter table is folded into it
@@ -225,7 +226,7 @@ class Pipeline:
             self.np_rng.bit_generator.state = np.random.PCG64(seed).state
 
     def __call__(self, image: np.ndarray, seed: int | None = None) -> torch.Tensor:
-        """An RGB uint8 (H, W, 3) array -> (C, S, S) float tensor."""
+        """An RGB uint8 (H, W, 3) array -> (C, S, S) float tensor, C = len(mean) (3, or 1: grey)."""
         if seed is not None:
             self.reseed(seed)
         h, w = image.shape[:2]
@@ -266,6 +267,10 @@ class Pipeline:
         return self._normalize(img, lut)
 
     def _normalize(self, img: np.ndarray, lut: np.ndarray | None) -> torch.Tensor:
+        if len(self.tables) == 1 and img.ndim == 3 and img.shape[2] == 3:  # a 1-channel model (model.in_chans=1)
+            if lut is not None:
+                img, lut = cv2.LUT(img, lut), None
+            img = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)  # ITU-R 601 luma (GRAY); a grey RGB image is unchanged
         planes = cv2.split(img)
         if len(planes) != len(self.tables):
             raise ValueError(f"image has {len(planes)} channels, the normalization expects {len(self.tables)}.")
@@ -277,7 +282,8 @@ class Pipeline:
 
 
 def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
-    """The pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (3, S, S)."""
+    """The pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (C, S, S) with one channel
+    per value of aug.mean (3 for RGB, 1 for a grey model: model.in_chans=1)."""
     aug = aug.resolved()  # preprocessing left unset: the fallbacks (train.py resolves it from the weights first)
     interp = cv2.INTER_CUBIC if aug.interpolation == "bicubic" else cv2.INTER_LINEAR
     if not train:
@@ -313,6 +319,7 @@ def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
         albu.append(_rand_augment(aug.rand_augment_ops))
     if aug.random_erasing:
         # filled with the mean colour: zero after normalization, as timm's 'const' random erasing
-        albu.append(A.Erasing(p=aug.random_erasing, fill=tuple(round(255 * m) for m in aug.mean)))
+        rgb_mean = aug.mean * (3 // len(aug.mean))  # a grey model's one value, on the RGB image it erases in
+        albu.append(A.Erasing(p=aug.random_erasing, fill=tuple(round(255 * m) for m in rgb_mean)))
     flush()
     return Pipeline(geometry, steps, aug.mean, aug.std)
