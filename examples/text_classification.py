@@ -53,7 +53,7 @@ class Classifier(nn.Module):
     def __init__(self, pos_embed: str, max_len: int) -> None:
         super().__init__()
         self.encoder = vit.TextEncoder(len(VOCAB), embed_dim=64, depth=2, num_heads=4, max_len=max_len,
-                                       pos_embed=pos_embed, pool="mean")
+                                       pos_embed=pos_embed, global_pool="avg")
         self.head = nn.Linear(64, 2)
 
     def forward(self, ids, mask):

@@ -37,7 +37,7 @@ def test_parity_with_torch_encoder_under_padding(norm_first, B, N, D, H, depth):
 
 
 def test_padded_tokens_do_not_change_real_outputs():
-    m = vit.TextEncoder(50, 32, 2, 4, max_len=16, cls_token=True, pool="cls").eval()
+    m = vit.TextEncoder(50, 32, 2, 4, max_len=16, class_token=True, global_pool="token").eval()
     ids = torch.randint(0, 50, (2, 10))
     mask = torch.ones(2, 10)
     mask[:, 7:] = 0
@@ -50,7 +50,7 @@ def test_padded_tokens_do_not_change_real_outputs():
 
 
 def test_masked_mean_pooling_ignores_padding():
-    m = vit.TextEncoder(50, 16, 1, 2, max_len=8, pool="mean").eval()
+    m = vit.TextEncoder(50, 16, 1, 2, max_len=8, global_pool="avg").eval()
     ids = torch.randint(0, 50, (1, 6))
     mask = torch.tensor([[1, 1, 1, 1, 0, 0]])
     with torch.no_grad():
@@ -91,8 +91,59 @@ def test_sincos_positions_and_errors():
     torch.testing.assert_close(m.pos_embed[0], vit.layers.sincos_1d(6, 16))
     with pytest.raises(ValueError, match="longer than max_len=6"):
         m(torch.zeros(1, 7, dtype=torch.long))
-    with pytest.raises(ValueError, match="needs cls_token=True"):
-        vit.TextEncoder(10, 16, 1, 2, pool="cls")
+    with pytest.raises(ValueError, match="needs class_token=True"):
+        vit.TextEncoder(10, 16, 1, 2, global_pool="token")
+
+
+def test_old_keywords_warn_and_mean_the_same():
+    torch.manual_seed(0)
+    new = vit.TextEncoder(20, 16, 1, 2, max_len=8, class_token=True, global_pool="token").eval()
+    for kwargs, spelled in ((dict(cls_token=True, pool="cls"), "global_pool='token'"),
+                            (dict(class_token=True, pool="cls"), "global_pool='token'")):
+        with pytest.warns(DeprecationWarning, match=spelled):
+            old = vit.TextEncoder(20, 16, 1, 2, max_len=8, **kwargs).eval()
+        old.load_state_dict(new.state_dict())
+        ids = torch.randint(0, 20, (2, 5))
+        torch.testing.assert_close(old(ids).pooler_output, new(ids).pooler_output, atol=0, rtol=0)
+        assert old.global_pool == "token" and old.cls_token is not None
+    with pytest.warns(DeprecationWarning, match="class_token"):
+        vit.TextEncoder(20, 16, 1, 2, cls_token=True)
+    with pytest.warns(DeprecationWarning, match="global_pool='avg'"):
+        assert vit.TextEncoder(20, 16, 1, 2, pool="mean").global_pool == "avg"
+
+
+def _torch_encoder(D=16, H=2, depth=1, norm_first=True, final_norm=True, **layer_kwargs):
+    kw = dict(dim_feedforward=4 * D, dropout=0.0, activation="gelu", batch_first=True, norm_first=norm_first)
+    layer = nn.TransformerEncoderLayer(D, H, **{**kw, **layer_kwargs})
+    return nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(D) if final_norm else None,
+                                 enable_nested_tensor=False).eval()
+
+
+@pytest.mark.parametrize("ref_kwargs,ours_kwargs,message", [
+    (dict(activation="relu"), {}, "uses activation relu, this model's MLP uses GELU"),
+    (dict(activation=nn.GELU(approximate="tanh")), {}, "uses activation GELU(approximate='tanh'), this"),
+    ({}, dict(norm_eps=1e-6), "eps=1e-05, this model's 1e-06; build this model with norm_eps=1e-05"),
+    (dict(norm_first=False, final_norm=False), {}, "has norm_first=False, this model norm_first=True"),
+    ({}, dict(mlp_layer="swiglu"), "MLP is SwiGLU"),
+    ({}, dict(norm_layer="rmsnorm"), "LayerNorm, this model's is RMSNorm; build this model with norm_layer='layernorm"),
+    (dict(H=4), {}, "4 attention heads, this model 2"),
+    (dict(final_norm=False), {}, "has no final norm, this model has one"),
+    (dict(bias=False), {}, "bias=False"),
+])
+def test_load_torch_encoder_refuses_what_would_compute_otherwise(ref_kwargs, ours_kwargs, message):
+    ref = _torch_encoder(**ref_kwargs)
+    ours = vit.TextEncoder(10, 16, 1, 2, max_len=8, pos_embed="none", **{"norm_eps": 1e-5, **ours_kwargs})
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ours.load_torch_encoder(ref)
+    assert all(torch.equal(before[k], v) for k, v in ours.state_dict().items())  # nothing copied
+    # and the matching encoder loads and agrees (the check is not vacuous: same shapes, other options)
+    ok = _torch_encoder()
+    ours = vit.TextEncoder(10, 16, 1, 2, max_len=8, pos_embed="none", norm_eps=1e-5).eval()
+    ours.load_torch_encoder(ok)
+    x = torch.randint(0, 10, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x).last_hidden_state, ok(ours.token_embed(x)), atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow

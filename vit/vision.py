@@ -82,6 +82,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         dynamic_img_size: bool = False,
         init_values: float | None = None,
         norm_layer: str = "layernorm",
+        norm_eps: float = 1e-6,
         mlp_layer: str = "gelu",
         norm_first: bool = True,
         drop_rate: float = 0.0,
@@ -94,7 +95,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         _check_global_pool(global_pool, class_token)
         if pos_embed not in ("learn", "sincos"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn' or 'sincos'.")
-        norm = get_norm_layer(norm_layer)
+        norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = global_pool
