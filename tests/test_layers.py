@@ -120,19 +120,69 @@ def test_block_matches_torch_transformer_layer(norm_first):
         torch.testing.assert_close(blk(x)[0], ref(x), atol=1e-5, rtol=0)
 
 
-def test_block_options_build_and_differ():
-    x = torch.randn(2, 5, 16)
-    outs = {}
-    for opts in [dict(), dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu"), dict(init_values=1e-5),
-                 dict(norm_first=False)]:
-        torch.manual_seed(0)
-        blk = Block(16, 2, **opts).eval()
-        outs[str(opts)] = blk(x)[0]
-    assert isinstance(Block(16, 2, init_values=1e-5).ls1, vit.layers.LayerScale)
-    assert isinstance(Block(16, 2).ls1, nn.Identity)
-    base = outs["{}"]
-    for k, v in outs.items():
-        if k != "{}":
-            assert not torch.allclose(v, base), k
+def _ref_norm(x, norm, kind):
+    """LayerNorm (Ba et al., 2016) or RMSNorm (Zhang & Sennrich, 2019) over the last axis, float64."""
+    w = norm.weight.double()
+    if kind == "rmsnorm":
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * w
+    mu, var = x.mean(-1, keepdim=True), x.var(-1, unbiased=False, keepdim=True)
+    return (x - mu) / torch.sqrt(var + norm.eps) * w + norm.bias.double()
+
+
+def _ref_attention(x, attn):
+    """softmax(Q K^T / sqrt(d)) V per head, heads concatenated, then the output projection; float64."""
+    B, N, D = x.shape
+    H = attn.num_heads
+    d = D // H
+    qkv = x @ attn.qkv.weight.double().T + attn.qkv.bias.double()  # (B, N, 3D): [q | k | v], heads inside each
+    q, k, v = (qkv[..., i * D:(i + 1) * D].reshape(B, N, H, d).transpose(1, 2) for i in range(3))  # (B, H, N, d)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    out = (p / p.sum(-1, keepdim=True)) @ v  # (B, H, N, d)
+    return out.transpose(1, 2).reshape(B, N, D) @ attn.proj.weight.double().T + attn.proj.bias.double()
+
+
+def _ref_ffn(x, mlp, kind):
+    def lin(layer, z):
+        return z @ layer.weight.double().T + layer.bias.double()
+
+    if kind == "swiglu":  # Shazeer (2020): W2 (SiLU(x Wg) * (x Wx)), SiLU(g) = g / (1 + e^-g)
+        g = lin(mlp.fc1_g, x)
+        return lin(mlp.fc2, g / (1 + torch.exp(-g)) * lin(mlp.fc1_x, x))
+    z = lin(mlp.fc1, x)  # GELU, erf form: z * Phi(z)
+    return lin(mlp.fc2, 0.5 * z * (1 + torch.erf(z / math.sqrt(2))))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("opts", [
+    dict(), dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu"), dict(init_values=0.5), dict(norm_first=False),
+    dict(norm_first=False, norm_layer="rmsnorm", mlp_layer="swiglu", init_values=0.5),
+], ids=["default", "rmsnorm", "swiglu", "layerscale", "post-norm", "post-norm-all"])
+def test_block_options_match_their_formula_in_float64(opts, fused):
+    """Each block option against the block written out by hand (pre-norm: x + LS(Attn(Norm(x))), then
+    x + LS(FFN(Norm(x))); post-norm: Norm(x + LS(Attn(x))), then Norm(x + LS(FFN(x)))), so a miswiring (a norm
+    in the wrong place, the gate on the wrong projection, LayerScale on one branch only) fails here."""
+    torch.manual_seed(0)
+    blk = Block(16, 2, mlp_ratio=2.0, fused_attn=fused, **opts).double().eval()
+    with torch.no_grad():
+        for p in blk.parameters():  # norms, biases and LayerScale away from their 1 / 0 / constant inits
+            p.add_(torch.randn_like(p) * 0.3)
+    kind = opts.get("norm_layer", "layernorm")
+    ffn_kind = opts.get("mlp_layer", "gelu")
+    ls1 = blk.ls1.gamma.double() if "init_values" in opts else 1.0
+    ls2 = blk.ls2.gamma.double() if "init_values" in opts else 1.0
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    if opts.get("norm_first", True):
+        h = x + ls1 * _ref_attention(_ref_norm(x, blk.norm1, kind), blk.attn)
+        ref = h + ls2 * _ref_ffn(_ref_norm(h, blk.norm2, kind), blk.mlp, ffn_kind)
+    else:
+        h = _ref_norm(x + ls1 * _ref_attention(x, blk.attn), blk.norm1, kind)
+        ref = _ref_norm(h + ls2 * _ref_ffn(h, blk.mlp, ffn_kind), blk.norm2, kind)
+    with torch.no_grad():
+        torch.testing.assert_close(blk(x)[0], ref, atol=1e-12, rtol=0)
+    assert isinstance(blk.ls1, vit.layers.LayerScale if "init_values" in opts else nn.Identity)
+
+
+def test_unknown_block_options_are_named():
     with pytest.raises(ValueError, match="unknown mlp_layer 'relu2'"):
         Block(16, 2, mlp_layer="relu2")
