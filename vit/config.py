@@ -225,7 +225,8 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
 
 
 def from_dict(data: dict | None, cls: type = Config, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a nested dict, strictly."""
+    """Build dataclass `cls` from a nested dict, strictly (unknown keys and wrong types raise ConfigError with
+    the dotted key); a whole `Config` is also range-checked (`validate`)."""
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config section '{prefix or 'root'}' must be a mapping, got {data!r}.")
@@ -421,6 +422,9 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load_config(path: str | Path | None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
+    """The `Config` a YAML file (or the defaults, `path=None`) describes with `overrides` applied: command-line
+    strings (`["--optim.lr=3e-4", "--run.epochs", "10"]`) or a {'section.key': value} dict. Loading is strict:
+    an unknown key, a wrong type or an out-of-range value raises ConfigError naming the dotted key."""
     data = read_yaml(path) if path else {}
     if isinstance(overrides, list):
         overrides = parse_overrides(overrides)
@@ -428,4 +432,5 @@ def load_config(path: str | Path | None, overrides: list[str] | dict[str, Any] |
 
 
 def dump(cfg: Config) -> str:
+    """The config as YAML (the form saved as config.yaml in every checkpoint; `load_config` reads it back)."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)

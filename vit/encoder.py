@@ -23,7 +23,11 @@ __all__ = ["Block", "Encoder"]
 
 
 class Block(nn.Module):
-    """One Transformer layer. Parameter names follow timm (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`)."""
+    """One Transformer layer: tokens (B, N, D) -> (B, N, D). Two residual sub-layers, attention then the FFN,
+    each with its norm before (`norm_first=True`, ViT) or after the residual sum (post-norm, BERT), an optional
+    LayerScale (`init_values`) and stochastic depth (`drop_path`). `norm_layer` ('layernorm' | 'rmsnorm' or a
+    constructor) and `mlp_layer` ('gelu' | 'swiglu' or a class) pick the parts; parameter names follow timm
+    (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's weights load."""
 
     def __init__(
         self,
@@ -106,7 +110,9 @@ class Block(nn.Module):
 
 
 class Encoder(nn.ModuleList):
-    """A stack of `Block`s. Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
+    """A stack of `Block`s: tokens (B, N, D) -> (B, N, D), plus one (B, H, N, N) attention map per block when
+    asked; the image and text models both use it unchanged.
+    Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
     as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth.
     With `grad_checkpointing`, training recomputes each block's activations in the backward pass instead of
     storing them (less memory, about one more forward of compute)."""

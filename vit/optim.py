@@ -46,6 +46,10 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW over `param_groups(model, ...)`: weight decay on matrices only (not on norms, biases, positions or
+    [CLS]); with `cfg.layer_decay` each group carries lr_scale = layer_decay**(depth + 1 - layer), layer 0 the
+    embeddings and depth + 1 the head (BEiT's layer-wise decay), which `set_lr` applies. lr and betas from `cfg`;
+    the fused kernel where the device has one."""
     groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     for g in groups:
         g.pop("names")

@@ -61,6 +61,14 @@ torch.fx.wrap("check_img_size")
 
 
 class VisionTransformer(FeatureIntermediates, nn.Module):
+    """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` become
+    D = `embed_dim` tokens (`patch_embed`), a [CLS] token is prepended (`class_token`), positions are added
+    (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
+    heads transform the (B, 1 + h*w, D) sequence, and the head reads the [CLS] token (`global_pool="token"`)
+    or the mean of the patch tokens (`"avg"`). Options and parameter names are timm's (plus `norm_first`,
+    `norm_layer`, `norm_eps`, `mlp_layer`, `pos_embed`); build named variants with `vit.create_model`.
+    """
+
     __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
     # computed from the model name and timm's registry on first use (importing timm is slow): not for TorchScript
     __jit_unused_properties__ = ["pretrained_cfg", "default_cfg"]

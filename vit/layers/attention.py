@@ -83,7 +83,9 @@ torch.fx.wrap("masked_scores")
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused QKV projection.
+    """Multi-head self-attention with a fused QKV projection: tokens (B, N, D) -> (B, N, D), plus the attention
+    probabilities (B, H, N, N) when asked (the explicit path). Each of the H heads attends with width D / H;
+    masks take any form `expand_mask` accepts, and `num_queries=q` computes the first q queries only (B, q, D).
 
     Args:
         dim: token width D.

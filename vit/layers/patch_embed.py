@@ -22,6 +22,11 @@ def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 class PatchEmbed(nn.Module):
+    """Images (B, C, H, W) -> patch tokens (B, h*w, D), row-major, h = H / P_h and w = W / P_w: one Conv2d
+    (`proj`, kernel = stride = patch size) is the same linear map applied to every flattened patch. The image
+    size fixes `grid_size` and `num_patches`; `dynamic_grid` gives the grid of another size that the patches
+    tile, and `set_input_size` changes size or patch size in place (the projection resampled as FlexiViT)."""
+
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
