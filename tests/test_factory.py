@@ -53,7 +53,15 @@ def test_model_choices_live_in_the_field_type_and_checkpoint_keeps_the_old_impor
     assert old is build_model
 
 
-def test_a_model_key_create_model_does_not_take_is_named():
+def test_a_new_model_key_is_one_line_and_an_unknown_one_is_named():
+    @dataclasses.dataclass
+    class WithSetter(ModelConfig):  # what adding `grad_checkpointing: bool = False` to ModelConfig does
+        grad_checkpointing: bool = False
+
+    cfg = load_config(None, ["--model.img_size=32", "--model.depth=1"])
+    cfg = dataclasses.replace(cfg, model=WithSetter(**{**dataclasses.asdict(cfg.model), "grad_checkpointing": True}))
+    assert build_model(cfg, 3).blocks.grad_checkpointing is True  # reached model.set_grad_checkpointing(True)
+
     @dataclasses.dataclass
     class Extra(ModelConfig):
         frobnicate: bool = False

@@ -1,9 +1,10 @@
 """The model a config describes: the config's `model` section passed straight to `vit.create_model`.
 
-Every field of `ModelConfig` is a `create_model` argument of the same name, so adding a model option is one
-parameter of `VisionTransformer` and one line in `ModelConfig` (its choices, if any, in the field's `Literal`
-type); nothing here changes. A field `create_model` does not take fails with its name (`check_model_config`,
-run by `build_model` and by tests/test_factory.py).
+Every field of `ModelConfig` is a `create_model` argument of the same name, or names a setter the model has
+(`grad_checkpointing` -> `model.set_grad_checkpointing(value)`, timm's convention for switches that leave
+the weights alone), so adding a model option is one parameter (or setter) of `VisionTransformer` and one line
+in `ModelConfig` (its choices, if any, in the field's `Literal` type); nothing here changes. A field that is
+neither fails with its name (`check_model_config`, run by `build_model` and by tests/test_factory.py).
 
 Which fields are passed: those the config decides whatever the weights say (`ALWAYS`: image size, channels and
 drop rates, which the data pipeline and the recipe own), and every other field whose value is set (not None)
@@ -29,9 +30,14 @@ _FACTORY_ARGS = ("name", "pretrained")
 _CREATE_ARGS = set(inspect.signature(create_model).parameters) - {"overrides"}
 
 
+def _is_setter(key: str) -> bool:
+    return key not in _OPTIONS and key not in _CREATE_ARGS and callable(getattr(VisionTransformer, f"set_{key}", None))
+
+
 def model_kwargs(m: ModelConfig) -> dict[str, Any]:
-    """The `create_model` keyword arguments (besides name and pretrained) that the model section sets."""
-    default = ModelConfig()
+    """The `create_model` keyword arguments (besides name and pretrained) and setter values that the model
+    section sets: {key: value}, a setter's key included (see `build_model`)."""
+    default = type(m)()
     out = {}
     for f in dataclasses.fields(m):
         value = getattr(m, f.name)
@@ -46,9 +52,11 @@ def check_model_config(m: ModelConfig) -> None:
     """Raise ConfigError naming a `model.` key that `create_model` does not take (a field added to ModelConfig
     without its model option). Cheap: nothing is built."""
     for f in dataclasses.fields(m):
-        if f.name not in _FACTORY_ARGS and f.name not in _OPTIONS and f.name not in _CREATE_ARGS:
-            raise ConfigError(f"config key 'model.{f.name}' is not an option of vit.create_model; add it to "
-                              "VisionTransformer or remove it from ModelConfig.")
+        if f.name not in _FACTORY_ARGS and f.name not in _OPTIONS and f.name not in _CREATE_ARGS \
+                and not _is_setter(f.name):
+            raise ConfigError(f"config key 'model.{f.name}' is not an option of vit.create_model nor a "
+                              f"set_{f.name} method of the model; add one to VisionTransformer or remove the key "
+                              "from ModelConfig.")
 
 
 def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
@@ -60,5 +68,9 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
     m = cfg.model
     check_model_config(m)
     overrides = {**model_kwargs(m), "num_classes": num_classes}
+    setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
     name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
-    return create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
+    model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
+    for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
+        getattr(model, f"set_{key}")(value)
+    return model
