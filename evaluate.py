@@ -20,6 +20,37 @@ import sys
 import time
 from pathlib import Path
 
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
+                                 epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
+                                        "e.g. --data.dataset=imagefolder --data.root=/data/other.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
+                     "local-dir:/folder), or with --weights a timm checkpoint file")
+    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    ap.add_argument("--img-size", type=int, default=None,
+                    help="input size for --model (default: the weights' own, else 224)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
+    ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
+                         "the checkpoint's own (default: the checkpoint's setting)")
+    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
@@ -47,20 +78,7 @@ class Indexed(Dataset):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] [--data.key=value ...]")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
-                     "local-dir:/folder), or with --weights a timm checkpoint file")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin)")
-    ap.add_argument("--img-size", type=int, default=None)
-    ap.add_argument("--batch-size", type=int, default=None)
-    ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
-    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
-                    help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
-                         "the checkpoint's own")
-    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
-    args, rest = ap.parse_known_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
     if bad:

@@ -21,6 +21,42 @@ import json
 import sys
 from pathlib import Path
 
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
+    ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
+    ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout",
+                    help="rollout: attention rollout (Abnar & Zuidema, 2020); grad_rollout: rollout weighted by "
+                         "gradients for one class (Chefer et al., 2021); attention: one layer's [CLS] attention")
+    ap.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean",
+                    help="how the heads of a layer are combined")
+    ap.add_argument("--discard-ratio", type=float, default=0.0,
+                    help="rollout: share of the weakest attention weights set to zero in each layer, in [0, 1)")
+    ap.add_argument("--start-layer", type=int, default=0, help="rollout: first block multiplied in")
+    ap.add_argument("--residual-alpha", type=float, default=0.5,
+                    help="rollout: weight of the attention against the identity (the residual path), in [0, 1]")
+    ap.add_argument("--layer", type=int, default=-1, help="block for --method attention (-1: the last)")
+    ap.add_argument("--target-class", default=None, help="class index or name (default: the predicted class)")
+    ap.add_argument("--batch-size", type=int, default=16, help="images per forward pass")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="run with token reduction, e.g. merge:16 or topk:0.5@1,2,3 ('none': off; default: the "
+                         "checkpoint's setting)")
+    ap.add_argument("--show-tokens", action="store_true", help="draw which patches were merged or dropped")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default: attention/ in the checkpoint's run folder, or "
+                         "runs/attention-<checkpoint folder name> for a checkpoint outside a run folder)")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 import numpy as np
 import torch
 
@@ -34,22 +70,19 @@ from vit.transforms import BadImageError, build_transform
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
-    ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
-    ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout")
-    ap.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
-    ap.add_argument("--discard-ratio", type=float, default=0.0)
-    ap.add_argument("--start-layer", type=int, default=0)
-    ap.add_argument("--residual-alpha", type=float, default=0.5)
-    ap.add_argument("--layer", type=int, default=-1, help="layer for --method attention")
-    ap.add_argument("--target-class", default=None, help="class index or name (default: the predicted class)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
-                    help="run with token reduction, e.g. merge:16 or topk:0.5@1,2,3 ('none': off)")
-    ap.add_argument("--show-tokens", action="store_true", help="draw which patches were merged or dropped")
-    ap.add_argument("--out", default="attention_maps")
-    return ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.out is None:
+        args.out = str(default_out(Path(args.checkpoint)))
+    return args
+
+
+def default_out(checkpoint: Path) -> Path:
+    """attention/ beside the checkpoint in its train.py run folder (runs/<name>/best -> runs/<name>/attention),
+    which git ignores with runs/; a checkpoint elsewhere writes runs/attention-<its folder name>."""
+    run_dir = checkpoint.absolute().parent
+    if (run_dir / "config.yaml").is_file():
+        return Path(checkpoint).parent / "attention"
+    return Path("runs") / f"attention-{checkpoint.absolute().name}"
 
 
 def check_options(args, depth: int) -> None:
