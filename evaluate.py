@@ -51,14 +51,13 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
     exit_if_help(build_parser)
 
 
-import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
-from vit.metrics import expected_calibration_error, predict, summarize_logits
+from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
 from vit.runtime import check_options, make_accelerator, run_cli
 
@@ -85,25 +84,6 @@ def parse_args(argv):
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
     return args, overrides
-
-
-def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
-    """Precision/recall/F1/support per class from a confusion matrix (rows true, columns predicted)."""
-    tp = np.diag(conf).astype(float)
-    support = conf.sum(1).astype(float)
-    predicted = conf.sum(0).astype(float)
-    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
-    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
-    denom = precision + recall
-    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
-    rows = [dict(precision=p, recall=r, f1=f, support=int(s)) for p, r, f, s in zip(precision, recall, f1, support)]
-    present = support > 0
-    w = support / max(1.0, support.sum())
-    avgs = {
-        "macro": dict(precision=precision[present].mean(), recall=recall[present].mean(), f1=f1[present].mean()),
-        "weighted": dict(precision=(precision * w).sum(), recall=(recall * w).sum(), f1=(f1 * w).sum()),
-    }
-    return rows, {k: {m: float(v) for m, v in d.items()} for k, d in avgs.items()}
 
 
 def main(argv=None) -> int:
@@ -141,9 +121,7 @@ def main(argv=None) -> int:
     probs = logits.softmax(1)
     ece, bins = expected_calibration_error(probs, labels)
     pred = logits.argmax(1)
-    conf = np.zeros((k, k), dtype=np.int64)
-    np.add.at(conf, (labels.numpy(), pred.numpy()), 1)
-    rows, avgs = per_class_table(conf)
+    conf, rows, avgs = per_class_metrics(labels.numpy(), pred.numpy(), k)
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,

@@ -100,9 +100,13 @@ def check_options(args, depth: int) -> None:
         raise DataError(f"--out {args.out} is an existing file; pass a folder to write the maps into.")
 
 
-def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]:
-    """(name, image array or path) for every requested image, in order."""
-    items: list[tuple[str, np.ndarray | Path]] = []
+def collect_inputs(specs: list[str], cfg, classes: list[str]) -> list[tuple[str, np.ndarray | Path, str | None]]:
+    """(name, image array or path, true class or None) for every requested image, in order; an image named
+    twice (a folder and a glob, or digits:0-3 and digits:2) once, where it first appears. The true class is known
+    for a held-out digit, and for a file whose folder is named after one of the checkpoint's classes (the
+    ImageFolder layout, root/<class>/<file>)."""
+    items: list[tuple[str, np.ndarray | Path, str | None]] = []
+    seen: set = set()
     val = None
     for spec in specs:
         if spec.startswith("digits:"):
@@ -119,7 +123,9 @@ def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]
             for i in idx:
                 if not 0 <= i < len(val):
                     raise DataError(f"digits index {i} is outside the held-out split (0-{len(val) - 1}).")
-                items.append((f"digits_{i:04d}", val.images[i]))
+                if ("digits", i) not in seen:
+                    seen.add(("digits", i))
+                    items.append((f"digits_{i:04d}", val.images[i], classes[val.labels[i]]))
             continue
         p = Path(spec)
         if p.is_dir():
@@ -130,8 +136,37 @@ def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]
             files = sorted(Path(f) for f in glob.glob(spec) if Path(f).suffix.lower() in IMG_EXTENSIONS)
         if not files:
             raise DataError(f"no images found for {spec!r}; pass image files, folders or globs.")
-        items += [(f.stem, f) for f in files]
-    return items
+        for f in files:
+            if f.resolve() not in seen:
+                seen.add(f.resolve())
+                items.append((f.stem, f, f.parent.name if f.parent.name in classes else None))
+    return unique_names(items)
+
+
+def unique_names(items: list[tuple]) -> list[tuple]:
+    """Files that share a stem (val/cat/000.png, val/dog/000.png) are named <folder>_<stem>, then numbered,
+    so that no map overwrites another's."""
+    stems = [name for name, *_ in items]
+    out, used = [], set()
+    for name, src, *rest in items:
+        if stems.count(name) > 1 and isinstance(src, Path):
+            name = f"{src.parent.name}_{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        out.append((name, src, *rest))
+    return out
+
+
+def settings_text(args, depth: int) -> str:
+    """The method and the settings that shaped the map, for the picture's title (the JSON has them too)."""
+    if args.method == "attention":
+        layer = args.layer % depth
+        return f"raw attention of block {layer} (of 0-{depth - 1}), heads: {args.head_fusion}"
+    text = (f"{args.method.replace('_', ' ')}, heads: {args.head_fusion}, discard ratio {args.discard_ratio:g}, "
+            f"blocks {args.start_layer}-{depth - 1}")
+    return text + (f", residual alpha {args.residual_alpha:g}" if args.method == "rollout" else "")
 
 
 def resolve_target(target: str | None, classes: list[str]) -> int | None:
@@ -161,16 +196,20 @@ def token_groups(model, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.ndarray, title: str) -> None:
     """Input | merged groups (one colour per token of 2+ patches, dark: fused away, clear: kept alone)."""
-    from vit.plots import plt, save_figure
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from vit.plots import save_figure
 
     h, w = image.shape[:2]
-    colours = plt.get_cmap("tab20")(np.arange(20))
+    colours = colormaps["tab20"](np.arange(20))
     over = np.zeros((*labels.shape, 4))
     merged = (sizes > 1) & (labels >= 0)
     over[merged] = colours[labels[merged] % 20]
     over[merged, 3] = 0.6
     over[labels < 0] = (0.0, 0.0, 0.0, 0.75)
-    fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    fig = Figure(figsize=(6.4, 3.4))
+    axes = fig.subplots(1, 2)
     axes[0].imshow(image)
     axes[0].set_title("input")
     axes[1].imshow(image)
@@ -191,7 +230,9 @@ def main(argv=None) -> int:
     if args.show_tokens and all(b.token_reduction is None for b in model.blocks):
         raise ValueError("--show-tokens needs a model with token reduction; add --token-reduction merge:8 "
                          "(or a checkpoint trained with one).")
-    items = collect_inputs(args.images, cfg)
+    items = collect_inputs(args.images, cfg, classes)
+    truths = {name: truth for name, _, truth in items}
+    settings = settings_text(args, len(model.blocks))
     target = resolve_target(args.target_class, classes)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     out = Path(args.out)
@@ -201,7 +242,7 @@ def main(argv=None) -> int:
     written = skipped = 0
     for start in range(0, len(items), args.batch_size):
         batch, shown, names = [], [], []
-        for name, src in items[start : start + args.batch_size]:
+        for name, src, _ in items[start : start + args.batch_size]:
             try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
                 x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
             except BadImageError as e:
@@ -228,10 +269,12 @@ def main(argv=None) -> int:
             np.save(buf, grid_map)
             atomic_write_bytes(stem.with_suffix(".npy"), buf.getvalue())
             explained = classes[target] if target is not None else classes[pred]
-            title = (f"{name}: predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)  |  {args.method}"
-                     + (f" for '{explained}'" if args.method == "grad_rollout" else ""))
+            truth = f"true {truths[name]}, " if truths[name] is not None else ""
+            title = (f"{name}: {truth}predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)"
+                     + (f", map for '{explained}'" if args.method == "grad_rollout" else "") + f"\n{settings}")
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
+                           true_class=truths[name], title=title,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))
