@@ -70,9 +70,9 @@ def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     ckpt, data = checkpoint
     (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")
     for method in ("rollout", "grad_rollout"):  # the glob names files the folder holds too: one map each
-        r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"), "--method", method,
-                       str(data / "val" / "dog" / "*.png"), "--batch-size", "4", "--out", str(tmp_path),
-                       "--target-class", "dog")
+        r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"),
+                       str(data / "val" / "dog" / "*.png"), "--method", method, "--batch-size", "4",
+                       "--out", str(tmp_path), "--target-class", "dog")
         assert r.returncode == 0, r.stderr[-3000:]
         assert "skipping" in r.stderr and "broken.png" in r.stderr
         assert "wrote 9 map(s)" in r.stdout
