@@ -113,12 +113,11 @@ def reliability_figure(bins: list, ece: float) -> Figure:
     ax.bar(lo, acc, width=width, align="edge", color=shade, edgecolor="black", linewidth=0.6, label="accuracy")
     ax.bar(lo, conf - acc, bottom=acc, width=width, align="edge", fill=False, edgecolor="tab:red", hatch="//",
            linewidth=0.6, label="gap to confidence")
-    for x, w, a, k in zip(lo, width, acc, n):
-        ax.text(x + w / 2, min(a, 0.9) + 0.02, f"{int(k)}", ha="center", va="bottom", fontsize=7,
-                rotation=90 if len(n) > 10 else 0)
+    for x, w, a, c, k in zip(lo, width, acc, conf, n):  # above the bar and its gap outline
+        ax.text(x + w / 2, max(a, c) + 0.01, f"{int(k)}", ha="center", va="bottom", fontsize=6)
     ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
     ax.set(ylabel="accuracy", title=f"reliability (ECE {ece:.3f}, {int(total)} samples; numbers: samples per bin)",
-           xlim=(0, 1), ylim=(0, 1.05))
+           xlim=(0, 1), ylim=(0, 1.1))
     ax.title.set_fontsize(9)
     ax.legend(loc="upper left", fontsize=8)
     hist.bar(lo, n, width=width, align="edge", color="grey", edgecolor="black", linewidth=0.6)
