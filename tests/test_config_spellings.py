@@ -42,6 +42,6 @@ def test_dump_round_trips_through_our_loader_and_plain_yaml(tmp_path):
 
 def test_resume_of_a_run_saved_with_null_precision_accepts_the_resolved_one():
     old, new = Config(), load_config(None, ["--run.mixed_precision=no"])
-    assert resume_changes(old, new, "run") == {}
+    assert resume_changes(old, new, "run") == {} and resume_changes(new, old, "run") == {}
     with pytest.raises(ValueError, match="run.mixed_precision"):  # a known precision must not change
         resume_changes(new, load_config(None, ["--run.mixed_precision=bf16"]), "run")
