@@ -5,8 +5,10 @@
     python visualize_attention.py --checkpoint runs/x/best img.png --target-class dog --out attn/
     python visualize_attention.py --checkpoint runs/digits_196/best digits:0-3 --token-reduction merge:16 --show-tokens
 
-Per image it writes <name>_<method>.png (input | heatmap | overlay; predicted class and probability in the
-title), <name>_<method>.npy (the raw patch-grid map) and <name>_<method>.json (method, parameters, top-5).
+Per image it writes <name>_<method>.png (input | heatmap | overlay, a colour bar; the true class when known,
+the prediction and the method's settings in the title), <name>_<method>.npy (the raw patch-grid map) and
+<name>_<method>.json (method, parameters, top-5, title), by default into attention/ of the checkpoint's run
+folder. An image named twice is drawn once; files sharing a name in different folders get <folder>_<name>.
 Images go through the checkpoint's own evaluation preprocessing, in batches; headless. A model with token
 reduction still gives full-grid maps; --show-tokens also writes <name>_tokens.png (which patches were merged
 into one token, or fused away by top-k) and <name>_tokens.npy (the final token of every patch, -1: fused).
@@ -32,10 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="rollout: attention rollout (Abnar & Zuidema, 2020); grad_rollout: rollout weighted by "
                          "gradients for one class (Chefer et al., 2021); attention: one layer's [CLS] attention")
     ap.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean",
-                    help="how the heads of a layer are combined")
+                    help="rollout and attention: how the heads of a layer are combined")
     ap.add_argument("--discard-ratio", type=float, default=0.0,
                     help="rollout: share of the weakest attention weights set to zero in each layer, in [0, 1)")
-    ap.add_argument("--start-layer", type=int, default=0, help="rollout: first block multiplied in")
+    ap.add_argument("--start-layer", type=int, default=0,
+                    help="rollout and grad_rollout: first block multiplied in")
     ap.add_argument("--residual-alpha", type=float, default=0.5,
                     help="rollout: weight of the attention against the identity (the residual path), in [0, 1]")
     ap.add_argument("--layer", type=int, default=-1, help="block for --method attention (-1: the last)")
@@ -160,13 +163,13 @@ def unique_names(items: list[tuple]) -> list[tuple]:
 
 
 def settings_text(args, depth: int) -> str:
-    """The method and the settings that shaped the map, for the picture's title (the JSON has them too)."""
+    """The method and the settings that shaped the map (only those it uses), for the picture's title."""
     if args.method == "attention":
-        layer = args.layer % depth
-        return f"raw attention of block {layer} (of 0-{depth - 1}), heads: {args.head_fusion}"
-    text = (f"{args.method.replace('_', ' ')}, heads: {args.head_fusion}, discard ratio {args.discard_ratio:g}, "
-            f"blocks {args.start_layer}-{depth - 1}")
-    return text + (f", residual alpha {args.residual_alpha:g}" if args.method == "rollout" else "")
+        return f"raw attention of block {args.layer % depth} (of 0-{depth - 1}), heads: {args.head_fusion}"
+    if args.method == "grad_rollout":  # gradient-weighted heads: no fusion, discarding or residual weight
+        return f"grad rollout, blocks {args.start_layer}-{depth - 1}"
+    return (f"rollout, heads: {args.head_fusion}, discard ratio {args.discard_ratio:g}, "
+            f"blocks {args.start_layer}-{depth - 1}, residual alpha {args.residual_alpha:g}")
 
 
 def resolve_target(target: str | None, classes: list[str]) -> int | None:
