@@ -61,6 +61,7 @@ HEADER_END = BASE.index(b"\xff\xda") + 12  # through the start of scan: markers,
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning")  # PIL's "Corrupt EXIF data": expected here, and harmless
 @settings(max_examples=300, **SETTINGS)
 @given(edits=st.lists(st.tuples(st.integers(2, HEADER_END - 1), st.integers(0, 255)), min_size=1, max_size=6),
        cut=st.one_of(st.none(), st.tuples(st.integers(2, HEADER_END), st.integers(1, 40))))
