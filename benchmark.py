@@ -24,6 +24,45 @@ import sys
 import time
 from contextlib import nullcontext
 
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--model", default="vit_small_patch16_224", help="a vit.list_models() name (timm's too)")
+    ap.add_argument("--batch-size", type=int, default=32, help="images per timed call")
+    ap.add_argument("--img-size", type=int, default=224, help="input height and width")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models")
+    ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed calls before measuring")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per model (medians are reported)")
+    ap.add_argument("--iters", type=int, default=1, help="calls per timed repeat")
+    ap.add_argument("--peak-size", type=int, default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
+    ap.add_argument("--scaling", type=int, nargs="*", default=None,
+                    help="image sizes for the token-scaling table (default: none)")
+    ap.add_argument("--scaling-repeats", type=int, default=2, help="timed repeats per size in the scaling table")
+    ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
+    ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
+    ap.add_argument("--data-images", type=int, default=100, help="--data: 500x375 JPEGs to time")
+    ap.add_argument("--data-repeats", type=int, default=5, help="--data: timed passes")
+    ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
+    ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
+                    help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
+    ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
+                    help="instead of the ours-vs-timm comparison, a token-reduction table for these settings, "
+                         "e.g. merge:8 merge:16 topk:0.7")
+    ap.add_argument("--checkpoint", default=None, help="with --token-reduction: a train.py checkpoint (adds top-1)")
+    ap.add_argument("--out", default=None, help="write the results as JSON to this file")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 import torch
 
 import vit
@@ -494,33 +533,8 @@ def print_report(res: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="vit_small_patch16_224")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--img-size", type=int, default=224)
-    ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--iters", type=int, default=1, help="calls per timed repeat")
-    ap.add_argument("--peak-size", type=int, default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
-    ap.add_argument("--scaling", type=int, nargs="*", default=None, help="image sizes for the token-scaling table")
-    ap.add_argument("--scaling-repeats", type=int, default=2)
-    ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
-    ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
-    ap.add_argument("--data-images", type=int, default=100)
-    ap.add_argument("--data-repeats", type=int, default=5)
-    ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
-    ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
-                    help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
-    ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
-                    help="instead of the ours-vs-timm comparison, a token-reduction table for these settings, "
-                         "e.g. merge:8 merge:16 topk:0.7")
-    ap.add_argument("--checkpoint", default=None, help="with --token-reduction: a train.py checkpoint (adds top-1)")
-    ap.add_argument("--out", default=None, help="write the results as JSON")
-    args = ap.parse_args(argv)
-    device = torch.device(args.device)
+    args = build_parser().parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.model not in vit.list_models():
         print(f"error: unknown model {args.model!r}; known: {', '.join(vit.list_models())}", file=sys.stderr)
         return 2

@@ -20,14 +20,44 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
+                                 epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
+                                        "e.g. --data.dataset=imagefolder --data.root=/data/other.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
+                     "local-dir:/folder), or with --weights a timm checkpoint file")
+    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    ap.add_argument("--img-size", type=int, default=None,
+                    help="input size for --model (default: the weights' own, else 224)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
+    ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
+                         "the checkpoint's own (default: the checkpoint's setting)")
+    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 from torch.utils.data import DataLoader, Dataset
 
 from vit.checkpoint import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
-from vit.metrics import expected_calibration_error, predict, summarize_logits
+from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
 from vit.runtime import check_options, make_accelerator, run_cli
 
@@ -47,45 +77,13 @@ class Indexed(Dataset):
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s [options] [--data.key=value ...]")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
-                     "local-dir:/folder), or with --weights a timm checkpoint file")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin)")
-    ap.add_argument("--img-size", type=int, default=None)
-    ap.add_argument("--batch-size", type=int, default=None)
-    ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
-    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
-                    help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
-                         "the checkpoint's own")
-    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
-    args, rest = ap.parse_known_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
     return args, overrides
-
-
-def per_class_table(conf: np.ndarray) -> tuple[list[dict], dict]:
-    """Precision/recall/F1/support per class from a confusion matrix (rows true, columns predicted)."""
-    tp = np.diag(conf).astype(float)
-    support = conf.sum(1).astype(float)
-    predicted = conf.sum(0).astype(float)
-    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
-    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
-    denom = precision + recall
-    f1 = np.divide(2 * precision * recall, denom, out=np.zeros_like(tp), where=denom > 0)
-    rows = [dict(precision=p, recall=r, f1=f, support=int(s)) for p, r, f, s in zip(precision, recall, f1, support)]
-    present = support > 0
-    w = support / max(1.0, support.sum())
-    avgs = {
-        "macro": dict(precision=precision[present].mean(), recall=recall[present].mean(), f1=f1[present].mean()),
-        "weighted": dict(precision=(precision * w).sum(), recall=(recall * w).sum(), f1=(f1 * w).sum()),
-    }
-    return rows, {k: {m: float(v) for m, v in d.items()} for k, d in avgs.items()}
 
 
 def main(argv=None) -> int:
@@ -123,9 +121,7 @@ def main(argv=None) -> int:
     probs = logits.softmax(1)
     ece, bins = expected_calibration_error(probs, labels)
     pred = logits.argmax(1)
-    conf = np.zeros((k, k), dtype=np.int64)
-    np.add.at(conf, (labels.numpy(), pred.numpy()), 1)
-    rows, avgs = per_class_table(conf)
+    conf, rows, avgs = per_class_metrics(labels.numpy(), pred.numpy(), k)
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,

@@ -25,6 +25,38 @@ import time
 import warnings
 from pathlib import Path
 
+# vit.export.FORMATS's keys (tests check they agree), named here so that --help needs no torch
+EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
+                                        "lists them).")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
+    ap.add_argument("--weights", help="timm / HF-timm weights file for --model")
+    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
+    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
+    ap.add_argument("--dynamic-img-size", action="store_true",
+                    help="--model: accept any height and width (positions resampled), exported as dynamic")
+    ap.add_argument("--format", nargs="+", choices=(*EXPORT_FORMATS, "all"), default=["onnx"],
+                    help="what to write")
+    ap.add_argument("--images", nargs="*", default=None,
+                    help="images to verify on (default: the checkpoint's validation split)")
+    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 import numpy as np
 import torch
 
@@ -48,20 +80,7 @@ from vit.transforms import build_transform
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
-    ap.add_argument("--weights", help="timm / HF-timm weights file for --model")
-    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
-    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default 224)")
-    ap.add_argument("--dynamic-img-size", action="store_true",
-                    help="--model: accept any height and width (positions resampled), exported as dynamic")
-    ap.add_argument("--format", nargs="+", choices=(*FORMATS, "all"), default=["onnx"])
-    ap.add_argument("--images", nargs="*", default=None,
-                    help="images to verify on (default: the checkpoint's validation split)")
-    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
-    args, rest = ap.parse_known_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:

@@ -21,6 +21,38 @@ import sys
 import time
 from pathlib import Path
 
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
+                                 epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
+                                        "lists them), e.g. --aug.eval_crop_pct=1.0.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
+    ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
+    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
+    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
+    ap.add_argument("--topk", type=int, default=5, help="classes per row")
+    ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv", help="output file format")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
+    ap.add_argument("--num-workers", type=int, default=None,
+                    help="image-decoding worker processes (default: the config's data.num_workers)")
+    ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
+    ap.add_argument("--out", default="predictions", help="output folder")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
 import torch
 
 from vit.checkpoint import atomic_write_csv, atomic_write_text
@@ -32,22 +64,7 @@ from vit.transforms import build_transform
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
-    ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
-    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
-    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default 224)")
-    ap.add_argument("--topk", type=int, default=5, help="classes per row")
-    ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv")
-    ap.add_argument("--batch-size", type=int, default=None)
-    ap.add_argument("--num-workers", type=int, default=None)
-    ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
-    ap.add_argument("--out", default="predictions", help="output folder")
-    args, rest = ap.parse_known_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:

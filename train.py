@@ -13,11 +13,18 @@ a resume refuses a config that changes what the run computes (see vit/runfolder.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answered before torch loads
+    from vit.cli_help import train_help
+
+    print(train_help(__doc__, sys.argv[1:]), end="")
+    sys.exit(0)
+
 import csv
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +81,9 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
     while i < len(argv):
         a = argv[i]
         if a in ("-h", "--help"):
-            print(__doc__)
+            from vit.cli_help import train_help
+
+            print(train_help(__doc__, argv), end="")
             sys.exit(0)
         if a == "--config" and i + 1 < len(argv):
             config, i = argv[i + 1], i + 2
@@ -130,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         log_with="tensorboard",
         project_dir=str(run_dir),
     )
+    if accelerator.mixed_precision in ("no", "bf16", "fp16"):  # the precision that runs, not null, is saved/printed
+        cfg.run.mixed_precision = accelerator.mixed_precision
     logging.basicConfig(level=logging.INFO if accelerator.is_main_process else logging.ERROR,
                         format="%(message)s")
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # its per-file save messages drown the progress

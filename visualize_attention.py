@@ -5,8 +5,10 @@
     python visualize_attention.py --checkpoint runs/x/best img.png --target-class dog --out attn/
     python visualize_attention.py --checkpoint runs/digits_196/best digits:0-3 --token-reduction merge:16 --show-tokens
 
-Per image it writes <name>_<method>.png (input | heatmap | overlay; predicted class and probability in the
-title), <name>_<method>.npy (the raw patch-grid map) and <name>_<method>.json (method, parameters, top-5).
+Per image it writes <name>_<method>.png (input | heatmap | overlay, a colour bar; the true class when known,
+the prediction and the method's settings in the title), <name>_<method>.npy (the raw patch-grid map) and
+<name>_<method>.json (method, parameters, top-5, title), by default into attention/ of the checkpoint's run
+folder. An image named twice is drawn once; files sharing a name in different folders get <folder>_<name>.
 Images go through the checkpoint's own evaluation preprocessing, in batches; headless. A model with token
 reduction still gives full-grid maps; --show-tokens also writes <name>_tokens.png (which patches were merged
 into one token, or fused away by top-k) and <name>_tokens.npy (the final token of every patch, -1: fused).
@@ -20,6 +22,43 @@ import io
 import json
 import sys
 from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli_help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
+    ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
+    ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout",
+                    help="rollout: attention rollout (Abnar & Zuidema, 2020); grad_rollout: rollout weighted by "
+                         "gradients for one class (Chefer et al., 2021); attention: one layer's [CLS] attention")
+    ap.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean",
+                    help="rollout and attention: how the heads of a layer are combined")
+    ap.add_argument("--discard-ratio", type=float, default=0.0,
+                    help="rollout: share of the weakest attention weights set to zero in each layer, in [0, 1)")
+    ap.add_argument("--start-layer", type=int, default=0,
+                    help="rollout and grad_rollout: first block multiplied in")
+    ap.add_argument("--residual-alpha", type=float, default=0.5,
+                    help="rollout: weight of the attention against the identity (the residual path), in [0, 1]")
+    ap.add_argument("--layer", type=int, default=-1, help="block for --method attention (-1: the last)")
+    ap.add_argument("--target-class", default=None, help="class index or name (default: the predicted class)")
+    ap.add_argument("--batch-size", type=int, default=16, help="images per forward pass")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="run with token reduction, e.g. merge:16 or topk:0.5@1,2,3 ('none': off; default: the "
+                         "checkpoint's setting)")
+    ap.add_argument("--show-tokens", action="store_true", help="draw which patches were merged or dropped")
+    ap.add_argument("--out", default=None,
+                    help="output folder (default: attention/ in the checkpoint's run folder, or "
+                         "runs/attention-<checkpoint folder name> for a checkpoint outside a run folder)")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli_help import exit_if_help
+
+    exit_if_help(build_parser)
+
 
 import numpy as np
 import torch
@@ -35,22 +74,19 @@ from vit.transforms import build_transform
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
-    ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
-    ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout")
-    ap.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean")
-    ap.add_argument("--discard-ratio", type=float, default=0.0)
-    ap.add_argument("--start-layer", type=int, default=0)
-    ap.add_argument("--residual-alpha", type=float, default=0.5)
-    ap.add_argument("--layer", type=int, default=-1, help="layer for --method attention")
-    ap.add_argument("--target-class", default=None, help="class index or name (default: the predicted class)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
-                    help="run with token reduction, e.g. merge:16 or topk:0.5@1,2,3 ('none': off)")
-    ap.add_argument("--show-tokens", action="store_true", help="draw which patches were merged or dropped")
-    ap.add_argument("--out", default="attention_maps")
-    return ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    if args.out is None:
+        args.out = str(default_out(Path(args.checkpoint)))
+    return args
+
+
+def default_out(checkpoint: Path) -> Path:
+    """attention/ beside the checkpoint in its train.py run folder (runs/<name>/best -> runs/<name>/attention),
+    which git ignores with runs/; a checkpoint elsewhere writes runs/attention-<its folder name>."""
+    run_dir = checkpoint.absolute().parent
+    if (run_dir / "config.yaml").is_file():
+        return Path(checkpoint).parent / "attention"
+    return Path("runs") / f"attention-{checkpoint.absolute().name}"
 
 
 def check_options(args, depth: int) -> None:
@@ -68,9 +104,13 @@ def check_options(args, depth: int) -> None:
         raise DataError(f"--out {args.out} is an existing file; pass a folder to write the maps into.")
 
 
-def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]:
-    """(name, image array or path) for every requested image, in order."""
-    items: list[tuple[str, np.ndarray | Path]] = []
+def collect_inputs(specs: list[str], cfg, classes: list[str]) -> list[tuple[str, np.ndarray | Path, str | None]]:
+    """(name, image array or path, true class or None) for every requested image, in order; an image named
+    twice (a folder and a glob, or digits:0-3 and digits:2) once, where it first appears. The true class is known
+    for a held-out digit, and for a file whose folder is named after one of the checkpoint's classes (the
+    ImageFolder layout, root/<class>/<file>)."""
+    items: list[tuple[str, np.ndarray | Path, str | None]] = []
+    seen: set = set()
     val = None
     for spec in specs:
         if spec.startswith("digits:"):
@@ -87,7 +127,9 @@ def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]
             for i in idx:
                 if not 0 <= i < len(val):
                     raise DataError(f"digits index {i} is outside the held-out split (0-{len(val) - 1}).")
-                items.append((f"digits_{i:04d}", val.images[i]))
+                if ("digits", i) not in seen:
+                    seen.add(("digits", i))
+                    items.append((f"digits_{i:04d}", val.images[i], classes[val.labels[i]]))
             continue
         p = Path(spec)
         if p.is_dir():
@@ -98,8 +140,37 @@ def collect_inputs(specs: list[str], cfg) -> list[tuple[str, np.ndarray | Path]]
             files = sorted(Path(f) for f in glob.glob(spec) if Path(f).suffix.lower() in IMG_EXTENSIONS)
         if not files:
             raise DataError(f"no images found for {spec!r}; pass image files, folders or globs.")
-        items += [(f.stem, f) for f in files]
-    return items
+        for f in files:
+            if f.resolve() not in seen:
+                seen.add(f.resolve())
+                items.append((f.stem, f, f.parent.name if f.parent.name in classes else None))
+    return unique_names(items)
+
+
+def unique_names(items: list[tuple]) -> list[tuple]:
+    """Files that share a stem (val/cat/000.png, val/dog/000.png) are named <folder>_<stem>, then numbered,
+    so that no map overwrites another's."""
+    stems = [name for name, *_ in items]
+    out, used = [], set()
+    for name, src, *rest in items:
+        if stems.count(name) > 1 and isinstance(src, Path):
+            name = f"{src.parent.name}_{name}"
+        base, k = name, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        out.append((name, src, *rest))
+    return out
+
+
+def settings_text(args, depth: int) -> str:
+    """The method and the settings that shaped the map (only those it uses), for the picture's title."""
+    if args.method == "attention":
+        return f"raw attention of block {args.layer % depth} (of 0-{depth - 1}), heads: {args.head_fusion}"
+    if args.method == "grad_rollout":  # gradient-weighted heads: no fusion, discarding or residual weight
+        return f"grad rollout, blocks {args.start_layer}-{depth - 1}"
+    return (f"rollout, heads: {args.head_fusion}, discard ratio {args.discard_ratio:g}, "
+            f"blocks {args.start_layer}-{depth - 1}, residual alpha {args.residual_alpha:g}")
 
 
 def resolve_target(target: str | None, classes: list[str]) -> int | None:
@@ -129,16 +200,20 @@ def token_groups(model, grid: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.ndarray, title: str) -> None:
     """Input | merged groups (one colour per token of 2+ patches, dark: fused away, clear: kept alone)."""
-    from vit.plots import plt, save_figure
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from vit.plots import save_figure
 
     h, w = image.shape[:2]
-    colours = plt.get_cmap("tab20")(np.arange(20))
+    colours = colormaps["tab20"](np.arange(20))
     over = np.zeros((*labels.shape, 4))
     merged = (sizes > 1) & (labels >= 0)
     over[merged] = colours[labels[merged] % 20]
     over[merged, 3] = 0.6
     over[labels < 0] = (0.0, 0.0, 0.0, 0.75)
-    fig, axes = plt.subplots(1, 2, figsize=(6.4, 3.4))
+    fig = Figure(figsize=(6.4, 3.4))
+    axes = fig.subplots(1, 2)
     axes[0].imshow(image)
     axes[0].set_title("input")
     axes[1].imshow(image)
@@ -159,7 +234,9 @@ def main(argv=None) -> int:
     if args.show_tokens and all(b.token_reduction is None for b in model.blocks):
         raise ValueError("--show-tokens needs a model with token reduction; add --token-reduction merge:8 "
                          "(or a checkpoint trained with one).")
-    items = collect_inputs(args.images, cfg)
+    items = collect_inputs(args.images, cfg, classes)
+    truths = {name: truth for name, _, truth in items}
+    settings = settings_text(args, len(model.blocks))
     target = resolve_target(args.target_class, classes)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     out = Path(args.out)
@@ -169,7 +246,7 @@ def main(argv=None) -> int:
     written = skipped = 0
     for start in range(0, len(items), args.batch_size):
         batch, shown, names = [], [], []
-        for name, src in items[start : start + args.batch_size]:
+        for name, src, _ in items[start : start + args.batch_size]:
             try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
                 x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
             except BadImageError as e:
@@ -196,10 +273,12 @@ def main(argv=None) -> int:
             np.save(buf, grid_map)
             atomic_write_bytes(stem.with_suffix(".npy"), buf.getvalue())
             explained = classes[target] if target is not None else classes[pred]
-            title = (f"{name}: predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)  |  {args.method}"
-                     + (f" for '{explained}'" if args.method == "grad_rollout" else ""))
+            truth = f"true {truths[name]}, " if truths[name] is not None else ""
+            title = (f"{name}: {truth}predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)"
+                     + (f", map for '{explained}'" if args.method == "grad_rollout" else "") + f"\n{settings}")
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
+                           true_class=truths[name], title=title,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))

@@ -57,21 +57,29 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
     assert m["top1"] == pytest.approx(meta["val_acc1"])
 
 
-def test_ece_against_float64_formula():
+def test_ece_against_an_independent_per_sample_formula():
+    """ECE = sum over bins |sum_i (correct_i - conf_i)| / N, bins found with np.digitize (right-closed, the first
+    also holding 0), summed with np.bincount: no loop over bins, nothing shared with the implementation."""
     from vit.metrics import expected_calibration_error
 
     g = torch.Generator().manual_seed(0)
-    probs = torch.softmax(torch.randn(500, 4, generator=g) * 2, 1)
+    probs = torch.softmax(torch.randn(500, 4, generator=g, dtype=torch.float64) * 2, 1).float()
     labels = torch.randint(0, 4, (500,), generator=g)
-    ece, _ = expected_calibration_error(probs, labels, n_bins=10)
-    conf, pred = probs.max(1)
-    ref = 0.0
-    for b in range(10):
-        lo, hi = b / 10, (b + 1) / 10
-        sel = ((conf > lo) | (b == 0 and conf >= lo)) & (conf <= hi) if b else (conf >= lo) & (conf <= hi)
-        if sel.any():
-            ref += sel.double().mean() * abs((pred[sel] == labels[sel]).double().mean() - conf[sel].double().mean())
-    assert ece == pytest.approx(float(ref), abs=1e-6)
+    ece, bins = expected_calibration_error(probs, labels, n_bins=10)
+    p = probs.double().numpy()
+    conf, correct = p.max(1), (p.argmax(1) == labels.numpy()).astype(float)
+    which = np.digitize(conf, np.linspace(0, 1, 11)[1:-1], right=True)  # (lo, hi] -> bin index 0..9
+    gap = np.bincount(which, weights=correct - conf, minlength=10)
+    assert ece == pytest.approx(np.abs(gap).sum() / len(conf), abs=1e-6)
+    assert [b[2] for b in bins] == list(np.bincount(which, minlength=10))
+    # a case by hand: 8 classes; confidences 0.95 (right), 0.95 (wrong), 0.55 (right), 0.15 (wrong)
+    rows = []
+    for c in (0.95, 0.95, 0.55, 0.15):
+        rows.append([c] + [(1 - c) / 7] * 7)
+    ece, bins = expected_calibration_error(torch.tensor(rows), torch.tensor([0, 1, 0, 1]), n_bins=10)
+    # bin (0.9, 1]: |0.5 - 0.95| * 2/4; bin (0.5, 0.6]: |1 - 0.55| / 4; bin (0.1, 0.2]: |0 - 0.15| / 4
+    assert ece == pytest.approx(0.45 * 0.5 + 0.45 / 4 + 0.15 / 4, abs=1e-6)
+    assert [b[2] for b in bins] == [0, 1, 0, 0, 0, 1, 0, 0, 0, 2]
 
 
 def test_class_mismatch_fails_before_compute(trained, tmp_path):

@@ -69,16 +69,25 @@ def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
 def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     ckpt, data = checkpoint
     (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")
-    for method in ("rollout", "grad_rollout"):
-        r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"), "--method", method,
-                       "--batch-size", "4", "--out", str(tmp_path), "--target-class", "dog")
+    for method in ("rollout", "grad_rollout"):  # the glob names files the folder holds too: one map each
+        r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"),
+                       str(data / "val" / "dog" / "*.png"), "--method", method, "--batch-size", "4",
+                       "--out", str(tmp_path), "--target-class", "dog")
         assert r.returncode == 0, r.stderr[-3000:]
         assert "skipping" in r.stderr and "broken.png" in r.stderr
-        for i in range(3):
-            for suffix in ("png", "npy", "json"):
-                assert (tmp_path / f"{i:03d}_{method}.{suffix}").is_file()
-    side = json.loads((tmp_path / "000_grad_rollout.json").read_text())
+        assert "wrote 9 map(s)" in r.stdout
+        for c in ("cat", "dog", "fox"):  # 000.png in three class folders: three maps, none overwritten
+            for i in range(3):
+                for suffix in ("png", "npy", "json"):
+                    assert (tmp_path / f"{c}_{i:03d}_{method}.{suffix}").is_file()
+    assert len([p for p in tmp_path.glob("*_rollout.json") if "_grad_" not in p.name]) == 9
+    side = json.loads((tmp_path / "fox_000_grad_rollout.json").read_text())
     assert side["method"] == "grad_rollout" and side["explained_class"] == "dog" and len(side["top5"]) == 3
-    assert np.load(tmp_path / "000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
+    assert side["true_class"] == "fox" and "true fox, predicted" in side["title"]
+    assert side["title"].endswith("\ngrad rollout, blocks 0-1")  # the settings this method uses, no others
+    side = json.loads((tmp_path / "dog_002_rollout.json").read_text())
+    assert side["title"].endswith("rollout, heads: mean, discard ratio 0, blocks 0-1, residual alpha 0.5")
+    assert side["true_class"] == "dog" and side["title"].startswith("dog_002: true dog, predicted ")
+    assert np.load(tmp_path / "cat_000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
     r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"))
     assert r.returncode == 2 and "no images found" in r.stderr

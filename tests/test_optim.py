@@ -30,6 +30,18 @@ def test_layer_decay_scales():
     assert scale["patch_embed.proj.weight"] == scale["pos_embed"] == 0.5**4
 
 
+def test_build_optimizer_uses_timms_groups_and_the_final_norm_goes_with_the_last_block():
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=3, num_classes=3)
+    opt = build_optimizer(m, OptimConfig(weight_decay=0.05, layer_decay=0.5))
+    names = {id(p): n for n, p in m.named_parameters()}
+    got = sorted((g["weight_decay"], g["lr_scale"], sorted(names[id(p)] for p in g["params"]))
+                 for g in opt.param_groups)
+    want = sorted((g["weight_decay"], g["lr_scale"], sorted(g["names"])) for g in param_groups(m, 0.05, 0.5))
+    assert got == want and len(got) == 10  # (decay, no decay) x (embeddings, 3 blocks, head)
+    scale = {n: g["lr_scale"] for g in param_groups(m, 0.05, 0.5) for n in g["names"]}
+    assert scale["norm.weight"] == scale["blocks.2.norm1.weight"] == 0.5  # timm's ViT grouping (BEiT: 1.0)
+
+
 def test_schedule_warmup_then_cosine():
     lrs = [lr_at(s, 100, 10, 1.0, 0.0) for s in range(100)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)

@@ -167,3 +167,19 @@ def test_example_positions_decide_who_did_what(tmp_path):
     assert all(labels == {0, 1} for labels in bags.values())
     assert ex.run("learn", list(train), test, epochs=10, seed=0) >= 0.97
     assert ex.run("none", list(train), test, epochs=10, seed=0) <= 0.62
+
+
+def test_example_prints_one_line_per_epoch(capsys):
+    """The example runs minutes: without a terminal (no progress bar) it still says how each epoch went."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import text_classification as ex
+
+    data = ex.make_sentences(random.Random(0))[:96]
+    ex.run("learn", data[:64], data[64:], epochs=2, seed=0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pos_embed=learn  epoch")]
+    assert [line.split()[2] for line in lines] == ["1/2", "2/2"]
+    assert all("train loss" in line and "test acc" in line for line in lines)

@@ -37,6 +37,7 @@ def test_end_to_end_on_generated_image_folder(tmp_path):
 
     model, cfg, classes, meta = load_checkpoint(run / "last")
     assert cfg.data.root == str(data) and meta["n"] == 15
+    assert cfg.run.mixed_precision == "no"  # the precision that ran is saved, not null
 
 
 @pytest.mark.slow

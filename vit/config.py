@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,22 +32,24 @@ class ModelConfig:
     # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
     name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
-    img_size: int = 224
-    patch_size: int | None = None
-    in_chans: int = 3
+    img_size: int = 224  # input height and width in pixels
+    patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
+    in_chans: int = 3  # input channels (3: RGB)
+    # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
     global_pool: Literal["token", "avg"] = "token"
-    embed_dim: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_ratio: float | None = None
+    embed_dim: int | None = None  # token width D; null: the name's
+    depth: int | None = None  # number of Transformer blocks; null: the name's
+    num_heads: int | None = None  # attention heads per block (must divide embed_dim); null: the name's
+    mlp_ratio: float | None = None  # MLP hidden width / embed_dim; null: the name's (4.0)
+    # learn: learned position embedding (ViT); sincos: fixed 2-D sin-cos
     pos_embed: Literal["learn", "sincos"] = "learn"
-    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"
-    mlp_layer: Literal["gelu", "swiglu"] = "gelu"
-    norm_first: bool = True
-    init_values: float | None = None
-    drop_rate: float = 0.0
-    attn_drop_rate: float = 0.0
-    drop_path_rate: float = 0.0
+    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation in every block
+    mlp_layer: Literal["gelu", "swiglu"] = "gelu"  # gelu: fc-GELU-fc (ViT); swiglu: gated SiLU MLP
+    norm_first: bool = True  # pre-norm blocks (ViT); false: post-norm (original Transformer)
+    init_values: float | None = None  # LayerScale initial value (e.g. 1e-5, CaiT/DeiT III); null: none
+    drop_rate: float = 0.0  # dropout on the features before the head
+    attn_drop_rate: float = 0.0  # dropout on the attention weights
+    drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
     # (a run's best/) or a weights file; see vit/hub.py
@@ -61,14 +64,14 @@ class DataConfig:
     root: str | None = None  # imagefolder: folder with train/ and val/; cifar: download folder
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits: stratified held-out share
-    split_seed: int = 0
+    split_seed: int = 0  # seed of the held-out split
     batch_size: int = 64  # per process
-    eval_batch_size: int | None = None
-    num_workers: int = 0
+    eval_batch_size: int | None = None  # per process; null: batch_size
+    num_workers: int = 0  # loader worker processes per process (0: load in the main process)
     on_bad_image: str = "skip"  # skip | error
-    synthetic_train_size: int = 512
-    synthetic_val_size: int = 128
-    synthetic_num_classes: int = 4
+    synthetic_train_size: int = 512  # synthetic only: training images
+    synthetic_val_size: int = 128  # synthetic only: held-out images
+    synthetic_num_classes: int = 4  # synthetic only: classes
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -76,25 +79,25 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 
 @dataclass
 class AugConfig:
-    random_resized_crop: bool = True
-    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])
-    ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333])
+    random_resized_crop: bool = True  # train crops of a random area (scale) and aspect (ratio), resized
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # random_resized_crop: [min, max] image area share
+    ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333])  # random_resized_crop: [min, max] aspect ratio
     affine_translate: float = 0.0  # fraction of the image size
     affine_rotate: float = 0.0  # degrees
     affine_scale: float = 0.0  # +- fraction
-    hflip: float = 0.5
-    color_jitter: float = 0.0
+    hflip: float = 0.5  # probability of a horizontal flip
+    color_jitter: float = 0.0  # brightness/contrast/saturation jitter strength
     rand_augment_ops: int = 0  # >0: apply that many random photometric/geometric ops (RandAugment-like)
-    random_erasing: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    mixup_prob: float = 1.0
-    label_smoothing: float = 0.1
+    random_erasing: float = 0.0  # probability of erasing a random rectangle
+    mixup: float = 0.0  # mixup alpha (0: off)
+    cutmix: float = 0.0  # cutmix alpha (0: off)
+    mixup_prob: float = 1.0  # probability of mixing a batch when mixup or cutmix is on
+    label_smoothing: float = 0.1  # share of the target spread over all classes
     # Preprocessing; None (unset): the pretrained weights' own (model.pretrained_cfg, as timm's
     # resolve_data_config), else the fallbacks in `resolved`. train.py saves the resolved values.
-    mean: list[float] | None = None
-    std: list[float] | None = None
-    eval_crop_pct: float | None = None
+    mean: list[float] | None = None  # per-channel mean subtracted; null: the pretrained weights' own, else 0.5
+    std: list[float] | None = None  # per-channel std divided by; null: the pretrained weights' own, else 0.5
+    eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' crop_pct, else 1.0
     interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
 
     def resolved(self, pretrained_cfg: dict | None = None, in_chans: int = 3) -> AugConfig:
@@ -121,28 +124,28 @@ class AugConfig:
 @dataclass
 class OptimConfig:
     lr: float = 1e-3  # peak learning rate for the global batch
-    min_lr: float = 1e-6
-    weight_decay: float = 0.05
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_epochs: float = 5.0
+    min_lr: float = 1e-6  # floor of the cosine schedule
+    weight_decay: float = 0.05  # AdamW decoupled weight decay (not on norms, biases, tokens)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    warmup_epochs: float = 5.0  # linear warm-up from 0 to lr (fractions allowed)
     layer_decay: float | None = None  # e.g. 0.65 for fine-tuning
-    clip_grad: float | None = 1.0
-    grad_accum_steps: int = 1
-    ema: bool = False
-    ema_decay: float = 0.9998
+    clip_grad: float | None = 1.0  # clip the global gradient norm to this; null: no clipping
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    ema: bool = False  # also keep an exponential moving average of the weights (timm ModelEmaV3); evaluated and saved
+    ema_decay: float = 0.9998  # EMA decay per optimizer step
 
 
 @dataclass
 class RunConfig:
-    name: str = "default"
-    output_dir: str = "runs"
-    epochs: int = 100
-    seed: int = 0
+    name: str = "default"  # the run folder is output_dir/name
+    output_dir: str = "runs"  # parent folder of run folders
+    epochs: int = 100  # training epochs
+    seed: int = 0  # seed for weights, augmentation and data order
     mixed_precision: str | None = None  # no | bf16 | fp16; None: what `accelerate launch` was told
-    compile: bool = False
+    compile: bool = False  # torch.compile the model
     eval_every: int = 1  # epochs
     save_state_every: int = 0  # steps; 0 = at the end of every epoch
-    keep_best: int = 1
+    keep_best: int = 1  # best checkpoints kept (by val_acc1)
     resume: str | None = None  # 'auto' or a state folder
     overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
     log_every: int = 10  # steps between TensorBoard points
@@ -217,6 +220,8 @@ def _check_type(key: str, value: Any, tp: Any) -> Any:
             return float(value)
         except ValueError:
             pass
+    if tp is bool and isinstance(value, str) and value.lower() in YAML11_BOOLS:  # yes/no/on/off, as YAML 1.1
+        return YAML11_BOOLS[value.lower()]
     if tp in (int, float, str, bool) and (type(value) is not tp):
         raise ConfigError(
             f"config key '{key}' must be {tp.__name__}, got {type(value).__name__} {value!r}."
@@ -386,6 +391,20 @@ class StrictLoader(yaml.SafeLoader):
                         raise ConfigError(f"key '{key}' appears twice in one mapping (line {line}); keep one of them.")
                     seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2's booleans: only true/false. PyYAML follows YAML 1.1, where yes/no/on/off (and y/n) are booleans too,
+# so `--run.mixed_precision=no` (a documented value) arrived as False. Now such words stay strings, and a key typed
+# bool takes them back in _check_type: `--run.compile=yes` still means true.
+StrictLoader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+YAML11_BOOLS = {"yes": True, "y": True, "on": True, "true": True, "no": False, "n": False, "off": False,
+                "false": False}
 
 
 def _expanded_size(node, memo: dict, limit: int) -> int:

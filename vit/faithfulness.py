@@ -120,9 +120,12 @@ def format_table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from .plots import plt, save_figure  # pyplot with the headless backend set
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    from .plots import save_figure
+
+    fig = Figure(figsize=(10, 4))
+    axes = fig.subplots(1, 2)
     for ax, mode in zip(axes, ("deletion", "insertion")):
         for m in METHODS:
             c = result[mode]["mean_curve"][m]

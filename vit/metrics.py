@@ -2,15 +2,17 @@
 
 `predict` runs a model over a loader and gathers logits and labels with `accelerator.gather_for_metrics`,
 which drops the samples that distributed samplers duplicate to even out the last batch: every sample is
-counted exactly once. `summarize_logits` turns them into loss, top-1/top-5 and calibration numbers.
+counted exactly once. `summarize_logits` turns them into loss, top-1/top-5 and calibration numbers;
+`per_class_metrics` into the confusion matrix and per-class precision/recall/F1, computed by scikit-learn.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error"]
+__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error", "per_class_metrics"]
 
 
 @torch.no_grad()
@@ -54,6 +56,26 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, n_bins
         ece += n / max(1, len(labels)) * abs(acc - c)
         bins.append((float(lo), float(hi), n, acc, c))
     return ece, bins
+
+
+def per_class_metrics(labels: np.ndarray, preds: np.ndarray, num_classes: int
+                      ) -> tuple[np.ndarray, list[dict], dict[str, dict[str, float]]]:
+    """The confusion matrix (num_classes, num_classes) (rows: true class, columns: predicted), one row of
+    precision/recall/F1/support per class, and their averages: macro over the classes present in `labels` (a
+    class absent from the split has no recall to average) and weighted by support. A class never predicted
+    has precision 0 (scikit-learn's zero_division=0)."""
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support
+
+    every = np.arange(num_classes)
+    conf = confusion_matrix(labels, preds, labels=every)
+    p, r, f, s = precision_recall_fscore_support(labels, preds, labels=every, zero_division=0)
+    rows = [dict(precision=float(a), recall=float(b), f1=float(c), support=int(d)) for a, b, c, d in zip(p, r, f, s)]
+    present = every[s > 0]
+    avgs = {}
+    for name, which in (("macro", present), ("weighted", every)):
+        a, b, c, _ = precision_recall_fscore_support(labels, preds, labels=which, average=name, zero_division=0)
+        avgs[name] = dict(precision=float(a), recall=float(b), f1=float(c))
+    return conf, rows, avgs
 
 
 def summarize_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

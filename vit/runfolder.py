@@ -121,6 +121,8 @@ def resume_changes(saved: Config, new: Config, source: str) -> dict[str, tuple[A
     """The config keys that differ from the saved run's; refuse (one sentence naming them) any that is not in
     SAFE_ON_RESUME, return the allowed ones to be recorded."""
     changes = diff(saved, new)
+    if None in (saved.run.mixed_precision, new.run.mixed_precision):  # null: whatever `accelerate launch` was
+        changes.pop("run.mixed_precision", None)  # told (runs saved before train.py wrote the precision it ran)
     refused = {k: v for k, v in changes.items() if k not in SAFE_ON_RESUME}
     if refused:
         shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in sorted(refused.items()))
