@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py

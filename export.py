@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.checkpoint import atomic_write_text
+from vit.atomic import atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets, photo_like
 from vit.export import (

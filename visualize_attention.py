@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
+from vit.atomic import atomic_write_bytes, atomic_write_text
+from vit.checkpoint import load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.layers.token_reduction import TopK
 from vit.plots import plot_attention_map, to_display

@@ -18,7 +18,7 @@ def save_figure(fig, path: str | Path, dpi: int = 120) -> None:
     """Render a figure to PNG in memory, close it, and write the file atomically."""
     import io
 
-    from .checkpoint import atomic_write_bytes
+    from .atomic import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
