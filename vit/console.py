@@ -117,7 +117,8 @@ class Console:
         elif self.enabled and time.perf_counter() - self.last_line >= PLAIN_EVERY_S:
             self.last_line = time.perf_counter()
             shown = "  ".join(f"{k} {v}" for k, v in self.postfix.items())
-            print(f"step {self.done}/{self.total} ({100 * self.done / max(1, self.total):.0f}%)  {shown}", flush=True)
+            line = f"step {self.done}/{self.total} ({100 * self.done / max(1, self.total):.0f}%)  {shown}"
+            print(line.rstrip(), flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
