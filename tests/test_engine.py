@@ -171,10 +171,16 @@ def _launch_flags() -> list[str]:
 def test_make_train_console_is_quiet_and_an_error_is_one_sentence(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", *_launch_flags()]
     env = {"TQDM_DISABLE": ""}  # no progress bar because the output is not a terminal, not because of this
-    r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=24",
-                   "--data.synthetic_val_size=8", "--run.epochs=2", f"--run.output_dir={tmp_path}", "--run.name=q",
-                   *TINY, launcher=launcher, env=env)
+    old = os.umask(0o002)  # inherited by the training: every file it writes must be 0664, not mkstemp's 0600
+    try:
+        r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=24",
+                       "--data.synthetic_val_size=8", "--run.epochs=2", f"--run.output_dir={tmp_path}",
+                       "--run.name=q", *TINY, launcher=launcher, env=env)
+    finally:
+        os.umask(old)
     assert r.returncode == 0, r.stderr[-3000:]
+    files = [f for f in (tmp_path / "q").rglob("*") if f.is_file() and f.name != ".lock"]
+    assert len(files) > 10 and {str(f): _mode(f) for f in files} == {str(f): 0o664 for f in files}
     out = r.stdout + r.stderr
     assert "\r" not in out and "were not passed" not in out and "gpuGetDeviceCount" not in out
     lines = r.stdout.splitlines()

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir
+from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
 from .config import Config, ModelConfig, dump, from_dict, read_yaml
 from .faults import fault_point
 from .hub import split_tag, timm_config
@@ -226,8 +226,10 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files = {}
+        mode = new_file_mode(tmp / "COMPLETE")  # 0666 & ~umask: safetensors' own writer leaves 0600
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
+                os.chmod(f, mode)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
                 files[str(f.relative_to(tmp))] = [f.stat().st_size, _sha256(f)]
