@@ -67,6 +67,28 @@ def test_model_line_names_what_was_built():
                     f"{oracle / 1e6:.2f}M params")
 
 
+def test_progress_in_a_log_file_is_plain_lines(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    import vit.console as console
+
+    monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)  # a line at every step instead of every 30 s
+    c = console.Console(SimpleNamespace(is_main_process=True))
+    c.start_progress(total=4, initial=1)  # resumed at step 1; pytest's captured stdout is not a terminal
+    c.step(loss="0.500", lr="1.00e-03")
+    c.print("epoch   1  ...")
+    c.step()
+    c.close()
+    silent = console.Console(SimpleNamespace(is_main_process=False))  # other processes print nothing
+    silent.start_progress(total=4, initial=0)
+    silent.step(loss="9")
+    silent.print("never")
+    out = capsys.readouterr()
+    assert c.bar is None and "\r" not in out.out + out.err and out.err == ""
+    assert out.out.splitlines() == ["step 2/4 (50%)  loss 0.500  lr 1.00e-03", "epoch   1  ...",
+                                    "step 3/4 (75%)  loss 0.500  lr 1.00e-03"]
+
+
 def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(tmp_path, monkeypatch):
     """Two micro-batches per step: no cross-process reduce per micro-batch, one norm per optimizer step, and a NaN
     loss in either micro-batch skips the step (weights and optimizer untouched) under run.on_nonfinite=skip."""
