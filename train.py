@@ -23,7 +23,7 @@ from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
 from vit.checkpoint import build_model
-from vit.config import ConfigError, diff, dump, load_config
+from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, schedule_warning
 from vit.data import build_datasets, build_loaders, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
@@ -127,7 +127,7 @@ def check_writable(run_dir: Path) -> None:
                           "set run.output_dir to a writable folder.") from None
 
 
-def describe_data(cfg, train_ds, val_ds, classes) -> str:
+def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
     line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, {len(classes)} classes"
     for split, ds in (("train", train_ds), ("val", val_ds)):
         if getattr(ds, "bad", None):
@@ -136,7 +136,7 @@ def describe_data(cfg, train_ds, val_ds, classes) -> str:
     return line
 
 
-def make_ema(cfg, accelerator, model):
+def make_ema(cfg: Config, accelerator, model: torch.nn.Module):
     """timm's EMA of the weights (optim.ema), saved and restored with the training state; None without it."""
     if not cfg.optim.ema:
         return None
@@ -145,7 +145,7 @@ def make_ema(cfg, accelerator, model):
     return ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
 
 
-def make_mixup(cfg, num_classes: int):
+def make_mixup(cfg: Config, num_classes: int):
     """timm's Mixup/CutMix (with label smoothing) when aug.mixup or aug.cutmix is set; None otherwise."""
     if cfg.aug.mixup <= 0 and cfg.aug.cutmix <= 0:
         return None
@@ -187,7 +187,7 @@ def _interrupt_note() -> str:
     return interrupt_note(_RUN.get("dir"))
 
 
-def _flat_scalars(cfg) -> dict:
+def _flat_scalars(cfg: Config) -> dict:
     from vit.config import to_dict
 
     out = {}
