@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# --quiet: after train.py's one-sentence error the launcher exits 1 instead of adding its own traceback; all four
+# launch values given, so Accelerate prints no 'values were not passed' warning either.
 train: $(STAMP)
-	$(VENV)/bin/accelerate launch --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no train.py $(ARGS)
+	$(VENV)/bin/accelerate launch --quiet --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no train.py $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -209,6 +210,9 @@ def cuda_peak_mib(side: Side, x, y) -> float | None:
 def attention_kernels(side: Side, x, y) -> list[str]:
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
                                                     if side.device.type == "cuda" else [])
+    # the profiler's native library (kineto) logs 'profiler_start' and, without a GPU, 'gpuGetDeviceCount failed'
+    # to stderr; level 6 silences it (read when the profiler starts, so setting it here is in time)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with torch.profiler.profile(activities=acts) as prof:
         side.train_step(x, y)
     names = {e.key for e in prof.key_averages()}

@@ -53,7 +53,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 from torch.utils.data import DataLoader, Dataset
 
-from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py

@@ -60,7 +60,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import numpy as np
 import torch
 
-from vit.checkpoint import atomic_write_text
+from vit.atomic import atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.export import (

@@ -55,7 +55,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 import torch
 
-from vit.checkpoint import atomic_write_csv, atomic_write_text
+from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files

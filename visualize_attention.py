@@ -63,7 +63,8 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import numpy as np
 import torch
 
-from vit.checkpoint import atomic_write_bytes, atomic_write_text, load_checkpoint
+from vit.atomic import atomic_write_bytes, atomic_write_text
+from vit.checkpoint import load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.decode import BadImageError
 from vit.layers.token_reduction import TopK

@@ -10,6 +10,8 @@ planted file is never read, and `latest_state` falls back to the older kept stat
 unpickled with `weights_only=False`: the loop's own state is JSON, EMA weights are safetensors, and
 Accelerate reads its files with `weights_only=True`.
 
+File writing itself lives in vit/atomic.py, the test-only crash hooks (`fault_point`) in vit/faults.py.
+
 Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
 model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
 pretrained=True)` or `huggingface_hub.upload_folder` as it is.
@@ -17,85 +19,30 @@ pretrained=True)` or `huggingface_hub.upload_folder` as it is.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save
 
+from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
 from .config import Config, dump, from_dict, read_yaml
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
+from .faults import fault_point
 from .hub import split_tag, timm_config
 from .vision import VisionTransformer
 
-FAULT_ENV = "VIT_FAULT_INJECT"  # tests only: "<point>:<n>" kills this process with SIGKILL at that point
-
-
-def fault_point(point: str, n: int) -> None:
-    """Die abruptly (SIGKILL, as a crash or an OOM killer would) when VIT_FAULT_INJECT names this point.
-    Used by the crash-safety tests to stop a run at exact places; a no-op otherwise."""
-    import signal
-
-    if os.environ.get(FAULT_ENV) == f"{point}:{n}":
-        os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(FAULT_ENV) == f"sigint@{point}:{n}":  # Ctrl-C there instead
-        os.kill(os.getpid(), signal.SIGINT)
-
-
-__all__ = [
-    "atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "save_checkpoint", "load_checkpoint", "build_model",
-    "latest_state", "verify_state", "CheckpointError",
-]
+__all__ = ["save_checkpoint", "load_checkpoint", "build_model", "latest_state", "verify_state", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete or from another model; the message says which."""
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) -> None:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=fieldnames)
-    writer.writeheader()
-    writer.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
@@ -258,15 +205,17 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         files = {}
+        mode = new_file_mode(tmp / "COMPLETE")  # 0666 & ~umask: safetensors' own writer leaves 0600
         for f in sorted(tmp.rglob("*")):
             if f.is_file():
+                os.chmod(f, mode)
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
                 files[str(f.relative_to(tmp))] = [f.stat().st_size, _sha256(f)]
         atomic_write_text(tmp / "COMPLETE", json.dumps({"step": step, "files": files}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
         old = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))[:-keep]
         for p in old:
             shutil.rmtree(p, ignore_errors=True)

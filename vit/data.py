@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import Config
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "resolve_data_config"]
+           "resolve_data_config", "build_loaders"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -272,3 +272,18 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     classes = checked
     return (ArrayDataset(tr[0], tr[1], classes, t_train, seed), ArrayDataset(va[0], va[1], classes, t_val, seed),
             classes)
+
+
+def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset) -> tuple[DataLoader, DataLoader]:
+    """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
+    shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
+    already seen) and keeps a short last batch; the val loader keeps the dataset's order."""
+    # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
+    # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
+    seed, workers = cfg.run.seed, cfg.data.num_workers
+    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
+                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed),
+                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed))
+    val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
+                     num_workers=workers, generator=torch.Generator().manual_seed(seed))
+    return train, val

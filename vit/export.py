@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checkpoint import atomic_write_text
+from .atomic import atomic_write_text
 from .vision import VisionTransformer
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import atomic_write_text, load_checkpoint
+from .atomic import atomic_write_text
+from .checkpoint import load_checkpoint
 from .data import build_datasets
 from .rollout import attention_maps
 

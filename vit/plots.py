@@ -23,7 +23,7 @@ MARKERS_UP_TO = 30  # epochs: a point marker on each, so that a 2-epoch run show
 
 def save_figure(fig: Figure, path: str | Path, dpi: int = 120) -> None:
     """Render a figure to PNG in memory and write the file atomically."""
-    from .checkpoint import atomic_write_bytes
+    from .atomic import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")

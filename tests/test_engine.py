@@ -1,0 +1,218 @@
+"""The training loop's pieces (vit/engine.py), the quiet console (vit/console.py) and file modes (vit/atomic.py)."""
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, TINY, run_script
+
+from vit.console import MIN_STEPS, describe_model, schedule_warning
+from vit.engine import TrainState, state_save_due
+
+
+def _saves(epochs: int, batches: int, every: int, max_steps: int | None = None) -> list[tuple[int, str]]:
+    """Walk a run (one batch per optimizer step) through the policy as train.py does: (step, moment) of each save."""
+    s, out = TrainState(), []
+    while s.epoch < epochs and not (max_steps and s.step >= max_steps):
+        while s.batch_in_epoch < batches:
+            s.batch_in_epoch, s.step = s.batch_in_epoch + 1, s.step + 1
+            if state_save_due(s, every, batches, "step"):
+                out.append((s.step, "step"))
+            if max_steps and s.step >= max_steps:
+                break
+        if s.batch_in_epoch >= batches:
+            s.epoch, s.batch_in_epoch = s.epoch + 1, 0
+        elif state_save_due(s, every, batches, "stop"):
+            out.append((s.step, "stop"))
+        if state_save_due(s, every, batches, "epoch"):
+            out.append((s.step, "epoch"))
+    return out
+
+
+def test_one_save_policy_gives_the_documented_schedule():
+    # 3 epochs of 5 steps, a state every 2 steps (the crash test's run): mid-epoch at 2, 4, 6, 8, 12, 14; an epoch's
+    # last step (10) is saved once, after its evaluation, as is every epoch's end
+    assert _saves(3, 5, 2) == [(2, "step"), (4, "step"), (5, "epoch"), (6, "step"), (8, "step"), (10, "epoch"),
+                               (12, "step"), (14, "step"), (15, "epoch")]
+    assert _saves(3, 5, 0) == [(5, "epoch"), (10, "epoch"), (15, "epoch")]  # 0: epoch ends only
+    # max_steps mid-epoch: saved before evaluating; not twice when the periodic save just ran
+    assert _saves(3, 5, 0, max_steps=7) == [(5, "epoch"), (7, "stop")]
+    assert _saves(3, 5, 2, max_steps=8) == [(2, "step"), (4, "step"), (5, "epoch"), (6, "step"), (8, "step")]
+    assert _saves(3, 5, 3, max_steps=10) == [(3, "step"), (5, "epoch"), (6, "step"), (9, "step"), (10, "epoch")]
+
+
+def test_schedule_warnings():
+    assert "warm-up (69 steps) is not shorter than the run (46 steps)" in schedule_warning(46, 69, 2, False)
+    assert "only 46 optimizer steps" in schedule_warning(46, 10, 2, False)
+    assert schedule_warning(46, 10, 2, True) is None  # fine-tuning pretrained weights may take few steps
+    assert schedule_warning(MIN_STEPS, 10, 5, False) is None
+    assert schedule_warning(1380, 69, 60, False) is None  # the digits default
+
+
+def test_model_line_names_what_was_built():
+    import timm
+
+    from vit import create_model
+
+    kw = dict(img_size=48, embed_dim=48, depth=3, num_heads=3, mlp_ratio=2, num_classes=5)
+    ours = create_model("vit_tiny_patch16_224", **kw)
+    oracle = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw).parameters())
+    line = describe_model(ours, "vit_tiny_patch16_224")
+    assert line == (f"vit_tiny_patch16_224 as built: width 48, depth 3, 3 heads, patch 16, 10 tokens (3x3 + 1), "
+                    f"{oracle / 1e6:.2f}M params")
+
+
+def test_progress_in_a_log_file_is_plain_lines(capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    import vit.console as console
+
+    monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)  # a line at every step instead of every 30 s
+    c = console.Console(SimpleNamespace(is_main_process=True))
+    c.start_progress(total=4, initial=1)  # resumed at step 1; pytest's captured stdout is not a terminal
+    c.step(loss="0.500", lr="1.00e-03")
+    c.print("epoch   1  ...")
+    c.step()
+    c.close()
+    silent = console.Console(SimpleNamespace(is_main_process=False))  # other processes print nothing
+    silent.start_progress(total=4, initial=0)
+    silent.step(loss="9")
+    silent.print("never")
+    out = capsys.readouterr()
+    assert c.bar is None and "\r" not in out.out + out.err and out.err == ""
+    assert out.out.splitlines() == ["step 2/4 (50%)  loss 0.500  lr 1.00e-03", "epoch   1  ...",
+                                    "step 3/4 (75%)  loss 0.500  lr 1.00e-03"]
+
+
+def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(tmp_path, monkeypatch):
+    """Two micro-batches per step: no cross-process reduce per micro-batch, one norm per optimizer step, and a NaN
+    loss in either micro-batch skips the step (weights and optimizer untouched) under run.on_nonfinite=skip."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from vit.checkpoint import build_model
+    from vit.config import load_config
+    from vit.console import Console
+    from vit.data import build_datasets, build_loaders
+    from vit.engine import Run, train_one_epoch
+    from vit.optim import build_optimizer
+    from vit.runtime import make_accelerator
+
+    cfg = load_config(ROOT / "configs/default.yaml", [
+        "--data.dataset=synthetic", "--data.synthetic_train_size=32", "--data.synthetic_val_size=4", *TINY,
+        "--optim.grad_accum_steps=2", "--optim.warmup_epochs=0", "--run.on_nonfinite=skip",
+        f"--run.output_dir={tmp_path}"])
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        acc = make_accelerator(gradient_accumulation_steps=2)
+        train_ds, val_ds, classes = build_datasets(cfg)
+        model = build_model(cfg, len(classes))
+        opt = build_optimizer(model, cfg.optim)
+        tl, vl = build_loaders(cfg, train_ds, val_ds)
+        model, opt, tl, vl = acc.prepare(model, opt, tl, vl)
+        run = Run(acc, cfg, tmp_path / "r", model, opt, tl, vl, classes, Console(acc))
+        calls = {"reduce": 0, "norm": 0}
+        reduce, norm = acc.reduce, acc.clip_grad_norm_
+        monkeypatch.setattr(acc, "reduce", lambda *a, **k: (calls.__setitem__("reduce", calls["reduce"] + 1),
+                                                            reduce(*a, **k))[1])
+        monkeypatch.setattr(acc, "clip_grad_norm_", lambda *a, **k: (calls.__setitem__("norm", calls["norm"] + 1),
+                                                                     norm(*a, **k))[1])
+        weights = []
+        orig_step = opt.step
+
+        def step(*a, **k):
+            orig_step(*a, **k)
+            weights.append(acc.unwrap_model(model).head.weight.detach().clone())
+        monkeypatch.setattr(opt, "step", step)
+        monkeypatch.setenv("VIT_FAULT_INJECT", "nan:1")  # optimizer step 1 (its two micro-batches) is NaN
+        before = acc.unwrap_model(model).head.weight.detach().clone()
+        stats = train_one_epoch(run)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert len(tl) == 4 and run.state.step == 2 and run.state.batch_in_epoch == 0 and run.state.epoch == 1
+    assert calls == {"reduce": 1, "norm": 2}  # the epoch's mean loss only; one gradient norm per optimizer step
+    assert run.state.skipped == 1 and len(weights) == 1  # step 0 applied, step 1 skipped
+    assert not torch.equal(weights[0], before)
+    assert torch.equal(acc.unwrap_model(model).head.weight, weights[0])  # the NaN step changed nothing
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.isfinite(torch.tensor(stats.train_loss))  # the NaN micro-batches are not in the epoch's loss
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize("umask", [0o077, 0o002])
+def test_written_files_honour_the_umask(tmp_path, umask):
+    from vit import create_model
+    from vit.atomic import atomic_write_csv, atomic_write_text
+    from vit.checkpoint import save_checkpoint
+    from vit.config import load_config
+
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        atomic_write_csv(tmp_path / "m.csv", ["k"], [{"k": 1}])
+        cfg = load_config(ROOT / "configs/default.yaml", TINY)
+        save_checkpoint(tmp_path / "ck", create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=2),
+                        cfg, ["a", "b"], {"step": 1})
+        os.chmod(tmp_path / "a.txt", 0o600)  # a file the user restricted keeps its mode when rewritten
+        atomic_write_text(tmp_path / "a.txt", "y")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    files = [tmp_path / "m.csv", *sorted((tmp_path / "ck").iterdir())]
+    assert len(files) == 6 and {f.name: _mode(f) for f in files} == {f.name: expected for f in files}
+    assert _mode(tmp_path / "a.txt") == 0o600 and (tmp_path / "a.txt").read_text() == "y"
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_atomic_writing_imports_nothing_heavy():
+    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
+            "print(sorted(m for m in ('torch', 'numpy', 'vit', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "vit/atomic.py")], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+    # and drawing a PNG no longer reaches the checkpoint (model) module
+    assert "checkpoint" not in (ROOT / "vit/plots.py").read_text()
+
+
+def _launch_flags() -> list[str]:
+    """The accelerate-launch flags `make train` uses, read from the Makefile so the test follows it."""
+    line = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if "accelerate launch" in ln)
+    return re.search(r"accelerate launch (.*) train\.py", line).group(1).split()
+
+
+@pytest.mark.slow
+def test_make_train_console_is_quiet_and_an_error_is_one_sentence(tmp_path):
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", *_launch_flags()]
+    env = {"TQDM_DISABLE": ""}  # no progress bar because the output is not a terminal, not because of this
+    old = os.umask(0o002)  # inherited by the training: every file it writes must be 0664, not mkstemp's 0600
+    try:
+        r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=24",
+                       "--data.synthetic_val_size=8", "--run.epochs=2", f"--run.output_dir={tmp_path}",
+                       "--run.name=q", *TINY, launcher=launcher, env=env)
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = [f for f in (tmp_path / "q").rglob("*") if f.is_file() and f.name != ".lock"]
+    assert len(files) > 10 and {str(f): _mode(f) for f in files} == {str(f): 0o664 for f in files}
+    out = r.stdout + r.stderr
+    assert "\r" not in out and "were not passed" not in out and "gpuGetDeviceCount" not in out
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("settings: configs/default.yaml with ") and "run.epochs=2" in lines[0]
+    assert [ln for ln in lines if ln.startswith("epoch ")] == [ln for ln in lines if "  val loss " in ln]
+    assert len([ln for ln in lines if ln.startswith("epoch ")]) == 2
+    assert "width 32, depth 2, 2 heads, patch 16, 5 tokens (2x2 + 1)" in r.stdout
+    assert "only 6 optimizer steps" in r.stdout  # 2 epochs of 3 batches: the short-run warning
+    assert "  name: " not in r.stdout  # no config dump: it is in the run folder
+    assert (tmp_path / "q/config.yaml").is_file()
+    bad = run_script("train.py", "--optim.lr=-1", f"--run.output_dir={tmp_path}", launcher=launcher)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr + bad.stdout
+    assert bad.stderr.strip().splitlines() == ["error: config key 'optim.lr' must not be negative, got -1.0."]
