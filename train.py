@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.optim.ema:
         from timm.utils import ModelEmaV3
 
+        if accelerator.distributed_type == "FSDP":  # h6: the EMA copy would be a full replica of sharded weights
+            raise ConfigError("optim.ema is not supported with FSDP yet; set optim.ema=false or launch with DDP.")
+
         ema = ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)  # saved by save_run_state
     state = TrainState()
 
@@ -280,11 +283,13 @@ def main(argv: list[str] | None = None) -> int:
             accelerator.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {train_loss:.4f}  "
                               f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  "
                               f"({m['n']} images)  {ips:.0f} img/s")
+            # FSDP (h6): every process takes part in gathering the one consolidated copy; the main one writes it
+            weights = accelerator.get_state_dict(eval_model)
             if accelerator.is_main_process:
                 meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
                 unwrapped = accelerator.unwrap_model(eval_model)
-                save_checkpoint(run_dir / "last", unwrapped, cfg, classes, meta)
-                _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best)
+                save_checkpoint(run_dir / "last", unwrapped, cfg, classes, meta, weights)
+                _keep_best(run_dir, unwrapped, cfg, classes, meta, state, cfg.run.keep_best, weights)
                 _append_metrics(run_dir / "metrics.csv", row)
         if epoch_done:
             save_run_state(accelerator, cfg, run_dir, state, model, ema, 0.0, 0)
@@ -310,7 +315,7 @@ def _done(cfg, state) -> bool:
     return cfg.run.max_steps is not None and state.step >= cfg.run.max_steps
 
 
-def _keep_best(run_dir, model, cfg, classes, meta, state, k) -> None:
+def _keep_best(run_dir, model, cfg, classes, meta, state, k, weights=None) -> None:
     """`best/` holds the best checkpoint; with keep_best > 1 the runners-up live in top/epoch-XXX."""
     import shutil
 
@@ -319,9 +324,9 @@ def _keep_best(run_dir, model, cfg, classes, meta, state, k) -> None:
     if [acc, epoch] not in ranked[:k]:
         return
     if ranked[0] == [acc, epoch]:
-        save_checkpoint(run_dir / "best", model, cfg, classes, meta)
+        save_checkpoint(run_dir / "best", model, cfg, classes, meta, weights)
     if k > 1:
-        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, cfg, classes, meta)
+        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, cfg, classes, meta, weights)
         for _, e in ranked[k:]:
             shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
     state.best = ranked[:k]
