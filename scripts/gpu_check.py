@@ -113,8 +113,8 @@ def make_models(args, device) -> dict[str, torch.nn.Module]:
 
 
 def wrap(model: torch.nn.Module, how: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
     from timm.models.vision_transformer import Block as TimmBlock
+    from torch.nn.parallel import DistributedDataParallel
 
     if how == "ddp":
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -173,6 +173,17 @@ def check_attention(args, device, dtype) -> str:
     return ", ".join(ran)
 
 
+def reference(args, device, rank: int) -> tuple[torch.Tensor, torch.Tensor, int, dict[str, torch.Tensor]]:
+    """This process's batch (its own, as in training), the FLOPs of one image's training step (counted in fp32:
+    they do not depend on the precision) and the weights every model starts from."""
+    ours = make_models(args, device)["ours"]
+    g = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    x = torch.randn(args.batch_size, 3, *ours.patch_embed.img_size, generator=g).to(device)
+    y = torch.randint(0, ours.num_classes, (args.batch_size,), generator=g).to(device)
+    flops = count_flops(lambda: F.cross_entropy(ours(x[:1]).float(), y[:1]).backward())
+    return x, y, flops, {k: v.detach().cpu().clone() for k, v in ours.state_dict().items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = setup()
@@ -190,19 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peak_n = 8192 if device.type == "cuda" else 512
     peaks = [matmul_peak(device, dtype, peak_n)]
-    models = make_models(args, device)
-    side = models["ours"].patch_embed.img_size
-    g = torch.Generator(device="cpu").manual_seed(1234 + rank)  # each process its own batch, as in training
-    x = torch.randn(args.batch_size, 3, *side, generator=g).to(device)
-    y = torch.randint(0, models["ours"].num_classes, (args.batch_size,), generator=g).to(device)
-
-    def once():
-        F.cross_entropy(models["ours"](x[:1]).float(), y[:1]).backward()
-
-    flops_per_image = count_flops(once)  # fp32 on one image: FLOPs do not depend on the precision
-    models["ours"].zero_grad(set_to_none=True)
-    state = {k: v.detach().cpu().clone() for k, v in models["ours"].state_dict().items()}
-    del models
+    x, y, flops_per_image, state = reference(args, device, rank)
 
     rows = []
     for how in ("ddp", "fsdp"):

@@ -7,7 +7,6 @@ from its torch.distributed.checkpoint files in this (single, non-distributed) pr
 """
 
 import csv
-import signal
 import sys
 
 import pytest
