@@ -2,6 +2,7 @@
 ViT-B/16 bf16 check of the README's "Scaling up"."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,8 +13,8 @@ from helpers import ROOT
 @pytest.mark.slow
 def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "result.json"
-    env = {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TQDM_DISABLE": "1", "TMPDIR": str(tmp_path),
-           "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TQDM_DISABLE": "1",
+           "TMPDIR": str(tmp_path), "HF_HUB_OFFLINE": "1", "MPLBACKEND": "Agg"}
     r = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--tiny", "--out", str(out)],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
