@@ -196,6 +196,17 @@ def saved_activation_bytes(side: Side, x, y) -> int:
     return sum(v for k, v in seen.items() if k not in params)
 
 
+def checkpointed_activation_bytes(side: Side, x, y) -> int:
+    """`saved_activation_bytes` with gradient checkpointing on (`model.grad_checkpointing: true`): what is kept is
+    each block's input (B, N, D), held by torch.utils.checkpoint, plus what lies outside the blocks."""
+    model = getattr(side.model, "_orig_mod", side.model)  # torch.compile'd: the module it wraps
+    model.set_grad_checkpointing(True)
+    try:
+        return saved_activation_bytes(side, x, y)
+    finally:
+        model.set_grad_checkpointing(False)
+
+
 def cuda_peak_mib(side: Side, x, y) -> float | None:
     """The CUDA allocator's peak during one training step, above what was allocated before it; None on CPU."""
     if side.device.type != "cuda":
@@ -256,6 +267,7 @@ def bench_model(args, device) -> dict:
         entry["ratio_ours_over_timm"] = ratio_stats(times["ours"], times["timm"])
         res[mode] = entry
     res["memory"] = {s.name: dict(saved_activation_mib=saved_activation_bytes(s, x, y) / 2**20,
+                                  checkpointed_activation_mib=checkpointed_activation_bytes(s, x, y) / 2**20,
                                   cuda_peak_mib=cuda_peak_mib(s, x, y)) for s in sides}
     res["attention_kernels"] = {s.name: attention_kernels(s, x, y) for s in sides}
     return res
@@ -508,6 +520,11 @@ def print_report(res: dict) -> None:
         m = res["memory"]
         print(f"activations kept for backward: ours {m['ours']['saved_activation_mib']:.1f} MiB, "
               f"timm {m['timm']['saved_activation_mib']:.1f} MiB")
+        if "checkpointed_activation_mib" in m["ours"]:
+            c = m["ours"]["checkpointed_activation_mib"]
+            print(f"  with gradient checkpointing: ours {c:.1f} MiB "
+                  f"({m['ours']['saved_activation_mib'] / max(c, 1e-9):.1f}x less), "
+                  f"timm {m['timm']['checkpointed_activation_mib']:.1f} MiB")
         print(f"attention kernels: ours {res['attention_kernels']['ours']}, timm {res['attention_kernels']['timm']}")
     if "scaling" in res:
         print(f"\n{'px':>6}{'tokens':>8}{'ours MiB':>10}{'timm MiB':>10}{'ours/timm':>10}{'ours s':>9}{'timm s':>9}")

@@ -152,6 +152,8 @@ def make_ema(cfg: Config, accelerator, model: torch.nn.Module):
         return None
     from timm.utils import ModelEmaV3
 
+    if accelerator.distributed_type == "FSDP":  # the EMA copy would be a full replica of the sharded weights
+        raise ConfigError("optim.ema is not supported with FSDP yet; set optim.ema=false or launch with DDP.")
     return ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
 
 

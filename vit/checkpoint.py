@@ -46,10 +46,13 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
-                    meta: dict | None = None) -> Path:
-    """Write a self-contained model checkpoint folder (weights, config, classes, meta), file by file atomically."""
+                    meta: dict | None = None, state_dict: dict | None = None) -> Path:
+    """Write a self-contained model checkpoint folder (weights, config, classes, meta), file by file atomically.
+    `state_dict`: the weights to write instead of `model.state_dict()` (FSDP: accelerator.get_state_dict's
+    consolidated copy, gathered on every process, as the model holds only this process's shards)."""
     folder = Path(folder)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    weights = model.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     check_finite(state, f"refusing to save {folder}")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)

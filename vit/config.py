@@ -56,6 +56,7 @@ class ModelConfig:
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
+    grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
 
 
 @dataclass

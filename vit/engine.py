@@ -250,18 +250,19 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
                       f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images)  "
                       f"{stats.images_per_s:.0f} img/s")
+    weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
     if acc.is_main_process:
         row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
                    val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=stats.images_per_s,
                    skipped_steps=state.skipped)
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
         unwrapped = acc.unwrap_model(eval_model)
-        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta)
-        _keep_best(run, unwrapped, meta)
+        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
+        _keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
 
 
-def _keep_best(run: Run, model: torch.nn.Module, meta: dict) -> None:
+def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
     """`best/` holds the best checkpoint; with run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
     acc, epoch = meta["val_acc1"], meta["epoch"]
@@ -269,9 +270,9 @@ def _keep_best(run: Run, model: torch.nn.Module, meta: dict) -> None:
     if [acc, epoch] not in ranked[:k]:
         return
     if ranked[0] == [acc, epoch]:
-        save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta)
+        save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta, weights)
     if k > 1:
-        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta)
+        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta, weights)
         for _, e in ranked[k:]:
             shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
     state.best = ranked[:k]

@@ -3,6 +3,9 @@
 Accelerate only picks its multi-process CPU mode (gloo) when asked for the CPU explicitly; started by
 `accelerate launch --multi_gpu --num_processes 2` on a machine without CUDA, each process would otherwise
 believe it is alone and evaluate everything twice. `make_accelerator` asks for the CPU in exactly that case.
+Accelerate (1.15) also turns FSDP on only for accelerators: launched with configs/accelerate/fsdp.yaml on a
+CPU-only machine it would silently train plain DDP instead. torch's FSDP2 (`fully_shard`) runs on gloo, so
+`make_accelerator` switches the state to FSDP there (CI and the tests train the FSDP path on CPU).
 """
 
 from __future__ import annotations
@@ -40,7 +43,28 @@ def make_accelerator(**kwargs) -> Accelerator:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.cuda.is_available():
         kwargs.setdefault("cpu", True)
-    return Accelerator(**kwargs)
+    accelerator = Accelerator(**kwargs)
+    _fsdp_without_cuda(accelerator)
+    return accelerator
+
+
+def _fsdp_without_cuda(accelerator: Accelerator) -> None:
+    """Honour a FSDP launch (ACCELERATE_USE_FSDP=true, FSDP2) on CPU processes, where Accelerate would fall
+    back to DDP without a word. Both state singletons are set: AcceleratorState copies PartialState's values."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = AcceleratorState()
+    if (os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+            or state.distributed_type != DistributedType.MULTI_CPU):
+        return
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        raise ConfigError("FSDP on CPU processes needs FSDP2; set fsdp_version: 2 in the accelerate config "
+                          "(as configs/accelerate/fsdp.yaml does).")
+    state.fsdp_plugin = FullyShardedDataParallelPlugin()  # reads the launcher's FSDP_* variables
+    if state.mixed_precision != "no":  # what Accelerate does for its own FSDP: a MixedPrecisionPolicy
+        state.fsdp_plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = PartialState().distributed_type = DistributedType.FSDP
 
 
 def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> None:
