@@ -145,12 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)
     num_classes = len(classes)
-    sampler = EpochSampler(len(train_ds), shuffle=True, seed=cfg.run.seed)
-    train_loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=False,
-                              num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
-                              generator=torch.Generator().manual_seed(cfg.run.seed))
-    val_loader = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
-                            num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(cfg.run.seed))
+    if cfg.data.dataset == "wds":  # shards split over processes and workers by the loaders themselves
+        from vit.wds import build_wds_loaders
+
+        train_loader, val_loader = build_wds_loaders(cfg, train_ds, val_ds, accelerator)
+    else:
+        sampler = EpochSampler(len(train_ds), shuffle=True, seed=cfg.run.seed)
+        train_loader = DataLoader(train_ds, batch_size=cfg.data.batch_size, sampler=sampler, drop_last=False,
+                                  num_workers=cfg.data.num_workers, pin_memory=torch.cuda.is_available(),
+                                  generator=torch.Generator().manual_seed(cfg.run.seed))
+        val_loader = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
+                                num_workers=cfg.data.num_workers, generator=torch.Generator().manual_seed(cfg.run.seed))
     # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
     # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     accelerator.print(f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, "
@@ -166,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)
-    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    if cfg.data.dataset == "wds":  # shard loaders are not prepared (vit/wds.py)
+        model, optimizer = accelerator.prepare(model, optimizer)
+    else:
+        model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     ema = None
     if cfg.optim.ema:
         from timm.utils import ModelEmaV3
@@ -202,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     while state.epoch < cfg.run.epochs and not _done(cfg, state):
         model.train()
         train_ds.set_epoch(state.epoch)
-        loader = accelerator.skip_first_batches(train_loader, state.batch_in_epoch) if state.batch_in_epoch \
-            else train_loader
+        loader = train_loader
+        if state.batch_in_epoch:  # a shard loader skips finished shards unread (vit/wds.py)
+            loader = (train_loader.skip_first_batches(state.batch_in_epoch) if cfg.data.dataset == "wds"
+                      else accelerator.skip_first_batches(train_loader, state.batch_in_epoch))
         # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
         # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
         loader.set_epoch(state.epoch)

@@ -55,8 +55,10 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic
-    root: str | None = None  # imagefolder: folder with train/ and val/; cifar: download folder
+    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
+    # imagefolder: folder with train/ and val/; cifar: download folder; wds: shard folder with _info.json, URL
+    # or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder or a folder of parquet files (vit/hfds.py)
+    root: str | None = None
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits: stratified held-out share
     split_seed: int = 0
@@ -67,6 +69,13 @@ class DataConfig:
     synthetic_train_size: int = 512
     synthetic_val_size: int = 128
     synthetic_num_classes: int = 4
+    # wds and hf: split names (_info.json's, the dataset's) or, for wds, brace patterns 'train-{00000..00099}.tar'
+    train_split: str = "train"
+    val_split: str = "val"
+    shuffle_buffer: int = 8192  # wds: samples shuffled together (raw bytes in memory per loader worker)
+    num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
+    image_column: str = "image"  # hf
+    label_column: str = "label"  # hf
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -162,7 +171,7 @@ CHOICES = {
     "model.pos_embed": ("learn", "sincos"),
     "model.norm_layer": ("layernorm", "rmsnorm"),
     "model.mlp_layer": ("gelu", "swiglu"),
-    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic"),
+    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", None),
@@ -171,7 +180,8 @@ CHOICES = {
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.log_every", "run.max_steps",
-            "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes"}
+            "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
+            "data.shuffle_buffer", "data.num_classes"}
 NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
@@ -282,6 +292,9 @@ def validate(cfg: Config) -> None:
         )
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
+    if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
+        raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
+                          "with _info.json, or a Hugging Face dataset saved on disk).")
     if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
         raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
 

@@ -253,6 +253,14 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     size, seed = cfg.model.img_size, cfg.run.seed
     t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
     name = cfg.data.dataset
+    if name == "wds":  # tar shards (vit/wds.py)
+        from .wds import build_wds_datasets
+
+        return build_wds_datasets(cfg, t_train, t_val, splits, classes)
+    if name == "hf":  # a Hugging Face dataset saved on disk (vit/hfds.py)
+        from .hfds import build_hf_datasets
+
+        return build_hf_datasets(cfg, t_train, t_val, splits, classes)
     if name == "imagefolder":
         root = Path(cfg.data.root)
         if not root.is_dir():
