@@ -84,7 +84,9 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator:
         # epoch and start batch are read now, when the loader starts, not when the first sample is asked for
         info = get_worker_info()
-        worker = info.id if info is not None else 0
+        # The loader takes its first batch from worker 0; after a resume at batch b that batch is reader
+        # b % W's, so loader worker j plays reader (j + b) % W.
+        worker = ((info.id if info is not None else 0) + self.start_batch) % self.num_workers
         return self._samples(self.epoch, self.start_batch, worker)
 
     def _samples(self, epoch: int, start_batch: int, worker: int) -> Iterator:
@@ -181,8 +183,9 @@ class ShardLoader:
         dataset.batch_size, dataset.num_workers, dataset.rank, dataset.world = batch_size, max(1, num_workers), \
             rank, world
         self.dataset, self.device = dataset, torch.device(device)
+        # own generator: starting the loader draws its worker seed from it, not from the global RNG (train.py)
         self.loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                                 pin_memory=self.device.type == "cuda")
+                                 pin_memory=self.device.type == "cuda", generator=torch.Generator().manual_seed(0))
 
     def __len__(self) -> int:
         return self.dataset.batches_per_process()
