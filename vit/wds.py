@@ -73,6 +73,12 @@ class ShardDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
+    def describe(self, i: int) -> str:
+        """Sample i (global index) as `<shard url>#<position in the shard>`."""
+        offsets = self.split.offsets()
+        k = max(j for j, o in enumerate(offsets) if o <= i)
+        return f"{self.split.urls[k]}#{i - offsets[k]}"
+
     def plan(self, epoch: int | None = None):
         return plan_epoch(self.split.lengths, self.world * self.num_workers, self.epoch if epoch is None else epoch,
                           self.seed, shuffle=self.train)
@@ -234,7 +240,8 @@ def build_wds_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=Non
     return out.get("train"), out.get("val"), classes
 
 
-def build_wds_loaders(cfg, train_ds: ShardDataset, val_ds: ShardDataset, accelerator) -> tuple[ShardLoader, ShardLoader]:
+def build_wds_loaders(cfg, train_ds: ShardDataset, val_ds: ShardDataset,
+                      accelerator) -> tuple[ShardLoader, ShardLoader]:
     """Train and val loaders for this process; not to be passed to accelerator.prepare."""
     rank, world, device = accelerator.process_index, accelerator.num_processes, accelerator.device
     train = ShardLoader(train_ds, cfg.data.batch_size, cfg.data.num_workers, rank, world, device)
