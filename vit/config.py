@@ -72,7 +72,7 @@ class DataConfig:
     # wds and hf: split names (_info.json's, the dataset's) or, for wds, brace patterns 'train-{00000..00099}.tar'
     train_split: str = "train"
     val_split: str = "val"
-    shuffle_buffer: int = 8192  # wds: samples shuffled together (raw bytes in memory per loader worker)
+    shuffle_buffer: int = 2048  # wds: samples shuffled together (held as raw bytes, per loader worker)
     num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
     image_column: str = "image"  # hf
     label_column: str = "label"  # hf

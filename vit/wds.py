@@ -60,12 +60,11 @@ class ShardDataset(IterableDataset):
     evaluation. `num_workers`, `rank`, `world` are set by the loader; `set_epoch` before each epoch."""
 
     def __init__(self, split: ShardSplit, classes: list[str], transform, train: bool, seed: int = 0,
-                 shuffle_buffer: int = 8192, batch_size: int = 1, name: str = "train", img_size: int = 224) -> None:
+                 shuffle_buffer: int = 2048, batch_size: int = 1, name: str = "train", img_size: int = 224) -> None:
         self.split, self.classes, self.transform, self.train = split, list(classes), transform, train
         self.img_size = img_size  # of the zero images that pad a short evaluation reader
         self.seed, self.shuffle_buffer, self.batch_size, self.name = seed, shuffle_buffer, batch_size, name
         self.epoch, self.start_batch, self.num_workers, self.rank, self.world = 0, 0, 1, 0, 1
-        self.bad: list[str] = []
 
     def __len__(self) -> int:
         return self.split.num_samples
@@ -189,6 +188,11 @@ class ShardLoader:
         dataset.batch_size, dataset.num_workers, dataset.rank, dataset.world = batch_size, max(1, num_workers), \
             rank, world
         self.dataset, self.device = dataset, torch.device(device)
+        readers, shards = world * dataset.num_workers, len(dataset.split.urls)
+        if dataset.train and dataset.plan(0).quota == 0:
+            raise DataError(f"{world} process(es) x {dataset.num_workers} loader worker(s) = {readers} shard readers, "
+                            f"but the {dataset.name} split has only {shards} shard(s): some readers would get none. "
+                            "Write smaller shards (python -m vit.shards --shard-size) or lower data.num_workers.")
         # own generator: starting the loader draws its worker seed from it, not from the global RNG (train.py)
         self.loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                  pin_memory=self.device.type == "cuda", generator=torch.Generator().manual_seed(0))
