@@ -166,6 +166,8 @@ def test_wds_config_errors_are_one_sentence(shards):
     with pytest.raises(DataError, match=r"\|<num_samples>"):
         resolve_split(str(shards.parent), "other-{0..3}.tar")
     assert resolve_split(str(shards), "train-{00000..00001}.tar").lengths == (3, 3)  # lengths from _info.json
+    far = resolve_split("pipe:curl -s https://host/d", "x-{0..3}.tar|10", info={})  # no _info.json: count spread
+    assert far.lengths == (3, 3, 2, 2) and far.urls[0] == "pipe:curl -s https://host/d/x-0.tar"
     ds = ShardDataset(resolve_split(str(shards), "train"), CLASSES, None, train=True)
     with pytest.raises(DataError, match="9 shard readers, but the train split has only 8"):
         ShardLoader(ds, batch_size=2, num_workers=3, rank=0, world=3)

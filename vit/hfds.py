@@ -54,8 +54,7 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise DataError("data.dataset=hf needs the Hugging Face datasets package; pip install datasets "
-                        "(or vit[hf]).") from None
+        raise DataError("data.dataset=hf needs the Hugging Face datasets package; pip install datasets.") from None
     return datasets
 
 

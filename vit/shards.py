@@ -31,11 +31,20 @@ from pathlib import Path
 from .data import DataError, _class_folders, _folder_classes, _image_files
 from .decode import BadImageError, decode_image
 
-__all__ = ["write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME"]
+__all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME"]
 log = logging.getLogger(__name__)
 
 INFO_NAME = "_info.json"
 KEEP_BYTES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}  # extension -> sample key
+
+
+def webdataset():
+    """The webdataset module, or one sentence saying how to get it."""
+    try:
+        import webdataset as wds
+    except ImportError:
+        raise DataError("shards are read and written with the webdataset package; pip install webdataset.") from None
+    return wds
 
 
 # --- writing ----------------------------------------------------------------------------------------------------
@@ -75,8 +84,7 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
     """Write the shards of an ImageFolder (`root/<split>/<class>/*`) into `out`; returns the info dict written
     to `out/_info.json`. Each shard is written to a temporary name and renamed when complete, and `_info.json`
     comes last: a folder with an `_info.json` holds complete shards."""
-    import webdataset as wds
-
+    wds = webdataset()
     root, out = Path(root), Path(out)
     if shard_size < 1:
         raise DataError(f"--shard-size must be at least 1, got {shard_size}.")
@@ -130,8 +138,7 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
 
 def read_info(root: str) -> dict:
     """`root/_info.json` (a folder, an http(s) base URL or a `pipe:` command prefix), {} if there is none."""
-    import webdataset as wds
-
+    wds = webdataset()
     if os.path.isdir(root) or "://" not in root and not root.startswith("pipe:"):
         path = Path(root) / INFO_NAME
         if not path.is_file():
@@ -196,8 +203,8 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
     if all(n in known for n in names):
         lengths = [known[n] for n in names]
     elif count.strip().isdigit():  # lengths unknown: spread the count evenly (only the total is used exactly)
-        lengths = _balanced_lengths(int(count), math.ceil(int(count) / len(names)))
-        lengths += [0] * (len(names) - len(lengths))
+        total, k = int(count), len(names)
+        lengths = [total // k + (i < total % k) for i in range(k)]
     else:
         raise DataError(f"the shards of '{split}' are not listed in {_join(root, INFO_NAME)}, so their sample count "
                         f"is unknown; append it as '{pattern}|<num_samples>'.")

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .data import DataError
-from .shards import ShardSplit, plan_epoch, read_info, resolve_split
+from .shards import ShardSplit, plan_epoch, read_info, resolve_split, webdataset
 from .transforms import BadImageError
 
 __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loaders", "worker_consumed"]
@@ -136,8 +136,7 @@ class ShardDataset(IterableDataset):
 
     def _read(self, shard: int, epoch: int) -> list[tuple[int, str, bytes, int]]:
         """(global index, name, image bytes, label) of every sample in one shard, in tar order."""
-        import webdataset as wds
-
+        wds = webdataset()
         url = self.split.urls[shard]
         _trace(f"{self.name} {epoch} open {url}")
         start, out = self.split.offsets()[shard], []
