@@ -273,3 +273,14 @@ def test_hf_save_to_disk_and_parquet_round_trip(folder, tmp_path):
     with pytest.raises(DataError, match="has no column 'img'"):
         build_hf_datasets(load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'hf'}",
                           "--data.val_split=validation", "--data.image_column=img"]), None, t, splits=("val",))
+
+
+@pytest.mark.slow
+def test_cli_writes_shards_and_refuses_bad_input_in_one_line(folder, tmp_path):
+    r = run_script("-m", "vit.shards", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "train: 24 samples in 3 shards" in r.stdout and (tmp_path / "s/train-00002.tar").is_file()
+    for args, msg in ((["--from", str(tmp_path / "nope")], "does not exist"),
+                      (["--from", str(folder)], "already holds shards")):
+        bad = run_script("-m", "vit.shards", *args, "--out", str(tmp_path / "s"))
+        assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
