@@ -89,6 +89,10 @@ def test_shard_reader_gives_the_folder_datasets_tensors(folder, shards):
     assert [i for _, _, i in got] == list(range(15))
     for (x, y, _), (x_ref, y_ref) in zip(got, (ref[i] for i in range(15))):
         assert y == y_ref and torch.equal(x, x_ref)
+    piped = resolve_split(f"pipe:cat {shards}", "val")  # _info.json and shards through a shell command
+    assert piped.urls[0] == f"pipe:cat {shards}/val-00000.tar" and piped.lengths == (3,) * 5
+    via_pipe = list(ShardDataset(piped, CLASSES, t, train=False, img_size=32))
+    assert all(torch.equal(a[0], b[0]) and a[1:] == b[1:] for a, b in zip(via_pipe, got, strict=True))
 
 
 def test_timm_wds_reader_reads_our_shards(folder, shards):
