@@ -100,9 +100,16 @@ def main(argv=None) -> int:
     out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
                                                  else Path("runs") / f"eval-{args.model}")
     accelerator = make_accelerator()
-    loader = DataLoader(Indexed(val_ds), batch_size=args.batch_size or cfg.data.eval_batch_size or
-                        cfg.data.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
-    model, loader = accelerator.prepare(model, loader)
+    batch_size = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
+    if cfg.data.dataset == "wds":  # shards are dealt to processes by the loader itself, not prepared (vit/wds.py)
+        from vit.wds import ShardLoader
+
+        loader = ShardLoader(val_ds, batch_size, cfg.data.num_workers, accelerator.process_index,
+                             accelerator.num_processes, accelerator.device)
+        model = accelerator.prepare(model)
+    else:
+        loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False, num_workers=cfg.data.num_workers)
+        model, loader = accelerator.prepare(model, loader)
 
     t0 = time.perf_counter()
     out = predict(model, loader, accelerator)  # one row per sample, in dataset order

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)
-    train_loader, val_loader = build_loaders(cfg, train_ds, val_ds)
+    train_loader, val_loader = build_loaders(cfg, train_ds, val_ds, accelerator)
     console.print(describe_data(cfg, train_ds, val_ds, classes))
 
     # --- model and optimizer ----------------------------------------------------------------------------------
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)
-    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    model, optimizer, train_loader, val_loader = prepare(accelerator, model, optimizer, train_loader, val_loader)
     run = Run(accelerator, cfg, run_dir, model, optimizer, train_loader, val_loader, classes, console,
               ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)))
 
@@ -144,6 +144,19 @@ def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
             line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
                      + "; ".join(ds.bad[:5]) + (" ..." if len(ds.bad) > 5 else ""))
     return line
+
+
+def prepare(accelerator, model, optimizer, *loaders):
+    """accelerator.prepare for the model, the optimizer and the DataLoaders; shard loaders (vit/wds.py) deal
+    their shards to processes and workers themselves and are passed through."""
+    from torch.utils.data import DataLoader
+
+    plain = [i for i, ld in enumerate(loaders) if isinstance(ld, DataLoader)]
+    model, optimizer, *prepared = accelerator.prepare(model, optimizer, *(loaders[i] for i in plain))
+    out = list(loaders)
+    for i, ld in zip(plain, prepared):
+        out[i] = ld
+    return (model, optimizer, *out)
 
 
 def make_ema(cfg: Config, accelerator, model: torch.nn.Module):

@@ -61,8 +61,10 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic
-    root: str | None = None  # imagefolder: folder with train/ and val/; cifar: download folder
+    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
+    # imagefolder: folder with train/ and val/; cifar: download folder; wds: shard folder with _info.json, URL
+    # or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder or a folder of parquet files (vit/hfds.py)
+    root: str | None = None
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits: stratified held-out share
     split_seed: int = 0  # seed of the held-out split
@@ -73,6 +75,13 @@ class DataConfig:
     synthetic_train_size: int = 512  # synthetic only: training images
     synthetic_val_size: int = 128  # synthetic only: held-out images
     synthetic_num_classes: int = 4  # synthetic only: classes
+    # wds and hf: split names (_info.json's, the dataset's) or, for wds, brace patterns 'train-{00000..00099}.tar'
+    train_split: str = "train"  # wds and hf: the training split's name (wds: or a brace pattern)
+    val_split: str = "val"  # wds and hf: the held-out split's name (wds: or a brace pattern)
+    shuffle_buffer: int = 2048  # wds: samples shuffled together (held as raw bytes, per loader worker)
+    num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
+    image_column: str = "image"  # hf: the column holding the images
+    label_column: str = "label"  # hf: the column holding the integer labels
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -172,7 +181,7 @@ def _literal_choices(cls: type, prefix: str) -> dict[str, tuple]:
 
 CHOICES = {
     **_literal_choices(ModelConfig, "model"),
-    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic"),
+    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", None),
@@ -181,7 +190,8 @@ CHOICES = {
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.log_every", "run.max_steps",
-            "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes"}
+            "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
+            "data.shuffle_buffer", "data.num_classes"}
 NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
@@ -298,6 +308,9 @@ def validate(cfg: Config) -> None:
     if m.in_chans not in (1, 3):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+    if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
+        raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
+                          "with _info.json, or a Hugging Face dataset saved on disk).")
     if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
         raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
 

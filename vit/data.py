@@ -241,6 +241,14 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     size, seed = cfg.model.img_size, cfg.run.seed
     t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
     name = cfg.data.dataset
+    if name == "wds":  # tar shards (vit/wds.py)
+        from .wds import build_wds_datasets
+
+        return build_wds_datasets(cfg, t_train, t_val, splits, classes)
+    if name == "hf":  # a Hugging Face dataset saved on disk (vit/hfds.py)
+        from .hfds import build_hf_datasets
+
+        return build_hf_datasets(cfg, t_train, t_val, splits, classes)
     if name == "imagefolder":
         root = Path(cfg.data.root)
         if not root.is_dir():
@@ -274,10 +282,16 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
             classes)
 
 
-def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset) -> tuple[DataLoader, DataLoader]:
+def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=None) -> tuple:
     """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
     shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
-    already seen) and keeps a short last batch; the val loader keeps the dataset's order."""
+    already seen) and keeps a short last batch; the val loader keeps the dataset's order. For `data.dataset: wds`
+    the shard loaders of vit/wds.py, which deal shards to this process themselves (`accelerator` says which);
+    `accelerator.prepare` leaves them alone (train.py prepares only DataLoaders)."""
+    if cfg.data.dataset == "wds":
+        from .wds import build_wds_loaders
+
+        return build_wds_loaders(cfg, train_ds, val_ds, accelerator)
     # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
     # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     seed, workers = cfg.run.seed, cfg.data.num_workers

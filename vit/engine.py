@@ -185,8 +185,10 @@ def train_one_epoch(run: Run) -> EpochStats:
     set_epoch = getattr(run.train_loader.dataset, "set_epoch", None)  # augmentation seeded per (seed, epoch, index)
     if set_epoch is not None:
         set_epoch(state.epoch)
-    loader = acc.skip_first_batches(run.train_loader, state.batch_in_epoch) if state.batch_in_epoch \
-        else run.train_loader
+    loader = run.train_loader
+    if state.batch_in_epoch:  # a shard loader (vit/wds.py) skips its finished shards unread
+        own_skip = getattr(loader, "skip_first_batches", None)
+        loader = own_skip(state.batch_in_epoch) if own_skip else acc.skip_first_batches(loader, state.batch_in_epoch)
     # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
     # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
     loader.set_epoch(state.epoch)

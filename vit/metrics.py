@@ -31,6 +31,8 @@ def predict(model, loader, accelerator) -> dict[str, torch.Tensor]:
             out[key].append(value.cpu())
     res = {k: torch.cat(v) for k, v in out.items() if v}
     if "index" in res:
+        keep = res["index"] >= 0  # index -1: padding that evens out the processes' batches (vit/wds.py)
+        res = {k: v[keep] for k, v in res.items()}
         order = res["index"].argsort()
         res = {k: v[order] for k, v in res.items()}
     return res

@@ -235,9 +235,12 @@ class Pipeline:
     def load(self, path: str | Path, seed: int | None = None) -> torch.Tensor:
         """Decode a file and run the pipeline; a JPEG is decoded at the smallest scale its crop allows.
         Same random draws, and the same output at full scale, as `self(decode_image(path), seed)`."""
+        return self.load_bytes(read_bytes(path), path, seed)
+
+    def load_bytes(self, data: bytes, path: str | Path, seed: int | None = None) -> torch.Tensor:
+        """`load` for an image already in memory (a shard's sample); `path` names it in errors."""
         if seed is not None:
             self.reseed(seed)
-        data = read_bytes(path)
         if not is_complete_jpeg(data):
             return self(decode_bytes(data, path))
         w, h = jpeg_size(data, path)

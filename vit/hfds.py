@@ -1,0 +1,116 @@
+"""`data.dataset: hf`: a Hugging Face `datasets` dataset saved on disk, as timm's `hfds/` reader reads one.
+
+`data.root` is a folder written by `Dataset.save_to_disk` / `DatasetDict.save_to_disk` (it holds
+`dataset_dict.json` or `state.json`), or a folder of parquet files, laid out as the Hub does
+(`data/train-00000-of-00004.parquet`, `train-*.parquet` or `train/*.parquet`). `data.train_split` /
+`data.val_split` name the splits (the Hub's ImageNet calls its second one `validation`), `data.image_column`
+and `data.label_column` the columns. Images are read as their encoded bytes (the `Image` feature with
+`decode=False`) and decoded by our pipeline, as the folder dataset's files are; class names come from a
+`ClassLabel` label column, else from `data.num_classes`. `datasets` is an optional extra (pip install datasets),
+imported only here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .data import DataError, _check_classes, _Seeded
+from .decode import read_bytes
+
+__all__ = ["HFImageDataset", "build_hf_datasets", "load_split"]
+
+
+class HFImageDataset(_Seeded):
+    """Rows of a table (anything indexable giving dicts: a `datasets.Dataset`) -> (image tensor, label)."""
+
+    def __init__(self, table, image_column: str, label_column: str, classes, transform, seed: int = 0,
+                 name: str = "hf") -> None:
+        super().__init__(transform, classes, seed)
+        self.table, self.image_column, self.label_column, self.name = table, image_column, label_column, name
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def describe(self, i: int) -> str:
+        return f"{self.name}[{i}]"
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        row = self.table[i]
+        value = row[self.image_column]
+        path = value.get("path") if isinstance(value, dict) else None
+        data = value.get("bytes") if isinstance(value, dict) else value
+        if data is None and path:  # an Image column that stores paths only
+            data = read_bytes(path)
+        if not isinstance(data, (bytes, bytearray)):
+            raise DataError(f"column '{self.image_column}' of {self.name} holds {type(value).__name__}, not encoded "
+                            "images; set data.image_column to the image column.")
+        return self.transform.load_bytes(bytes(data), path or self.describe(i), self._sample_seed(i)), \
+            int(row[self.label_column])
+
+
+def _datasets():
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("data.dataset=hf needs the Hugging Face datasets package; pip install datasets.") from None
+    return datasets
+
+
+def load_split(root: str | Path, split: str):
+    """One split of a dataset saved on disk, or of a folder of parquet files."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data.root {root} does not exist; point it at a datasets.save_to_disk folder or a folder "
+                        "of parquet files.")
+    datasets = _datasets()
+    if (root / "dataset_dict.json").is_file() or (root / "state.json").is_file():
+        ds = datasets.load_from_disk(str(root))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"split '{split}' is not in {root} (it has {sorted(ds)}); set data.train_split / "
+                                "data.val_split to one of those.")
+            return ds[split]
+        return ds  # a single Dataset: the same rows for every split name
+    for pattern in (f"data/{split}-*.parquet", f"{split}-*.parquet", f"{split}/*.parquet", f"data/{split}/*.parquet"):
+        files = sorted(root.glob(pattern))
+        if files:
+            return datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
+    raise DataError(f"no split '{split}' in {root}: neither a save_to_disk folder (dataset_dict.json) nor parquet "
+                    f"files named like data/{split}-*.parquet; set data.train_split / data.val_split.")
+
+
+def _classes(table, label_column: str, num_classes: int | None) -> list[str]:
+    feature = getattr(table, "features", {}).get(label_column) if hasattr(table, "features") else None
+    names = getattr(feature, "names", None)
+    if names:
+        return list(names)
+    if num_classes:
+        return [str(i) for i in range(num_classes)]
+    raise DataError(f"column '{label_column}' does not name its classes (not a ClassLabel); set data.num_classes.")
+
+
+def build_hf_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None):
+    """(train, val, class names) for `data.dataset: hf`."""
+    d = cfg.data
+    out, found = {}, None
+    for name, split, t in (("train", d.train_split, t_train), ("val", d.val_split, t_val)):
+        if name not in splits:
+            continue
+        table = load_split(d.root, split)
+        for col in (d.image_column, d.label_column):
+            if col not in table.column_names:
+                raise DataError(f"split '{split}' of {d.root} has no column '{col}' (it has {table.column_names}); "
+                                "set data.image_column / data.label_column.")
+        if "Image" in type(table.features[d.image_column]).__name__:  # keep the encoded bytes: our decoder reads them
+            table = table.cast_column(d.image_column, _datasets().Image(decode=False))
+        found = found or _classes(table, d.label_column, d.num_classes)
+        out[name] = (table, t, split)
+    classes = _check_classes(classes, found)
+    if classes != found:
+        raise DataError("the dataset's classes are in another order than the checkpoint's; evaluate on data with the "
+                        "classes the model was trained on.")
+    built = {k: HFImageDataset(tb, d.image_column, d.label_column, classes, t, cfg.run.seed, f"{d.root}:{s}")
+             for k, (tb, t, s) in out.items()}
+    return built.get("train"), built.get("val"), classes
