@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from vit.config import AugConfig
-from vit.decode import _jpeg_header, jpeg_size
-from vit.transforms import BadImageError, build_transform
+from vit.decode import BadImageError, _jpeg_header, jpeg_size
+from vit.transforms import build_transform
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 PIPES = {"eval": build_transform(AugConfig(), 16, train=False), "train": build_transform(AugConfig(), 16, train=True)}

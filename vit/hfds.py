@@ -6,7 +6,7 @@
 `data.val_split` name the splits (the Hub's ImageNet calls its second one `validation`), `data.image_column`
 and `data.label_column` the columns. Images are read as their encoded bytes (the `Image` feature with
 `decode=False`) and decoded by our pipeline, as the folder dataset's files are; class names come from a
-`ClassLabel` label column, else from `data.num_classes`. `datasets` is an optional extra (pip install datasets),
+`ClassLabel` label column, else from `data.num_classes`. `datasets` is an optional extra (pip install -e '.[hf]'),
 imported only here.
 """
 
@@ -54,7 +54,8 @@ def _datasets():
     try:
         import datasets
     except ImportError:
-        raise DataError("data.dataset=hf needs the Hugging Face datasets package; pip install datasets.") from None
+        raise DataError("data.dataset=hf needs the Hugging Face datasets package; "
+                        "pip install -e '.[hf]' (or pip install datasets).") from None
     return datasets
 
 

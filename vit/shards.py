@@ -43,7 +43,8 @@ def webdataset():
     try:
         import webdataset as wds
     except ImportError:
-        raise DataError("shards are read and written with the webdataset package; pip install webdataset.") from None
+        raise DataError("shards are read and written with the webdataset package; "
+                        "pip install -e '.[wds]' (or pip install webdataset).") from None
     return wds
 
 

@@ -30,8 +30,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .data import DataError
+from .decode import BadImageError
 from .shards import ShardSplit, plan_epoch, read_info, resolve_split, webdataset
-from .transforms import BadImageError
 
 __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loaders", "worker_consumed"]
 log = logging.getLogger(__name__)
