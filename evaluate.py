@@ -29,7 +29,7 @@ from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import check_options, make_accelerator, run_cli
+from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
 
 
 class Indexed(Dataset):
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                                                  else Path("runs") / f"eval-{args.model}")
     accelerator = make_accelerator()
     loader = DataLoader(Indexed(val_ds), batch_size=args.batch_size or cfg.data.eval_batch_size or
-                        cfg.data.batch_size, shuffle=False, num_workers=cfg.data.num_workers)
+                        cfg.data.batch_size, shuffle=False, num_workers=resolve_workers(cfg.data.num_workers))
     model, loader = accelerator.prepare(model, loader)
 
     t0 = time.perf_counter()

@@ -50,7 +50,7 @@ from vit.runfolder import (
     resume_run,
     save_run_state,
 )
-from vit.runtime import make_accelerator, run_cli
+from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
                  "skipped_steps"]
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(config_path, overrides)
     cfg = resolve_data_config(cfg)  # mean/std/crop/interpolation of the pretrained weights unless the config sets them
+    cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     run_dir = Path(cfg.run.output_dir) / cfg.run.name
     _RUN["dir"] = run_dir
 
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     set_seed(cfg.run.seed)
     accelerator.print(f"config ({config_path}):\n{dump(cfg)}")
     accelerator.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
-                      f"mixed precision {accelerator.mixed_precision}")
+                      f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
+                      f"{cfg.data.num_workers} loader worker(s)")
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)
