@@ -117,7 +117,7 @@ def test_train_on_imagefolder_without_val(tmp_path):
     root = _folder_without_val(tmp_path, {"a": 10, "b": 15, "c": 10})
     w = resolve_workers("auto")
     r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", f"--run.output_dir={tmp_path}/r",
-                   "--run.epochs=1", *TINY, env={"OMP_NUM_THREADS": "7"})
+                   "--run.epochs=1", *TINY, "--data.num_workers=auto", env={"OMP_NUM_THREADS": "7"})
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout + r.stderr
     assert "no val/ folder" in out and "28 train / 7 val" in out
