@@ -8,7 +8,7 @@ Threads, loader workers and precision left at `auto` come from the machine (`app
 small CPU the thread count matters more than anything else: each launcher sets its own (`python train.py`:
 torch's default, one per core; `accelerate launch`: OMP_NUM_THREADS=1; with a config that says use_cpu: one
 per core), and BLAS threads that share cores with loader workers spin against each other. Measured on 2 cores
-(README, Performance): 2 threads + loader 40-144 img/s, 1 thread 310-391 img/s. So every launcher gets the
+(README, Training, Threads): 2 threads beside a loader 7-144 img/s, 1 thread 300-400 img/s. So every launcher gets the
 same split: the process's share of the CPUs, minus one core per loader worker, each worker with one thread.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from .config import ConfigError
+from .config import Config, ConfigError
 
 __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
            "resolve_workers", "resolve_threads", "resolve_precision"]
@@ -81,7 +81,7 @@ def machine_cpus() -> int:
 
 def resolve_workers(value: int | str, cpus: int | None = None, gpu: bool | None = None) -> int:
     """Loader processes for `data.num_workers`: a number is kept; auto is, per training process, up to 8 beside a
-    GPU (which leaves the CPUs to decoding) and a quarter of the CPUs on a CPU, where the model needs them:
+    GPU (which leaves the CPUs to decoding: CPUs - 1) and a quarter of the CPUs on a CPU, where the model needs them:
     2 CPUs -> 1 worker, 8 -> 2; one CPU -> 0 (load in the main process)."""
     if value != "auto":
         return int(value)
@@ -103,7 +103,8 @@ def resolve_threads(value: int | str, workers: int, cpus: int | None = None) -> 
 
 def resolve_precision(value: str | None, gpu_bf16: bool | None = None) -> str | None:
     """`run.mixed_precision`: auto is bf16 on a GPU that supports it (Ampere and later) and no elsewhere (fp16
-    needs loss scaling and a CPU gains nothing from bf16 autocast without AMX); other values are kept."""
+    needs loss scaling; on a CPU, even one with AMX, bf16 autocast made the digits model's step 2x slower here,
+    small matrices paying for the casts); other values are kept."""
     if value != "auto":
         return value
     if gpu_bf16 is None:
@@ -111,7 +112,7 @@ def resolve_precision(value: str | None, gpu_bf16: bool | None = None) -> str | 
     return "bf16" if gpu_bf16 else "no"
 
 
-def apply_machine_defaults(cfg):
+def apply_machine_defaults(cfg: Config) -> Config:
     """`cfg` with data.num_workers, run.num_threads and run.mixed_precision resolved where they say auto, and
     torch's thread count set to run.num_threads, whatever the launcher set (OMP_NUM_THREADS): one split for every
     way to start a run, so results and speed do not depend on the launcher. The saved config holds the numbers."""
