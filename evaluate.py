@@ -59,7 +59,7 @@ from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import check_options, make_accelerator, run_cli
+from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
 
 
 class Indexed(Dataset):
@@ -104,11 +104,12 @@ def main(argv=None) -> int:
     if cfg.data.dataset == "wds":  # shards are dealt to processes by the loader itself, not prepared (vit/wds.py)
         from vit.wds import ShardLoader
 
-        loader = ShardLoader(val_ds, batch_size, cfg.data.num_workers, accelerator.process_index,
+        loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
                              accelerator.num_processes, accelerator.device)
         model = accelerator.prepare(model)
     else:
-        loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False, num_workers=cfg.data.num_workers)
+        loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False,
+                            num_workers=resolve_workers(cfg.data.num_workers))
         model, loader = accelerator.prepare(model, loader)
 
     t0 = time.perf_counter()

@@ -59,7 +59,7 @@ from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
-from vit.runtime import check_options, make_accelerator, run_cli
+from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.transforms import build_transform
 
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
     batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
-    workers = cfg.data.num_workers if args.num_workers is None else args.num_workers
+    workers = resolve_workers(cfg.data.num_workers) if args.num_workers is None else args.num_workers
 
     t0 = time.perf_counter()
     out = predict_files(model, dataset, batch, workers, accelerator)  # input order, one entry per file

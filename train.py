@@ -46,12 +46,13 @@ from vit.factory import build_model
 from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.runtime import make_accelerator, run_cli
+from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
+    cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
 
     # --- accelerator: devices, processes, precision; only the main process prints -----------------------------
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     set_seed(cfg.run.seed)
     console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
     console.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
-                  f"mixed precision {accelerator.mixed_precision}; full config: {run_dir / 'config.yaml'}")
+                  f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
+                  f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "--model.img_size=32", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2",
     "--model.mlp_ratio=2", "--data.batch_size=8", "--run.log_every=1", "--aug.random_resized_crop=false",
-    "--optim.warmup_epochs=0.5",
+    "--optim.warmup_epochs=0.5", "--run.eval_every=1",  # configs/default.yaml evaluates every 5th epoch
+    "--data.num_workers=0",  # starting a loader worker each epoch costs more than a few tiny images
 ]
 
 

@@ -136,9 +136,12 @@ def test_empty_class_and_missing_split(tmp_path):
     (root / "train" / "empty").rmdir()
     import shutil
 
-    shutil.rmtree(root / "val")
+    shutil.rmtree(root / "val")  # no val/: a held-out share of train/, which 2 images per class cannot give
     r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", *TINY)
-    assert r.returncode == 2 and "val" in r.stderr and "does not exist" in r.stderr
+    assert r.returncode == 2 and "no val/ folder" in r.stderr and "class 'a' has 2" in r.stderr
+    shutil.rmtree(root / "train")
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", *TINY)
+    assert r.returncode == 2 and "train" in r.stderr and "does not exist" in r.stderr
 
 
 def test_checkpoint_from_another_architecture_for_fine_tuning(tmp_path):

@@ -62,15 +62,16 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
-    # imagefolder: folder with train/ and val/; cifar: download folder; wds: shard folder with _info.json, URL
-    # or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder or a folder of parquet files (vit/hfds.py)
+    # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
+    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder
+    # or a folder of parquet files (vit/hfds.py)
     root: str | None = None
     download: bool = True  # cifar only
-    val_fraction: float = 0.2  # digits: stratified held-out share
+    val_fraction: float = 0.2  # digits, and an imagefolder without val/: stratified held-out share
     split_seed: int = 0  # seed of the held-out split
     batch_size: int = 64  # per process
     eval_batch_size: int | None = None  # per process; null: batch_size
-    num_workers: int = 0  # loader worker processes per process (0: load in the main process)
+    num_workers: int | str = "auto"  # loader processes per process (0: the main one); auto: from the CPUs, device
     on_bad_image: str = "skip"  # skip | error
     synthetic_train_size: int = 512  # synthetic only: training images
     synthetic_val_size: int = 128  # synthetic only: held-out images
@@ -151,7 +152,9 @@ class RunConfig:
     output_dir: str = "runs"  # parent folder of run folders
     epochs: int = 100  # training epochs
     seed: int = 0  # seed for weights, augmentation and data order
-    mixed_precision: str | None = None  # no | bf16 | fp16; None: what `accelerate launch` was told
+    # no | bf16 | fp16 | auto (bf16 on a GPU that has it, else no); None: what `accelerate launch` was told
+    mixed_precision: str | None = None
+    num_threads: int | str = "auto"  # torch threads per process; auto: its share of the CPUs minus the loader workers
     compile: bool = False  # torch.compile the model
     eval_every: int = 1  # epochs
     save_state_every: int = 0  # steps; 0 = at the end of every epoch
@@ -184,18 +187,19 @@ CHOICES = {
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
-    "run.mixed_precision": ("no", "bf16", "fp16", None),
+    "run.mixed_precision": ("no", "bf16", "fp16", "auto", None),
     "run.on_nonfinite": ("stop", "skip"),
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.log_every", "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
-            "data.shuffle_buffer", "data.num_classes"}
+            "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
 NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
                 "aug.affine_translate", "aug.affine_rotate", "aug.affine_scale", "aug.rand_augment_ops"}
+AUTO = {"data.num_workers", "run.num_threads"}
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
         "model.attn_drop_rate", "model.drop_path_rate", "aug.label_smoothing", "optim.layer_decay",
         "optim.ema_decay", "aug.eval_crop_pct"}
@@ -276,11 +280,14 @@ def validate(cfg: Config) -> None:
         if flat[key] not in choices:
             shown = ", ".join(repr(c) for c in choices if c is not None)
             raise ConfigError(f"config key '{key}' must be one of {shown}, got {flat[key]!r}.")
+    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.runtime)
+        if isinstance(flat[key], str) and flat[key] != "auto":
+            raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     for key in POSITIVE:
-        if flat[key] is not None and flat[key] <= 0:
+        if isinstance(flat[key], (int, float)) and flat[key] <= 0:
             raise ConfigError(f"config key '{key}' must be positive, got {flat[key]!r}.")
     for key in NON_NEGATIVE:
-        if flat[key] is not None and flat[key] < 0:
+        if isinstance(flat[key], (int, float)) and flat[key] < 0:
             raise ConfigError(f"config key '{key}' must not be negative, got {flat[key]!r}.")
     for key in UNIT:
         if flat[key] is not None and not 0 <= flat[key] <= 1:

@@ -233,6 +233,32 @@ def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Conf
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
+def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val, seed: int) -> dict:
+    """An ImageFolder without val/: hold out data.val_fraction of train/ with the seeded, stratified split the
+    digits use (scikit-learn's train_test_split, random_state=data.split_seed), so every class keeps its share
+    in both halves and evaluate.py, rebuilding it from the saved config, scores the same held-out images."""
+    from sklearn.model_selection import train_test_split
+
+    train = FolderDataset(root / "train", classes, t_train, seed)
+    val = FolderDataset(root / "train", classes, t_val, seed)
+    labels = np.array(train.labels)
+    counts = np.bincount(labels, minlength=len(classes))
+    n_val = int(np.ceil(cfg.data.val_fraction * len(labels)))
+    if cfg.data.val_fraction <= 0 or counts.min() < 2 or n_val < len(classes) or len(labels) - n_val < len(classes):
+        small = classes[int(counts.argmin())]
+        raise DataError(f"{root} has no val/ folder, and holding out data.val_fraction={cfg.data.val_fraction} of "
+                        f"train/ ({len(labels)} images; class '{small}' has {counts.min()}) cannot leave every class "
+                        "in both splits; add a val/ folder, more images per class, or set a data.val_fraction "
+                        "that does.")
+    tr, va = train_test_split(np.arange(len(labels)), test_size=cfg.data.val_fraction,
+                              random_state=cfg.data.split_seed, stratify=labels)
+    train.samples = [train.samples[i] for i in sorted(tr)]
+    val.samples = [val.samples[i] for i in sorted(va)]
+    log.info("%s has no val/ folder: holding out a stratified %g of train/ (data.val_fraction, data.split_seed=%d): "
+             "%d train / %d val images", root, cfg.data.val_fraction, cfg.data.split_seed, len(train), len(val))
+    return {"train": train, "val": val}
+
+
 def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ...] = ("train", "val"),
                    classes: list[str] | None = None):
     """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
@@ -252,14 +278,18 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     if name == "imagefolder":
         root = Path(cfg.data.root)
         if not root.is_dir():
-            raise DataError(f"data.root {root} does not exist; point it at a folder with train/ and val/.")
-        found = _folder_classes(root, "train") if "train" in splits else _folder_classes(root, "val")
+            raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
+                            "of train/ is held out: data.val_fraction).")
+        held_out = not (root / "val").is_dir() and (root / "train").is_dir()  # no val/: split train/ as digits
+        found = _folder_classes(root, "train") if "train" in splits or held_out else _folder_classes(root, "val")
         classes = _check_classes(classes, found)
-        out = {}
+        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed).items()
+               if k in splits} if held_out else {}
         for split, t in (("train", t_train), ("val", t_val)):
             if split in splits:
-                _folder_classes(root, split)
-                out[split] = FolderDataset(root / split, classes, t, seed)
+                if not held_out:
+                    _folder_classes(root, split)
+                    out[split] = FolderDataset(root / split, classes, t, seed)
                 if check_images:
                     out[split].check(cfg.data.on_bad_image)
                     if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late

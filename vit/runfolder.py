@@ -39,7 +39,7 @@ RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "te
 # resumed run a different one, or fail to load.
 SAFE_ON_RESUME = {"run.name", "run.output_dir", "run.epochs", "run.max_steps", "run.resume", "run.overwrite",
                   "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.on_nonfinite",
-                  "data.num_workers", "data.eval_batch_size", "data.download", "data.on_bad_image",
+                  "data.num_workers", "run.num_threads", "data.eval_batch_size", "data.download", "data.on_bad_image",
                   "model.grad_checkpointing"}  # recomputes activations; the same gradients
 
 
