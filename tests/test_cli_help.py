@@ -85,14 +85,14 @@ def test_train_help_lists_every_config_key_with_its_default_and_meaning(helps):
             assert lines[row[0] + 1].strip() == comments[f.name][: len(lines[row[0] + 1].strip())]
     # the values configs/default.yaml sets instead are marked, so a user sees what a plain run uses
     assert "  img_size = 224  (int)  [file: 64]" in lines
-    assert "  mixed_precision = null  (str | None: no|bf16|fp16)" in lines
+    assert "  mixed_precision = null  (str | None: no|bf16|fp16|auto)" in lines
 
 
 def test_train_help_shows_the_named_config_files_values(tmp_path):
     (tmp_path / "x.yaml").write_text("optim:\n  lr: 0.25\nrun:\n  mixed_precision: no\n")
     text = config_help(tmp_path / "x.yaml")
     assert "  lr = 0.001  (float)  [file: 0.25]" in text
-    assert "  mixed_precision = null  (str | None: no|bf16|fp16)  [file: no]" in text
+    assert "  mixed_precision = null  (str | None: no|bf16|fp16|auto)  [file: no]" in text
     assert format_value([0.5, None, True]) == "[0.5, null, true]"
 
 

@@ -19,12 +19,14 @@ def test_every_model_key_is_a_create_model_option_and_reaches_the_model():
     check_model_config(ModelConfig())  # passes: every field is an option
     options = set(inspect.signature(vit.VisionTransformer.__init__).parameters) | set(
         inspect.signature(vit.create_model).parameters)
-    assert {f.name for f in dataclasses.fields(ModelConfig)} <= options
+    setters = {n[len("set_"):] for n in dir(vit.VisionTransformer) if n.startswith("set_")}  # timm's switches
+    assert {f.name for f in dataclasses.fields(ModelConfig)} <= options | setters
     cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=16",
                              "--model.depth=2", "--model.num_heads=2", "--model.mlp_ratio=2",
                              "--model.global_pool=avg", "--model.pos_embed=sincos", "--model.norm_layer=rmsnorm",
                              "--model.mlp_layer=swiglu", "--model.norm_first=false", "--model.init_values=0.1",
-                             "--model.drop_path_rate=0.1", "--model.in_chans=1", "--model.token_reduction=merge:2"])
+                             "--model.drop_path_rate=0.1", "--model.in_chans=1", "--model.token_reduction=merge:2",
+                             "--model.grad_checkpointing=true"])
     m = build_model(cfg, 5)
     blk = m.blocks[0]
     assert (m.patch_embed.proj.weight.shape, m.global_pool, m.pos_embed_type) == ((16, 1, 8, 8), "avg", "sincos")
@@ -32,6 +34,7 @@ def test_every_model_key_is_a_create_model_option_and_reaches_the_model():
     assert not blk.norm_first and torch.allclose(blk.ls1.gamma, torch.full((16,), 0.1))
     assert m.blocks[1].drop_path1.drop_prob == pytest.approx(0.1) and m.blocks.reduces_tokens
     assert m.head.out_features == 5 and len(m.blocks) == 2 and m.blocks[0].mlp.fc2.in_features == 32
+    assert m.blocks.grad_checkpointing
 
 
 def test_defaults_defer_to_the_variant_and_saved_model_args():
