@@ -27,7 +27,7 @@ def test_yaml11_words_stay_strings_for_str_keys_and_are_booleans_for_bool_keys(t
     assert cfg.model.pretrained is False  # bool | str: 'no' is the boolean, not a hub name 'no'
     with pytest.raises(ConfigError, match="'run.compile' must be bool, got str 'maybe'"):
         load_config(None, ["--run.compile=maybe"])
-    with pytest.raises(ConfigError, match="'run.mixed_precision' must be one of 'no', 'bf16', 'fp16', 'auto', got 'fp8'"):
+    with pytest.raises(ConfigError, match="'run.mixed_precision' must be one of 'no', 'bf16', 'fp16', 'auto', got"):
         load_config(None, ["--run.mixed_precision=fp8"])
 
 
