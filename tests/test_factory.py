@@ -115,3 +115,22 @@ def test_one_epoch_on_grey_digits_end_to_end(tmp_path):
     assert x.shape == (1, 16, 16)
     with torch.no_grad():
         assert model(x[None]).shape == (1, 10)
+
+
+def test_a_sincos_checkpoint_without_the_big_vision_mark_warns_on_load(tmp_path, caplog):
+    """sincos_2d changed to big_vision's table; a checkpoint saved before (no mark in its safetensors metadata)
+    loads with a warning, one saved now loads silently."""
+    from safetensors.torch import load_file, save_file
+
+    from vit.checkpoint import load_checkpoint, save_checkpoint
+
+    cfg = load_config(None, ["--model.img_size=32", "--model.embed_dim=16", "--model.depth=1",
+                             "--model.num_heads=2", "--model.pos_embed=sincos"])
+    folder = save_checkpoint(tmp_path / "new", build_model(cfg, 3), cfg, ["a", "b", "c"])
+    with caplog.at_level("WARNING", logger="vit.checkpoint"):
+        load_checkpoint(folder)
+    assert not caplog.records
+    save_file(load_file(folder / "model.safetensors"), folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="vit.checkpoint"):
+        load_checkpoint(folder)
+    assert any("earlier sin-cos position table" in r.getMessage() for r in caplog.records)

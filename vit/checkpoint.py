@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -35,6 +36,11 @@ from .factory import build_model  # re-exported: its home is vit.factory, beside
 from .faults import fault_point
 from .hub import split_tag, timm_config
 from .vision import VisionTransformer
+
+log = logging.getLogger(__name__)
+# Written into model.safetensors' metadata by save_checkpoint: the fixed sin-cos position table follows
+# big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
+SINCOS_MARK = ("pos_embed_sincos", "big_vision")
 
 __all__ = ["save_checkpoint", "load_checkpoint", "build_model", "latest_state", "verify_state", "CheckpointError"]
 
@@ -58,7 +64,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(folder / "model.safetensors", save(state, metadata={"format": "pt", "model": cfg.model.name}))
+    metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
+    atomic_write_bytes(folder / "model.safetensors", save(state, metadata=metadata))
     fault_point("checkpoint", int((meta or {}).get("step", -1)))
     atomic_write_text(folder / "config.yaml", dump(cfg))
     atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
@@ -101,10 +108,21 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         raise CheckpointError(f"checkpoint {folder} does not match its own config ({bad[0]} differs); "
                               "it is from another architecture or was edited.")
     model.load_state_dict(state)
+    marked = _metadata(folder / "model.safetensors").get(SINCOS_MARK[0]) == SINCOS_MARK[1]
+    if cfg.model.pos_embed == "sincos" and not marked:
+        log.warning("%s was trained with the earlier sin-cos position table (y before x, other frequencies); this "
+                    "version computes big_vision's, so its accuracy may drop: fine-tune or retrain it.", folder)
     # preprocessing the config leaves unset (a hand-written or older checkpoint) follows config.json's, as in timm
     pretrained_cfg = saved.get("pretrained_cfg") if saved else None
     aug = cfg.aug.resolved(pretrained_cfg if isinstance(pretrained_cfg, dict) else None, cfg.model.in_chans)
     return model.eval(), dataclasses.replace(cfg, aug=aug), classes, meta
+
+
+def _metadata(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}
 
 
 def check_finite(state: dict[str, torch.Tensor], what: str) -> None:
