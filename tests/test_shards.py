@@ -279,6 +279,30 @@ def test_hf_save_to_disk_and_parquet_round_trip(folder, tmp_path):
                           "--data.val_split=validation", "--data.image_column=img"]), None, t, splits=("val",))
 
 
+def test_hf_single_dataset_holds_out_a_stratified_val_share(folder, tmp_path):
+    """A Dataset.save_to_disk folder has no splits: train and val must not be the same rows."""
+    datasets = pytest.importorskip("datasets")
+    from vit.hfds import build_hf_datasets
+
+    files = sorted((folder / "train").rglob("*.*"))
+    labels = [CLASSES.index(p.parent.name) for p in files]
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": labels},
+                               features=feats).save_to_disk(str(tmp_path / "one"))
+    cfg = load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'one'}",
+                                               "--data.val_fraction=0.25", "--model.img_size=32"])
+    tr, va, _ = build_hf_datasets(cfg, None, None)
+    assert (len(tr), len(va)) == (18, 6)
+    rows = lambda ds: [r["image"]["bytes"] for r in ds.table]  # noqa: E731
+    assert not set(rows(tr)) & set(rows(va)) and sorted(va.table["label"]) == [0, 0, 1, 1, 2, 2]
+    _, again, _ = build_hf_datasets(cfg, None, None, splits=("val",))  # evaluate.py: the same held-out rows
+    assert rows(again) == rows(va)
+    cfg = load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'one'}",
+                                               "--data.val_fraction=0"])
+    with pytest.raises(DataError, match="single Dataset"):
+        build_hf_datasets(cfg, None, None)
+
+
 @pytest.mark.slow
 def test_cli_writes_shards_and_refuses_bad_input_in_one_line(folder, tmp_path):
     r = run_script("-m", "vit.shards", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
