@@ -2,6 +2,7 @@
 webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
 sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk."""
 
+import contextlib
 import io
 import json
 import re
@@ -93,6 +94,45 @@ def test_shard_reader_gives_the_folder_datasets_tensors(folder, shards):
     assert piped.urls[0] == f"pipe:cat {shards}/val-00000.tar" and piped.lengths == (3,) * 5
     via_pipe = list(ShardDataset(piped, CLASSES, t, train=False, img_size=32))
     assert all(torch.equal(a[0], b[0]) and a[1:] == b[1:] for a, b in zip(via_pipe, got, strict=True))
+
+
+def _corrupt(shards, out, name, position):
+    """A copy of `shards` in which the image of sample `position` of shard `name` is truncated."""
+    import shutil
+    import tarfile
+
+    shutil.copytree(shards, out)
+    with tarfile.open(shards / name) as src, tarfile.open(out / name, "w") as dst:
+        keys = sorted({m.name.split(".")[0] for m in src.getmembers()})
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.split(".")[0] == keys[position] and m.name.endswith((".png", ".jpg")):
+                data = data[: len(data) // 3]
+            m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    return out
+
+
+def test_unreadable_val_sample_is_dropped_and_counted_not_replaced(shards, tmp_path):
+    """Validation must score each readable sample once: the bad one is dropped (index -2), not replaced by its
+    neighbour (which would then be scored twice), and vit.metrics.predict counts it as skipped."""
+    from vit.metrics import predict
+
+    bad = _corrupt(shards, tmp_path / "bad", "val-00001.tar", 1)  # global sample 4
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
+    ds = ShardDataset(resolve_split(str(bad), "val"), CLASSES, build_transform(cfg.aug, 32, False), train=False,
+                      img_size=32)
+    loader = ShardLoader(ds, batch_size=4, num_workers=0, rank=0, world=1)
+
+    class Acc:  # one process: gathering returns what it is given
+        autocast = staticmethod(contextlib.nullcontext)
+        gather_for_metrics = staticmethod(lambda t: t)
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(3))
+    out = predict(model, loader, Acc())
+    assert out["index"].tolist() == [i for i in range(15) if i != 4] and out["skipped"] == 1
+    train = ShardDataset(resolve_split(str(bad), "val"), CLASSES, build_transform(cfg.aug, 32, True), train=True)
+    assert len(list(train)) == 15  # training keeps its quota: the bad image is replaced by the next good one
 
 
 def test_timm_wds_reader_reads_our_shards(folder, shards):

@@ -14,8 +14,10 @@ finished, and within the block it was in, the samples it had already yielded. Au
 
 Validation: the shards in order, dealt round-robin, each sample once; readers with fewer samples pad their
 stream to the largest count with zero images whose index is -1, which `vit.metrics.predict` drops after
-gathering. The loaders are not passed through `accelerator.prepare` (Accelerate would dispatch an iterable
-dataset's batches from the main process); `ShardLoader` moves batches to the device itself.
+gathering. An unreadable image is dropped the same way (index -2, counted as skipped), never replaced by a
+sample that would then be scored twice. The loaders are not passed through `accelerator.prepare` (Accelerate
+would dispatch an iterable dataset's batches from the main process); `ShardLoader` moves batches to the device
+itself.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loade
 log = logging.getLogger(__name__)
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+SKIPPED = -2  # the index of an unreadable evaluation sample: dropped and counted by vit.metrics.predict
 TRACE_ENV = "VIT_SHARD_TRACE"  # tests only: a file each reader appends "<split> <epoch> open <url>" / "... <index>" to
 
 
@@ -153,13 +156,16 @@ class ShardDataset(IterableDataset):
             raise DataError(f"cannot read shard {url} ({e}); check data.root and that the file is a tar.") from None
         return out
 
+    def _seed(self, epoch: int, index: int) -> int:
+        return (self.seed * 1_000_003 + epoch * 10_007 + index) % (2**31)  # as the folder dataset
+
     def _decode(self, samples: list, k: int, epoch: int):
-        """Sample k decoded and augmented; an unreadable image is replaced by the next good one (and logged)."""
+        """Training sample k decoded and augmented; an unreadable image is replaced by the next good one of its
+        block (and logged), so that every reader still yields its quota. Evaluation drops it instead (_eval)."""
         for j in range(len(samples)):
             index, name, data, y = samples[(k + j) % len(samples)]
-            seed = (self.seed * 1_000_003 + epoch * 10_007 + index) % (2**31)  # as the folder dataset
             try:
-                x = self.transform.load_bytes(data, name, seed)
+                x = self.transform.load_bytes(data, name, self._seed(epoch, index))
             except BadImageError as e:
                 log.warning("skipping %s", e)
                 continue
@@ -170,10 +176,16 @@ class ShardDataset(IterableDataset):
     def _eval(self, mine: tuple[int, ...], quota: int, epoch: int) -> Iterator:
         n = 0
         for i in mine:
-            samples = self._read(i, epoch)
-            for k in range(len(samples)):
-                yield self._decode(samples, k, epoch)
+            for index, name, data, y in self._read(i, epoch):
                 n += 1
+                try:
+                    x = self.transform.load_bytes(data, name, self._seed(epoch, index))
+                except BadImageError as e:  # dropped, never replaced: a duplicate would be scored twice
+                    log.warning("skipping %s", e)
+                    yield torch.zeros(len(self.transform.tables), self.img_size, self.img_size), 0, SKIPPED
+                    continue
+                _trace(f"{self.name} {epoch} sample {index}")
+                yield x, y, index
         while n < quota:  # padding, so that every process evaluates as many batches; predict drops index -1
             yield torch.zeros(len(self.transform.tables), self.img_size, self.img_size), 0, -1
             n += 1
