@@ -80,6 +80,31 @@ def test_shards_hold_the_original_bytes_and_labels(folder, shards):
         write_shards(folder, shards, shard_size=3)
 
 
+def test_write_shards_checks_every_split_before_writing_and_overwrite_leaves_no_stale_shard(folder, tmp_path):
+    import shutil
+
+    noval = tmp_path / "noval"
+    shutil.copytree(folder / "train", noval / "train")
+    with pytest.raises(DataError, match="--splits train"):
+        write_shards(noval, tmp_path / "a", shard_size=5)
+    extra = tmp_path / "extra"
+    shutil.copytree(folder, extra)
+    (extra / "val/emu").mkdir()
+    shutil.copy(folder / "val/cat/000.png", extra / "val/emu/000.png")
+    with pytest.raises(DataError, match="class the train split does not have"):
+        write_shards(extra, tmp_path / "b", shard_size=5)
+    assert not any((tmp_path / d).exists() and any((tmp_path / d).iterdir()) for d in ("a", "b"))  # nothing written
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataError, match="is a file"):
+        write_shards(folder, tmp_path / "afile", shard_size=5)
+    out = tmp_path / "s"
+    write_shards(folder, out, shard_size=3)  # 8 train + 5 val shards
+    info = write_shards(folder, out, shard_size=10, overwrite=True)  # 3 + 2
+    assert sorted(p.name for p in out.iterdir()) == sorted([*info["splits"]["train"]["filenames"],
+                                                            *info["splits"]["val"]["filenames"], "_info.json"])
+    assert len(list(out.glob("*.tar"))) == 5
+
+
 def test_shard_reader_gives_the_folder_datasets_tensors(folder, shards):
     """Validation shards keep folder order: sample i is FolderDataset's sample i, pixel for pixel."""
     cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
