@@ -125,6 +125,8 @@ def main(argv=None) -> int:
         return 0
 
     n, k = len(labels), len(classes)
+    if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
+        val_ds.check_seen(n + out.get("skipped", 0))
     summary = summarize_logits(logits, labels)
     probs = logits.softmax(1)
     ece, bins = expected_calibration_error(probs, labels)

@@ -5,6 +5,7 @@ sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Fac
 import contextlib
 import io
 import json
+import logging
 import re
 import signal
 import sys
@@ -240,6 +241,25 @@ def test_wds_config_errors_are_one_sentence(shards):
     ds = ShardDataset(resolve_split(str(shards), "train"), CLASSES, None, train=True)
     with pytest.raises(DataError, match="9 shard readers, but the train split has only 8"):
         ShardLoader(ds, batch_size=2, num_workers=3, rank=0, world=3)
+
+
+def test_wds_bad_inputs_are_one_sentence_or_a_warning(shards, caplog):
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
+    t = build_transform(cfg.aug, 32, False)
+    with pytest.raises(DataError, match="2 of the 10 shards of 'train-.*' do not exist, first: .*train-00008.tar"):
+        resolve_split(str(shards), "train-{00000..00009}.tar|30")  # found at start, not mid-epoch
+    two = ShardDataset(resolve_split(str(shards), "val"), CLASSES[:2], t, train=False, img_size=32)
+    with pytest.raises(DataError, match=r"has label 2, but there are 2 classes .* data.num_classes to at least 3"):
+        list(two)
+    with pytest.raises(DataError) as e:  # through a loader worker: our sentence, not the worker's traceback
+        list(ShardLoader(two, batch_size=4, num_workers=1, rank=0, world=1))
+    assert "Traceback" not in str(e.value) and str(e.value).startswith("sample val_")
+    caplog.set_level(logging.WARNING, logger="vit")
+    wrong = ShardDataset(resolve_split(str(shards), "val-{00000..00004}.tar|50", info={}), CLASSES, t,
+                         train=False, img_size=32)
+    assert sum(1 for *_, i in wrong if i >= 0) == 15
+    wrong.check_seen(15)
+    assert "held 15 samples, not the 50" in caplog.text
 
 
 def _trace_lines(path, split, kind):

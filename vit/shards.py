@@ -238,19 +238,32 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
         if len(s["filenames"]) != len(s["shard_lengths"]):
             raise DataError(f"split '{split}' in {_join(root, INFO_NAME)} lists {len(s['filenames'])} files but "
                             f"{len(s['shard_lengths'])} shard lengths; rewrite it with python -m vit.shards.")
-        return ShardSplit(tuple(_join(root, f) for f in s["filenames"]), tuple(int(n) for n in s["shard_lengths"]))
+        return _existing(ShardSplit(tuple(_join(root, f) for f in s["filenames"]),
+                                    tuple(int(n) for n in s["shard_lengths"])), split)
     pattern, _, count = split.partition("|")
     names = list(braceexpand(pattern))
     known = {f: n for s in splits.values() for f, n in zip(s["filenames"], s["shard_lengths"])}
     if all(n in known for n in names):
         lengths = [known[n] for n in names]
+        if count.strip().isdigit() and int(count) != sum(lengths):
+            log.warning("warning: '%s' says %s samples, but %s lists %d for those shards; using %d.", split,
+                        count.strip(), _join(root, INFO_NAME), sum(lengths), sum(lengths))
     elif count.strip().isdigit():  # lengths unknown: spread the count evenly (only the total is used exactly)
         total, k = int(count), len(names)
         lengths = [total // k + (i < total % k) for i in range(k)]
     else:
         raise DataError(f"the shards of '{split}' are not listed in {_join(root, INFO_NAME)}, so their sample count "
                         f"is unknown; append it as '{pattern}|<num_samples>'.")
-    return ShardSplit(tuple(_join(root, n) for n in names), tuple(lengths))
+    return _existing(ShardSplit(tuple(_join(root, n) for n in names), tuple(lengths)), split)
+
+
+def _existing(s: ShardSplit, split: str) -> ShardSplit:
+    """`s`, once its local shards are known to exist (remote ones are found only when read)."""
+    missing = [u for u in s.urls if "://" not in u and not u.startswith("pipe:") and not os.path.isfile(u)]
+    if missing:
+        raise DataError(f"{len(missing)} of the {len(s.urls)} shards of '{split}' do not exist, first: {missing[0]}; "
+                        "fix the brace pattern or data.root.")
+    return s
 
 
 # --- who reads what ---------------------------------------------------------------------------------------------

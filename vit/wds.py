@@ -81,6 +81,14 @@ class ShardDataset(IterableDataset):
         k = max(j for j, o in enumerate(offsets) if o <= i)
         return f"{self.split.urls[k]}#{i - offsets[k]}"
 
+    def check_seen(self, seen: int) -> None:
+        """After an evaluation pass over every sample: warn when the shards held another number of samples than
+        the split was said to hold (a wrong count after '|' in a brace pattern, a stale _info.json)."""
+        if seen != self.split.num_samples:
+            log.warning("warning: the %s shards held %d samples, not the %d their count (after '|' in the brace "
+                        "pattern, or in _info.json) says; correct it, image counts and epoch lengths follow it.",
+                        self.name, seen, self.split.num_samples)
+
     def plan(self, epoch: int | None = None):
         return plan_epoch(self.split.lengths, self.world * self.num_workers, self.epoch if epoch is None else epoch,
                           self.seed, shuffle=self.train)
@@ -149,7 +157,12 @@ class ShardDataset(IterableDataset):
                 if key is None or "cls" not in s:
                     raise DataError(f"sample {s.get('__key__')} in {url} has no image (.jpg/.png/.webp) or no .cls "
                                     "label; write shards with python -m vit.shards.")
-                out.append((start + k, f"{url}:{s['__key__']}", s[key], int(s["cls"])))
+                y = int(s["cls"])
+                if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
+                    raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
+                                    f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
+                                    f"data.num_classes to at least {y + 1}, or fix the shard's .cls.")
+                out.append((start + k, f"{url}:{s['__key__']}", s[key], y))
         except (OSError, ValueError) as e:
             if isinstance(e, DataError):
                 raise
@@ -223,8 +236,14 @@ class ShardLoader:
     def __iter__(self):
         it = iter(self.loader)  # workers copy the dataset (epoch, start batch) now
         self.dataset.start_batch = 0
-        for batch in it:
-            yield [t.to(self.device, non_blocking=True) for t in batch]
+        try:
+            for batch in it:
+                yield [t.to(self.device, non_blocking=True) for t in batch]
+        except DataError as e:  # from a worker, the message carries the worker's traceback: keep our sentence
+            text = str(e).rstrip()
+            if not text.startswith("Caught "):
+                raise
+            raise DataError(text.splitlines()[-1].split(": ", 1)[-1]) from None
 
 
 def build_wds_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None):
