@@ -159,6 +159,11 @@ def _write_split(wds, root: Path, split: str, files: list, tmp: Path, shard_size
             log.warning("leaving out %s", e)
     if not samples:
         raise DataError(f"no readable image in {root / split}; fix or replace its images.")
+    emptied = sorted(set(y for _, y in files) - set(y for _, _, y, _ in samples))
+    if emptied:  # refused as an empty class folder is
+        c = next(p.relative_to(root / split).parts[0] for p, y in files if y == emptied[0])
+        raise DataError(f"every image of class folder {root / split / c} is unreadable, so the class has none "
+                        "left; fix or replace them, or remove the folder.")
     names, lengths, start = [], _balanced_lengths(len(samples), shard_size), 0
     for k, n in enumerate(lengths):
         name = f"{split}-{k:05d}.tar"
