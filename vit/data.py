@@ -100,9 +100,7 @@ class FolderDataset(_Seeded):
         if bad and on_bad_image == "error":
             raise DataError(f"{len(bad)} unreadable image(s) in {self.root}, first: {bad[0]}; remove them or "
                             "set data.on_bad_image=skip.")
-        for msg in bad:
-            log.warning("skipping %s", msg)
-        self.samples, self.bad = good, bad
+        self.samples, self.bad = good, bad  # named once, by the caller (train.py's data line, evaluate.py)
         return bad
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:

@@ -97,7 +97,8 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".vit-shards-", dir=out))  # the new shards; swapped in when all done
     except OSError as e:
-        raise DataError(f"cannot create the --out folder {out} ({e.strerror or e}); choose a writable folder.") from None
+        raise DataError(f"cannot create the --out folder {out} ({e.strerror or e}); choose a writable "
+                        "folder.") from None
     info: dict = {"name": root.resolve().name, "splits": {}, "classes": classes}
     try:
         for split in splits:
