@@ -161,6 +161,13 @@ def test_unreadable_val_sample_is_dropped_and_counted_not_replaced(shards, tmp_p
     assert len(list(train)) == 15  # training keeps its quota: the bad image is replaced by the next good one
 
 
+def test_shard_samples_are_described_by_their_original_file_name(shards):
+    ds = ShardDataset(resolve_split(str(shards), "val"), CLASSES, None, train=False)
+    assert ds.describe(4) == f"{shards}/val-00001.tar#1 (cat/004.png)"  # predictions.csv's sample column
+    far = ShardDataset(resolve_split("https://host/d", "val-{0..1}.tar|6", info={}), CLASSES, None, train=False)
+    assert far.describe(4) == "https://host/d/val-1.tar#1"  # remote: not read again just for a name
+
+
 def test_timm_wds_reader_reads_our_shards(folder, shards):
     import timm.data
 

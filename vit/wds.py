@@ -76,10 +76,35 @@ class ShardDataset(IterableDataset):
         self.epoch = epoch
 
     def describe(self, i: int) -> str:
-        """Sample i (global index) as `<shard url>#<position in the shard>`."""
+        """Sample i (global index) as `<shard url>#<position in the shard>`, followed by the original file name
+        that the sample's .json holds (`(cat/001.png)`, vit.shards writes it) when the shard is a local file."""
         offsets = self.split.offsets()
         k = max(j for j, o in enumerate(offsets) if o <= i)
-        return f"{self.split.urls[k]}#{i - offsets[k]}"
+        where, names = f"{self.split.urls[k]}#{i - offsets[k]}", self._file_names(k)
+        return f"{where} ({names[i - offsets[k]]})" if i - offsets[k] < len(names) else where
+
+    def _file_names(self, shard: int) -> list[str]:
+        """The `filename` of each sample's .json in a local shard, in sample order ("" where there is none);
+        only the small .json members are read, the images are skipped. [] for a remote shard."""
+        import json
+        import tarfile
+
+        cache = self.__dict__.setdefault("_names", {})
+        url = self.split.urls[shard]
+        if shard not in cache:
+            keys: dict[str, str] = {}
+            if os.path.isfile(url):
+                try:
+                    with tarfile.open(url) as tar:
+                        for m in tar:
+                            key, _, ext = m.name.partition(".")
+                            keys.setdefault(key, "")
+                            if ext == "json":
+                                keys[key] = str(json.loads(tar.extractfile(m).read()).get("filename", ""))
+                except (OSError, ValueError, tarfile.TarError, AttributeError):
+                    keys = {}  # only a nicer name: the url#position stays
+            cache[shard] = list(keys.values()) if all(keys.values()) else []
+        return cache[shard]
 
     def check_seen(self, seen: int) -> None:
         """After an evaluation pass over every sample: warn when the shards held another number of samples than
