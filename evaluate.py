@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
         names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
-        print(f"skipped {metrics['skipped']} unreadable image(s): {names or 'named in the warnings above'}")
+        print(f"skipped {metrics['skipped']} unreadable image(s)" + (f": {names}" if names else
+                                                                      ", named in the warnings above"))
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
     width = max(8, max(len(c) for c in classes) + 2)
