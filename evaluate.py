@@ -125,6 +125,8 @@ def main(argv=None) -> int:
         return 0
 
     n, k = len(labels), len(classes)
+    if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
+        val_ds.check_seen(n + out.get("skipped", 0))
     summary = summarize_logits(logits, labels)
     probs = logits.softmax(1)
     ece, bins = expected_calibration_error(probs, labels)
@@ -134,7 +136,7 @@ def main(argv=None) -> int:
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
                    token_reduction=cfg.model.token_reduction,
-                   num_processes=num_processes)
+                   num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
@@ -157,6 +159,11 @@ def main(argv=None) -> int:
     plot_reliability(bins, ece, out_dir / "reliability.png")
 
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    if metrics["skipped"]:
+        bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
+        names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        print(f"skipped {metrics['skipped']} unreadable image(s)" + (f": {names}" if names else
+                                                                      ", named in the warnings above"))
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
     width = max(8, max(len(c) for c in classes) + 2)

@@ -144,7 +144,7 @@ def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
     for split, ds in (("train", train_ds), ("val", val_ds)):
         if getattr(ds, "bad", None):
             line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
-                     + "; ".join(ds.bad[:5]) + (" ..." if len(ds.bad) > 5 else ""))
+                     + "; ".join(ds.bad[:5]) + (f" ... and {len(ds.bad) - 5} more" if len(ds.bad) > 5 else ""))
     return line
 
 

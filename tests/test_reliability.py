@@ -90,6 +90,41 @@ def test_convertible_images_convert_and_bad_ones_are_named(tmp_path):
             decode_image(d / name)
 
 
+def test_a_class_with_only_unreadable_images_is_refused_like_an_empty_one(tmp_path):
+    from vit.config import load_config
+    from vit.data import DataError, build_datasets
+    from vit.shards import write_shards
+
+    root = make_image_folder(tmp_path / "f", classes=("cat", "dog"), n_train=2, n_val=1, size=16)
+    (root / "train/emu").mkdir()
+    (root / "train/emu/only.png").write_bytes(b"not a png")
+    cfg = load_config("configs/default.yaml", ["--data.dataset=imagefolder", f"--data.root={root}",
+                                               "--model.img_size=16", "--model.patch_size=8"])
+    with pytest.raises(DataError, match=r"every image of class folder .*emu is unreadable.*only.png"):
+        build_datasets(cfg)
+    with pytest.raises(DataError, match=r"every image of class folder .*emu is unreadable"):
+        write_shards(root, tmp_path / "s", shard_size=4)
+    assert not list((tmp_path / "s").glob("*.tar"))
+
+
+def test_bad_images_are_named_by_file_and_listed_once(tmp_path, caplog):
+    from train import describe_data
+    from vit.config import load_config
+    from vit.data import FolderDataset
+    from vit.decode import decode_bytes
+
+    with pytest.raises(BadImageError) as e:
+        decode_bytes(b"not an image", "shard.tar:x.png")
+    assert "BytesIO" not in str(e.value) and str(e.value).startswith("cannot decode image shard.tar:x.png: ")
+    root = make_image_folder(tmp_path / "f", classes=("cat",), n_train=2, n_val=0, size=16)
+    (root / "train/cat/text.jpg").write_text("not a jpeg")
+    ds = FolderDataset(root / "train", ["cat"], None)
+    caplog.set_level("INFO")
+    assert len(ds.check("skip")) == 1 and "text.jpg" not in caplog.text  # named once, by the data line
+    line = describe_data(load_config("configs/default.yaml", []), ds, ds, ["cat"])
+    assert line.count("text.jpg") == 2 and "skipped 1 unreadable train image(s)" in line  # once per split
+
+
 @pytest.mark.slow
 def test_training_skips_bad_images_or_stops_before_training(tmp_path):
     root = _bad_folder(tmp_path / "f")

@@ -2,8 +2,10 @@
 webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
 sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk."""
 
+import contextlib
 import io
 import json
+import logging
 import re
 import signal
 import sys
@@ -79,6 +81,31 @@ def test_shards_hold_the_original_bytes_and_labels(folder, shards):
         write_shards(folder, shards, shard_size=3)
 
 
+def test_write_shards_checks_every_split_before_writing_and_overwrite_leaves_no_stale_shard(folder, tmp_path):
+    import shutil
+
+    noval = tmp_path / "noval"
+    shutil.copytree(folder / "train", noval / "train")
+    with pytest.raises(DataError, match="--splits train"):
+        write_shards(noval, tmp_path / "a", shard_size=5)
+    extra = tmp_path / "extra"
+    shutil.copytree(folder, extra)
+    (extra / "val/emu").mkdir()
+    shutil.copy(folder / "val/cat/000.png", extra / "val/emu/000.png")
+    with pytest.raises(DataError, match="class the train split does not have"):
+        write_shards(extra, tmp_path / "b", shard_size=5)
+    assert not any((tmp_path / d).exists() and any((tmp_path / d).iterdir()) for d in ("a", "b"))  # nothing written
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(DataError, match="is a file"):
+        write_shards(folder, tmp_path / "afile", shard_size=5)
+    out = tmp_path / "s"
+    write_shards(folder, out, shard_size=3)  # 8 train + 5 val shards
+    info = write_shards(folder, out, shard_size=10, overwrite=True)  # 3 + 2
+    assert sorted(p.name for p in out.iterdir()) == sorted([*info["splits"]["train"]["filenames"],
+                                                            *info["splits"]["val"]["filenames"], "_info.json"])
+    assert len(list(out.glob("*.tar"))) == 5
+
+
 def test_shard_reader_gives_the_folder_datasets_tensors(folder, shards):
     """Validation shards keep folder order: sample i is FolderDataset's sample i, pixel for pixel."""
     cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
@@ -93,6 +120,52 @@ def test_shard_reader_gives_the_folder_datasets_tensors(folder, shards):
     assert piped.urls[0] == f"pipe:cat {shards}/val-00000.tar" and piped.lengths == (3,) * 5
     via_pipe = list(ShardDataset(piped, CLASSES, t, train=False, img_size=32))
     assert all(torch.equal(a[0], b[0]) and a[1:] == b[1:] for a, b in zip(via_pipe, got, strict=True))
+
+
+def _corrupt(shards, out, name, position):
+    """A copy of `shards` in which the image of sample `position` of shard `name` is truncated."""
+    import shutil
+    import tarfile
+
+    shutil.copytree(shards, out)
+    with tarfile.open(shards / name) as src, tarfile.open(out / name, "w") as dst:
+        keys = sorted({m.name.split(".")[0] for m in src.getmembers()})
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name.split(".")[0] == keys[position] and m.name.endswith((".png", ".jpg")):
+                data = data[: len(data) // 3]
+            m.size = len(data)
+            dst.addfile(m, io.BytesIO(data))
+    return out
+
+
+def test_unreadable_val_sample_is_dropped_and_counted_not_replaced(shards, tmp_path):
+    """Validation must score each readable sample once: the bad one is dropped (index -2), not replaced by its
+    neighbour (which would then be scored twice), and vit.metrics.predict counts it as skipped."""
+    from vit.metrics import predict
+
+    bad = _corrupt(shards, tmp_path / "bad", "val-00001.tar", 1)  # global sample 4
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
+    ds = ShardDataset(resolve_split(str(bad), "val"), CLASSES, build_transform(cfg.aug, 32, False), train=False,
+                      img_size=32)
+    loader = ShardLoader(ds, batch_size=4, num_workers=0, rank=0, world=1)
+
+    class Acc:  # one process: gathering returns what it is given
+        autocast = staticmethod(contextlib.nullcontext)
+        gather_for_metrics = staticmethod(lambda t: t)
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.LazyLinear(3))
+    out = predict(model, loader, Acc())
+    assert out["index"].tolist() == [i for i in range(15) if i != 4] and out["skipped"] == 1
+    train = ShardDataset(resolve_split(str(bad), "val"), CLASSES, build_transform(cfg.aug, 32, True), train=True)
+    assert len(list(train)) == 15  # training keeps its quota: the bad image is replaced by the next good one
+
+
+def test_shard_samples_are_described_by_their_original_file_name(shards):
+    ds = ShardDataset(resolve_split(str(shards), "val"), CLASSES, None, train=False)
+    assert ds.describe(4) == f"{shards}/val-00001.tar#1 (cat/004.png)"  # predictions.csv's sample column
+    far = ShardDataset(resolve_split("https://host/d", "val-{0..1}.tar|6", info={}), CLASSES, None, train=False)
+    assert far.describe(4) == "https://host/d/val-1.tar#1"  # remote: not read again just for a name
 
 
 def test_timm_wds_reader_reads_our_shards(folder, shards):
@@ -175,6 +248,25 @@ def test_wds_config_errors_are_one_sentence(shards):
     ds = ShardDataset(resolve_split(str(shards), "train"), CLASSES, None, train=True)
     with pytest.raises(DataError, match="9 shard readers, but the train split has only 8"):
         ShardLoader(ds, batch_size=2, num_workers=3, rank=0, world=3)
+
+
+def test_wds_bad_inputs_are_one_sentence_or_a_warning(shards, caplog):
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
+    t = build_transform(cfg.aug, 32, False)
+    with pytest.raises(DataError, match="2 of the 10 shards of 'train-.*' do not exist, first: .*train-00008.tar"):
+        resolve_split(str(shards), "train-{00000..00009}.tar|30")  # found at start, not mid-epoch
+    two = ShardDataset(resolve_split(str(shards), "val"), CLASSES[:2], t, train=False, img_size=32)
+    with pytest.raises(DataError, match=r"has label 2, but there are 2 classes .* data.num_classes to at least 3"):
+        list(two)
+    with pytest.raises(DataError) as e:  # through a loader worker: our sentence, not the worker's traceback
+        list(ShardLoader(two, batch_size=4, num_workers=1, rank=0, world=1))
+    assert "Traceback" not in str(e.value) and str(e.value).startswith("sample val_")
+    caplog.set_level(logging.WARNING, logger="vit")
+    wrong = ShardDataset(resolve_split(str(shards), "val-{00000..00004}.tar|50", info={}), CLASSES, t,
+                         train=False, img_size=32)
+    assert sum(1 for *_, i in wrong if i >= 0) == 15
+    wrong.check_seen(15)
+    assert "held 15 samples, not the 50" in caplog.text
 
 
 def _trace_lines(path, split, kind):
@@ -277,6 +369,30 @@ def test_hf_save_to_disk_and_parquet_round_trip(folder, tmp_path):
     with pytest.raises(DataError, match="has no column 'img'"):
         build_hf_datasets(load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'hf'}",
                           "--data.val_split=validation", "--data.image_column=img"]), None, t, splits=("val",))
+
+
+def test_hf_single_dataset_holds_out_a_stratified_val_share(folder, tmp_path):
+    """A Dataset.save_to_disk folder has no splits: train and val must not be the same rows."""
+    datasets = pytest.importorskip("datasets")
+    from vit.hfds import build_hf_datasets
+
+    files = sorted((folder / "train").rglob("*.*"))
+    labels = [CLASSES.index(p.parent.name) for p in files]
+    feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
+    datasets.Dataset.from_dict({"image": [str(p) for p in files], "label": labels},
+                               features=feats).save_to_disk(str(tmp_path / "one"))
+    cfg = load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'one'}",
+                                               "--data.val_fraction=0.25", "--model.img_size=32"])
+    tr, va, _ = build_hf_datasets(cfg, None, None)
+    assert (len(tr), len(va)) == (18, 6)
+    rows = lambda ds: [r["image"]["bytes"] for r in ds.table]  # noqa: E731
+    assert not set(rows(tr)) & set(rows(va)) and sorted(va.table["label"]) == [0, 0, 1, 1, 2, 2]
+    _, again, _ = build_hf_datasets(cfg, None, None, splits=("val",))  # evaluate.py: the same held-out rows
+    assert rows(again) == rows(va)
+    cfg = load_config("configs/default.yaml", ["--data.dataset=hf", f"--data.root={tmp_path / 'one'}",
+                                               "--data.val_fraction=0"])
+    with pytest.raises(DataError, match="single Dataset"):
+        build_hf_datasets(cfg, None, None)
 
 
 @pytest.mark.slow

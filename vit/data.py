@@ -100,9 +100,7 @@ class FolderDataset(_Seeded):
         if bad and on_bad_image == "error":
             raise DataError(f"{len(bad)} unreadable image(s) in {self.root}, first: {bad[0]}; remove them or "
                             "set data.on_bad_image=skip.")
-        for msg in bad:
-            log.warning("skipping %s", msg)
-        self.samples, self.bad = good, bad
+        self.samples, self.bad = good, bad  # named once, by the caller (train.py's data line, evaluate.py)
         return bad
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
@@ -206,6 +204,16 @@ def _folder_classes(root: Path, split: str) -> list[str]:
     return classes
 
 
+def _check_no_class_emptied(ds: FolderDataset, d: Path) -> None:
+    """A class whose every image was unreadable is refused, as an empty class folder is (_folder_classes)."""
+    left = set(ds.labels)
+    for i, c in enumerate(ds.classes):
+        if i not in left:
+            first = next((b for b in ds.bad if str(d / c) in b), "")
+            raise DataError(f"every image of class folder {d / c} is unreadable, so the class has none left"
+                            + (f" (first: {first})" if first else "") + "; fix or replace them, or remove the folder.")
+
+
 def _check_classes(expected: list[str] | None, found: list[str]) -> list[str]:
     if expected is None:
         return found
@@ -295,6 +303,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
                     if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
                         raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
                                         f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
+                    _check_no_class_emptied(out[split], root / ("train" if held_out else split))
         return out.get("train"), out.get("val"), classes
     given = classes
     if name == "digits":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import re
 import stat
 import warnings
 from contextlib import contextmanager
@@ -90,7 +91,9 @@ def _pil_errors(path):
     except BadImageError:
         raise
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise BadImageError(f"cannot decode image {path}: {e}") from None
+        # PIL names the in-memory buffer it read ("<_io.BytesIO object at 0x...>"): the file is named already
+        why = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e))
+        raise BadImageError(f"cannot decode image {path}: {why}") from None
 
 
 def read_bytes(path: str | Path) -> bytes:

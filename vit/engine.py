@@ -247,10 +247,14 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
     out = predict(eval_model, run.val_loader, acc)
     m = summarize_logits(out["logits"], out["labels"])
+    skipped = f"; skipped {out['skipped']} unreadable" if out.get("skipped") else ""
+    shards = getattr(run.val_loader, "dataset", None)
+    if hasattr(shards, "check_seen"):  # shards given with a count (after '|') that may be wrong
+        shards.check_seen(m["n"] + out.get("skipped", 0))
     acc.log({"val/loss": m["loss"], "val/acc1": m["acc1"], "train/images_per_s": stats.images_per_s},
             step=state.step)
     run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
-                      f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images)  "
+                      f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images{skipped})  "
                       f"{stats.images_per_s:.0f} img/s")
     weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
     if acc.is_main_process:

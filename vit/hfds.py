@@ -12,14 +12,17 @@ imported only here.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .data import DataError, _check_classes, _Seeded
 from .decode import read_bytes
 
 __all__ = ["HFImageDataset", "build_hf_datasets", "load_split"]
+log = logging.getLogger(__name__)
 
 
 class HFImageDataset(_Seeded):
@@ -73,7 +76,7 @@ def load_split(root: str | Path, split: str):
                 raise DataError(f"split '{split}' is not in {root} (it has {sorted(ds)}); set data.train_split / "
                                 "data.val_split to one of those.")
             return ds[split]
-        return ds  # a single Dataset: the same rows for every split name
+        return ds  # a single Dataset (no splits): build_hf_datasets holds out data.val_fraction of it
     for pattern in (f"data/{split}-*.parquet", f"{split}-*.parquet", f"{split}/*.parquet", f"data/{split}/*.parquet"):
         files = sorted(root.glob(pattern))
         if files:
@@ -92,14 +95,50 @@ def _classes(table, label_column: str, num_classes: int | None) -> list[str]:
     raise DataError(f"column '{label_column}' does not name its classes (not a ClassLabel); set data.num_classes.")
 
 
+def _single_dataset(root) -> bool:
+    """A folder written by `Dataset.save_to_disk` (one table, no split names)."""
+    root = Path(root)
+    return (root / "state.json").is_file() and not (root / "dataset_dict.json").is_file()
+
+
+def _held_out(cfg, table, name: str):
+    """A single Dataset: its train or val part, held out as an ImageFolder without val/ is (vit/data.py): the
+    seeded, stratified data.val_fraction, so training never sees the rows it is validated on."""
+    from sklearn.model_selection import train_test_split
+
+    d = cfg.data
+    labels = np.asarray(table[d.label_column])
+    if labels.dtype.kind not in "iu" or not len(labels) or labels.min() < 0:
+        raise DataError(f"{d.root} is a single Dataset (no splits), and its label column '{d.label_column}' does not "
+                        "hold class indices to hold out a stratified validation share by; save a DatasetDict with "
+                        "train and validation splits instead.")
+    counts = np.bincount(labels)
+    n_val = int(np.ceil(d.val_fraction * len(labels)))
+    present = int((counts > 0).sum())
+    if d.val_fraction <= 0 or counts[counts > 0].min() < 2 or n_val < present or len(labels) - n_val < present:
+        raise DataError(f"{d.root} is a single Dataset (no splits), and holding out data.val_fraction={d.val_fraction}"
+                        f" of its {len(labels)} rows cannot leave every class in both parts; save a DatasetDict "
+                        "with a validation split, or set a data.val_fraction that does.")
+    tr, va = train_test_split(np.arange(len(labels)), test_size=d.val_fraction, random_state=d.split_seed,
+                              stratify=labels)
+    keep = sorted(tr if name == "train" else va)
+    if name == "val":  # once, not per split
+        log.info("%s is a single Dataset (no splits): holding out a stratified %g of it (data.val_fraction, "
+                 "data.split_seed=%d): %d train / %d val rows", d.root, d.val_fraction, d.split_seed, len(tr), len(va))
+    return table.select(keep)
+
+
 def build_hf_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None):
     """(train, val, class names) for `data.dataset: hf`."""
     d = cfg.data
     out, found = {}, None
+    single = _single_dataset(d.root)
     for name, split, t in (("train", d.train_split, t_train), ("val", d.val_split, t_val)):
         if name not in splits:
             continue
         table = load_split(d.root, split)
+        if single and d.label_column in table.column_names:
+            table = _held_out(cfg, table, name)
         for col in (d.image_column, d.label_column):
             if col not in table.column_names:
                 raise DataError(f"split '{split}' of {d.root} has no column '{col}' (it has {table.column_names}); "

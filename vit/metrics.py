@@ -19,7 +19,7 @@ __all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_
 def predict(model, loader, accelerator) -> dict[str, torch.Tensor]:
     """Logits (N, C) and labels (N,) of the whole split, gathered on every process (float32, on CPU).
     Batches may carry a third element, the sample indices; they are gathered too and the result is put in
-    index order (`index`)."""
+    index order (`index`), with `skipped`: how many unreadable images a shard reader dropped (index -2)."""
     model.eval()
     out: dict[str, list] = {"logits": [], "labels": [], "index": []}
     for batch in loader:
@@ -31,10 +31,12 @@ def predict(model, loader, accelerator) -> dict[str, torch.Tensor]:
             out[key].append(value.cpu())
     res = {k: torch.cat(v) for k, v in out.items() if v}
     if "index" in res:
-        keep = res["index"] >= 0  # index -1: padding that evens out the processes' batches (vit/wds.py)
-        res = {k: v[keep] for k, v in res.items()}
+        # index -1: padding that evens out the processes' batches; -2: an unreadable image (vit/wds.py)
+        res["skipped"] = int((res["index"] == -2).sum())
+        keep = res["index"] >= 0
+        res = {k: v[keep] if torch.is_tensor(v) else v for k, v in res.items()}
         order = res["index"].argsort()
-        res = {k: v[order] for k, v in res.items()}
+        res = {k: v[order] if torch.is_tensor(v) else v for k, v in res.items()}
     return res
 
 

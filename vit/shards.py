@@ -24,7 +24,9 @@ import logging
 import math
 import os
 import random
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,20 +85,55 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, splits: tuple[str, ...] = ("train", "val"),
                  seed: int = 0, overwrite: bool = False) -> dict:
     """Write the shards of an ImageFolder (`root/<split>/<class>/*`) into `out`; returns the info dict written
-    to `out/_info.json`. Each shard is written to a temporary name and renamed when complete, and `_info.json`
-    comes last: a folder with an `_info.json` holds complete shards."""
+    to `out/_info.json`. Everything that can be checked without decoding is checked before anything is
+    written; the shards are written into a temporary folder inside `out` and moved in when every split is
+    done (with `overwrite`, the old shards of those splits and the old `_info.json` are removed first), and
+    `_info.json` comes last: a folder with an `_info.json` holds complete shards."""
     wds = webdataset()
     root, out = Path(root), Path(out)
+    listing = _check_sources(root, out, shard_size, splits, overwrite)  # everything checkable, before any write
+    classes = _folder_classes(root, splits[0])
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".vit-shards-", dir=out))  # the new shards; swapped in when all done
+    except OSError as e:
+        raise DataError(f"cannot create the --out folder {out} ({e.strerror or e}); choose a writable "
+                        "folder.") from None
+    info: dict = {"name": root.resolve().name, "splits": {}, "classes": classes}
+    try:
+        for split in splits:
+            info["splits"][split] = _write_split(wds, root, split, listing[split], tmp, shard_size, seed)
+        for split in splits:  # --overwrite: the old shards of these splits go, so no pattern or glob mixes them in
+            for old in out.glob(f"{split}-*.tar"):
+                old.unlink()
+        (out / INFO_NAME).unlink(missing_ok=True)
+        for split in splits:
+            for name in info["splits"][split]["filenames"]:
+                os.replace(tmp / name, out / name)
+        _atomic_write(out / INFO_NAME, (json.dumps(info, indent=1) + "\n").encode())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return info
+
+
+def _check_sources(root: Path, out: Path, shard_size: int, splits: tuple[str, ...], overwrite: bool) -> dict:
+    """{split: [(file, label)]} for every split, after every check that needs no decoding: nothing is written
+    when a split folder is missing, a class is unknown, or --out cannot take the shards."""
     if shard_size < 1:
         raise DataError(f"--shard-size must be at least 1, got {shard_size}.")
     if not root.is_dir():
         raise DataError(f"{root} does not exist; point --from at an ImageFolder with train/ and val/.")
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file; name a folder for the shards.")
     if out.is_dir() and not overwrite and ((out / INFO_NAME).exists() or any(out.glob("*.tar"))):
         raise DataError(f"{out} already holds shards; choose an empty --out folder or pass --overwrite.")
-    classes = _folder_classes(root, splits[0])
-    index = {c: i for i, c in enumerate(classes)}
-    out.mkdir(parents=True, exist_ok=True)
-    info: dict = {"name": root.resolve().name, "splits": {}, "classes": classes}
+    missing = [s for s in splits if not (root / s).is_dir()]
+    if missing:
+        there = ",".join(s for s in splits if s not in missing)
+        raise DataError(f"split folder {root / missing[0]} does not exist; add it, or write only the splits there "
+                        f"are" + (f" with --splits {there}." if there else "."))
+    index = {c: i for i, c in enumerate(_folder_classes(root, splits[0]))}
+    listing = {}
     for split in splits:
         _folder_classes(root, split)
         files = []
@@ -105,33 +142,43 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
                 raise DataError(f"{root / split / c} is a class the {splits[0]} split does not have; every split "
                                 "needs the same class folders.")
             files += [(p, index[c]) for p in sorted(_image_files(root / split / c))]
-        if split == "train":  # shuffled once across shards; val keeps folder order
-            random.Random(seed).shuffle(files)
-        samples, bad = [], []
-        for p, y in files:
-            try:
-                samples.append((*_sample(p), y, p.relative_to(root / split).as_posix()))
-            except BadImageError as e:
-                bad.append(str(e))
-                log.warning("leaving out %s", e)
-        if not samples:
-            raise DataError(f"no readable image in {root / split}; fix or replace its images.")
-        names, lengths, start = [], _balanced_lengths(len(samples), shard_size), 0
-        for k, n in enumerate(lengths):
-            name = f"{split}-{k:05d}.tar"
-            buf = io.BytesIO()
-            with wds.TarWriter(buf, mtime=0) as w:  # mtime 0: the same folder gives the same bytes
-                for i in range(start, start + n):
-                    ext, data, y, rel = samples[i]
-                    w.write({"__key__": f"{split}_{i:08d}", ext: data, "cls": str(y).encode(),
-                             "json": json.dumps({"filename": rel}).encode()})
-            _atomic_write(out / name, buf.getvalue())
-            names.append(name)
-            start += n
-        info["splits"][split] = {"name": split, "num_samples": len(samples), "filenames": names,
-                                 "shard_lengths": lengths, "num_bad": len(bad)}
-    _atomic_write(out / INFO_NAME, (json.dumps(info, indent=1) + "\n").encode())
-    return info
+        listing[split] = files
+    return listing
+
+
+def _write_split(wds, root: Path, split: str, files: list, tmp: Path, shard_size: int, seed: int) -> dict:
+    """Decode-check and write one split's shards into `tmp`; its entry of _info.json."""
+    files = list(files)
+    if split == "train":  # shuffled once across shards; val keeps folder order
+        random.Random(seed).shuffle(files)
+    samples, bad = [], []
+    for p, y in files:
+        try:
+            samples.append((*_sample(p), y, p.relative_to(root / split).as_posix()))
+        except BadImageError as e:
+            bad.append(str(e))
+            log.warning("leaving out %s", e)
+    if not samples:
+        raise DataError(f"no readable image in {root / split}; fix or replace its images.")
+    emptied = sorted(set(y for _, y in files) - set(y for _, _, y, _ in samples))
+    if emptied:  # refused as an empty class folder is
+        c = next(p.relative_to(root / split).parts[0] for p, y in files if y == emptied[0])
+        raise DataError(f"every image of class folder {root / split / c} is unreadable, so the class has none "
+                        "left; fix or replace them, or remove the folder.")
+    names, lengths, start = [], _balanced_lengths(len(samples), shard_size), 0
+    for k, n in enumerate(lengths):
+        name = f"{split}-{k:05d}.tar"
+        buf = io.BytesIO()
+        with wds.TarWriter(buf, mtime=0) as w:  # mtime 0: the same folder gives the same bytes
+            for i in range(start, start + n):
+                ext, data, y, rel = samples[i]
+                w.write({"__key__": f"{split}_{i:08d}", ext: data, "cls": str(y).encode(),
+                         "json": json.dumps({"filename": rel}).encode()})
+        _atomic_write(tmp / name, buf.getvalue())
+        names.append(name)
+        start += n
+    return {"name": split, "num_samples": len(samples), "filenames": names, "shard_lengths": lengths,
+            "num_bad": len(bad)}
 
 
 # --- reading: where the shards are ------------------------------------------------------------------------------
@@ -197,19 +244,32 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
         if len(s["filenames"]) != len(s["shard_lengths"]):
             raise DataError(f"split '{split}' in {_join(root, INFO_NAME)} lists {len(s['filenames'])} files but "
                             f"{len(s['shard_lengths'])} shard lengths; rewrite it with python -m vit.shards.")
-        return ShardSplit(tuple(_join(root, f) for f in s["filenames"]), tuple(int(n) for n in s["shard_lengths"]))
+        return _existing(ShardSplit(tuple(_join(root, f) for f in s["filenames"]),
+                                    tuple(int(n) for n in s["shard_lengths"])), split)
     pattern, _, count = split.partition("|")
     names = list(braceexpand(pattern))
     known = {f: n for s in splits.values() for f, n in zip(s["filenames"], s["shard_lengths"])}
     if all(n in known for n in names):
         lengths = [known[n] for n in names]
+        if count.strip().isdigit() and int(count) != sum(lengths):
+            log.warning("warning: '%s' says %s samples, but %s lists %d for those shards; using %d.", split,
+                        count.strip(), _join(root, INFO_NAME), sum(lengths), sum(lengths))
     elif count.strip().isdigit():  # lengths unknown: spread the count evenly (only the total is used exactly)
         total, k = int(count), len(names)
         lengths = [total // k + (i < total % k) for i in range(k)]
     else:
         raise DataError(f"the shards of '{split}' are not listed in {_join(root, INFO_NAME)}, so their sample count "
                         f"is unknown; append it as '{pattern}|<num_samples>'.")
-    return ShardSplit(tuple(_join(root, n) for n in names), tuple(lengths))
+    return _existing(ShardSplit(tuple(_join(root, n) for n in names), tuple(lengths)), split)
+
+
+def _existing(s: ShardSplit, split: str) -> ShardSplit:
+    """`s`, once its local shards are known to exist (remote ones are found only when read)."""
+    missing = [u for u in s.urls if "://" not in u and not u.startswith("pipe:") and not os.path.isfile(u)]
+    if missing:
+        raise DataError(f"{len(missing)} of the {len(s.urls)} shards of '{split}' do not exist, first: {missing[0]}; "
+                        "fix the brace pattern or data.root.")
+    return s
 
 
 # --- who reads what ---------------------------------------------------------------------------------------------

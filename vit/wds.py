@@ -14,8 +14,10 @@ finished, and within the block it was in, the samples it had already yielded. Au
 
 Validation: the shards in order, dealt round-robin, each sample once; readers with fewer samples pad their
 stream to the largest count with zero images whose index is -1, which `vit.metrics.predict` drops after
-gathering. The loaders are not passed through `accelerator.prepare` (Accelerate would dispatch an iterable
-dataset's batches from the main process); `ShardLoader` moves batches to the device itself.
+gathering. An unreadable image is dropped the same way (index -2, counted as skipped), never replaced by a
+sample that would then be scored twice. The loaders are not passed through `accelerator.prepare` (Accelerate
+would dispatch an iterable dataset's batches from the main process); `ShardLoader` moves batches to the device
+itself.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loade
 log = logging.getLogger(__name__)
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
+SKIPPED = -2  # the index of an unreadable evaluation sample: dropped and counted by vit.metrics.predict
 TRACE_ENV = "VIT_SHARD_TRACE"  # tests only: a file each reader appends "<split> <epoch> open <url>" / "... <index>" to
 
 
@@ -73,10 +76,43 @@ class ShardDataset(IterableDataset):
         self.epoch = epoch
 
     def describe(self, i: int) -> str:
-        """Sample i (global index) as `<shard url>#<position in the shard>`."""
+        """Sample i (global index) as `<shard url>#<position in the shard>`, followed by the original file name
+        that the sample's .json holds (`(cat/001.png)`, vit.shards writes it) when the shard is a local file."""
         offsets = self.split.offsets()
         k = max(j for j, o in enumerate(offsets) if o <= i)
-        return f"{self.split.urls[k]}#{i - offsets[k]}"
+        where, names = f"{self.split.urls[k]}#{i - offsets[k]}", self._file_names(k)
+        return f"{where} ({names[i - offsets[k]]})" if i - offsets[k] < len(names) else where
+
+    def _file_names(self, shard: int) -> list[str]:
+        """The `filename` of each sample's .json in a local shard, in sample order ("" where there is none);
+        only the small .json members are read, the images are skipped. [] for a remote shard."""
+        import json
+        import tarfile
+
+        cache = self.__dict__.setdefault("_names", {})
+        url = self.split.urls[shard]
+        if shard not in cache:
+            keys: dict[str, str] = {}
+            if os.path.isfile(url):
+                try:
+                    with tarfile.open(url) as tar:
+                        for m in tar:
+                            key, _, ext = m.name.partition(".")
+                            keys.setdefault(key, "")
+                            if ext == "json":
+                                keys[key] = str(json.loads(tar.extractfile(m).read()).get("filename", ""))
+                except (OSError, ValueError, tarfile.TarError, AttributeError):
+                    keys = {}  # only a nicer name: the url#position stays
+            cache[shard] = list(keys.values()) if all(keys.values()) else []
+        return cache[shard]
+
+    def check_seen(self, seen: int) -> None:
+        """After an evaluation pass over every sample: warn when the shards held another number of samples than
+        the split was said to hold (a wrong count after '|' in a brace pattern, a stale _info.json)."""
+        if seen != self.split.num_samples:
+            log.warning("warning: the %s shards held %d samples, not the %d their count (after '|' in the brace "
+                        "pattern, or in _info.json) says; correct it, image counts and epoch lengths follow it.",
+                        self.name, seen, self.split.num_samples)
 
     def plan(self, epoch: int | None = None):
         return plan_epoch(self.split.lengths, self.world * self.num_workers, self.epoch if epoch is None else epoch,
@@ -146,20 +182,28 @@ class ShardDataset(IterableDataset):
                 if key is None or "cls" not in s:
                     raise DataError(f"sample {s.get('__key__')} in {url} has no image (.jpg/.png/.webp) or no .cls "
                                     "label; write shards with python -m vit.shards.")
-                out.append((start + k, f"{url}:{s['__key__']}", s[key], int(s["cls"])))
+                y = int(s["cls"])
+                if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
+                    raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
+                                    f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
+                                    f"data.num_classes to at least {y + 1}, or fix the shard's .cls.")
+                out.append((start + k, f"{url}:{s['__key__']}", s[key], y))
         except (OSError, ValueError) as e:
             if isinstance(e, DataError):
                 raise
             raise DataError(f"cannot read shard {url} ({e}); check data.root and that the file is a tar.") from None
         return out
 
+    def _seed(self, epoch: int, index: int) -> int:
+        return (self.seed * 1_000_003 + epoch * 10_007 + index) % (2**31)  # as the folder dataset
+
     def _decode(self, samples: list, k: int, epoch: int):
-        """Sample k decoded and augmented; an unreadable image is replaced by the next good one (and logged)."""
+        """Training sample k decoded and augmented; an unreadable image is replaced by the next good one of its
+        block (and logged), so that every reader still yields its quota. Evaluation drops it instead (_eval)."""
         for j in range(len(samples)):
             index, name, data, y = samples[(k + j) % len(samples)]
-            seed = (self.seed * 1_000_003 + epoch * 10_007 + index) % (2**31)  # as the folder dataset
             try:
-                x = self.transform.load_bytes(data, name, seed)
+                x = self.transform.load_bytes(data, name, self._seed(epoch, index))
             except BadImageError as e:
                 log.warning("skipping %s", e)
                 continue
@@ -170,10 +214,16 @@ class ShardDataset(IterableDataset):
     def _eval(self, mine: tuple[int, ...], quota: int, epoch: int) -> Iterator:
         n = 0
         for i in mine:
-            samples = self._read(i, epoch)
-            for k in range(len(samples)):
-                yield self._decode(samples, k, epoch)
+            for index, name, data, y in self._read(i, epoch):
                 n += 1
+                try:
+                    x = self.transform.load_bytes(data, name, self._seed(epoch, index))
+                except BadImageError as e:  # dropped, never replaced: a duplicate would be scored twice
+                    log.warning("skipping %s", e)
+                    yield torch.zeros(len(self.transform.tables), self.img_size, self.img_size), 0, SKIPPED
+                    continue
+                _trace(f"{self.name} {epoch} sample {index}")
+                yield x, y, index
         while n < quota:  # padding, so that every process evaluates as many batches; predict drops index -1
             yield torch.zeros(len(self.transform.tables), self.img_size, self.img_size), 0, -1
             n += 1
@@ -211,8 +261,14 @@ class ShardLoader:
     def __iter__(self):
         it = iter(self.loader)  # workers copy the dataset (epoch, start batch) now
         self.dataset.start_batch = 0
-        for batch in it:
-            yield [t.to(self.device, non_blocking=True) for t in batch]
+        try:
+            for batch in it:
+                yield [t.to(self.device, non_blocking=True) for t in batch]
+        except DataError as e:  # from a worker, the message carries the worker's traceback: keep our sentence
+            text = str(e).rstrip()
+            if not text.startswith("Caught "):
+                raise
+            raise DataError(text.splitlines()[-1].split(": ", 1)[-1]) from None
 
 
 def build_wds_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None):
