@@ -139,6 +139,9 @@ def resume_changes(saved: Config, new: Config, source: str) -> dict[str, tuple[A
     changes = diff(saved, new)
     if None in (saved.run.mixed_precision, new.run.mixed_precision):  # null: whatever `accelerate launch` was
         changes.pop("run.mixed_precision", None)  # told (runs saved before train.py wrote the precision it ran)
+    root = changes.get("data.root")
+    if root and None not in root and Path(root[0]).absolute() == Path(root[1]).absolute():
+        changes.pop("data.root")  # saved relative (train.py before it made data.root absolute): the same folder
     refused = {k: v for k, v in changes.items() if k not in SAFE_ON_RESUME}
     if refused:
         shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in sorted(refused.items()))
