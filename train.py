@@ -195,7 +195,8 @@ def open_run_folder(run: Run) -> None:
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
         trim_metrics(run_dir / "metrics.csv", run.state.step)
     run.accelerator.init_trackers("tensorboard", config=_flat_scalars(cfg))
-    warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained))
+    warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained),
+                               cfg.run.max_steps)
     if warning and not cfg.run.resume:
         run.console.print(warning)
 

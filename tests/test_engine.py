@@ -52,6 +52,10 @@ def test_schedule_warnings():
     assert schedule_warning(46, 10, 2, True) is None  # fine-tuning pretrained weights may take few steps
     assert schedule_warning(MIN_STEPS, 10, 5, False) is None
     assert schedule_warning(1380, 69, 60, False) is None  # the digits default
+    # run.max_steps ends the run early: the warning counts the steps that run, not the schedule's
+    assert "not shorter than the run (run.max_steps=5)" in schedule_warning(23, 8, 1, False, max_steps=5)
+    assert schedule_warning(1380, 69, 60, False, max_steps=200) is None
+    assert "(46 steps)" in schedule_warning(46, 69, 2, False, max_steps=100)  # max_steps beyond the run
 
 
 def test_model_line_names_what_was_built():
