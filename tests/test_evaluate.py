@@ -50,6 +50,8 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
     mp, mr, mf, _ = precision_recall_fscore_support(y, yhat, average="weighted", zero_division=0)
     assert m["weighted"]["f1"] == pytest.approx(mf) and m["weighted"]["precision"] == pytest.approx(mp)
     assert preds[0]["sample"].endswith(".png")
+    table = [ln for ln in r.stdout.splitlines() if ln.startswith(("class", "a ", "macro avg", "weighted avg"))]
+    assert len(table) == 4 and len({len(ln) for ln in table}) == 1, table  # every column right-aligned alike
     for f in ("confusion.png", "reliability.png"):
         assert (tmp_path / f).stat().st_size > 1000
     # the reported top-1 is the training run's own final validation accuracy
