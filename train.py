@@ -33,7 +33,7 @@ from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
 from vit.config import Config, ConfigError, diff, dump, load_config
-from vit.console import Console, describe_model, format_settings, schedule_warning
+from vit.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
-    console.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
+    console.print(f"device {accelerator.device}, {processes(accelerator)}, "
                   f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
                   f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
 

@@ -95,7 +95,7 @@ def test_two_processes_evaluate_every_sample_once(tmp_path):
                    "--data.synthetic_val_size=13", "--run.epochs=1", f"--run.output_dir={tmp_path}",
                    "--run.name=ddp", *TINY, launcher=launcher, env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "2 process(es)" in r.stdout
+    assert "2 DDP processes" in r.stdout
     meta = json.loads((tmp_path / "ddp/last/meta.json").read_text())
     assert meta["n"] == 13
 

@@ -61,6 +61,14 @@ def describe_model(model: torch.nn.Module, name: str) -> str:
     return f"{name} as built: " + ", ".join(parts)
 
 
+def processes(accelerator) -> str:
+    """'1 process', '2 DDP processes' or '2 FSDP processes': how the model is spread, for the device line."""
+    n = accelerator.num_processes
+    if n == 1:
+        return "1 process"
+    return f"{n} {'FSDP' if str(accelerator.distributed_type).endswith('FSDP') else 'DDP'} processes"
+
+
 def schedule_warning(total_steps: int, warmup_steps: int, epochs: int, pretrained: bool,
                      max_steps: int | None = None) -> str | None:
     """One sentence when the schedule cannot work as meant, else None: a warm-up at least as long as the run
