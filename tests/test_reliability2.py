@@ -439,3 +439,12 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())
     assert (back.step, back.epoch, back.batch_in_epoch, back.best, back.loss_sum, back.loss_n) == (3, 1, 2, [[0.5, 0]],
                                                                                                      2.5, 2)
+
+
+def test_visualize_names_same_stem_inputs_by_the_folders_that_differ(tmp_path):
+    vis = _script("visualize_attention")
+    files = [tmp_path / "val/cat/cat_0.png", tmp_path / "train/cat/cat_0.png", tmp_path / "val/dog/cat_0.png",
+             tmp_path / "val/cat/other.png"]
+    names = [n for n, *_ in vis.unique_names([(f.stem, f, None) for f in files])]
+    assert names == ["val_cat_cat_0", "train_cat_cat_0", "dog_cat_0", "other"]
+    assert [n for n, *_ in vis.unique_names([("digits_0001", object(), None)])] == ["digits_0001"]
