@@ -285,8 +285,8 @@ def main(argv=None) -> int:
             title = (f"{name}: {truth}predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)"
                      + (f", map for '{explained}'" if args.method == "grad_rollout" else "") + f"\n{settings}")
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
-            sidecar = dict(image=name, source=sources[name], method=args.method, params=params, explained_class=explained,
-                           true_class=truths[name], title=title,
+            sidecar = dict(image=name, source=sources[name], method=args.method, params=params,
+                           explained_class=explained, true_class=truths[name], title=title,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))

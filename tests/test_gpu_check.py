@@ -48,7 +48,7 @@ def test_gpu_check_help_prints_once_and_runs_nothing(tmp_path):
 
 def test_gpu_check_without_torch_says_which_python(tmp_path):
     fake = tmp_path / "python"  # a python that has no torch
-    fake.write_text("#!/bin/sh\nexec %s -c 'import sys; sys.exit(1)'\n" % sys.executable)
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.exit(1)'\n")
     fake.chmod(0o755)
     env = {**os.environ, "PYTHON": str(fake)}
     r = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--tiny"], capture_output=True, text=True,

@@ -142,5 +142,5 @@ def test_ddp_grad_strides_warning_is_silenced_and_its_cause_is_the_cls_token():
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         make_accelerator()  # every script's accelerator: PyTorch's warning from each DDP process is not shown
-        warnings.warn(f"{GRAD_STRIDES_WARNING}. This may indicate grad was not created ...", UserWarning)
+        warnings.warn(f"{GRAD_STRIDES_WARNING}. This may indicate grad was not created ...", UserWarning, stacklevel=1)
     assert not seen

@@ -23,8 +23,7 @@ from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
 from vit.decode import BadImageError, decode_image
-from vit.runfolder import (RunFolderError, RunLock, check_new_run, clear_run, kept_note, resume_run,
-                           saved_checkpoints)
+from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, kept_note, resume_run, saved_checkpoints
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]

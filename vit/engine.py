@@ -172,7 +172,8 @@ def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
     if not finite and cfg.run.on_nonfinite == "stop":
         s = run.state
         raise FloatingPointError(
-            f"the loss became non-finite at step {s.step} (epoch {s.epoch}); {kept_note(run.run_dir)}. Lower optim.lr, enable optim.clip_grad, or set run.on_nonfinite=skip.")
+            f"the loss became non-finite at step {s.step} (epoch {s.epoch}); {kept_note(run.run_dir)}. "
+            "Lower optim.lr, enable optim.clip_grad, or set run.on_nonfinite=skip.")
     return finite
 
 
