@@ -166,7 +166,7 @@ def main(argv=None) -> int:
                                                                       ", named in the warnings above"))
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
-    width = max(8, max(len(c) for c in classes) + 2)
+    width = max(len("weighted avg") + 2, max(len(c) for c in classes) + 2)  # the average rows align too
     print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
     for c, r in zip(classes, rows):
         print(f"{c:<{width}}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}{r['support']:>10d}")

@@ -14,15 +14,18 @@ a resume refuses a config that changes what the run computes (see vit/runfolder.
 
 from __future__ import annotations
 
+import os
 import sys
+
+# next to this script, not the current directory: train.py run from anywhere finds it
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.yaml")
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answered before torch loads
     from vit.cli_help import train_help
 
-    print(train_help(__doc__, sys.argv[1:]), end="")
+    print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
 
-import os
 from pathlib import Path
 
 import torch
@@ -30,8 +33,8 @@ from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
 from vit.config import Config, ConfigError, diff, dump, load_config
-from vit.console import Console, describe_model, format_settings, schedule_warning
-from vit.data import build_datasets, build_loaders, resolve_data_config
+from vit.console import Console, describe_model, format_settings, processes, schedule_warning
+from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
+    cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
 
     # --- accelerator: devices, processes, precision; only the main process prints -----------------------------
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
-    console.print(f"device {accelerator.device}, {accelerator.num_processes} process(es), "
+    console.print(f"device {accelerator.device}, {processes(accelerator)}, "
                   f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
                   f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
 
@@ -104,13 +108,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def parse_args(argv: list[str]) -> tuple[str, list[str]]:
-    config, rest, i = "configs/default.yaml", [], 0
+    config, rest, i = DEFAULT_CONFIG, [], 0
     while i < len(argv):
         a = argv[i]
         if a in ("-h", "--help"):
             from vit.cli_help import train_help
 
-            print(train_help(__doc__, argv), end="")
+            print(train_help(__doc__, argv, DEFAULT_CONFIG), end="")
             sys.exit(0)
         if a == "--config" and i + 1 < len(argv):
             config, i = argv[i + 1], i + 2
@@ -191,7 +195,8 @@ def open_run_folder(run: Run) -> None:
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
         trim_metrics(run_dir / "metrics.csv", run.state.step)
     run.accelerator.init_trackers("tensorboard", config=_flat_scalars(cfg))
-    warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained))
+    warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained),
+                               cfg.run.max_steps)
     if warning and not cfg.run.resume:
         run.console.print(warning)
 

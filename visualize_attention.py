@@ -149,13 +149,19 @@ def collect_inputs(specs: list[str], cfg, classes: list[str]) -> list[tuple[str,
 
 
 def unique_names(items: list[tuple]) -> list[tuple]:
-    """Files that share a stem (val/cat/000.png, val/dog/000.png) are named <folder>_<stem>, then numbered,
-    so that no map overwrites another's."""
-    stems = [name for name, *_ in items]
+    """Files that share a stem get as many of their parent folders as tell them apart: val/cat/0.png and
+    val/dog/0.png become cat_0 and dog_0, val/cat/0.png and train/cat/0.png val_cat_0 and train_cat_0 (numbered
+    only if the paths agree to the root), so that no map overwrites another's; the sidecar keeps the path."""
     out, used = [], set()
     for name, src, *rest in items:
-        if stems.count(name) > 1 and isinstance(src, Path):
-            name = f"{src.parent.name}_{name}"
+        twins = [s.resolve() for n, s, *_ in items if n == name and isinstance(s, Path)]
+        if len(twins) > 1 and isinstance(src, Path):
+            me = src.resolve()
+            for depth in range(1, len(me.parts)):
+                key = me.parts[-depth - 1:-1]
+                if sum(t.parts[-depth - 1:-1] == key for t in twins) == 1:
+                    break
+            name = "_".join([*key, name])
         base, k = name, 1
         while name in used:
             name, k = f"{base}_{k}", k + 1
@@ -237,6 +243,7 @@ def main(argv=None) -> int:
                          "(or a checkpoint trained with one).")
     items = collect_inputs(args.images, cfg, classes)
     truths = {name: truth for name, _, truth in items}
+    sources = {name: str(src) if isinstance(src, Path) else name for name, src, _ in items}  # for the sidecar
     settings = settings_text(args, len(model.blocks))
     target = resolve_target(args.target_class, classes)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
@@ -278,8 +285,8 @@ def main(argv=None) -> int:
             title = (f"{name}: {truth}predicted {classes[pred]} ({100 * float(top_p[j, 0]):.1f}%)"
                      + (f", map for '{explained}'" if args.method == "grad_rollout" else "") + f"\n{settings}")
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
-            sidecar = dict(image=name, method=args.method, params=params, explained_class=explained,
-                           true_class=truths[name], title=title,
+            sidecar = dict(image=name, source=sources[name], method=args.method, params=params,
+                           explained_class=explained, true_class=truths[name], title=title,
                            grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))

@@ -17,6 +17,18 @@ PY=${PYTHON:-python}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export KINETO_LOG_LEVEL=${KINETO_LOG_LEVEL:-5}  # the profiler's own start/stop chatter
 
+if ! "$PY" -c "import torch" 2> /dev/null; then
+  echo "gpu_check: $(command -v "$PY" || echo "$PY") cannot import torch; activate the project's environment" \
+       "or point to its python with PYTHON=/path/to/python bash scripts/gpu_check.sh" >&2
+  exit 2
+fi
+if [[ " $* " == *" -h "* || " $* " == *" --help "* ]]; then
+  # Help only: this header, then gpu_check.py's options, printed once (no torchrun, no training).
+  sed -n '2,/^set -euo/p' scripts/gpu_check.sh | sed '$d' | sed 's/^# \{0,1\}//'
+  echo
+  exec "$PY" scripts/gpu_check.py --help
+fi
+
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   NPROC=${NPROC:-$("$PY" -c "import torch; print(torch.cuda.device_count())")}
   PRECISION=bf16

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -131,3 +132,15 @@ def test_visualize_attention_writes_into_the_checkpoints_run_folder(tmp_path):
     lone.mkdir()
     assert vis.parse_args(["--checkpoint", str(lone), "x.png"]).out == "runs/attention-exported_model"
     assert vis.parse_args(["--checkpoint", str(lone), "x.png", "--out", "o"]).out == "o"
+
+
+def test_train_help_outside_the_repository_uses_the_default_config_next_to_train_py(tmp_path):
+    def helptext(*args):
+        r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help", *args], capture_output=True,
+                           text=True, timeout=60, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "  img_size = 224  (int)  [file: 64]" in helptext().splitlines()  # configs/default.yaml was found
+    text = " ".join(helptext("--config", "nope.yaml").split())
+    assert "The config file nope.yaml does not exist" in text and "[file: 64]" not in text

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import ROOT, TINY, run_script
 
-from vit.console import MIN_STEPS, describe_model, schedule_warning
+from vit.console import MIN_STEPS, describe_model, processes, schedule_warning
 from vit.engine import TrainState, state_save_due
 
 
@@ -52,6 +52,22 @@ def test_schedule_warnings():
     assert schedule_warning(46, 10, 2, True) is None  # fine-tuning pretrained weights may take few steps
     assert schedule_warning(MIN_STEPS, 10, 5, False) is None
     assert schedule_warning(1380, 69, 60, False) is None  # the digits default
+    # run.max_steps ends the run early: the warning counts the steps that run, not the schedule's
+    assert "not shorter than the run (run.max_steps=5)" in schedule_warning(23, 8, 1, False, max_steps=5)
+    assert schedule_warning(1380, 69, 60, False, max_steps=200) is None
+    assert "(46 steps)" in schedule_warning(46, 69, 2, False, max_steps=100)  # max_steps beyond the run
+
+
+def test_device_line_says_ddp_or_fsdp():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    acc = SimpleNamespace(num_processes=2, distributed_type=DistributedType.FSDP)
+    assert processes(acc) == "2 FSDP processes"
+    acc.distributed_type = DistributedType.MULTI_CPU
+    assert processes(acc) == "2 DDP processes"
+    assert processes(SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO)) == "1 process"
 
 
 def test_model_line_names_what_was_built():

@@ -34,3 +34,25 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
         assert row["ratio"] == pytest.approx(row["ours"]["images_per_s"] / row["timm"]["images_per_s"])
     assert 0 < res["flops_per_image"] and res["peak_flops"] > 0
     assert not list(tmp_path.glob("gpu_check.*"))  # the script's temporary run folder is gone
+
+
+def test_gpu_check_help_prints_once_and_runs_nothing(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path)}
+    r = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--help"], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("usage: gpu_check.py") == 1 and "--tiny" in r.stdout
+    assert "== 1/2" not in r.stdout and "gpu_check: all passed" not in r.stdout and "no CUDA device" not in r.stderr
+    assert not list(tmp_path.glob("gpu_check.*"))  # no training run folder was made
+
+
+def test_gpu_check_without_torch_says_which_python(tmp_path):
+    fake = tmp_path / "python"  # a python that has no torch
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'import sys; sys.exit(1)'\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake)}
+    r = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), "--tiny"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert str(fake) in r.stderr and "PYTHON=" in r.stderr and "Traceback" not in r.stderr
+    assert "no CUDA device" not in r.stderr

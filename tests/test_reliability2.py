@@ -23,7 +23,7 @@ from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
 from vit.decode import BadImageError, decode_image
-from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, resume_run
+from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, kept_note, resume_run, saved_checkpoints
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]
@@ -180,6 +180,36 @@ def test_an_existing_run_is_never_silently_overwritten(saved_run, tmp_path):
     (run / "notes.txt").write_text("mine")
     clear_run(run)  # what run.overwrite=true does, under the lock
     assert sorted(p.name for p in run.iterdir()) == [".lock", "notes.txt"]
+
+
+def test_a_folder_without_checkpoints_is_not_a_run_to_protect(tmp_path):
+    run = tmp_path / "r"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "config.yaml").write_text("run:\n  name: r\n")
+    (run / "state/step-00000003").mkdir(parents=True)  # killed while saving: no COMPLETE marker
+    check_new_run(run, None, False)
+    assert "no checkpoint had been saved" in kept_note(run)
+    (run / "last").mkdir()
+    with pytest.raises(RunFolderError, match="already holds a run"):
+        check_new_run(run, None, False)
+    assert "(last/) is untouched" in kept_note(run)
+
+
+@pytest.mark.slow
+def test_a_run_that_saved_nothing_does_not_block_its_name(tmp_path):
+    args = [*SMALL, f"--run.output_dir={tmp_path}", "--run.name=r", "--run.epochs=1"]
+    r = run_script("train.py", *args, env={"VIT_FAULT_INJECT": "nan:0"})  # stopped before any checkpoint
+    assert r.returncode == 2 and "non-finite at step" in r.stderr and "Traceback" not in r.stderr
+    assert "no checkpoint had been saved" in r.stderr and "last good checkpoint" not in r.stderr
+    assert (tmp_path / "r/config.yaml").is_file() and not saved_checkpoints(tmp_path / "r")
+    check_new_run(tmp_path / "r", None, False)  # a plain rerun is not refused
+    # --resume=auto has no state to continue: it starts afresh with the NEW config (another data size)
+    r = run_script("train.py", *args, "--run.resume=auto", "--run.max_steps=1", "--data.synthetic_train_size=16")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "reusing" in r.stdout and "starting fresh" in r.stdout
+    assert "synthetic_train_size: 16" in (tmp_path / "r/config.yaml").read_text()
+    assert not (tmp_path / "r/resume.log").exists()
+    assert "last/" in kept_note(tmp_path / "r")
 
 
 def test_a_run_folder_is_locked_and_a_stale_lock_is_taken_over(tmp_path):
@@ -408,3 +438,12 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())
     assert (back.step, back.epoch, back.batch_in_epoch, back.best, back.loss_sum, back.loss_n) == (3, 1, 2, [[0.5, 0]],
                                                                                                      2.5, 2)
+
+
+def test_visualize_names_same_stem_inputs_by_the_folders_that_differ(tmp_path):
+    vis = _script("visualize_attention")
+    files = [tmp_path / "val/cat/cat_0.png", tmp_path / "train/cat/cat_0.png", tmp_path / "val/dog/cat_0.png",
+             tmp_path / "val/cat/other.png"]
+    names = [n for n, *_ in vis.unique_names([(f.stem, f, None) for f in files])]
+    assert names == ["val_cat_cat_0", "train_cat_cat_0", "dog_cat_0", "other"]
+    assert [n for n, *_ in vis.unique_names([("digits_0001", object(), None)])] == ["digits_0001"]

@@ -124,6 +124,9 @@ def config_help(config_path: str | Path | None = "configs/default.yaml") -> str:
     lines = textwrap.wrap(f"Config keys: set them in the --config YAML file or as --section.key=value. Each key "
                           f"shows its default and type; [file: ...] marks what {config_path or 'the config file'} "
                           "sets instead.", width=width)
+    if config_path and not Path(config_path).is_file():
+        lines += textwrap.wrap(f"The config file {config_path} does not exist, so nothing is marked; pass --config "
+                               "with a path to a YAML file (see configs/).", width=width)
     section = None
     for r in config_schema():
         if r["section"] != section:
@@ -138,17 +141,17 @@ def config_help(config_path: str | Path | None = "configs/default.yaml") -> str:
     return "\n".join(lines) + "\n"
 
 
-def train_help(doc: str, argv: Sequence[str]) -> str:
+def train_help(doc: str, argv: Sequence[str], default_config: str = "configs/default.yaml") -> str:
     """train.py's help: its docstring, its own flags, then the config schema (with the values of the file that
-    --config names, or configs/default.yaml)."""
-    config = "configs/default.yaml"
+    --config names, or configs/default.yaml next to train.py)."""
+    config = default_config
     for i, a in enumerate(argv):
         if a == "--config" and i + 1 < len(argv):
             config = argv[i + 1]
         elif a.startswith("--config="):
             config = a.split("=", 1)[1]
     flags = ("Options:\n"
-             "  --config FILE        the experiment's YAML file (default: configs/default.yaml)\n"
+             "  --config FILE        the experiment's YAML file (default: configs/default.yaml next to train.py)\n"
              "  --resume[=auto|DIR]  continue a run (same as --run.resume=auto)\n"
              "  --section.key=value  set any config key below, e.g. --optim.lr=3e-4 --run.mixed_precision=no\n")
     return f"{doc.strip()}\n\n{flags}\n{config_help(config)}"

@@ -61,9 +61,25 @@ def describe_model(model: torch.nn.Module, name: str) -> str:
     return f"{name} as built: " + ", ".join(parts)
 
 
-def schedule_warning(total_steps: int, warmup_steps: int, epochs: int, pretrained: bool) -> str | None:
+def processes(accelerator) -> str:
+    """'1 process', '2 DDP processes' or '2 FSDP processes': how the model is spread, for the device line."""
+    n = accelerator.num_processes
+    if n == 1:
+        return "1 process"
+    return f"{n} {'FSDP' if str(accelerator.distributed_type).endswith('FSDP') else 'DDP'} processes"
+
+
+def schedule_warning(total_steps: int, warmup_steps: int, epochs: int, pretrained: bool,
+                     max_steps: int | None = None) -> str | None:
     """One sentence when the schedule cannot work as meant, else None: a warm-up at least as long as the run
-    (the learning rate never reaches its peak), or a run from scratch of fewer than MIN_STEPS optimizer steps."""
+    (the learning rate never reaches its peak), or a run from scratch of fewer than MIN_STEPS optimizer steps.
+    run.max_steps (`max_steps`) ends the run early; the schedule keeps its epochs' length."""
+    if max_steps is not None and max_steps < total_steps:
+        if warmup_steps >= max_steps > 0:
+            return (f"warning: the warm-up ({warmup_steps} steps) is not shorter than the run (run.max_steps="
+                    f"{max_steps}), so the learning rate never reaches optim.lr; lower optim.warmup_epochs or raise "
+                    "run.max_steps.")
+        return None  # a deliberately short run (a smoke test): no advice about its length
     if warmup_steps >= total_steps > 0:
         return (f"warning: the warm-up ({warmup_steps} steps) is not shorter than the run ({total_steps} steps), so "
                 "the learning rate never reaches optim.lr; lower optim.warmup_epochs or raise run.epochs.")

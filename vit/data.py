@@ -22,7 +22,7 @@ from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "resolve_data_config", "build_loaders"]
+           "resolve_data_config", "build_loaders", "absolute_root"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -226,6 +226,14 @@ def _check_classes(expected: list[str] | None, found: list[str]) -> list[str]:
             + "; evaluate on data with the classes the model was trained on."
         )
     return list(expected)
+
+
+def absolute_root(root: str | None) -> str | None:
+    """A local `data.root` that exists, as an absolute path (a relative one would break evaluate.py run from
+    another directory); URLs, `pipe:` commands and paths that do not exist (the error names them) as given."""
+    if not root or "://" in root or root.startswith("pipe:") or not Path(root).exists():
+        return root
+    return str(Path(root).absolute())
 
 
 def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:

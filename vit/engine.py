@@ -29,7 +29,7 @@ from .faults import fault_point, poison_loss
 from .layers import topk_warmup
 from .metrics import predict, summarize_logits
 from .optim import lr_at, set_lr
-from .runfolder import check_weights, save_run_state
+from .runfolder import check_weights, kept_note, save_run_state
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
            "save_state_if_due", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
@@ -172,8 +172,8 @@ def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
     if not finite and cfg.run.on_nonfinite == "stop":
         s = run.state
         raise FloatingPointError(
-            f"the loss became non-finite at step {s.step} (epoch {s.epoch}); the last good checkpoint in "
-            f"{run.run_dir} is untouched. Lower optim.lr, enable optim.clip_grad, or set run.on_nonfinite=skip.")
+            f"the loss became non-finite at step {s.step} (epoch {s.epoch}); {kept_note(run.run_dir)}. "
+            "Lower optim.lr, enable optim.clip_grad, or set run.on_nonfinite=skip.")
     return finite
 
 

@@ -29,7 +29,7 @@ from .config import Config, diff, dump, from_dict, read_yaml
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",
-           "interrupt_note"]
+           "interrupt_note", "saved_checkpoints", "kept_note"]
 
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "curves.png",
                "resume.log")
@@ -95,6 +95,21 @@ def holds_run(run_dir: str | Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in RUN_ENTRIES)
 
 
+def saved_checkpoints(run_dir: str | Path) -> list[str]:
+    """What a previous training saved that can be continued or used: complete states, best/, last/, top/."""
+    run_dir = Path(run_dir)
+    states = [f"state/{p.name}" for p in sorted((run_dir / "state").glob("step-*")) if (p / "COMPLETE").is_file()]
+    return states + [f"{name}/" for name in ("best", "last", "top") if (run_dir / name).exists()]
+
+
+def kept_note(run_dir: str | Path) -> str:
+    """What a failed training leaves behind, for its one-line message."""
+    saved = saved_checkpoints(run_dir)
+    if saved:
+        return f"what {run_dir} already held ({', '.join(saved)}) is untouched"
+    return f"no checkpoint had been saved in {run_dir} yet, so a rerun with the same --run.name starts afresh"
+
+
 def check_new_run(run_dir: str | Path, resume: str | None, overwrite: bool) -> None:
     """Refuse to start a run into a folder holding another one, unless resuming it or replacing it."""
     run_dir = Path(run_dir)
@@ -102,8 +117,8 @@ def check_new_run(run_dir: str | Path, resume: str | None, overwrite: bool) -> N
         if Path(run_dir / "state").absolute() not in Path(resume).absolute().parents:
             raise RunFolderError(f"--resume={resume} is not a state of run {run_dir}, which already holds a run; "
                                  "resume into a new --run.name.")
-    if resume or overwrite or not holds_run(run_dir):
-        return
+    if resume or overwrite or not holds_run(run_dir) or not saved_checkpoints(run_dir):
+        return  # a run that failed before saving anything does not block its name
     raise RunFolderError(f"run folder {run_dir} already holds a run; pass --resume=auto to continue it, another "
                          "--run.name for a new run, or --run.overwrite=true to replace it.")
 
@@ -124,6 +139,9 @@ def resume_changes(saved: Config, new: Config, source: str) -> dict[str, tuple[A
     changes = diff(saved, new)
     if None in (saved.run.mixed_precision, new.run.mixed_precision):  # null: whatever `accelerate launch` was
         changes.pop("run.mixed_precision", None)  # told (runs saved before train.py wrote the precision it ran)
+    root = changes.get("data.root")
+    if root and None not in root and Path(root[0]).absolute() == Path(root[1]).absolute():
+        changes.pop("data.root")  # saved relative (train.py before it made data.root absolute): the same folder
     refused = {k: v for k, v in changes.items() if k not in SAFE_ON_RESUME}
     if refused:
         shown = ", ".join(f"{k} ({a!r} -> {b!r})" for k, (a, b) in sorted(refused.items()))
@@ -167,6 +185,9 @@ def claim_run_dir(accelerator, cfg, run_dir: Path) -> RunLock | None:
         if cfg.run.overwrite:
             clear_run(run_dir)
             accelerator.print(f"run.overwrite=true: deleted the previous run in {run_dir}")
+        elif cfg.run.resume in (None, "auto") and holds_run(run_dir) and not saved_checkpoints(run_dir):
+            clear_run(run_dir)  # its config.yaml, logs and metrics of a run that has nothing to continue
+            accelerator.print(f"reusing {run_dir}: its previous run saved no checkpoint; starting afresh")
     accelerator.wait_for_everyone()
     return lock
 
@@ -178,9 +199,8 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
     if cfg.run.resume == "auto":
         path = latest_state(run_dir, warn=accelerator.print)
         if path is None:
+            # nothing to continue (claim_run_dir cleared what a run that saved nothing left): the new config
             accelerator.print(f"resume=auto: no saved state in {run_dir}/state, starting fresh")
-            if (run_dir / "config.yaml").is_file():  # killed before its first state: still the same run
-                resume_changes(from_dict(read_yaml(run_dir / "config.yaml")), cfg, str(run_dir))
             return
     else:
         path = Path(cfg.run.resume)
@@ -221,4 +241,4 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
 def check_weights(accelerator, model, state, run_dir: Path) -> None:
     weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
     check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
-                          f"saved at this point and the last good checkpoint in {run_dir} is untouched")
+                          f"saved at this point and {kept_note(run_dir)}")

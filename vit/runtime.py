@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,7 +48,16 @@ def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = 
     sys.exit(code)
 
 
+# DDP compares each gradient's strides with its bucket's, size-1 dimensions included. With one image per process,
+# cls_token's (1, 1, D) gradient is the [:, :1] slice of the token gradient (1, 1 + N, D): strides ((1 + N) * D,
+# D, 1) against the parameter's (D, D, 1). Autograd's layout contract ignores size-1 dimensions, so nothing is
+# wrong and the cost is one D-element copy; timm's ViT does the same. PyTorch then prints a 4-line UserWarning
+# from every process (the "only the main process prints" promise); this one message is silenced.
+GRAD_STRIDES_WARNING = "Grad strides do not match bucket view strides"
+
+
 def make_accelerator(**kwargs) -> Accelerator:
+    warnings.filterwarnings("ignore", message=GRAD_STRIDES_WARNING, category=UserWarning)
     if kwargs.get("mixed_precision") == "auto":
         kwargs["mixed_precision"] = resolve_precision("auto")
     world = int(os.environ.get("WORLD_SIZE", "1"))
