@@ -5,7 +5,8 @@ from vit.config import Config, ConfigError, load_config, parse_overrides
 
 def test_default_yaml_loads_and_overrides_are_typed():
     cfg = load_config("configs/default.yaml", ["--optim.lr=3e-4", "--run.epochs", "7", "--run.compile",
-                                               "--aug.mean=[0.1, 0.2, 0.3]", "--model.init_values=null"])
+                                               "--aug.mean=[0.1, 0.2, 0.3]", "--model.init_values=null",
+                                               "--model.in_chans=3"])
     assert isinstance(cfg, Config)
     assert cfg.optim.lr == pytest.approx(3e-4) and isinstance(cfg.optim.lr, float)
     assert cfg.run.epochs == 7 and cfg.run.compile is True

@@ -120,7 +120,7 @@ def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(
 
     cfg = load_config(ROOT / "configs/default.yaml", [
         "--data.dataset=synthetic", "--data.synthetic_train_size=32", "--data.synthetic_val_size=4", *TINY,
-        "--optim.grad_accum_steps=2", "--optim.warmup_epochs=0", "--run.on_nonfinite=skip",
+        "--optim.grad_accum_steps=2", "--optim.warmup_epochs=0", "--run.on_nonfinite=skip", "--model.in_chans=3",
         f"--run.output_dir={tmp_path}"])
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
@@ -200,9 +200,15 @@ def test_atomic_writing_imports_nothing_heavy():
 
 
 def _launch_flags() -> list[str]:
-    """The accelerate-launch flags `make train` uses, read from the Makefile so the test follows it."""
-    line = next(ln for ln in (ROOT / "Makefile").read_text().splitlines() if "accelerate launch" in ln)
-    return re.search(r"accelerate launch (.*) train\.py", line).group(1).split()
+    """`accelerate launch -q` with every launch value given, as README's Training section says to launch."""
+    return ["--quiet", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+            "--dynamo_backend", "no"]
+
+
+def test_make_train_runs_train_py():
+    """`make train` starts train.py with the venv's python (the launcher's start would cost 5% of the main job)."""
+    recipe = (ROOT / "Makefile").read_text().split("\ntrain:", 1)[1].splitlines()[1]
+    assert re.fullmatch(r"\t\$\(PY\) train\.py \$\(ARGS\)", recipe)
 
 
 @pytest.mark.slow
@@ -222,7 +228,7 @@ def test_make_train_console_is_quiet_and_an_error_is_one_sentence(tmp_path):
     out = r.stdout + r.stderr
     assert "\r" not in out and "were not passed" not in out and "gpuGetDeviceCount" not in out
     lines = r.stdout.splitlines()
-    assert lines[0].startswith("settings: configs/default.yaml with ") and "run.epochs=2" in lines[0]
+    assert lines[0].startswith("settings: ") and "configs/default.yaml with " in lines[0] and "run.epochs=2" in lines[0]
     assert [ln for ln in lines if ln.startswith("epoch ")] == [ln for ln in lines if "  val loss " in ln]
     assert len([ln for ln in lines if ln.startswith("epoch ")]) == 2
     assert "width 32, depth 2, 2 heads, patch 16, 5 tokens (2x2 + 1)" in r.stdout

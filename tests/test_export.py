@@ -35,10 +35,10 @@ def test_export_script_default_digits_checkpoint_every_format(tmp_path, capsys):
     stdout = capsys.readouterr().out
     assert stdout.count(": ok") == 3 and "digits validation split" in stdout
     pre = json.loads((out / "preprocessing.json").read_text())
-    assert pre["input_size"] == [3, 64, 64] and pre["interpolation"] == "bicubic" and pre["crop_pct"] == 1.0
-    assert pre["mean"] == [0.5] * 3 and pre["label_names"] == [str(i) for i in range(10)]
+    assert pre["input_size"] == [1, 64, 64] and pre["interpolation"] == "bicubic" and pre["crop_pct"] == 1.0
+    assert pre["mean"] == [0.5] and pre["label_names"] == [str(i) for i in range(10)]
     ver = json.loads((out / "verification.json").read_text())["results"]
-    assert set(ver) == set(FORMATS) and all(v["input_shapes"] == [[1, 3, 64, 64], [5, 3, 64, 64]] for v in ver.values())
+    assert set(ver) == set(FORMATS) and all(v["input_shapes"] == [[1, 1, 64, 64], [5, 1, 64, 64]] for v in ver.values())
     import onnx
 
     ops = {n.op_type for n in onnx.load(str(out / "model.onnx")).graph.node}
@@ -47,7 +47,7 @@ def test_export_script_default_digits_checkpoint_every_format(tmp_path, capsys):
     model = load_checkpoint(tmp_path / "ck")[0]
     g = torch.Generator().manual_seed(1)
     for n in (1, 5):
-        x = torch.randn(n, 3, 64, 64, generator=g)
+        x = torch.randn(n, 1, 64, 64, generator=g)
         with torch.no_grad():
             ref = model(x).softmax(-1)
         assert ref.max() > 0.5  # peaked, so the comparison below means something

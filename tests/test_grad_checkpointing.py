@@ -7,7 +7,7 @@ import vit.encoder
 from vit.checkpoint import build_model
 from vit.config import load_config
 
-SMALL = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=3", "--model.num_heads=2",
+SMALL = ["--model.img_size=32", "--model.in_chans=3", "--model.embed_dim=32", "--model.depth=3", "--model.num_heads=2",
          "--model.mlp_ratio=2"]
 
 
