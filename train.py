@@ -19,6 +19,8 @@ import sys
 
 # next to this script, not the current directory: train.py run from anywhere finds it
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "default.yaml")
+if os.path.abspath("configs/default.yaml") == DEFAULT_CONFIG:  # run from the repository: say it the short way
+    DEFAULT_CONFIG = os.path.join("configs", "default.yaml")
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answered before torch loads
     from vit.cli_help import train_help
