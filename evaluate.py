@@ -6,7 +6,7 @@
         --data.dataset=imagefolder --data.root=/data/imagenet-val-as-folder
     python evaluate.py --model hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --data.dataset=imagefolder ...
                                                    # hub weights (vit/hub.py); their mean/std/crop unless --aug.*
-    accelerate launch --num_processes 2 evaluate.py --checkpoint ...        # same numbers, one row per image
+    accelerate launch --multi_gpu --num_processes 2 evaluate.py --checkpoint ...   # same numbers, one row per image
 
 Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
 reliability.png; prints a table.

@@ -3,7 +3,7 @@
     python predict.py --checkpoint runs/default/best photos/ "more/*.jpg" list.txt       # files, folders, globs
     python predict.py --model vit_base_patch16_224 --weights vit_b16.safetensors img.jpg --topk 5
     python predict.py --checkpoint runs/x/best photos/ --format jsonl --cam --out preds/
-    accelerate launch --num_processes 2 predict.py --checkpoint ... photos/             # one row per image
+    accelerate launch --multi_gpu --num_processes 2 predict.py --checkpoint ... photos/  # one row per image
 
 IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
 Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
