@@ -49,6 +49,7 @@ class TrainState:
     skipped: int = 0  # optimizer steps skipped for non-finite gradients (run.on_nonfinite=skip)
     loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
     loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
+    loss_sums: list = field(default_factory=list)  # each process's own running sum: a resume continues it exactly
 
 
 @dataclass
@@ -192,7 +193,9 @@ def train_one_epoch(run: Run) -> EpochStats:
     # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
     # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
     loader.set_epoch(state.epoch)
-    loss_sum, loss_n = torch.full((), state.loss_sum, device=acc.device), state.loss_n
+    # this process's own sum (the mean over processes, as states before loss_sums hold, rounds differently)
+    own = state.loss_sums[acc.process_index] if len(state.loss_sums) == acc.num_processes else state.loss_sum
+    loss_sum, loss_n = torch.full((), own, device=acc.device), state.loss_n
     step_losses, step_n = torch.zeros((), device=acc.device), 0  # micro-batch losses of the step being built
     seen, t0 = 0, time.perf_counter()
     lr = run.lr()

@@ -211,7 +211,8 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
     try:  # Accelerate reads the model from safetensors, the optimizer and RNG with weights_only=True
         accelerator.load_state(str(path))
         saved = json.loads((path / "train_state.json").read_text())
-        if set(saved) != set(dataclasses.asdict(type(state)())):
+        expected = set(dataclasses.asdict(type(state)()))
+        if set(saved) - expected or expected - set(saved) - {"loss_sums"}:  # states before loss_sums still load
             raise ValueError(f"train_state.json has keys {sorted(saved)}")
         state.__dict__.update(saved)
         if ema is not None:
@@ -229,8 +230,9 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
 
     check_weights(accelerator, model, state, run_dir)
     # the running sum differs per process; its mean over processes, divided by loss_n, is the epoch's mean
-    state.loss_sum = float(accelerator.reduce(torch.as_tensor(loss_sum, device=accelerator.device).float(),
-                                              "mean").item())
+    mine = torch.as_tensor(loss_sum, device=accelerator.device).float().reshape(1)
+    state.loss_sums = [float(v) for v in accelerator.gather(mine).tolist()]  # exact, one per process
+    state.loss_sum = float(accelerator.reduce(mine.clone(), "mean").item())
     state.loss_n = loss_n
     extra = {"train_state.json": json.dumps(dataclasses.asdict(state)).encode(), "config.yaml": dump(cfg).encode()}
     if ema is not None:
