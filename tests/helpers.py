@@ -40,3 +40,15 @@ def run_script(script: str, *args: str, timeout: float = 600, env: dict | None =
     cmd = (launcher or [sys.executable]) + target + list(args)
     e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+
+
+def import_script(name: str):
+    """A top-level script of this tree (train.py, evaluate.py, ...) imported as a module, once; its __main__
+    block does not run."""
+    import importlib.util
+
+    if f"_script_{name}" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(f"_script_{name}", ROOT / f"{name}.py")
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[f"_script_{name}"]

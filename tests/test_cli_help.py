@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import sys
 
 import pytest
 from helpers import ROOT
+from helpers import import_script as _script
 
 from vit import config as C
 from vit.cli_help import config_help, field_comments, format_value
@@ -45,14 +45,6 @@ def helps() -> dict:
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
 
-
-def _script(name: str):
-    """A top-level script of this tree imported as a module (its __main__ block does not run)."""
-    if f"_script_{name}" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(f"_script_{name}", ROOT / f"{name}.py")
-        sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-        spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[f"_script_{name}"]
 
 
 def test_help_imports_no_torch_and_exits_zero(helps):

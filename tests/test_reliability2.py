@@ -1,7 +1,6 @@
 """Reliability II: nothing read back from a run folder runs code, no run is silently overwritten or shared, a
 resume checks what it resumes, and the bad input an adversarial pass found gets one sentence."""
 
-import importlib.util
 import json
 import os
 import re
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import ROOT, TINY, make_image_folder, run_script
+from helpers import import_script as _script
 from PIL import Image
 
 from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
@@ -28,14 +28,6 @@ from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, kep
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]
 
-
-def _script(name: str):
-    """Import a top-level script (train.py, evaluate.py, ...) of this tree as a module."""
-    if f"_script_{name}" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(f"_script_{name}", ROOT / f"{name}.py")
-        sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-        spec.loader.exec_module(sys.modules[spec.name])
-    return sys.modules[f"_script_{name}"]
 
 
 class _Evil:
