@@ -34,6 +34,17 @@ def make_image_folder(root: Path, classes=("cat", "dog", "fox"), n_train=8, n_va
     return root
 
 
+def hub_snapshot(cache: Path, repo_id: str, commit: str = "a" * 40, main: bool = True) -> Path:
+    """The folder of one snapshot of `repo_id` in a Hugging Face hub cache, laid out as huggingface_hub keeps it
+    (models--org--name/snapshots/<commit>/, refs/main holding the commit when `main`); write the files into it."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    if main:
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
 def run_script(script: str, *args: str, timeout: float = 600, env: dict | None = None,
                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
     target = [script] if script.startswith("-") else [str(ROOT / script)]

@@ -3,6 +3,8 @@
 Public API:
     create_model, list_models, VisionTransformer   the image model (timm-compatible names and weights)
     TextEncoder                                    the same encoder on token ids
+    create_text_model, load_tokenizer, Tokenizer   BERT / RoBERTa / DistilBERT / CLIP-text weights and their
+                                                   tokenizers by name (hf-hub:org/name, local-dir:/folder)
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
     attention_rollout, gradient_rollout, ...       where the model looks (vit.rollout)
@@ -31,6 +33,9 @@ _EXPORTS = {
     "to_grid": "rollout",
     "TextEncoder": "text",
     "TextEncoderOutput": "text",
+    "Tokenizer": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "create_text_model": "models.text_build",
     "VARIANTS": "vision",
     "VisionTransformer": "vision",
     "create_model": "vision",
@@ -43,6 +48,7 @@ __all__ = [
     "Encoder",
     "TextEncoder",
     "TextEncoderOutput",
+    "Tokenizer",
     "attention_maps",
     "attention_rollout",
     "gradient_rollout",
@@ -51,7 +57,9 @@ __all__ = [
     "VARIANTS",
     "VisionTransformer",
     "create_model",
+    "create_text_model",
     "list_models",
+    "load_tokenizer",
     "load_pretrained",
     "read_state_dict",
     "resample_abs_pos_embed",
@@ -79,7 +87,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .encoder import Block, Encoder
     from .layers import Attention, resample_abs_pos_embed
+    from .models.text_build import create_text_model
     from .pretrained import load_pretrained, read_state_dict
     from .rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
     from .text import TextEncoder, TextEncoderOutput
+    from .tokenizer import Tokenizer, load_tokenizer
     from .vision import VARIANTS, VisionTransformer, create_model, list_models

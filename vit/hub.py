@@ -22,7 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "timm_config", "WEIGHT_FILES"]
+__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "timm_config", "WEIGHT_FILES",
+           "repo_file"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
@@ -227,7 +228,7 @@ def _not_cached(what: str, repo_id: str, revision: str | None, cache: Path) -> s
 
 
 def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_dir: str | Path | None,
-              what: str) -> Path:
+              what: str, kind: str = "a timm model repository") -> Path:
     """The first of `names` that the repository has, from the cache (or downloaded into it when online)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
@@ -258,7 +259,31 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
             raise ValueError(f"could not fetch {filename} of {repo_id} ({str(e).splitlines()[0]}).") from None
     if not_cached:
         raise FileNotFoundError(_not_cached(what, repo_id, revision, cache))
-    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not a timm model repository.")
+    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not {kind}.")
+
+
+def repo_file(name: str, names: tuple[str, ...], cache_dir: str | Path | None = None, what: str | None = None,
+              kind: str = "a Hugging Face model repository") -> Path:
+    """The first of `names` that the repository `name` holds: `hf-hub:org/repo[@revision]` from huggingface_hub's
+    cache (downloaded into it only when online) or `local-dir:/folder`. For files other than a timm model's,
+    e.g. a transformers model's config.json or tokenizer.json; a repository or file that is not there raises
+    one sentence (for the hub the same one as `resolve`: repository, cache folder and the command that fetches it)."""
+    what = what or f"its {names[0]}"
+    kind_, ident = _split_source(name) if name.startswith(SOURCES) or name.startswith("hf_hub:") else (None, name)
+    if kind_ == "hf-hub":
+        repo_id, _, revision = ident.partition("@")
+        return _hub_file(repo_id, revision or None, names, cache_dir, what, kind)
+    if kind_ == "local-dir":
+        folder = Path(ident)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder laid out like a hub "
+                                    f"repository (e.g. one written by save_pretrained).")
+        for filename in names:
+            if (folder / filename).is_file():
+                return folder / filename
+        raise FileNotFoundError(f"{name}: {folder} holds none of {', '.join(names)}; it is not {kind}.")
+    raise ValueError(f"{name!r} names no repository; write hf-hub:org/name[@revision] (a Hugging Face hub "
+                     "repository, from its cache offline) or local-dir:/path/to/folder.")
 
 
 def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
