@@ -222,3 +222,35 @@ def test_model_checks_ids_in_one_sentence():
         m(torch.tensor([[1, 2]]), token_type_ids=torch.tensor([[0, 2]]))
     with pytest.raises(ValueError, match="must be integer token ids"):
         m(torch.zeros(1, 2))
+
+
+def test_example_fine_tunes_a_model_loaded_by_name(hub, tmp_path, capsys):
+    """examples/text_classification.py --model local-dir:...: a BERT folder (weights + its tokenizer) fine-tuned
+    for one epoch; the encoder starts from the folder's weights and training moves them."""
+    import sys
+
+    from helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import text_classification as ex
+
+    words = sorted({w for text, _ in ex.make_sentences(__import__("random").Random(0)) for w in text.split()})
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words)}
+    assert len(vocab) <= V
+    folder = tmp_path / "bert"
+    hub[1]["bert"].save_pretrained(folder)
+    transformers.BertTokenizer(vocab=vocab).save_pretrained(folder)
+    before = vit.create_text_model(f"local-dir:{folder}").state_dict()
+    seen = []
+    real_run = ex.run
+    ex.run = lambda model, *a, **k: (seen.append(model), real_run(model, *a, **k))[1]
+    try:
+        ex.main(["--model", f"local-dir:{folder}", "--epochs", "1", "--lr", "1e-3"])
+    finally:
+        ex.run = real_run
+    out = capsys.readouterr().out
+    assert f"local-dir:{folder}  epoch 1/1  train loss" in out and "test accuracy:" in out
+    after = seen[0].encoder.state_dict()
+    assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4  # fine-tuned, from these weights
+    ids = vit.load_tokenizer(f"local-dir:{folder}")(["the dog bites the man"])["input_ids"][0]
+    assert ids[0] == vocab["[CLS]"] and vocab["[UNK]"] not in ids

@@ -4,7 +4,8 @@ Public API:
     create_model, list_models, VisionTransformer   the image model (timm-compatible names and weights)
     TextEncoder                                    the same encoder on token ids
     create_text_model, load_tokenizer, Tokenizer   BERT / RoBERTa / DistilBERT / CLIP-text weights and their
-                                                   tokenizers by name (hf-hub:org/name, local-dir:/folder)
+                                                   tokenizers by name (hf-hub:org/name, local-dir:/folder);
+    text_encoder_from_config                       the same architectures with random weights
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
     attention_rollout, gradient_rollout, ...       where the model looks (vit.rollout)
@@ -36,6 +37,7 @@ _EXPORTS = {
     "Tokenizer": "tokenizer",
     "load_tokenizer": "tokenizer",
     "create_text_model": "models.text_build",
+    "text_encoder_from_config": "models.text_build",
     "VARIANTS": "vision",
     "VisionTransformer": "vision",
     "create_model": "vision",
@@ -63,6 +65,7 @@ __all__ = [
     "load_pretrained",
     "read_state_dict",
     "resample_abs_pos_embed",
+    "text_encoder_from_config",
 ]
 
 
@@ -87,7 +90,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .encoder import Block, Encoder
     from .layers import Attention, resample_abs_pos_embed
-    from .models.text_build import create_text_model
+    from .models.text_build import create_text_model, text_encoder_from_config
     from .pretrained import load_pretrained, read_state_dict
     from .rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
     from .text import TextEncoder, TextEncoderOutput

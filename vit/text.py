@@ -212,9 +212,9 @@ class TextEncoder(nn.Module):
                              "(a tokenizer's truncation=True, max_length=...).")
         if input_ids.is_floating_point():
             raise ValueError(f"input_ids must be integer token ids, not {input_ids.dtype}; pass the tokenizer's ids.")
-        if torch.jit.is_scripting() or torch.jit.is_tracing() or isinstance(input_ids, torch.fx.Proxy) \
-                or input_ids.numel() == 0:
-            return
+        if torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling() \
+                or isinstance(input_ids, torch.fx.Proxy) or input_ids.numel() == 0:
+            return  # the value checks below read the ids: eager only
         lo, hi = int(input_ids.min()), int(input_ids.max())
         if lo < 0 or hi >= self.vocab_size:
             raise ValueError(f"token id {hi if hi >= self.vocab_size else lo} is outside this model's vocabulary of "
