@@ -224,6 +224,7 @@ def test_model_checks_ids_in_one_sentence():
         m(torch.zeros(1, 2))
 
 
+@pytest.mark.slow
 def test_example_fine_tunes_a_model_loaded_by_name(hub, tmp_path, capsys):
     """examples/text_classification.py --model local-dir:...: a BERT folder (weights + its tokenizer) fine-tuned
     for one epoch; the encoder starts from the folder's weights and training moves them."""
