@@ -147,7 +147,12 @@ def test_task_checkpoints_and_pickles_load_their_base_model(hub, tmp_path):
     roberta = hub[1]["roberta"]
     (tmp_path / "bin").mkdir()
     roberta.config.save_pretrained(tmp_path / "bin")
-    torch.save({f"roberta.{k}": v for k, v in roberta.state_dict().items()}, tmp_path / "bin" / "pytorch_model.bin")
+    # as the first releases saved them: TensorFlow's LayerNorm gamma / beta, the position_ids buffer, a prefix
+    old = {f"roberta.{k}".replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+           for k, v in roberta.state_dict().items()}
+    old["roberta.embeddings.position_ids"] = torch.arange(P + 2)[None]
+    assert any(k.endswith("LayerNorm.gamma") for k in old)
+    torch.save(old, tmp_path / "bin" / "pytorch_model.bin")
     _compare(vit.create_text_model(f"local-dir:{tmp_path / 'bin'}"), roberta, "roberta")
 
 
