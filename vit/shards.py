@@ -287,13 +287,15 @@ def _checked_splits(info: dict, where: str) -> dict:
         if not isinstance(files, list) or not isinstance(lengths, list):
             raise DataError(f"split '{name}' in {where} lacks its filenames or shard_lengths list; rewrite it with "
                             "python -m vit.shards.")
-        bad = next((f for f in files if not plain_name(f)), None)
-        if bad is not None:
+        bad = [f for f in files if not plain_name(f)]
+        if bad:
+            bad = bad[0]
             raise DataError(f"{where} names shard {bad!r} for split '{name}', which is not a plain file name under "
                             "its folder (an absolute path, '..', a URL or a pipe: command); refusing the folder: "
                             "shard names in _info.json must be relative file names such as train-00000.tar.")
-        wrong = next((n for n in lengths if type(n) is not int or n < 0), None)
-        if wrong is not None:
+        wrong = [n for n in lengths if type(n) is not int or n < 0]
+        if wrong:
+            wrong = wrong[0]
             raise DataError(f"split '{name}' in {where} gives a shard length of {wrong!r}; shard lengths are sample "
                             "counts (integers, 0 or more): rewrite it with python -m vit.shards.")
     return splits

@@ -195,6 +195,9 @@ class ShardDataset(IterableDataset):
                                 f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
                                 f"data.num_classes to at least {y + 1}, or fix the shard's .cls.")
             out.append((start + k, f"{url}:{s['__key__']}", s[key], y))
+        if len(out) < self.split.lengths[shard]:  # a tar cut at a member boundary reads as a shorter archive
+            log.warning("warning: shard %s holds %d samples, not the %d listed: it is truncated or its count is "
+                        "stale; write it again with python -m vit.shards.", url, len(out), self.split.lengths[shard])
         return out
 
     def _load(self, data: bytes | str, name: str, seed: int) -> torch.Tensor:
