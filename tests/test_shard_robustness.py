@@ -131,3 +131,21 @@ def test_an_honest_count_still_pads_a_short_reader(tmp_path):
     url = _info_folder(tmp_path, [4])
     s = resolve_split(str(tmp_path), "val")
     assert s.urls == (url,) and _eval_indices(_dataset(s.urls, s.lengths)) == [0, 1, 2, -1]
+
+
+@pytest.mark.parametrize("text", ["[]", '{"splits": {}, "classes": 5}', '{"splits": {}, "classes": [1, 2]}'])
+def test_an_info_file_that_is_not_an_index_is_one_sentence(tmp_path, text):
+    from vit.shards import read_info
+
+    (tmp_path / "_info.json").write_text(text)
+    with pytest.raises(DataError, match="is not a shard index"):
+        read_info(str(tmp_path))
+
+
+def test_an_oversized_info_file_is_refused_unread(tmp_path, monkeypatch):
+    from vit.shards import read_info
+
+    monkeypatch.setattr("vit.shards.MAX_INFO_BYTES", 100, raising=False)
+    (tmp_path / "_info.json").write_text(json.dumps({"splits": {}, "pad": "x" * 200}))
+    with pytest.raises(DataError, match="larger than 100 bytes"):
+        read_info(str(tmp_path))

@@ -51,8 +51,9 @@ class HFImageDataset(_Seeded):
                 if self.on_bad_image == "error":
                     raise DataError(f"{self.describe(j)} is not a readable image ({e}); fix the row or set "
                                     "data.on_bad_image=skip.") from None
-                self.bad.append(f"{self.describe(j)}: {e}")
-                log.warning("skipping %s: %s", self.describe(j), e)
+                if f"{self.describe(j)}: {e}" not in self.bad:  # named once, however often it is asked for
+                    self.bad.append(f"{self.describe(j)}: {e}")
+                    log.warning("skipping %s: %s", self.describe(j), e)
         raise DataError(f"no readable image left in {self.name}.")
 
     def _row(self, i: int, seed: int) -> tuple[torch.Tensor, int]:

@@ -40,6 +40,7 @@ __all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_spl
 log = logging.getLogger(__name__)
 
 INFO_NAME = "_info.json"
+MAX_INFO_BYTES = 64 * 2**20  # an _info.json larger than this is refused unread (ImageNet's is about 100 kB)
 KEEP_BYTES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}  # extension -> sample key
 
 
@@ -195,14 +196,27 @@ def read_info(root: str) -> dict:
         if not path.is_file():
             return {}
         try:
-            return json.loads(path.read_text())
+            if path.stat().st_size > MAX_INFO_BYTES:
+                raise ValueError(f"it is larger than {MAX_INFO_BYTES} bytes")
+            info = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f"{path} is not readable JSON ({e}); rewrite it with python -m vit.shards.") from None
+        return _checked_info(info, str(path))
     try:
         with wds.gopen(_join(root, INFO_NAME)) as f:
-            return json.load(f)
+            info = json.loads(f.read(MAX_INFO_BYTES + 1)[:MAX_INFO_BYTES])
     except Exception:  # a remote root without an info file: the split must then say its sample count
         return {}
+    return _checked_info(info, _join(root, INFO_NAME))
+
+
+def _checked_info(info, where: str) -> dict:
+    classes = info.get("classes") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or classes is not None and not (
+            isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        raise DataError(f"{where} is not a shard index (a mapping with 'splits', and 'classes' a list of names); "
+                        "rewrite it with python -m vit.shards.")
+    return info
 
 
 def _join(root: str, name: str) -> str:
