@@ -513,6 +513,6 @@ def check_data_sources(cfg: Config) -> None:
             given = value[len(WITHHELD):]
             raise ConfigError(f"data.{key} {given!r} comes from a saved config (a checkpoint's config.yaml), and a "
                               "command or remote data source from a saved config is never run or fetched; if you "
-                              f"trust it, pass it yourself: --data.{key}='{given}' on evaluate.py's command line (export.py: "
-                              f"verify on --images), or set cfg.data.{key} in Python.")
+                              f"trust it, pass it yourself: --data.{key}='{given}' on evaluate.py's command line "
+                              f"(export.py: verify on --images), or set cfg.data.{key} in Python.")
 

@@ -6,8 +6,9 @@ R = N x W readers; every reader yields the same number of samples (the plan's qu
 the same number of steps. A reader opens its shards with webdataset's `gopen` (local files; http(s) URLs and
 `pipe:` commands only when the user named them, vit.config), reads them with `vit.shards.tar_samples` (a
 link, a device or an oversized member is a bad sample) and shuffles in blocks: consecutive shards are read
-until `data.shuffle_buffer` samples are held (raw bytes, as webdataset's own buffer holds them), the block is permuted by (seed, epoch, block) and
-decoded and augmented sample by sample by our pipeline (`Pipeline.load_bytes`, as the folder dataset). Unlike
+until `data.shuffle_buffer` samples are held (raw bytes, as webdataset's own buffer holds them), the block is
+permuted by (seed, epoch, block) and decoded and augmented sample by sample by our pipeline
+(`Pipeline.load_bytes`, as the folder dataset). Unlike
 webdataset's streaming buffer, whose state after k samples cannot be rebuilt without reading them again, a
 block permutation is known in advance: a resume at batch b skips, unopened, every block the reader had
 finished, and within the block it was in, the samples it had already yielded. Augmentation is seeded per
