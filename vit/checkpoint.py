@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
-from .config import Config, dump, from_dict, read_yaml
+from .config import Config, dump, from_dict, read_yaml, withhold_remote_sources
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .faults import fault_point
 from .hub import split_tag, timm_config
@@ -101,6 +101,7 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
             raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
+    withhold_remote_sources(cfg)  # a pipe: or URL data source from a folder one was handed is never run or fetched
     model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import Config
+from .config import Config, check_data_sources
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
@@ -181,7 +182,14 @@ def _synthetic(cfg: Config, img_size: int):
 
 def _class_folders(d: Path) -> list[str]:
     """Class folder names, hidden ones (.ipynb_checkpoints, .git) left out."""
-    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in names:  # a class name is saved as UTF-8 text (classes.json, config.json) and must come back
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"class folder {os.fsencode(name)!r} in {d} has a name that is not UTF-8 text, so the "
+                            "model's class names could not be saved and read back; rename the folder.") from None
+    return names
 
 
 def _image_files(d: Path):
@@ -280,6 +288,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
     `splits` comes back as None (evaluation builds only val). `classes` (a checkpoint's) fixes the label order;
     a dataset whose classes differ raises DataError before any image is read."""
+    check_data_sources(cfg)  # a pipe: or URL source from a checkpoint's saved config: refused before anything opens
     size, seed = cfg.model.img_size, cfg.run.seed
     t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
     name = cfg.data.dataset
