@@ -54,8 +54,9 @@ class Source:
             return {}
         cfg, out = self.pretrained_cfg, {}
         size = cfg.get("input_size")
-        if cfg.get("num_classes") is not None and cfg["num_classes"] >= 0:
-            out["num_classes"] = cfg["num_classes"]
+        n = cfg.get("num_classes")
+        if n is not None and (type(n) is not int or n >= 0):  # a wrong type is named by create_model's check
+            out["num_classes"] = n
         if size is not None:
             out["in_chans"] = size[0]
             if cfg.get("fixed_input_size"):

@@ -394,7 +394,7 @@ _OPTIONS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"sel
 MAX_PARAMS = 10**10  # 40 GB in float32: a model past this is a typo or a hostile config.json, not a ViT to build
 
 
-def estimated_params(kwargs: dict) -> int | None:
+def estimated_params(kwargs: dict) -> float | None:
     """The parameter count `VisionTransformer(**kwargs)` would allocate, from the arguments alone (within a few
     per cent: blocks 4D^2 + 2rD^2, patch projection, positions, head); None when they are not all numbers (the
     constructor then names what is wrong)."""
@@ -403,9 +403,12 @@ def estimated_params(kwargs: dict) -> int | None:
         d, depth, r = kwargs.get("embed_dim", 768), kwargs.get("depth", 12), kwargs.get("mlp_ratio", 4.0)
         tokens = (size[0] // max(patch[0], 1)) * (size[1] // max(patch[1], 1)) + 1
         blocks = depth * ((4 + 2 * r) * d * d + (9 + 2 * r) * d)
-        return int(blocks + kwargs.get("in_chans", 3) * patch[0] * patch[1] * d + tokens * d
-                   + (kwargs.get("num_classes", 1000) + 1) * d)
-    except (TypeError, ValueError, OverflowError):
+        n = float(blocks + kwargs.get("in_chans", 3) * patch[0] * patch[1] * d + tokens * d
+                  + (kwargs.get("num_classes", 1000) + 1) * d)
+        return None if math.isnan(n) else n  # inf (an mlp_ratio of 1e308) is over the bound too
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
         return None
 
 
@@ -472,7 +475,8 @@ def create_model(
     if n is not None and not n <= MAX_PARAMS:  # `not <=`: a NaN ratio passes no bound
         shown = ", ".join(f"{k}={kwargs[k]}" for k in ("embed_dim", "depth", "img_size", "patch_size") if k in kwargs)
         where = f" (its options come from {source.config})" if source is not None and source.config else ""
-        raise ValueError(f"{source.name if source else name} would have about {n:.2g} parameters, more than "
+        about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
+        raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
                          f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
     model = VisionTransformer(**kwargs)
     model._variant = name
