@@ -35,6 +35,7 @@ from .config import Config, dump, from_dict, read_yaml, withhold_remote_sources
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .faults import fault_point
 from .hub import split_tag, timm_config
+from .pretrained import check_finite, check_weights
 from .vision import VisionTransformer
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder = Path(folder)
     weights = model.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-    check_finite(state, f"refusing to save {folder}")
+    check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
@@ -102,6 +103,10 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
     withhold_remote_sources(cfg)  # a pipe: or URL data source from a folder one was handed is never run or fetched
+    try:
+        check_weights(state, folder / "model.safetensors")  # non-float or non-finite: refused, not cast
+    except (ValueError, FloatingPointError) as e:
+        raise CheckpointError(str(e)) from None
     model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
@@ -124,13 +129,6 @@ def _metadata(path: Path) -> dict:
 
     with safe_open(str(path), framework="pt") as f:
         return f.metadata() or {}
-
-
-def check_finite(state: dict[str, torch.Tensor], what: str) -> None:
-    """Raise FloatingPointError naming the first floating-point tensor holding inf or NaN."""
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise FloatingPointError(f"{what}: {k} holds non-finite values; lower optim.lr or enable optim.clip_grad.")
 
 
 def state_dir_name(step: int) -> str:

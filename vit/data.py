@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import Config, check_data_sources
+from .config import Config, ConfigError, check_data_sources
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
@@ -244,11 +244,18 @@ def absolute_root(root: str | None) -> str | None:
     return str(Path(root).absolute())
 
 
-def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:
+def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chans: int | None = None) -> Config:
     """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
     the pretrained weights' config, as timm's resolve_data_config: `pretrained_cfg` (a model's), or that of the
     weights model.pretrained names (vit.hub, read from the registry or the cache, no weights loaded), else the
-    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used."""
+    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used.
+    `in_chans`: the channels of a model already built (one loaded by name, which decides them): the pipeline
+    follows it, not the config's default."""
+    if in_chans is not None and in_chans != cfg.model.in_chans:
+        if in_chans not in (1, 3):
+            raise ConfigError(f"the model takes {in_chans} input channels, but the image pipelines give 3 (RGB) or "
+                              "1 (grey); use a model built for one of those.")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=in_chans))
     if pretrained_cfg is None and cfg.model.pretrained:
         from .hub import resolve_source
         from .vision import VARIANTS

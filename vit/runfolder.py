@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, check_finite, latest_state, save_state_atomic, verify_state
+from .checkpoint import CheckpointError, latest_state, save_state_atomic, verify_state
 from .config import Config, diff, dump, from_dict, read_yaml
+from .pretrained import check_finite
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",
@@ -243,4 +244,4 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
 def check_weights(accelerator, model, state, run_dir: Path) -> None:
     weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
     check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
-                          f"saved at this point and {kept_note(run_dir)}")
+                          f"saved at this point and {kept_note(run_dir)}", "lower optim.lr or enable optim.clip_grad.")

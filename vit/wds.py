@@ -191,6 +191,9 @@ class ShardDataset(IterableDataset):
             except ValueError:
                 raise DataError(f"sample {s['__key__']} in {url} has the label {s['cls'][:20]!r}, not a class "
                                 "index; write shards with python -m vit.shards.") from None
+            if y < 0:  # no class count makes a negative label valid: the shard is wrong
+                raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, a negative class index "
+                                f"(labels are 0..{len(self.classes) - 1}); fix the shard's .cls.")
             if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
                 raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
                                 f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
