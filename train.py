@@ -44,6 +44,7 @@ from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from her
     finished,
     mix_batch,
     save_state_if_due,
+    stop_if_preempted,
     train_one_epoch,
     trim_metrics,
 )
@@ -52,9 +53,11 @@ from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
 from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
+from vit.train import preemption
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
@@ -100,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- loop: one save policy (vit/engine.py: state_save_due) ------------------------------------------------
     console.start_progress(run.total_steps, run.state.step)
-    while not finished(run):
-        stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
-        evaluate_and_checkpoint(run, stats)
-        save_state_if_due(run, "epoch")
+    with preemption.deferred():  # SIGTERM: finish the step, save a state, exit 143 (vit/train/preemption.py)
+        while not finished(run):
+            stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
+            evaluate_and_checkpoint(run, stats)
+            save_state_if_due(run, "epoch")
+            stop_if_preempted(run, saved=True)
     console.close()
     finish(run)
     return 0
