@@ -52,6 +52,7 @@ class TrainState:
     loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
     loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
     loss_sums: list = field(default_factory=list)  # each process's own running sum: a resume continues it exactly
+    num_processes: int = 1  # processes that trained it: data.batch_size is per process, so a resume needs as many
 
 
 @dataclass
