@@ -19,6 +19,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .utils.untrusted_text import csv_cell
+
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "fsync_dir", "new_file_mode",
            "replace_dir"]
 
@@ -82,11 +84,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def atomic_write_csv(path: str | Path, fieldnames: list[str], rows: list[dict]) -> None:
-    """A CSV with a header row and one line per dict (keys not in `fieldnames` are an error, as in csv)."""
+    """A CSV with a header row and one line per dict (keys not in `fieldnames` are an error, as in csv). Every
+    text cell goes through `csv_cell` (vit/utils/untrusted_text.py): no spreadsheet formula, NUL or undecodable
+    byte of a file or class name reaches the file."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fieldnames)
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     atomic_write_text(path, buf.getvalue())
 
 
