@@ -28,6 +28,11 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]): 
     print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
 
+if __name__ == "__main__":  # SIGTERM while torch loads: one line and exit 143 too (vit/train/preemption.py)
+    from vit.train import preemption as _preemption
+
+    _preemption.install(early=True)
+
 from pathlib import Path
 
 import torch

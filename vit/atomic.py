@@ -108,6 +108,8 @@ def _exchange(a: Path, b: Path) -> bool:
 
 def carry_over(old: Path, new: Path) -> None:
     """Move the entries of folder `old` that `new` lacks into `new` (files someone else put beside ours)."""
+    if not old.is_dir() or old.is_symlink():  # a file where the folder was: nothing to carry
+        return
     for entry in sorted(old.iterdir()):
         if not (new / entry.name).exists() and not (new / entry.name).is_symlink():
             os.replace(entry, new / entry.name)

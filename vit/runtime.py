@@ -29,6 +29,7 @@ from accelerate import Accelerator
 from .config import Config, ConfigError
 from .train.preemption import EXIT_CODE as PREEMPTED_EXIT
 from .train.preemption import Preempted
+from .utils.untrusted_text import printable
 
 __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
            "resolve_workers", "resolve_threads", "resolve_precision"]
@@ -42,7 +43,7 @@ def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = 
     try:
         code = main()
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(e, keep=chr(10))}", file=sys.stderr)  # a name's escapes shown, not obeyed
         code = 2
     except KeyboardInterrupt:
         note = interrupt_note() if interrupt_note is not None else "files already written are complete"

@@ -39,6 +39,15 @@ def check_writable(folder: str | Path, what: str = "--out", fix: str = "pass a w
         raise ConfigError(f"cannot write to {what} {folder} ({existing}: {e.strerror}); {fix}.") from None
 
 
+def _age(path: Path) -> float:
+    import time
+
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return float("inf")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -67,9 +76,10 @@ class OutputLock:
                 try:
                     pid = int(self.path.read_text().split()[0])
                 except (OSError, ValueError, IndexError):
-                    pid = None  # being written this instant, or garbage: only a live pid blocks
-                if pid is not None and pid != os.getpid() and _alive(pid):
-                    raise ConfigError(f"--out {self.path.parent} is in use by another run (pid {pid}); wait for it "
+                    pid = None  # garbage, or being written this instant by its creator
+                fresh = pid is None and _age(self.path) < 10  # an empty lock just made: its pid is coming
+                if fresh or (pid is not None and pid != os.getpid() and _alive(pid)):
+                    raise ConfigError(f"--out {self.path.parent} is in use by another run (pid {pid or 'unknown'}); wait for it "
                                       "to finish or pass another --out.") from None
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from contextlib import contextmanager
 
 __all__ = ["Preempted", "install", "deferred", "requested", "EXIT_CODE"]
@@ -37,10 +38,19 @@ def _handler(signum, frame) -> None:
         raise Preempted("")
 
 
-def install() -> None:
-    """Route SIGTERM to the handler (from the main thread, before the training starts)."""
+def _early_handler(signum, frame) -> None:
+    if os.getpid() != _STATE["pid"]:
+        return
+    if os.environ.get("RANK", "0") == "0":
+        print("terminated (SIGTERM) while starting; nothing was saved.", file=sys.stderr)
+    raise SystemExit(EXIT_CODE)
+
+
+def install(early: bool = False) -> None:
+    """Route SIGTERM to the handler (from the main thread, before the training starts). `early`: while the
+    script still imports, before run_cli can turn Preempted into its line: say it and exit 143 directly."""
     _STATE.update(pid=os.getpid(), requested=False)
-    signal.signal(signal.SIGTERM, _handler)
+    signal.signal(signal.SIGTERM, _early_handler if early else _handler)
 
 
 @contextmanager

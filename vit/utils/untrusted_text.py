@@ -18,7 +18,7 @@ import unicodedata
 
 __all__ = ["csv_cell", "printable", "unsurrogate"]
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")  # OWASP's list, and a line feed as some sheets trim it
 _BIDI = {chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C)}
 
 
@@ -55,10 +55,11 @@ def csv_cell(value):
     return text
 
 
-def printable(text) -> str:
-    """`str(text)` safe to print: control and format characters, bidi overrides and surrogates escaped."""
+def printable(text, keep: str = "") -> str:
+    """`str(text)` safe to print: control and format characters, bidi overrides and surrogates escaped, except
+    the characters in `keep` (a message's own line breaks: "\n")."""
     text = str(text)
     if text.isascii() and text.isprintable():
         return text
-    return "".join(_escape(ch) if (unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI) else ch
-                   for ch in text)
+    return "".join(_escape(ch) if (unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI) and ch not in keep
+                   else ch for ch in text)
