@@ -179,8 +179,8 @@ def _predict(args, overrides) -> int:
           f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
     for r in rows[:5]:
         print(f"  {printable(r['path'])}: {printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
-    print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}" + (f" and {dest}/cam/" if args.cam else ""),
-                    keep="\n"))
+    cams = f" and {dest}/cam/" if args.cam else ""
+    print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}{cams}", keep="\n"))
     return 0
 
 

@@ -64,8 +64,8 @@ import numpy as np
 import torch
 
 from vit.atomic import atomic_write_bytes, atomic_write_text
-from vit.cli.outputs import OutputLock, check_writable
 from vit.checkpoint import load_checkpoint
+from vit.cli.outputs import OutputLock, check_writable
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.decode import BadImageError
 from vit.layers.token_reduction import TopK

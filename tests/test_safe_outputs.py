@@ -35,11 +35,13 @@ def _cells(path):
 
 
 def test_the_csv_writer_neutralises_formulas_and_escapes_nul_and_undecodable_names(tmp_path):
-    rows = [{"v": v} for v in ("=1+1", "+1+cmd", "-1+cmd", "@A1", "\tx", "\rx", "\nx", "a\x00b", os.fsdecode(b"\xe9.png"), "ok")]
+    rows = [{"v": v} for v in ("=1+1", "+1+cmd", "-1+cmd", "@A1", "\tx", "\rx", "\nx", "a\x00b",
+                               os.fsdecode(b"\xe9.png"), "ok")]
     rows += [{"v": -1.5}, {"v": 3}, {"v": "-2.5"}]  # numbers (and text that is one) are no formula: kept
     atomic_write_csv(tmp_path / "t.csv", ["v"], rows)
     assert [c[0] for c in _cells(tmp_path / "t.csv")[1:]] == [
-        "'=1+1", "'+1+cmd", "'-1+cmd", "'@A1", "'\tx", "'\rx", "'\nx", "a\\x00b", "\\xe9.png", "ok", "-1.5", "3", "-2.5"]
+        "'=1+1", "'+1+cmd", "'-1+cmd", "'@A1", "'\tx", "'\rx", "'\nx", "a\\x00b", "\\xe9.png", "ok",
+        "-1.5", "3", "-2.5"]
 
 
 def test_predict_writes_one_safe_row_per_image_and_prints_no_escape_sequences(ck, tmp_path, monkeypatch, capsys):

@@ -1,9 +1,10 @@
 """Run folders and checkpoints, written atomically, read without unpickling anything.
 
 A model checkpoint is a folder holding `model.safetensors` (weights), `config.yaml` (the resolved config),
-`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written into a
-temporary folder beside it, fsync'ed, and the folder is swapped in as a whole (vit/atomic.py: replace_dir), so a
-process killed mid-save leaves the previous complete checkpoint, weights and meta.json together. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
+`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written
+into a temporary folder beside it, fsync'ed, and the folder is swapped in as a whole (vit/atomic.py:
+replace_dir), so a process killed mid-save leaves the previous complete checkpoint, weights and meta.json
+together. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
 folder that is renamed to `state/step-XXXXXXXX` only once complete. Its `COMPLETE` marker is a manifest (size
 and SHA-256 of every file): `verify_state` checks it before anything is loaded, so a truncated, corrupted or
 planted file is never read, and `latest_state` falls back to the older kept state. Nothing in a state is

@@ -68,6 +68,7 @@ class OutputLock:
     def __enter__(self) -> OutputLock:
         if not self.hold:
             return self
+        self.created = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
@@ -79,8 +80,8 @@ class OutputLock:
                     pid = None  # garbage, or being written this instant by its creator
                 fresh = pid is None and _age(self.path) < 10  # an empty lock just made: its pid is coming
                 if fresh or (pid is not None and pid != os.getpid() and _alive(pid)):
-                    raise ConfigError(f"--out {self.path.parent} is in use by another run (pid {pid or 'unknown'}); wait for it "
-                                      "to finish or pass another --out.") from None
+                    raise ConfigError(f"--out {self.path.parent} is in use by another run (pid {pid or 'unknown'}); "
+                                      "wait for it to finish or pass another --out.") from None
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
             with os.fdopen(fd, "w") as f:
@@ -93,6 +94,11 @@ class OutputLock:
         if self.held:
             self.path.unlink(missing_ok=True)
             self.held = False
+            for folder in self.created:  # a run that wrote nothing leaves no folder it made for its lock
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
 
 
 def new_staging(folder: str | Path, script: str) -> Path:
