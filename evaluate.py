@@ -94,12 +94,12 @@ def main(argv=None) -> int:
     out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
                                                  else Path("runs") / f"eval-{args.model}")
     check_writable(out_dir)  # before the model loads or an image is read
+    model, cfg, ckpt_classes = load_model_and_config(args, overrides)  # (a missing checkpoint: before its eval/)
     with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
-        return _evaluate(args, overrides, out_dir)
+        return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
 
 
-def _evaluate(args, overrides, out_dir: Path) -> int:
-    model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
