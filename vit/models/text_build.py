@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..hub import WEIGHT_FILES, repo_file
-from ..pretrained import LoadReport, check_fit, read_state_dict
+from ..pretrained import LoadReport, check_fit, check_weights, read_state_dict
 from ..text import TextEncoder
 from ..text_weights import text_state_dict
 
@@ -154,6 +154,7 @@ def create_text_model(name: str, cache_dir: str | Path | None = None, **override
     weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
     report = LoadReport(f"{name} ({weights})")
     state = text_state_dict(read_state_dict(weights), layout, report)
+    check_weights(state, weights)  # floating point and finite (after the integer position_ids buffer is dropped)
     model = TextEncoder(**{**kwargs, "pooler": "pooler.fc.weight" in state, **overrides})
     check_fit(state, model.state_dict(), f"{name} ({weights.name})")
     model.load_state_dict(state)
