@@ -260,3 +260,14 @@ def test_example_fine_tunes_a_model_loaded_by_name(hub, tmp_path, capsys):
     assert max((after[k] - before[k]).abs().max().item() for k in before) > 1e-4  # fine-tuned, from these weights
     ids = vit.load_tokenizer(f"local-dir:{folder}")(["the dog bites the man"])["input_ids"][0]
     assert ids[0] == vocab["[CLS]"] and vocab["[UNK]"] not in ids
+
+
+def test_unreadable_config_is_one_sentence(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    for text, message in (("[1, 2]", "holds a JSON list, not an object"), ("{nope", "is not readable JSON"),
+                          (" " * (2**20 + 1), "larger than such a file can be")):
+        (folder / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=message) as e:
+            vit.create_text_model(f"local-dir:{folder}")
+        assert "\n" not in str(e.value)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "timm_config", "WEIGHT_FILES",
-           "regular_file", "repo_file"]
+           "regular_file", "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
@@ -282,6 +283,23 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
     if not_cached:
         raise FileNotFoundError(_not_cached(what, repo_id, revision, cache))
     raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not {kind}.")
+
+
+def read_json(path: Path, name: str, limit: int = MAX_CONFIG_BYTES) -> dict:
+    """A repository's JSON file (a transformers config.json, tokenizer_config.json, ...) as a dict, refused in one
+    sentence when it is not a regular file, is larger than `limit` bytes, or is not a JSON object."""
+    path = regular_file(path, f"{name}:", f"{name}: {path} does not exist.")
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{name}: {path} is {size / 2**20:.0f} MB, larger than such a file can be "
+                         f"({limit / 2**20:.0f} MB), so it is not read.")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{name}: {path} is not readable JSON ({type(e).__name__}: {e}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: {path} holds a JSON {type(value).__name__}, not an object; it is not a config.")
+    return value
 
 
 def repo_file(name: str, names: tuple[str, ...], cache_dir: str | Path | None = None, what: str | None = None,

@@ -15,11 +15,10 @@ vocab.json + merges.txt is refused with the command that writes its tokenizer.js
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .hub import repo_file
+from .hub import read_json, regular_file, repo_file
 
 __all__ = ["Tokenizer", "load_tokenizer"]
 
@@ -28,6 +27,8 @@ __all__ = ["Tokenizer", "load_tokenizer"]
 _NO_TOKEN_TYPES = {"DistilBertTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer", "CamembertTokenizer",
                    "CLIPTokenizer", "GPT2Tokenizer", "BartTokenizer", "LongformerTokenizer", "MPNetTokenizer"}
 _HUGE = 10**20  # transformers' "no limit" model_max_length is 1e30
+TOKENIZER_LIMIT = 256 * 2**20  # bytes of a tokenizer.json read at most
+CONFIG_LIMIT = 16 * 2**20  # of tokenizer_config.json (its added-token table can be long)
 
 
 def _token(value: Any) -> str | None:
@@ -144,6 +145,10 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None) -> Tokenizer:
         raise FileNotFoundError(f"{name} has no tokenizer.json (only the older vocabulary files); write one with "
                                 "transformers: AutoTokenizer.from_pretrained(...).save_pretrained(folder), then load "
                                 "local-dir:folder.") from None
+    size = regular_file(path, f"{name}:", f"{name}: {path} does not exist.").stat().st_size
+    if size > TOKENIZER_LIMIT:  # the largest published ones (XLM-R, BLOOM) are 15-20 MB
+        raise ValueError(f"{name}: {path} is {size / 2**20:.0f} MB, larger than a tokenizer.json can be "
+                         f"({TOKENIZER_LIMIT // 2**20} MB), so it is not read.")
     try:
         backend = Backend.from_file(str(path))
     except Exception as e:
@@ -155,9 +160,5 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None) -> Tokenizer:
             found = repo_file(name, (filename,), cache_dir)
         except (FileNotFoundError, ValueError):
             continue
-        try:
-            loaded = json.loads(found.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"{name}: {found} is not readable JSON ({type(e).__name__}: {e}).") from None
-        config.update(loaded if isinstance(loaded, dict) else {})
+        config.update(read_json(found, name, limit=CONFIG_LIMIT))
     return Tokenizer(backend, config)

@@ -24,11 +24,10 @@ nothing is approximated. Training dropout differs in one place: timm's Mlp also 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from ..hub import WEIGHT_FILES, repo_file
+from ..hub import WEIGHT_FILES, read_json, repo_file
 from ..pretrained import LoadReport, check_fit, check_weights, read_state_dict
 from ..text import TextEncoder
 from ..text_weights import text_state_dict
@@ -143,13 +142,7 @@ def create_text_model(name: str, cache_dir: str | Path | None = None, **override
     token_type_ids=...)` gives `last_hidden_state` and `pooler_output` as transformers' model does.
     `overrides`: TextEncoder options that leave the weights' shapes alone (drop rates, fused_attn).
     A model that is not cached while offline (HF_HUB_OFFLINE=1) raises one sentence saying how to fetch it."""
-    config_path = repo_file(name, ("config.json",), cache_dir)
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{name}: {config_path} is not a readable config.json ({type(e).__name__}: {e}).") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{name}: {config_path} does not hold a JSON object; it is not a model config.")
+    config = read_json(repo_file(name, ("config.json",), cache_dir), name)
     layout, kwargs = text_model_args(config, name)
     weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
     report = LoadReport(f"{name} ({weights})")
