@@ -123,7 +123,7 @@ def small_model(tok: vit.Tokenizer, seed: int, **overrides) -> Classifier:
     return Classifier(vit.text_encoder_from_config(config, **overrides))
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
                     help="a text model to fine-tune, hf-hub:org/name[@revision] or local-dir:/folder (default: a "
@@ -134,6 +134,11 @@ def main(argv: list[str] | None = None) -> None:
                     help="train the small model with learned positions and without any, and compare")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed for the sentences, the split and the weights (default: 0)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.model and args.compare_positions:
         ap.error("--compare-positions trains the small model from scratch; leave out --model.")
