@@ -125,6 +125,7 @@ def _torch_encoder(D=16, H=2, depth=1, norm_first=True, final_norm=True, **layer
     ({}, dict(norm_eps=1e-6), "eps=1e-05, this model's 1e-06; build this model with norm_eps=1e-05"),
     (dict(norm_first=False, final_norm=False), {}, "has norm_first=False, this model norm_first=True"),
     ({}, dict(mlp_layer="swiglu"), "MLP is SwiGLU"),
+    ({}, dict(mlp_layer="gelu_tanh"), "this model's MLP uses GELUTanh, nn.TransformerEncoderLayer's GELU is the erf"),
     ({}, dict(norm_layer="rmsnorm"), "LayerNorm, this model's is RMSNorm; build this model with norm_layer='layernorm"),
     (dict(H=4), {}, "4 attention heads, this model 2"),
     (dict(final_norm=False), {}, "has no final norm, this model has one"),
