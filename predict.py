@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
@@ -48,19 +48,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
 
 import torch
 
-from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
-from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.eval.inference import (
+    ImageFiles,
+    collect_images,
+    decode_error,
+    label_names,
+    load_model_and_config,
+    predict_files,
+)
+from vit.utils.atomic import atomic_write_csv, atomic_write_text
 
 
 def parse_args(argv):
@@ -105,8 +112,8 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
 
 def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int) -> None:
     """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot)."""
-    from vit.plots import plot_attention_map, to_display
-    from vit.rollout import attention_maps
+    from vit.eval.plots import plot_attention_map, to_display
+    from vit.explain.rollout import attention_maps
 
     for start in range(0, len(good), batch):
         chunk = good[start:start + batch]

@@ -11,7 +11,7 @@
    configs/accelerate/fsdp.yaml does through Accelerate), each eager and under torch.compile. Timed after
    warm-up steps (which include compilation).
 3. images/s over all processes; MFU (model FLOPs utilization) = the FLOPs of a training step (forward +
-   backward, counted by vit.flops on one image; the optimizer's are negligible) x images/s per process, over
+   backward, counted by vit.utils.perf on one image; the optimizer's are negligible) x images/s per process, over
    the FLOP/s of a large bf16 matmul measured in the same run on the same device (the practical peak, not the
    datasheet's: MFU as in PaLM, Chowdhery et al. 2022, appendix B, against a measured rather than a quoted
    peak); ours/timm: the ratio of images/s.
@@ -35,8 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's vit/
 
 import vit  # noqa: E402
-from vit.encoder import Block  # noqa: E402
-from vit.flops import count_flops  # noqa: E402
+from vit.models.encoder import Block  # noqa: E402
+from vit.utils.perf import count_flops  # noqa: E402
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 KERNELS = {  # profiler op names -> the attention kernel they belong to

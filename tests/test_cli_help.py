@@ -15,7 +15,7 @@ from helpers import ROOT
 from helpers import import_script as _script
 
 from vit import config as C
-from vit.cli_help import config_help, field_comments, format_value
+from vit.cli.help import config_help, field_comments, format_value
 
 SCRIPTS = ("train", "evaluate", "predict", "export", "visualize_attention", "benchmark")
 
@@ -109,7 +109,7 @@ def test_script_options_all_have_help_and_show_their_defaults(helps, name):
 
 
 def test_export_help_names_the_formats_vit_export_writes():
-    from vit.export import FORMATS
+    from vit.deploy.export import FORMATS
 
     assert _script("export").EXPORT_FORMATS == tuple(FORMATS)
 

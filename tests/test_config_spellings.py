@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from vit.config import Config, ConfigError, dump, from_dict, load_config, parse_overrides, read_yaml
-from vit.runfolder import resume_changes
+from vit.train.runfolder import resume_changes
 
 
 @pytest.mark.parametrize("value", ["no", "fp16", "bf16"])

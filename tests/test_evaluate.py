@@ -62,7 +62,7 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
 def test_ece_against_an_independent_per_sample_formula():
     """ECE = sum over bins |sum_i (correct_i - conf_i)| / N, bins found with np.digitize (right-closed, the first
     also holding 0), summed with np.bincount: no loop over bins, nothing shared with the implementation."""
-    from vit.metrics import expected_calibration_error
+    from vit.eval.metrics import expected_calibration_error
 
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(500, 4, generator=g, dtype=torch.float64) * 2, 1).float()

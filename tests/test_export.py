@@ -1,4 +1,4 @@
-"""export.py and vit.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
+"""export.py and vit.deploy.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
 at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence."""
 
 import importlib.util
@@ -10,9 +10,17 @@ import torch
 from helpers import ROOT
 
 import vit
-from vit.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 from vit.config import load_config
-from vit.export import FORMATS, ExportableClassifier, ExportError, export_model, load_exported, require_onnx, verify
+from vit.deploy.export import (
+    FORMATS,
+    ExportableClassifier,
+    ExportError,
+    export_model,
+    load_exported,
+    require_onnx,
+    verify,
+)
+from vit.models.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 
 
 def _peaked(model):

@@ -1,4 +1,4 @@
-"""vit.factory: the config's model section passed straight to create_model; single-channel models end to end."""
+"""vit.models.build: the config's model section passed straight to create_model; single-channel models end to end."""
 
 import dataclasses
 import inspect
@@ -10,8 +10,8 @@ from helpers import TINY, run_script
 
 import vit
 from vit.config import CHOICES, ConfigError, ModelConfig, load_config
-from vit.factory import build_model, check_model_config, model_kwargs
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.models.build import build_model, check_model_config, model_kwargs
 
 
 def test_every_model_key_is_a_create_model_option_and_reaches_the_model():
@@ -51,7 +51,7 @@ def test_model_choices_live_in_the_field_type_and_checkpoint_keeps_the_old_impor
     assert CHOICES["model.global_pool"] == ("token", "avg") and CHOICES["model.mlp_layer"] == ("gelu", "swiglu")
     with pytest.raises(ConfigError, match=r"'model\.norm_layer' must be one of 'layernorm', 'rmsnorm'"):
         load_config(None, ["--model.norm_layer=batchnorm"])
-    from vit.checkpoint import build_model as old
+    from vit.models.checkpoint import build_model as old
 
     assert old is build_model
 
@@ -105,8 +105,8 @@ def test_one_epoch_on_grey_digits_end_to_end(tmp_path):
                    f"--run.output_dir={tmp_path}", "--run.name=g", *TINY, "--model.img_size=16",
                    "--model.patch_size=8", "--data.batch_size=32")
     assert r.returncode == 0, r.stderr[-3000:]
-    from vit.checkpoint import load_checkpoint
     from vit.data import build_datasets
+    from vit.models.checkpoint import load_checkpoint
 
     model, cfg, classes, _ = load_checkpoint(tmp_path / "g/best")
     assert model.patch_embed.proj.weight.shape[1] == 1 and cfg.aug.mean == [0.5] and cfg.aug.std == [0.5]
@@ -122,15 +122,15 @@ def test_a_sincos_checkpoint_without_the_big_vision_mark_warns_on_load(tmp_path,
     loads with a warning, one saved now loads silently."""
     from safetensors.torch import load_file, save_file
 
-    from vit.checkpoint import load_checkpoint, save_checkpoint
+    from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
     cfg = load_config(None, ["--model.img_size=32", "--model.embed_dim=16", "--model.depth=1",
                              "--model.num_heads=2", "--model.pos_embed=sincos"])
     folder = save_checkpoint(tmp_path / "new", build_model(cfg, 3), cfg, ["a", "b", "c"])
-    with caplog.at_level("WARNING", logger="vit.checkpoint"):
+    with caplog.at_level("WARNING", logger="vit.models.checkpoint"):
         load_checkpoint(folder)
     assert not caplog.records
     save_file(load_file(folder / "model.safetensors"), folder / "model.safetensors", metadata={"format": "pt"})
-    with caplog.at_level("WARNING", logger="vit.checkpoint"):
+    with caplog.at_level("WARNING", logger="vit.models.checkpoint"):
         load_checkpoint(folder)
     assert any("earlier sin-cos position table" in r.getMessage() for r in caplog.records)

@@ -8,7 +8,7 @@ import torch
 from helpers import TINY, make_image_folder, run_script
 
 import vit
-from vit.faithfulness import auc, paired_bootstrap, token_curves
+from vit.explain.faithfulness import auc, paired_bootstrap, token_curves
 
 
 def test_curves_start_and_end_at_the_models_outputs():
@@ -56,7 +56,7 @@ def checkpoint(tmp_path_factory):
 
 def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
     ckpt, _ = checkpoint
-    r = run_script("-m", "vit.faithfulness", "--checkpoint", str(ckpt), "--out", str(tmp_path), "--limit", "6")
+    r = run_script("-m", "vit.explain.faithfulness", "--checkpoint", str(ckpt), "--out", str(tmp_path), "--limit", "6")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "faithfulness.json").read_text())
     assert res["n_images"] == 6

@@ -14,7 +14,7 @@ import torch
 from helpers import ROOT, TINY, run_script
 from safetensors.torch import load_file
 
-from vit.checkpoint import load_checkpoint
+from vit.models.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Fuzzing that reaches the JPEG header parser (vit.decode._jpeg_header) and `Pipeline.load`: generated JPEGs
+"""Fuzzing that reaches the JPEG header parser (vit.data.decode._jpeg_header) and `Pipeline.load`: generated JPEGs
 with EXIF orientations, extra segments and fill bytes against PIL as the oracle, and mutated headers that must
 give an image or one clean BadImageError, never another exception."""
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from vit.config import AugConfig
-from vit.decode import BadImageError, _jpeg_header, jpeg_size
-from vit.transforms import build_transform
+from vit.data.decode import BadImageError, _jpeg_header, jpeg_size
+from vit.data.transforms import build_transform
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 PIPES = {"eval": build_transform(AugConfig(), 16, train=False), "train": build_transform(AugConfig(), 16, train=True)}

@@ -1,4 +1,4 @@
-"""Pretrained weights by name (vit/hub.py) against timm's own create_model(pretrained=True), the oracle.
+"""Pretrained weights by name (vit/hub/names.py) against timm's own create_model(pretrained=True), the oracle.
 
 A Hugging Face hub cache is built offline in a temporary folder with huggingface_hub's real layout
 (models--org--name/refs/main, snapshots/<commit>/...), holding repositories that timm's save_for_hf wrote from
@@ -16,10 +16,10 @@ from helpers import ROOT, TINY, run_script
 from timm.models import save_for_hf
 
 import vit
-from vit.checkpoint import load_checkpoint, save_checkpoint
 from vit.config import load_config
 from vit.data import resolve_data_config
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
 ARCH = "vit_tiny_patch16_224"
 SMALL = dict(embed_dim=32, depth=2, num_heads=2)  # the registry's vit_tiny, narrowed: weights of a few kB
@@ -170,7 +170,7 @@ def test_checkpoint_folder_is_a_timm_hub_folder(hub, tmp_path):
     """Options beyond the variant's (avg pooling, layer scale) travel in config.json's model_args."""
     cfg = resolve_data_config(load_config(None, ["--model.img_size=48", "--model.global_pool=avg",
                                                  "--model.init_values=0.1", "--model.depth=2"]))
-    from vit.checkpoint import build_model
+    from vit.models.checkpoint import build_model
 
     model = build_model(cfg, num_classes=3)
     save_checkpoint(tmp_path / "best", model, cfg, ["cat", "dog", "fox"], {"epoch": 1})

@@ -5,7 +5,7 @@ import torch
 
 import vit
 from vit.config import OptimConfig
-from vit.optim import build_optimizer, lr_at, param_groups
+from vit.train.optim import build_optimizer, lr_at, param_groups
 
 
 def test_no_decay_on_norms_biases_positions_and_cls():

@@ -186,7 +186,7 @@ def test_jpeg_decoding_without_opencvs_rgb_flag_gives_the_same_pixels(monkeypatc
     import numpy as np
     from PIL import Image
 
-    import vit.decode as decode
+    import vit.data.decode as decode
 
     rng = np.random.default_rng(0)
     buf = io.BytesIO()

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from PIL import Image
 from safetensors.torch import load_file
 
-from vit.checkpoint import load_checkpoint
 from vit.config import ConfigError, from_dict
-from vit.decode import BadImageError, decode_image
+from vit.data.decode import BadImageError, decode_image
+from vit.models.checkpoint import load_checkpoint
 
 SYN = ["--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=12",
        "--run.epochs=3", "--model.drop_path_rate=0.1", "--aug.random_resized_crop=true", *TINY]
@@ -93,7 +93,7 @@ def test_convertible_images_convert_and_bad_ones_are_named(tmp_path):
 def test_a_class_with_only_unreadable_images_is_refused_like_an_empty_one(tmp_path):
     from vit.config import load_config
     from vit.data import DataError, build_datasets
-    from vit.shards import write_shards
+    from vit.data.shards import write_shards
 
     root = make_image_folder(tmp_path / "f", classes=("cat", "dog"), n_train=2, n_val=1, size=16)
     (root / "train/emu").mkdir()
@@ -111,7 +111,7 @@ def test_bad_images_are_named_by_file_and_listed_once(tmp_path, caplog):
     from train import describe_data
     from vit.config import load_config
     from vit.data import FolderDataset
-    from vit.decode import decode_bytes
+    from vit.data.decode import decode_bytes
 
     with pytest.raises(BadImageError) as e:
         decode_bytes(b"not an image", "shard.tar:x.png")

@@ -19,11 +19,19 @@ from helpers import ROOT, TINY, make_image_folder, run_script
 from helpers import import_script as _script
 from PIL import Image
 
-from vit.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
-from vit.decode import BadImageError, decode_image
-from vit.runfolder import RunFolderError, RunLock, check_new_run, clear_run, kept_note, resume_run, saved_checkpoints
+from vit.data.decode import BadImageError, decode_image
+from vit.models.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
+from vit.train.runfolder import (
+    RunFolderError,
+    RunLock,
+    check_new_run,
+    clear_run,
+    kept_note,
+    resume_run,
+    saved_checkpoints,
+)
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]
@@ -57,10 +65,10 @@ def _copy_run(saved_run, tmp_path) -> Path:
 
 def _resume_in_process(run: Path, *overrides: str):
     """train.py's own resume path, on a freshly prepared tiny model and optimizer."""
-    from vit.checkpoint import build_model
+    from vit.cli.runtime import make_accelerator
     from vit.data import resolve_data_config
-    from vit.optim import build_optimizer
-    from vit.runtime import make_accelerator
+    from vit.models.checkpoint import build_model
+    from vit.train.optim import build_optimizer
 
     train = _script("train")
     cfg = resolve_data_config(load_config(  # as train.py: the preprocessing filled in, as the saved config has it
@@ -93,7 +101,7 @@ def test_ctrl_c_exits_cleanly_and_says_what_was_kept(saved_run):
 
 def _forge_manifest(state: Path, name: str) -> None:
     """Rewrite COMPLETE so that a planted `name` passes the hash check: only the loaders stand in the way."""
-    from vit.checkpoint import _sha256
+    from vit.models.checkpoint import _sha256
 
     manifest = json.loads((state / "COMPLETE").read_text())
     manifest["files"][name] = [(state / name).stat().st_size, _sha256(state / name)]
@@ -378,7 +386,7 @@ def test_weights_that_inflate_far_beyond_their_file_or_hold_a_flat_pos_embed_are
     from safetensors.torch import save_file
 
     import vit
-    from vit.pretrained import read_state_dict
+    from vit.hub.weights import read_state_dict
 
     torch.save({"x": torch.zeros(2**22)}, tmp_path / "plain.pth")  # 16 MiB of zeros, stored as torch.save does
     bomb = tmp_path / "bomb.pth"
@@ -400,10 +408,10 @@ def test_weights_that_inflate_far_beyond_their_file_or_hold_a_flat_pos_embed_are
 def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     from timm.utils import ModelEmaV3
 
-    from vit.checkpoint import build_model
-    from vit.optim import build_optimizer
-    from vit.runfolder import save_run_state
-    from vit.runtime import make_accelerator
+    from vit.cli.runtime import make_accelerator
+    from vit.models.checkpoint import build_model
+    from vit.train.optim import build_optimizer
+    from vit.train.runfolder import save_run_state
 
     train = _script("train")
     cfg = load_config(ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={tmp_path}", "--run.name=e",

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 import vit
-from vit.encoder import Encoder
+from vit.explain.rollout import attention_maps, attention_rollout, to_grid
 from vit.layers import TokenState, topk_warmup
 from vit.layers.token_reduction import Merge, TopK, default_topk_layers, parse_token_reduction
-from vit.rollout import attention_maps, attention_rollout, to_grid
+from vit.models.encoder import Encoder
 
 
 def _model(**kw):
@@ -262,8 +262,8 @@ def test_bad_options_are_one_clear_sentence():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from vit.checkpoint import save_checkpoint
     from vit.config import from_dict
+    from vit.models.checkpoint import save_checkpoint
 
     cfg = from_dict({"model": dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_ratio=4.0),
                      "aug": dict(random_resized_crop=False, hflip=0.0), "data": dict(val_fraction=0.05)})
@@ -279,9 +279,9 @@ def test_evaluate_with_token_reduction_scores_the_reduced_model(checkpoint, tmp_
     import json
 
     import evaluate
-    from vit.checkpoint import load_checkpoint
+    from vit.cli.runtime import run_cli
     from vit.data import build_datasets
-    from vit.runtime import run_cli
+    from vit.models.checkpoint import load_checkpoint
 
     assert evaluate.main(["--checkpoint", str(checkpoint), "--token-reduction", "merge:6", "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())

@@ -29,7 +29,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
+    # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
     name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
     img_size: int = 224  # input height and width in pixels
@@ -52,7 +52,7 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
-    # (a run's best/) or a weights file; see vit/hub.py
+    # (a run's best/) or a weights file; see vit/hub/names.py
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
@@ -63,8 +63,8 @@ class ModelConfig:
 class DataConfig:
     dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
-    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder
-    # or a folder of parquet files (vit/hfds.py)
+    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
+    # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
     root: str | None = None
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits, and an imagefolder without val/: stratified held-out share
@@ -280,7 +280,7 @@ def validate(cfg: Config) -> None:
         if flat[key] not in choices:
             shown = ", ".join(repr(c) for c in choices if c is not None)
             raise ConfigError(f"config key '{key}' must be one of {shown}, got {flat[key]!r}.")
-    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.runtime)
+    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.cli.runtime)
         if isinstance(flat[key], str) and flat[key] != "auto":
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     for key in POSITIVE:
