@@ -37,7 +37,7 @@ from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
 from vit.eval.plots import plot_curves
-from vit.models.build import build_model
+from vit.models.build import build_model, pretrained_cfg_of
 from vit.train.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
@@ -56,7 +56,8 @@ from vit.utils.atomic import atomic_write_text
 
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
+    cfg = load_config(config_path, overrides)
+    cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name

@@ -25,9 +25,9 @@ from torch.utils.data import DataLoader
 
 from vit.config import AugConfig
 from vit.data import EpochSampler, FolderDataset
-from vit.data.synthetic import photo_like
 from vit.data.shard_loader import ShardDataset, ShardLoader
 from vit.data.shards import resolve_split, write_shards
+from vit.data.synthetic import photo_like
 from vit.data.transforms import build_transform
 
 

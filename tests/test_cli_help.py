@@ -17,7 +17,8 @@ from helpers import import_script as _script
 from vit import config as C
 from vit.cli.help import config_help, field_comments, format_value
 
-SCRIPTS = ("train", "evaluate", "predict", "export", "visualize_attention", "benchmark")
+# every command is a root script (train.py first: its help is the config schema, not argparse options)
+SCRIPTS = ("train", *sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "train"))
 
 # Runs each script as __main__ with --help in one fresh interpreter; prints {script: help} and whether any module
 # of torch (or timm, accelerate) was imported by the time every help had been printed.

@@ -113,7 +113,7 @@ def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(
     from vit.cli.runtime import make_accelerator
     from vit.config import load_config
     from vit.data import build_datasets, build_loaders
-    from vit.models.checkpoint import build_model
+    from vit.models.build import build_model
     from vit.train.console import Console
     from vit.train.engine import Run, train_one_epoch
     from vit.train.optim import build_optimizer

@@ -20,7 +20,8 @@ from vit.deploy.export import (
     require_onnx,
     verify,
 )
-from vit.models.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
+from vit.models.build import build_model
+from vit.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def _peaked(model):

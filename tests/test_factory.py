@@ -47,13 +47,13 @@ def test_defaults_defer_to_the_variant_and_saved_model_args():
     assert m.global_pool == "avg" and m.cls_token is None and m.embed_dim == 192
 
 
-def test_model_choices_live_in_the_field_type_and_checkpoint_keeps_the_old_import():
+def test_model_choices_live_in_the_field_type_and_the_models_package_exports_build_model():
     assert CHOICES["model.global_pool"] == ("token", "avg") and CHOICES["model.mlp_layer"] == ("gelu", "swiglu")
     with pytest.raises(ConfigError, match=r"'model\.norm_layer' must be one of 'layernorm', 'rmsnorm'"):
         load_config(None, ["--model.norm_layer=batchnorm"])
-    from vit.models.checkpoint import build_model as old
+    from vit.models import build_model as exported
 
-    assert old is build_model
+    assert exported is build_model
 
 
 def test_a_new_model_key_is_one_line_and_an_unknown_one_is_named():

@@ -56,7 +56,7 @@ def checkpoint(tmp_path_factory):
 
 def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
     ckpt, _ = checkpoint
-    r = run_script("-m", "vit.explain.faithfulness", "--checkpoint", str(ckpt), "--out", str(tmp_path), "--limit", "6")
+    r = run_script("faithfulness.py", "--checkpoint", str(ckpt), "--out", str(tmp_path), "--limit", "6")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "faithfulness.json").read_text())
     assert res["n_images"] == 6

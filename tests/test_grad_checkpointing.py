@@ -5,7 +5,7 @@ import torch
 import benchmark
 import vit.models.encoder
 from vit.config import load_config
-from vit.models.checkpoint import build_model
+from vit.models.build import build_model
 
 SMALL = ["--model.img_size=32", "--model.in_chans=3", "--model.embed_dim=32", "--model.depth=3", "--model.num_heads=2",
          "--model.mlp_ratio=2"]

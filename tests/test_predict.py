@@ -13,7 +13,8 @@ from helpers import ROOT, make_image_folder, run_script
 
 from vit.config import ConfigError, load_config
 from vit.data import DataError
-from vit.models.checkpoint import CheckpointError, build_model, save_checkpoint
+from vit.models.build import build_model
+from vit.models.checkpoint import CheckpointError, save_checkpoint
 
 SMALL = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2",
          "--model.mlp_ratio=2", "--aug.eval_crop_pct=0.875", "--aug.interpolation=bicubic"]

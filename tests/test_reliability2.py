@@ -67,7 +67,7 @@ def _resume_in_process(run: Path, *overrides: str):
     """train.py's own resume path, on a freshly prepared tiny model and optimizer."""
     from vit.cli.runtime import make_accelerator
     from vit.data import resolve_data_config
-    from vit.models.checkpoint import build_model
+    from vit.models.build import build_model
     from vit.train.optim import build_optimizer
 
     train = _script("train")
@@ -409,7 +409,7 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     from timm.utils import ModelEmaV3
 
     from vit.cli.runtime import make_accelerator
-    from vit.models.checkpoint import build_model
+    from vit.models.build import build_model
     from vit.train.optim import build_optimizer
     from vit.train.runfolder import save_run_state
 

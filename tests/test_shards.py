@@ -397,10 +397,10 @@ def test_hf_single_dataset_holds_out_a_stratified_val_share(folder, tmp_path):
 
 @pytest.mark.slow
 def test_cli_writes_shards_and_refuses_bad_input_in_one_line(folder, tmp_path):
-    r = run_script("-m", "vit.data.shards", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
+    r = run_script("shards.py", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "train: 24 samples in 3 shards" in r.stdout and (tmp_path / "s/train-00002.tar").is_file()
     for args, msg in ((["--from", str(tmp_path / "nope")], "does not exist"),
                       (["--from", str(folder)], "already holds shards")):
-        bad = run_script("-m", "vit.data.shards", *args, "--out", str(tmp_path / "s"))
+        bad = run_script("shards.py", *args, "--out", str(tmp_path / "s"))
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr, bad.stderr

@@ -33,8 +33,8 @@ _EXPORTS = {
     "TextEncoderOutput": "models.text_encoder",
     "VARIANTS": "models.vision_transformer",
     "VisionTransformer": "models.vision_transformer",
-    "create_model": "models.vision_transformer",
-    "list_models": "models.vision_transformer",
+    "create_model": "models.build",
+    "list_models": "models.build",
 }
 
 __all__ = [
@@ -80,6 +80,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .explain.rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
     from .hub.weights import load_pretrained, read_state_dict
     from .layers import Attention, resample_abs_pos_embed
+    from .models.build import create_model, list_models
     from .models.encoder import Block, Encoder
     from .models.text_encoder import TextEncoder, TextEncoderOutput
-    from .models.vision_transformer import VARIANTS, VisionTransformer, create_model, list_models
+    from .models.vision_transformer import VARIANTS, VisionTransformer

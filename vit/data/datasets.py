@@ -18,6 +18,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import Config
+from .base import (
+    IMG_EXTENSIONS,
+    DataError,
+    SeededDataset,
+    check_classes,
+    class_folders,
+    folder_classes,
+    image_files,
+)
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
@@ -25,27 +34,10 @@ __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "D
            "resolve_data_config", "build_loaders", "absolute_root"]
 log = logging.getLogger(__name__)
 
-IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
-class DataError(ValueError):
-    """A dataset that cannot be used as given; the message says what to do."""
 
-
-class _Seeded(Dataset):
-    """Shared part: a transform seeded per (seed, epoch, index)."""
-
-    def __init__(self, transform, classes: Sequence[str], seed: int) -> None:
-        self.transform, self.classes, self.seed, self.epoch = transform, list(classes), seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def _sample_seed(self, index: int) -> int:
-        return (self.seed * 1_000_003 + self.epoch * 10_007 + index) % (2**31)
-
-
-class ArrayDataset(_Seeded):
+class ArrayDataset(SeededDataset):
     """In-memory RGB uint8 images (N, H, W, 3) and integer labels."""
 
     def __init__(self, images: np.ndarray, labels: Sequence[int], classes, transform, seed: int = 0) -> None:
@@ -56,13 +48,13 @@ class ArrayDataset(_Seeded):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return self.transform(self.images[i], self._sample_seed(i)), self.labels[i]
+        return self.transform(self.images[i], self.sample_seed(i)), self.labels[i]
 
     def describe(self, i: int) -> str:
         return str(i)
 
 
-class FolderDataset(_Seeded):
+class FolderDataset(SeededDataset):
     """Images in `<root>/<class>/*`. Unreadable files found while loading are replaced by the next good one
     (and logged); `check()` finds them all before training starts."""
 
@@ -71,11 +63,11 @@ class FolderDataset(_Seeded):
         self.root = Path(root)
         index = {c: i for i, c in enumerate(self.classes)}
         self.samples: list[tuple[Path, int]] = []
-        for c in _class_folders(self.root):
+        for c in class_folders(self.root):
             if c not in index:
                 raise DataError(f"{self.root / c} is a class the training split does not have; "
                                 "every split needs the same class folders.")
-            self.samples += [(p, index[c]) for p in sorted(_image_files(self.root / c))]
+            self.samples += [(p, index[c]) for p in sorted(image_files(self.root / c))]
         self.bad: list[str] = []
 
     def __len__(self) -> int:
@@ -107,7 +99,7 @@ class FolderDataset(_Seeded):
         for k in range(len(self.samples)):
             path, y = self.samples[(i + k) % len(self.samples)]
             try:  # decoded at the smallest JPEG scale this sample's crop allows
-                return self.transform.load(path, self._sample_seed(i)), y
+                return self.transform.load(path, self.sample_seed(i)), y
             except BadImageError as e:  # a file that went bad after check(): never kill the epoch
                 log.warning("skipping %s", e)
         raise DataError(f"no readable image left in {self.root}.")
@@ -179,53 +171,14 @@ def _synthetic(cfg: Config, img_size: int):
     return make(cfg.data.synthetic_train_size), make(cfg.data.synthetic_val_size), [f"class_{i}" for i in range(k)]
 
 
-def _class_folders(d: Path) -> list[str]:
-    """Class folder names, hidden ones (.ipynb_checkpoints, .git) left out."""
-    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _image_files(d: Path):
-    """Files under `d` with an image extension, none inside a hidden folder or hidden itself (._x.jpg)."""
-    return (p for p in d.rglob("*") if p.suffix.lower() in IMG_EXTENSIONS
-            and not any(part.startswith(".") for part in p.relative_to(d).parts))
-
-
-def _folder_classes(root: Path, split: str) -> list[str]:
-    d = root / split
-    if not d.is_dir():
-        raise DataError(f"ImageFolder split folder {d} does not exist; expected {root}/train/<class>/ and "
-                        f"{root}/val/<class>/.")
-    classes = _class_folders(d)
-    if not classes:
-        raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
-    for c in classes:
-        if next(_image_files(d / c), None) is None:
-            raise DataError(f"class folder {d / c} holds no images; add images or remove the folder.")
-    return classes
-
-
 def _check_no_class_emptied(ds: FolderDataset, d: Path) -> None:
-    """A class whose every image was unreadable is refused, as an empty class folder is (_folder_classes)."""
+    """A class whose every image was unreadable is refused, as an empty class folder is (folder_classes)."""
     left = set(ds.labels)
     for i, c in enumerate(ds.classes):
         if i not in left:
             first = next((b for b in ds.bad if str(d / c) in b), "")
             raise DataError(f"every image of class folder {d / c} is unreadable, so the class has none left"
                             + (f" (first: {first})" if first else "") + "; fix or replace them, or remove the folder.")
-
-
-def _check_classes(expected: list[str] | None, found: list[str]) -> list[str]:
-    if expected is None:
-        return found
-    extra = [c for c in found if c not in expected]
-    if extra or len(found) > len(expected):
-        missing = [c for c in expected if c not in found]
-        raise DataError(
-            f"the dataset's classes differ from the checkpoint's: not in the checkpoint: {extra[:5]}"
-            + (f", not in the dataset: {missing[:5]}" if missing else "")
-            + "; evaluate on data with the classes the model was trained on."
-        )
-    return list(expected)
 
 
 def absolute_root(root: str | None) -> str | None:
@@ -238,14 +191,10 @@ def absolute_root(root: str | None) -> str | None:
 
 def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:
     """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
-    the pretrained weights' config, as timm's resolve_data_config: `pretrained_cfg` (a model's), or that of the
-    weights model.pretrained names (vit.hub.names, read from the registry or the cache, no weights loaded), else the
-    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used."""
-    if pretrained_cfg is None and cfg.model.pretrained:
-        from ..hub.names import resolve_source
-        from ..models.vision_transformer import VARIANTS
-
-        pretrained_cfg = resolve_source(cfg.model.name, cfg.model.pretrained, VARIANTS).pretrained_cfg
+    `pretrained_cfg`, the pretrained weights' config, as timm's resolve_data_config: the data pipeline is told
+    the preprocessing (a model's `pretrained_cfg`, or `vit.models.pretrained_cfg_of(cfg.model)` for the weights
+    the config names) and never looks a model up; without one, the fallbacks of `AugConfig.resolved`.
+    Everything comes back filled, so the saved config says what was used."""
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
@@ -297,14 +246,14 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
             raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
                             "of train/ is held out: data.val_fraction).")
         held_out = not (root / "val").is_dir() and (root / "train").is_dir()  # no val/: split train/ as digits
-        found = _folder_classes(root, "train") if "train" in splits or held_out else _folder_classes(root, "val")
-        classes = _check_classes(classes, found)
+        found = folder_classes(root, "train") if "train" in splits or held_out else folder_classes(root, "val")
+        classes = check_classes(classes, found)
         out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed).items()
                if k in splits} if held_out else {}
         for split, t in (("train", t_train), ("val", t_val)):
             if split in splits:
                 if not held_out:
-                    _folder_classes(root, split)
+                    folder_classes(root, split)
                     out[split] = FolderDataset(root / split, classes, t, seed)
                 if check_images:
                     out[split].check(cfg.data.on_bad_image)
@@ -320,7 +269,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         tr, va, classes = _cifar(cfg, name)
     else:
         tr, va, classes = _synthetic(cfg, size)
-    checked = _check_classes(given, classes)
+    checked = check_classes(given, classes)
     if checked != classes:  # same names in another order: relabel to the checkpoint's indices
         remap = np.array([checked.index(c) for c in classes])
         tr, va = (tr[0], remap[np.asarray(tr[1])]), (va[0], remap[np.asarray(va[1])])
@@ -333,8 +282,8 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
     shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
     already seen) and keeps a short last batch; the val loader keeps the dataset's order. For `data.dataset: wds`
-    the shard loaders of vit/data/shard_loader.py, which deal shards to this process themselves (`accelerator` says which);
-    `accelerator.prepare` leaves them alone (train.py prepares only DataLoaders)."""
+    the shard loaders of vit/data/shard_loader.py, which deal shards to this process themselves (`accelerator`
+    says which); `accelerator.prepare` leaves them alone (train.py prepares only DataLoaders)."""
     if cfg.data.dataset == "wds":
         from .shard_loader import build_wds_loaders
 

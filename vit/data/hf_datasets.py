@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .datasets import DataError, _check_classes, _Seeded
+from .base import DataError, SeededDataset, check_classes
 from .decode import read_bytes
 
 __all__ = ["HFImageDataset", "build_hf_datasets", "load_split"]
 log = logging.getLogger(__name__)
 
 
-class HFImageDataset(_Seeded):
+class HFImageDataset(SeededDataset):
     """Rows of a table (anything indexable giving dicts: a `datasets.Dataset`) -> (image tensor, label)."""
 
     def __init__(self, table, image_column: str, label_column: str, classes, transform, seed: int = 0,
@@ -49,7 +49,7 @@ class HFImageDataset(_Seeded):
         if not isinstance(data, (bytes, bytearray)):
             raise DataError(f"column '{self.image_column}' of {self.name} holds {type(value).__name__}, not encoded "
                             "images; set data.image_column to the image column.")
-        return self.transform.load_bytes(bytes(data), path or self.describe(i), self._sample_seed(i)), \
+        return self.transform.load_bytes(bytes(data), path or self.describe(i), self.sample_seed(i)), \
             int(row[self.label_column])
 
 
@@ -147,7 +147,7 @@ def build_hf_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None
             table = table.cast_column(d.image_column, _datasets().Image(decode=False))
         found = found or _classes(table, d.label_column, d.num_classes)
         out[name] = (table, t, split)
-    classes = _check_classes(classes, found)
+    classes = check_classes(classes, found)
     if classes != found:
         raise DataError("the dataset's classes are in another order than the checkpoint's; evaluate on data with the "
                         "classes the model was trained on.")

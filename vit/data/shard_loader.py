@@ -31,7 +31,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .datasets import DataError
+from .base import DataError, check_classes
 from .decode import BadImageError
 from .shards import ShardSplit, plan_epoch, read_info, resolve_split, webdataset
 
@@ -181,7 +181,7 @@ class ShardDataset(IterableDataset):
                 key = next((x for x in IMAGE_KEYS if x in s), None)
                 if key is None or "cls" not in s:
                     raise DataError(f"sample {s.get('__key__')} in {url} has no image (.jpg/.png/.webp) or no .cls "
-                                    "label; write shards with python -m vit.data.shards.")
+                                    "label; write shards with python shards.py.")
                 y = int(s["cls"])
                 if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
                     raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
@@ -241,7 +241,7 @@ class ShardLoader:
         if dataset.train and dataset.plan(0).quota == 0:
             raise DataError(f"{world} process(es) x {dataset.num_workers} loader worker(s) = {readers} shard readers, "
                             f"but the {dataset.name} split has only {shards} shard(s): some readers would get none. "
-                            "Write smaller shards (python -m vit.data.shards --shard-size) or lower data.num_workers.")
+                            "Write smaller shards (python shards.py --shard-size) or lower data.num_workers.")
         # own generator: starting the loader draws its worker seed from it, not from the global RNG (train.py)
         self.loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                                  pin_memory=self.device.type == "cuda", generator=torch.Generator().manual_seed(0))
@@ -274,8 +274,6 @@ class ShardLoader:
 def build_wds_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None):
     """(train, val, class names) for `data.dataset: wds`: `data.root` (folder, URL or `pipe:` prefix) with
     `data.train_split` / `data.val_split` (names in _info.json or brace patterns)."""
-    from .datasets import _check_classes
-
     root = cfg.data.root
     info = read_info(root)
     found = info.get("classes")
@@ -283,9 +281,9 @@ def build_wds_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=Non
         if not cfg.data.num_classes:
             raise DataError(f"{root} has no {'_info.json' if not info else 'class names in _info.json'}; set "
                             "data.num_classes (labels are the .cls integers), or write the shards with "
-                            "python -m vit.data.shards.")
+                            "python shards.py.")
         found = [str(i) for i in range(cfg.data.num_classes)]
-    classes = _check_classes(classes, list(found))
+    classes = check_classes(classes, list(found))
     if classes != list(found):
         raise DataError("the shards' classes are in another order than the checkpoint's; relabelling shards is not "
                         "supported, write them again with the checkpoint's class order.")

@@ -1,8 +1,7 @@
 """WebDataset tar shards: write them from an ImageFolder, find them again, and plan who reads which.
 
-    python -m vit.data.shards --from data/pets --out data/pets-wds --shard-size 1000
-
-writes `train-00000.tar ...` and `val-00000.tar ...`, each sample `<key>.jpg|png|webp` (the file's original
+`write_shards` (the command: `python shards.py --from data/pets --out data/pets-wds --shard-size 1000`) writes
+`train-00000.tar ...` and `val-00000.tar ...`, each sample `<key>.jpg|png|webp` (the file's original
 bytes, never re-encoded; other formats such as BMP or TIFF become lossless PNG), `<key>.cls` (the class index as
 text) and `<key>.json` (`{"filename": "<class>/<file>"}`), then `_info.json` in the layout timm's `wds/` reader
 reads (timm/data/readers/reader_wds.py: `splits.<split>.{name, num_samples, filenames, shard_lengths}`) plus
@@ -17,7 +16,6 @@ their lengths, from `_info.json` or from a brace pattern, as timm spells splits 
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
@@ -25,12 +23,11 @@ import math
 import os
 import random
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .datasets import DataError, _class_folders, _folder_classes, _image_files
+from .base import DataError, class_folders, folder_classes, image_files
 from .decode import BadImageError, decode_image
 
 __all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME"]
@@ -92,7 +89,7 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
     wds = webdataset()
     root, out = Path(root), Path(out)
     listing = _check_sources(root, out, shard_size, splits, overwrite)  # everything checkable, before any write
-    classes = _folder_classes(root, splits[0])
+    classes = folder_classes(root, splits[0])
     try:
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".vit-shards-", dir=out))  # the new shards; swapped in when all done
@@ -132,16 +129,16 @@ def _check_sources(root: Path, out: Path, shard_size: int, splits: tuple[str, ..
         there = ",".join(s for s in splits if s not in missing)
         raise DataError(f"split folder {root / missing[0]} does not exist; add it, or write only the splits there "
                         f"are" + (f" with --splits {there}." if there else "."))
-    index = {c: i for i, c in enumerate(_folder_classes(root, splits[0]))}
+    index = {c: i for i, c in enumerate(folder_classes(root, splits[0]))}
     listing = {}
     for split in splits:
-        _folder_classes(root, split)
+        folder_classes(root, split)
         files = []
-        for c in _class_folders(root / split):
+        for c in class_folders(root / split):
             if c not in index:
                 raise DataError(f"{root / split / c} is a class the {splits[0]} split does not have; every split "
                                 "needs the same class folders.")
-            files += [(p, index[c]) for p in sorted(_image_files(root / split / c))]
+            files += [(p, index[c]) for p in sorted(image_files(root / split / c))]
         listing[split] = files
     return listing
 
@@ -194,7 +191,7 @@ def read_info(root: str) -> dict:
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError) as e:
-            raise DataError(f"{path} is not readable JSON ({e}); rewrite it with python -m vit.data.shards.") from None
+            raise DataError(f"{path} is not readable JSON ({e}); rewrite it with python shards.py.") from None
     try:
         with wds.gopen(_join(root, INFO_NAME)) as f:
             return json.load(f)
@@ -243,7 +240,7 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
         s = splits[split]
         if len(s["filenames"]) != len(s["shard_lengths"]):
             raise DataError(f"split '{split}' in {_join(root, INFO_NAME)} lists {len(s['filenames'])} files but "
-                            f"{len(s['shard_lengths'])} shard lengths; rewrite it with python -m vit.data.shards.")
+                            f"{len(s['shard_lengths'])} shard lengths; rewrite it with python shards.py.")
         return _existing(ShardSplit(tuple(_join(root, f) for f in s["filenames"]),
                                     tuple(int(n) for n in s["shard_lengths"])), split)
     pattern, _, count = split.partition("|")
@@ -301,27 +298,3 @@ def plan_epoch(lengths: tuple[int, ...] | list[int], num_readers: int, epoch: in
     else:
         quota = max(sum(lengths[i] for i in s) for s in shards)
     return EpochPlan(shards, quota)
-
-
-def _main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vit.data.shards", description=__doc__.split("\n\n")[0])
-    p.add_argument("--from", dest="src", required=True, help="ImageFolder with train/ and val/ (<split>/<class>/*)")
-    p.add_argument("--out", required=True, help="folder for the shards and _info.json")
-    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard at most (default 1000)")
-    p.add_argument("--splits", default="train,val", help="comma-separated split folders (default train,val)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the one-time shuffle of train samples")
-    p.add_argument("--overwrite", action="store_true", help="replace shards already in --out")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    info = write_shards(a.src, a.out, a.shard_size, tuple(s for s in a.splits.split(",") if s), a.seed, a.overwrite)
-    for name, s in info["splits"].items():
-        print(f"{name}: {s['num_samples']} samples in {len(s['filenames'])} shards"
-              + (f", {s['num_bad']} unreadable left out" if s["num_bad"] else ""))
-    print(f"wrote {Path(a.out) / INFO_NAME} ({len(info['classes'])} classes)")
-    return 0
-
-
-if __name__ == "__main__":
-    from ..cli.runtime import run_cli
-
-    run_cli(lambda: _main(sys.argv[1:]))

@@ -19,8 +19,8 @@ from ..data.datasets import IMG_EXTENSIONS, resolve_data_config
 from ..data.decode import BadImageError
 from ..data.transforms import Pipeline
 from ..hub.weights import load_pretrained, read_state_dict
+from ..models.build import create_model
 from ..models.checkpoint import CheckpointError, load_checkpoint
-from ..models.vision_transformer import create_model
 from .metrics import predict
 
 __all__ = ["LIST_SUFFIXES", "collect_images", "ImageFiles", "predict_files", "load_model_and_config",

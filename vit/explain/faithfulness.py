@@ -1,6 +1,6 @@
 """Do the maps point at what the model uses? Token deletion and insertion on held-out images.
 
-    python -m vit.explain.faithfulness --checkpoint runs/default/best [--limit 360] [--out DIR]
+    python faithfulness.py --checkpoint runs/default/best [--limit 360] [--out DIR]     # the command
 
 For every held-out image and every map (attention rollout, gradient rollout, last-layer raw attention, a
 random map) the patch tokens are ranked by relevance. Deletion removes them from the input sequence, most
@@ -14,16 +14,11 @@ Pixel blanking is not used: on digits a blank patch carries no evidence, so blan
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..data.datasets import build_datasets
-from ..models.checkpoint import load_checkpoint
-from ..utils.atomic import atomic_write_text
 from .rollout import attention_maps
 
 __all__ = ["token_curves", "auc", "paired_bootstrap", "evaluate_faithfulness"]
@@ -137,33 +132,3 @@ def plot(result: dict, path: Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     save_figure(fig, path, dpi=110)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", required=True)
-    ap.add_argument("--limit", type=int, default=None, help="use the first N held-out images")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/faithfulness)")
-    args = ap.parse_args(argv)
-    model, cfg, classes, _ = load_checkpoint(args.checkpoint)
-    _, val, _ = build_datasets(cfg, splits=("val",), classes=classes)
-    n = min(len(val), args.limit or len(val))
-    images = torch.stack([val[i][0] for i in range(n)])
-    torch.manual_seed(args.seed)
-    result = evaluate_faithfulness(model, images, args.batch_size, args.seed)
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "faithfulness"
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "faithfulness.json", json.dumps(result, indent=1))
-    plot(result, out / "faithfulness_curves.png")
-    print(f"{n} held-out images, {model.patch_embed.num_patches} patch tokens each\n")
-    print(format_table(result))
-    print(f"\nwrote {out}/faithfulness.json and faithfulness_curves.png")
-    return 0
-
-
-if __name__ == "__main__":
-    from ..cli.runtime import run_cli
-
-    run_cli(main)

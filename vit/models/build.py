@@ -1,4 +1,6 @@
-"""The model a config describes: the config's `model` section passed straight to `vit.create_model`.
+"""Building models: `create_model` (a named variant, its weights, its options; timm's `_factory.py`, above the
+model files, so that they know nothing of hubs) and the model a config describes (`build_model`: the config's
+`model` section passed straight to `create_model`).
 
 Every field of `ModelConfig` is a `create_model` argument of the same name, or names a setter the model has
 (`grad_checkpointing` -> `model.set_grad_checkpointing(value)`, timm's convention for switches that leave
@@ -17,12 +19,81 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from pathlib import Path
 from typing import Any
 
-from ..config import Config, ConfigError, ModelConfig
-from .vision_transformer import _OPTIONS, VisionTransformer, create_model
+from torch import nn
 
-__all__ = ["build_model", "model_kwargs", "check_model_config"]
+from ..config import Config, ConfigError, ModelConfig
+from ..hub.names import resolve_source
+from ..hub.weights import load_pretrained
+from ..layers import to_2tuple
+from .features import features_only_model
+from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer
+
+__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config"]
+
+
+def list_models() -> list[str]:
+    return sorted(VARIANTS)
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    features_only: bool = False,
+    out_indices: int | list[int] | tuple[int, ...] = 3,
+    feature_cls: str = "getter",
+    token_reduction: str | None = None,
+    **overrides,
+) -> nn.Module:
+    """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
+    img_size=64, num_classes=10)`. As in timm, `name` may carry a tag (`vit_base_patch16_224.augreg_in21k`) or a
+    source (`hf-hub:org/repo[@rev]`, `local-dir:/folder`), and `pretrained=True` loads the weights it names
+    from the Hugging Face cache (see `vit.hub.names`); `pretrained` may also be another such name, a folder or a
+    weights file. Weights go through `vit.load_pretrained` (positions resampled, head replaced, input channels
+    adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation); a
+    model without weights gets timm's registry entry for its name.
+    `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
+    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
+    such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    if source is not None:  # architecture and defaults from the weights' config; the overrides still win
+        name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
+    if name not in VARIANTS:
+        close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
+    unknown = sorted(set(overrides) - OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
+            f"valid options are: {', '.join(sorted(OPTIONS))}."
+        )
+    kwargs = {**VARIANTS[name], **overrides}
+    if isinstance(kwargs.get("img_size"), list):
+        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    model = VisionTransformer(**kwargs)
+    model._variant = name
+    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
+    if source is not None:
+        model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
+        if pretrained:
+            load_pretrained(model, source, cache_dir=cache_dir)
+    if token_reduction is not None:
+        model.set_token_reduction(token_reduction)
+    if features_only:
+        return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
+    return model
+
+
+def pretrained_cfg_of(m: ModelConfig) -> dict | None:
+    """The pretrained config (mean, std, crop_pct, interpolation, ...) of the weights `m.pretrained` names, read
+    from timm's registry or the hub cache without loading any weights; None when the config names none. What
+    train.py tells the data pipeline (`vit.data.resolve_data_config`), which never looks a model up itself."""
+    if not m.pretrained:
+        return None
+    return resolve_source(m.name, m.pretrained, VARIANTS).pretrained_cfg
 
 ALWAYS = ("img_size", "in_chans", "drop_rate", "attn_drop_rate", "drop_path_rate")
 # create_model's own arguments (not architecture overrides), passed by name below
@@ -31,7 +102,7 @@ _CREATE_ARGS = set(inspect.signature(create_model).parameters) - {"overrides"}
 
 
 def _is_setter(key: str) -> bool:
-    return key not in _OPTIONS and key not in _CREATE_ARGS and callable(getattr(VisionTransformer, f"set_{key}", None))
+    return key not in OPTIONS and key not in _CREATE_ARGS and callable(getattr(VisionTransformer, f"set_{key}", None))
 
 
 def model_kwargs(m: ModelConfig) -> dict[str, Any]:
@@ -52,7 +123,7 @@ def check_model_config(m: ModelConfig) -> None:
     """Raise ConfigError naming a `model.` key that `create_model` does not take (a field added to ModelConfig
     without its model option). Cheap: nothing is built."""
     for f in dataclasses.fields(m):
-        if f.name not in _FACTORY_ARGS and f.name not in _OPTIONS and f.name not in _CREATE_ARGS \
+        if f.name not in _FACTORY_ARGS and f.name not in OPTIONS and f.name not in _CREATE_ARGS \
                 and not _is_setter(f.name):
             raise ConfigError(f"config key 'model.{f.name}' is not an option of vit.create_model nor a "
                               f"set_{f.name} method of the model; add one to VisionTransformer or remove the key "

@@ -31,18 +31,18 @@ import torch
 from safetensors.torch import load_file, save
 
 from ..config import Config, dump, from_dict, read_yaml
-from ..hub.names import split_tag, timm_config
+from ..hub.hub_config import split_tag, timm_config
 from ..utils.atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
 from ..utils.faults import fault_point
 from .build import build_model  # re-exported: its home is vit.models.build, beside the config
-from .vision_transformer import VisionTransformer
+from .vision_transformer import VisionTransformer, architecture_defaults
 
 log = logging.getLogger(__name__)
 # Written into model.safetensors' metadata by save_checkpoint: the fixed sin-cos position table follows
 # big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
 SINCOS_MARK = ("pos_embed_sincos", "big_vision")
 
-__all__ = ["save_checkpoint", "load_checkpoint", "build_model", "latest_state", "verify_state", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_state", "verify_state", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -74,7 +74,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
     aug = cfg.aug  # resolved above: what the pipeline used
     data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
-    atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
+    timm = timm_config(model, arch, classes, data, architecture_defaults(arch))
+    atomic_write_text(folder / "config.json", json.dumps(timm, indent=2))
     return folder
 
 

@@ -1,21 +1,21 @@
 """Trace the data's path through a model: each stage's output shape, parameters and FLOPs.
 
-    python -m vit.models.summary vit_base_patch16_224 [--img-size 224] [--batch-size 1] [--num-classes 1000]
+    python summary.py vit_base_patch16_224 [--img-size 224] [--batch-size 1] [--num-classes 1000]   # the command
 
-FLOPs are counted by PyTorch's `FlopCounterMode` with CPU flash attention added (vit/utils/perf.py) and attributed to
-the module that ran them; a multiply-add counts as 2 FLOPs, so they are twice the "GMACs" of timm's tables.
+FLOPs are counted by PyTorch's `FlopCounterMode` with CPU flash attention added (vit/utils/perf.py) and
+attributed to the module that ran them; a multiply-add counts as 2 FLOPs, so they are twice the "GMACs" of
+timm's tables.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..utils.perf import flop_counter
-from .vision_transformer import VisionTransformer, create_model
+from .vision_transformer import VisionTransformer
 
 __all__ = ["summarize", "format_summary"]
 
@@ -74,26 +74,3 @@ def format_summary(rows: list[Row]) -> str:
             lines.append("-" * len(lines[0]))
         lines.append(f"{r.name:<18}{r.kind:<20}{str(list(r.shape)):<22}{r.params:>14,}{r.flops / 1e9:>10.3f}")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", help="a model name, e.g. vit_small_patch16_224")
-    ap.add_argument("--img-size", type=int, default=None)
-    ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--num-classes", type=int, default=None)
-    args = ap.parse_args(argv)
-    overrides = {k: v for k, v in (("img_size", args.img_size), ("num_classes", args.num_classes)) if v}
-    try:
-        model = create_model(args.model, **overrides).eval()
-    except (ValueError, TypeError) as e:
-        raise SystemExit(f"error: {e}") from None
-    h, w = model.patch_embed.img_size
-    x = torch.randn(args.batch_size, model.patch_embed.proj.in_channels, h, w)
-    print(f"{args.model}: patch {model.patch_embed.patch_size}, grid {model.patch_embed.grid_size}, "
-          f"{model.num_prefix_tokens + model.patch_embed.num_patches} tokens of width {model.embed_dim}")
-    print(format_summary(summarize(model, x)))
-
-
-if __name__ == "__main__":
-    main()

@@ -13,15 +13,12 @@ Attention maps come from a separate method, `forward_with_attention`, whose retu
 """
 
 import inspect
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.fx
 from torch import nn
 
-from ..hub.names import resolve_source
-from ..hub.weights import load_pretrained
 from ..layers import (
     PatchEmbed,
     build_token_reduction,
@@ -29,13 +26,12 @@ from ..layers import (
     parse_token_reduction,
     resample_abs_pos_embed,
     sincos_2d,
-    to_2tuple,
 )
 from .encoder import Encoder
-from .features import FeatureIntermediates, features_only_model
+from .features import FeatureIntermediates
 from .vision_weights import checkpoint_filter_fn
 
-__all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS"]
+__all__ = ["VisionTransformer", "VARIANTS", "OPTIONS", "architecture_defaults", "default_pretrained_cfg"]
 
 GLOBAL_POOLS = ("token", "avg", "max", "avgmax", "")  # timm's, less attention pooling ('map')
 
@@ -375,7 +371,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 
 
-# --- variants and the factory -------------------------------------------------------------------------------
+# --- variants --------------------------------------------------------------------------------------------
 
 # timm's names and architectures (Dosovitskiy et al., 2021, table 1; Touvron et al., 2021 for Ti and S).
 VARIANTS: dict[str, dict] = {
@@ -387,11 +383,15 @@ VARIANTS: dict[str, dict] = {
     "vit_small_patch16_384": dict(img_size=384, patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
 }
-_OPTIONS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
+OPTIONS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}  # what a variant may override
 
 
-def list_models() -> list[str]:
-    return sorted(VARIANTS)
+def architecture_defaults(name: str) -> dict[str, Any]:
+    """Every `VisionTransformer` option at its value for the variant `name` (the constructor's defaults, then the
+    variant's own); an unknown name gets the constructor's defaults. What a checkpoint's config.json leaves out."""
+    defaults = {k: p.default for k, p in inspect.signature(VisionTransformer.__init__).parameters.items()
+                if k != "self"}
+    return {**defaults, **VARIANTS.get(name, {})}
 
 
 def default_pretrained_cfg(name: str | None, model: VisionTransformer) -> dict[str, Any]:
@@ -404,52 +404,3 @@ def default_pretrained_cfg(name: str | None, model: VisionTransformer) -> dict[s
     return dict(input_size=(model.in_chans, *model.patch_embed.img_size), fixed_input_size=not model.dynamic_img_size,
                 interpolation="bicubic", crop_pct=0.9, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
                 num_classes=model.num_classes, pool_size=None, first_conv="patch_embed.proj", classifier="head")
-
-
-def create_model(
-    name: str,
-    pretrained: bool | str | Path | None = None,
-    cache_dir: str | Path | None = None,
-    features_only: bool = False,
-    out_indices: int | list[int] | tuple[int, ...] = 3,
-    feature_cls: str = "getter",
-    token_reduction: str | None = None,
-    **overrides,
-) -> nn.Module:
-    """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
-    img_size=64, num_classes=10)`. As in timm, `name` may carry a tag (`vit_base_patch16_224.augreg_in21k`) or a
-    source (`hf-hub:org/repo[@rev]`, `local-dir:/folder`), and `pretrained=True` loads the weights it names
-    from the Hugging Face cache (see `vit.hub.names`); `pretrained` may also be another such name, a folder or a
-    weights file. Weights go through `vit.load_pretrained` (positions resampled, head replaced, input channels
-    adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation); a
-    model without weights gets timm's registry entry for its name.
-    `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
-    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
-    such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
-    source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
-    if source is not None:  # architecture and defaults from the weights' config; the overrides still win
-        name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
-    if name not in VARIANTS:
-        close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
-    unknown = sorted(set(overrides) - _OPTIONS)
-    if unknown:
-        raise TypeError(
-            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
-            f"valid options are: {', '.join(sorted(_OPTIONS))}."
-        )
-    kwargs = {**VARIANTS[name], **overrides}
-    if isinstance(kwargs.get("img_size"), list):
-        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
-    model = VisionTransformer(**kwargs)
-    model._variant = name
-    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
-    if source is not None:
-        model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
-        if pretrained:
-            load_pretrained(model, source, cache_dir=cache_dir)
-    if token_reduction is not None:
-        model.set_token_reduction(token_reduction)
-    if features_only:
-        return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
-    return model
