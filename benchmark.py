@@ -69,7 +69,8 @@ import torch
 import vit
 from vit.config import OptimConfig
 from vit.train.optim import build_optimizer
-from vit.utils.perf import count_flops
+from vit.utils import perf
+from vit.utils.perf import count_flops, sync
 
 KERNELS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
@@ -83,11 +84,6 @@ KERNELS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return nullcontext()
@@ -96,23 +92,11 @@ def autocast(device: torch.device, precision: str):
 
 
 def matmul_peak(device: torch.device, precision: str, n: int = 2048, reps: int = 10) -> float:
-    """FLOP/s of a large square matmul, the practical peak for dense layers on this device."""
+    """FLOP/s of a large square matmul at `precision`, the practical peak for dense layers on this device."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     if device.type == "cpu" and precision != "fp32":
         dtype = torch.float32  # autocast on CPU still multiplies most matrices in fp32 on machines without AMX
-    if device.type == "cuda":
-        n = max(n, 8192)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+    return perf.matmul_peak(device, dtype, max(n, 8192) if device.type == "cuda" else n, reps)
 
 
 class Side:

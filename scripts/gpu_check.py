@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 
 import vit  # noqa: E402
 from vit.models.encoder import Block  # noqa: E402
-from vit.utils.perf import count_flops  # noqa: E402
+from vit.utils.perf import count_flops, matmul_peak, sync  # noqa: E402
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 KERNELS = {  # profiler op names -> the attention kernel they belong to
@@ -79,25 +79,6 @@ def setup() -> torch.device:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29577")
     dist.init_process_group("nccl" if cuda else "gloo")
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 10) -> float:
-    """FLOP/s of an n x n matmul in `dtype` on this process's device (best of `reps`), all processes at once."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
 
 
 def make_models(args, device) -> dict[str, torch.nn.Module]:

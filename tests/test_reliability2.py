@@ -22,7 +22,7 @@ from PIL import Image
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
 from vit.data.decode import BadImageError, decode_image
-from vit.models.checkpoint import CheckpointError, latest_state, load_checkpoint, save_checkpoint, verify_state
+from vit.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from vit.train.runfolder import (
     RunFolderError,
     RunLock,
@@ -32,6 +32,7 @@ from vit.train.runfolder import (
     resume_run,
     saved_checkpoints,
 )
+from vit.train.state import latest_state, verify_state
 
 SMALL = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",
          "--run.epochs=2", "--run.save_state_every=1", *TINY]
@@ -101,7 +102,7 @@ def test_ctrl_c_exits_cleanly_and_says_what_was_kept(saved_run):
 
 def _forge_manifest(state: Path, name: str) -> None:
     """Rewrite COMPLETE so that a planted `name` passes the hash check: only the loaders stand in the way."""
-    from vit.models.checkpoint import _sha256
+    from vit.train.state import sha256 as _sha256
 
     manifest = json.loads((state / "COMPLETE").read_text())
     manifest["files"][name] = [(state / name).stat().st_size, _sha256(state / name)]

@@ -14,9 +14,9 @@ from .datasets import (
     resolve_data_config,
 )
 from .decode import BadImageError, decode_image
-from .synthetic import photo_like
+from .synthetic import colour_coded, photo_like
 from .transforms import Pipeline, build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
            "resolve_data_config", "build_loaders", "absolute_root", "BadImageError", "decode_image", "photo_like",
-           "Pipeline", "build_transform"]
+           "colour_coded", "Pipeline", "build_transform"]

@@ -28,6 +28,7 @@ from .base import (
     image_files,
 )
 from .decode import BadImageError, decode_image
+from .synthetic import colour_coded
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
@@ -158,17 +159,10 @@ def _cifar(cfg: Config, name: str):
 
 
 def _synthetic(cfg: Config, img_size: int):
-    """Noise images whose mean colour encodes the class: learnable in a few steps, for smoke runs."""
-    rng = np.random.default_rng(cfg.data.split_seed)
-    k = cfg.data.synthetic_num_classes
-    palette = rng.integers(0, 256, size=(k, 3))
-
-    def make(n):
-        y = rng.integers(0, k, size=n)
-        noise = rng.normal(0, 40, size=(n, img_size, img_size, 3))
-        return np.clip(palette[y][:, None, None, :] + noise, 0, 255).astype(np.uint8), y
-
-    return make(cfg.data.synthetic_train_size), make(cfg.data.synthetic_val_size), [f"class_{i}" for i in range(k)]
+    d = cfg.data
+    tr, va = colour_coded(d.split_seed, d.synthetic_num_classes, (d.synthetic_train_size, d.synthetic_val_size),
+                          img_size)
+    return tr, va, [f"class_{i}" for i in range(d.synthetic_num_classes)]
 
 
 def _check_no_class_emptied(ds: FolderDataset, d: Path) -> None:

@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..utils.atomic import atomic_write_bytes
 from .base import DataError, class_folders, folder_classes, image_files
 from .decode import BadImageError, decode_image
 
@@ -70,15 +71,6 @@ def _sample(path: Path) -> tuple[str, bytes]:
     return "png", buf.getvalue()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, splits: tuple[str, ...] = ("train", "val"),
                  seed: int = 0, overwrite: bool = False) -> dict:
     """Write the shards of an ImageFolder (`root/<split>/<class>/*`) into `out`; returns the info dict written
@@ -107,7 +99,7 @@ def write_shards(root: str | Path, out: str | Path, shard_size: int = 1000, spli
         for split in splits:
             for name in info["splits"][split]["filenames"]:
                 os.replace(tmp / name, out / name)
-        _atomic_write(out / INFO_NAME, (json.dumps(info, indent=1) + "\n").encode())
+        atomic_write_bytes(out / INFO_NAME, (json.dumps(info, indent=1) + "\n").encode())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return info
@@ -171,7 +163,7 @@ def _write_split(wds, root: Path, split: str, files: list, tmp: Path, shard_size
                 ext, data, y, rel = samples[i]
                 w.write({"__key__": f"{split}_{i:08d}", ext: data, "cls": str(y).encode(),
                          "json": json.dumps({"filename": rel}).encode()})
-        _atomic_write(tmp / name, buf.getvalue())
+        atomic_write_bytes(tmp / name, buf.getvalue())
         names.append(name)
         start += n
     return {"name": split, "num_samples": len(samples), "filenames": names, "shard_lengths": lengths,

@@ -8,7 +8,7 @@ The lock is `fcntl.flock` on an open file: the kernel drops it when the process 
 A run folder that already holds a run is refused unless the run is resumed (`--resume=auto`) or replaced
 (`--run.overwrite=true`): starting afresh over it would mix two runs' checkpoints, metrics and states.
 train.py saves and resumes through `save_run_state` / `resume_run`: Accelerate's files plus the loop's state
-as JSON, EMA weights as safetensors and the config, all under `verify_state`'s manifest (vit/models/checkpoint.py).
+as JSON, EMA weights as safetensors and the config, all under `verify_state`'s manifest (vit/train/state.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from ..config import Config, diff, dump, from_dict, read_yaml
-from ..models.checkpoint import CheckpointError, check_finite, latest_state, save_state_atomic, verify_state
+from ..models.checkpoint import CheckpointError, check_finite
+from .state import latest_state, save_state_atomic, verify_state
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",

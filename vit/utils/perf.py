@@ -1,4 +1,5 @@
-"""FLOP counting that also sees CPU flash attention.
+"""Performance measurement shared by benchmark.py and scripts/gpu_check.py: FLOP counting that also sees CPU
+flash attention, and the matmul peak that utilization (MFU) is measured against.
 
 PyTorch's `FlopCounterMode` knows the CUDA SDPA kernels but not `_scaled_dot_product_flash_attention_for_cpu`
 (nor its backward), so on CPU it would silently drop the attention matmuls (~14% of ViT-Ti's FLOPs at 224 px).
@@ -7,10 +8,12 @@ PyTorch's `FlopCounterMode` knows the CUDA SDPA kernels but not `_scaled_dot_pro
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-__all__ = ["flop_counter", "count_flops"]
+__all__ = ["flop_counter", "count_flops", "sync", "matmul_peak"]
 
 _aten = torch.ops.aten
 
@@ -39,3 +42,25 @@ def count_flops(fn) -> int:
     with flop_counter() as counter:
         fn()
     return counter.get_total_flops()
+
+
+def sync(device: torch.device | str) -> None:
+    """Wait for the work queued on `device` (CUDA runs asynchronously; a timer read before this lies)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: torch.device | str, dtype: torch.dtype, n: int, reps: int = 10, warmup: int = 2) -> float:
+    """FLOP/s of an n x n matmul in `dtype` on `device`, the best of `reps` after `warmup` untimed ones: the
+    practical peak for dense layers, which utilization is measured against in the same run (2 n^3 FLOPs)."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(warmup):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
