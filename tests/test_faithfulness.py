@@ -90,5 +90,6 @@ def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     assert side["true_class"] == "dog" and side["title"].startswith("dog_002: true dog, predicted ")
     assert side["source"] == str(data / "val" / "dog" / "002.png")  # which file the map is of
     assert np.load(tmp_path / "cat_000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
-    r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"))
+    r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"), "--out",
+                   str(tmp_path))
     assert r.returncode == 2 and "no images found" in r.stderr

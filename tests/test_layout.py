@@ -237,3 +237,28 @@ def test_the_layout_check_finds_each_kind_of_violation(tmp_path):
     assert "private: train.py:1 takes _private from vit.data.d" in problems
     assert any(p.startswith("main: vit/models/m.py") for p in problems)
     assert len(problems) == 6, problems
+
+
+def test_the_checkout_check_sees_a_file_left_behind(tmp_path):
+    """conftest.py compares the checkout at the suite's end with its start; a file a test leaves in the working
+    tree or under runs/ (even an ignored one there) is reported by name."""
+    import subprocess
+
+    from helpers import checkout_changes, checkout_state
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    before = checkout_state(tmp_path)
+    (tmp_path / "stray.txt").write_text("x")
+    (tmp_path / "runs" / "default").mkdir(parents=True)
+    changes = checkout_changes(before, checkout_state(tmp_path))
+    assert "git status: new or changed: ?? stray.txt" in changes
+    assert any(c.startswith("runs/: new or changed: runs/default ") for c in changes)
+    assert checkout_changes(before, before) == []
+
+
+def test_every_script_run_by_a_test_is_given_a_temporary_output_folder():
+    from helpers import run_script
+
+    with pytest.raises(AssertionError, match="without --run.output_dir"):
+        run_script("train.py", "--run.epochs=1")

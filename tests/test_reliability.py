@@ -166,16 +166,17 @@ def test_bad_arguments_give_one_sentence_and_write_nothing(tmp_path, args, needl
 def test_empty_class_and_missing_split(tmp_path):
     root = make_image_folder(tmp_path / "f", classes=("a", "b"), n_train=2, n_val=1)
     (root / "train" / "empty").mkdir()
-    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", *TINY)
+    out = f"--run.output_dir={tmp_path / 'runs'}"  # never the checkout's runs/default (`make train` leaves one)
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", out, *TINY)
     assert r.returncode == 2 and "holds no images" in r.stderr
     (root / "train" / "empty").rmdir()
     import shutil
 
     shutil.rmtree(root / "val")  # no val/: a held-out share of train/, which 2 images per class cannot give
-    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", *TINY)
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", out, *TINY)
     assert r.returncode == 2 and "no val/ folder" in r.stderr and "class 'a' has 2" in r.stderr
     shutil.rmtree(root / "train")
-    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", *TINY)
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={root}", out, *TINY)
     assert r.returncode == 2 and "train" in r.stderr and "does not exist" in r.stderr
 
 
@@ -234,7 +235,8 @@ def test_crafted_pickle_is_refused_everywhere(tmp_path):
     (ck / "model.safetensors").write_bytes(evil.read_bytes())
     (ck / "config.yaml").write_text("model:\n  img_size: 32\n  depth: 1\n")
     (ck / "classes.json").write_text('["a", "b"]')
-    r = run_script("visualize_attention.py", "--checkpoint", str(ck), str(data / "val"))
+    r = run_script("visualize_attention.py", "--checkpoint", str(ck), str(data / "val"), "--out",
+                   str(tmp_path / "a"))
     assert r.returncode == 2 and "unreadable" in r.stderr and not marker.exists()
 
 
