@@ -1,5 +1,7 @@
-"""--help of every script: the config schema from the dataclasses, every option with its help and default, and
-no torch import on the way (checked in sys.modules of a fresh interpreter, not by timing)."""
+"""--help of every script: the config schema, every option with its help and default, and no torch import."""
+
+# --help of every script: the config schema from the dataclasses, every option with its help and default, and
+# no torch import on the way (checked in sys.modules of a fresh interpreter, not by timing).
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""YAML 1.1's booleans (yes/no/on/off) do not eat documented string values: `--run.mixed_precision=no` and
-`mixed_precision: no` in a file mean the string 'no'; keys typed bool still take yes/no/on/off."""
+"""YAML 1.1 booleans do not eat documented strings: --run.mixed_precision=no means the string no."""
+
+# YAML 1.1's booleans (yes/no/on/off) do not eat documented string values: `--run.mixed_precision=no` and
+# `mixed_precision: no` in a file mean the string 'no'; keys typed bool still take yes/no/on/off.
 
 import pytest
 import yaml

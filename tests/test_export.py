@@ -1,5 +1,7 @@
-"""export.py and vit.deploy.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
-at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence."""
+"""export.py and vit.deploy.export: every format reloaded and compared with PyTorch and timm."""
+
+# export.py and vit.deploy.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
+# at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence.
 
 import importlib.util
 import json

@@ -1,9 +1,10 @@
-"""Pretrained weights by name (vit/hub/names.py) against timm's own create_model(pretrained=True), the oracle.
+"""Pretrained weights by name (vit.hub) against timm's own create_model(pretrained=True), offline."""
 
-A Hugging Face hub cache is built offline in a temporary folder with huggingface_hub's real layout
-(models--org--name/refs/main, snapshots/<commit>/...), holding repositories that timm's save_for_hf wrote from
-randomly initialised timm models; HF_HUB_OFFLINE=1 throughout, so nothing here can touch the network.
-"""
+# Pretrained weights by name (vit/hub/names.py) against timm's own create_model(pretrained=True), the oracle.
+#
+# A Hugging Face hub cache is built offline in a temporary folder with huggingface_hub's real layout
+# (models--org--name/refs/main, snapshots/<commit>/...), holding repositories that timm's save_for_hf wrote from
+# randomly initialised timm models; HF_HUB_OFFLINE=1 throughout, so nothing here can touch the network.
 
 import json
 import sys

@@ -1,3 +1,5 @@
+"""The optimizer: parameter groups, weight decay and layer decay as timm's, the warmup + cosine schedule."""
+
 import math
 
 import pytest

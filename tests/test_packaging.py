@@ -1,6 +1,8 @@
-"""Packaging: pyproject.toml declares ranges a user's own environment can meet, constraints.txt pins what this
-repository is tested with, and the two agree. A user with their own torch must be able to install us without
-pip replacing it."""
+"""Packaging: lower bounds a user's environment can meet, exact pins for CI, the wheel with every subpackage."""
+
+# Packaging: pyproject.toml declares ranges a user's own environment can meet, constraints.txt pins what this
+# repository is tested with, and the two agree. A user with their own torch must be able to install us without
+# pip replacing it.
 
 from __future__ import annotations
 

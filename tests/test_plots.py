@@ -1,5 +1,7 @@
-"""Pictures through matplotlib's Figure (no global state touched), what they show, and the per-class metrics
-scikit-learn computes for evaluate.py, against hand counts."""
+"""Pictures through matplotlib's Figure (no global state), what they show, and the per-class metrics."""
+
+# Pictures through matplotlib's Figure (no global state touched), what they show, and the per-class metrics
+# scikit-learn computes for evaluate.py, against hand counts.
 
 import json
 import subprocess

@@ -1,5 +1,7 @@
-"""predict.py: one row per readable image in input order, equal to evaluate.py's predictions and to timm's
-outputs; broken and non-image files listed in skipped.csv; two processes give the same rows."""
+"""predict.py: one row per readable image in input order, equal to evaluate.py's and timm's outputs."""
+
+# predict.py: one row per readable image in input order, equal to evaluate.py's predictions and to timm's
+# outputs; broken and non-image files listed in skipped.csv; two processes give the same rows.
 
 import csv
 import importlib.util

@@ -1,6 +1,8 @@
-"""Sharded data: shards written from an ImageFolder read back as the same images and labels (by us, by
-webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
-sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk."""
+"""Tar shards: written from an ImageFolder, read back exactly, dealt to processes and workers, resumed."""
+
+# Sharded data: shards written from an ImageFolder read back as the same images and labels (by us, by
+# webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
+# sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk.
 
 import contextlib
 import io

@@ -1,3 +1,5 @@
+"""summary.py and vit.models.summary: shapes, parameters and FLOPs per stage against counted formulas."""
+
 import subprocess
 import sys
 

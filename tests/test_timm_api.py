@@ -1,7 +1,8 @@
-"""timm's model API on our ViT, checked against timm's own model with the same weights: forward_intermediates,
-pruning, features_only, FX and TorchScript, masks, classifier resets, layer-decay groups, input resizing,
-gradient checkpointing and pretrained_cfg. Models are tiny (3 blocks, 2x3 patch grid) so the file runs in seconds.
-"""
+"""timm's model API on our ViT, checked against timm's own model with the same weights."""
+
+# timm's model API on our ViT, checked against timm's own model with the same weights: forward_intermediates,
+# pruning, features_only, FX and TorchScript, masks, classifier resets, layer-decay groups, input resizing,
+# gradient checkpointing and pretrained_cfg. Models are tiny (3 blocks, 2x3 patch grid) so the file runs in seconds.
 
 import os
 import subprocess

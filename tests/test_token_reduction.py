@@ -1,6 +1,8 @@
-"""Token reduction (ToMe merge, EViT top-k): exact when off, ToMe's algorithm against a float64 reference written
-here from the paper, EViT's selection against the [CLS] attention computed here, the fused kernel still used,
-and rollout back on the full patch grid."""
+"""Token reduction (ToMe merge, EViT top-k) against float64 references written from the papers."""
+
+# Token reduction (ToMe merge, EViT top-k): exact when off, ToMe's algorithm against a float64 reference written
+# here from the paper, EViT's selection against the [CLS] attention computed here, the fused kernel still used,
+# and rollout back on the full patch grid.
 
 import math
 

@@ -1,5 +1,7 @@
-"""The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL's JPEG header reader,
-torchvision's resize + centre crop, and our own full-scale decode for the crop-aware reduced decode."""
+"""The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL, resize + crop."""
+
+# The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL's JPEG header reader,
+# torchvision's resize + centre crop, and our own full-scale decode for the crop-aware reduced decode.
 
 import io
 import itertools

@@ -6,7 +6,7 @@ Every field of `ModelConfig` is a `create_model` argument of the same name, or n
 (`grad_checkpointing` -> `model.set_grad_checkpointing(value)`, timm's convention for switches that leave
 the weights alone), so adding a model option is one parameter (or setter) of `VisionTransformer` and one line
 in `ModelConfig` (its choices, if any, in the field's `Literal` type); nothing here changes. A field that is
-neither fails with its name (`check_model_config`, run by `build_model` and by tests/test_factory.py).
+neither fails with its name (`check_model_config`, run by `build_model` and by tests/test_build.py).
 
 Which fields are passed: those the config decides whatever the weights say (`ALWAYS`: image size, channels and
 drop rates, which the data pipeline and the recipe own), and every other field whose value is set (not None)

@@ -1,6 +1,8 @@
-"""Fuzzing that reaches the JPEG header parser (vit.data.decode._jpeg_header) and `Pipeline.load`: generated JPEGs
-with EXIF orientations, extra segments and fill bytes against PIL as the oracle, and mutated headers that must
-give an image or one clean BadImageError, never another exception."""
+"""Image decoding: fuzzed JPEG headers and EXIF orientations give an image or one clean BadImageError."""
+
+# Fuzzing that reaches the JPEG header parser (vit.data.decode._jpeg_header) and `Pipeline.load`: generated JPEGs
+# with EXIF orientations, extra segments and fill bytes against PIL as the oracle, and mutated headers that must
+# give an image or one clean BadImageError, never another exception.
 
 import io
 

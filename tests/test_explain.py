@@ -1,11 +1,14 @@
 """Token deletion / insertion: the curves' end points are the model's own outputs; the script writes its files."""
 
 import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import TINY, make_image_folder, run_script
+from helpers import import_script as _script
+from helpers import run_script
 
 import vit
 from vit.explain.faithfulness import auc, paired_bootstrap, token_curves
@@ -44,14 +47,10 @@ def test_auc_and_bootstrap():
     assert r["differences"]["a - b"]["excludes_zero"] and r["differences"]["a - b"]["mean"] == pytest.approx(-0.2)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("viz")
-    data = make_image_folder(tmp / "folder", n_train=6, n_val=3)
-    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={data}", f"--run.output_dir={tmp}",
-                   "--run.name=t", "--run.epochs=1", *TINY)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp / "t/best", data
+@pytest.fixture
+def checkpoint(tiny_run):
+    run, data = tiny_run  # the session's one tiny training (conftest.py)
+    return run / "best", data
 
 
 def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
@@ -67,7 +66,8 @@ def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
 
 @pytest.mark.slow
 def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
-    ckpt, data = checkpoint
+    ckpt, shared = checkpoint
+    data = Path(shutil.copytree(shared, tmp_path / "data"))  # the session's folder stays as it is
     (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")
     for method in ("rollout", "grad_rollout"):  # the glob names files the folder holds too: one map each
         r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"),
@@ -93,3 +93,12 @@ def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"), "--out",
                    str(tmp_path))
     assert r.returncode == 2 and "no images found" in r.stderr
+
+
+def test_visualize_names_same_stem_inputs_by_the_folders_that_differ(tmp_path):
+    vis = _script("visualize_attention")
+    files = [tmp_path / "val/cat/cat_0.png", tmp_path / "train/cat/cat_0.png", tmp_path / "val/dog/cat_0.png",
+             tmp_path / "val/cat/other.png"]
+    names = [n for n, *_ in vis.unique_names([(f.stem, f, None) for f in files])]
+    assert names == ["val_cat_cat_0", "train_cat_cat_0", "dog_cat_0", "other"]
+    assert [n for n, *_ in vis.unique_names([("digits_0001", object(), None)])] == ["digits_0001"]
