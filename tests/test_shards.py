@@ -406,3 +406,23 @@ def test_cli_writes_shards_and_refuses_bad_input_in_one_line(folder, tmp_path):
                       (["--from", str(folder)], "already holds shards")):
         bad = run_script("shards.py", *args, "--out", str(tmp_path / "s"))
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_shards_script_runs_both_readers(capsys):
+    """scripts/bench_shards.py (a maintainer tool) times the folder and the shard reader on the same images."""
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("_bench_shards", ROOT / "scripts" / "bench_shards.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--images", "16", "--repeats", "1", "--batch-size", "8", "--shard-size", "8",
+                           "--width", "64", "--height", "48"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script pins one thread for its timing
+    out = capsys.readouterr().out
+    assert "16 JPEGs of 64x48" in out and "2 shards" in out and "shards / folder:" in out
