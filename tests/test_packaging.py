@@ -199,3 +199,19 @@ def test_jpeg_decoding_without_opencvs_rgb_flag_gives_the_same_pixels(monkeypatc
     monkeypatch.setattr(decode, "_REDUCED", decode._decode_flags(False))
     for r, want in zip((1, 2), rgb):
         np.testing.assert_array_equal(decode.decode_bytes(data, "x.jpg", reduction=r), want)
+
+
+def test_the_wheel_holds_every_subpackage():
+    """pyproject's packages.find, as setuptools applies it, finds vit and every folder of it that holds code:
+    a subpackage without __init__.py (or outside the include) would be left out of the wheel."""
+    import tomllib
+
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = set(find_packages(where=str(ROOT), include=include))
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("*.py")}
+    assert folders <= found, f"left out of the wheel: {sorted(folders - found)}"
+    assert {"vit", "vit.utils", "vit.layers", "vit.hub", "vit.models", "vit.data", "vit.eval", "vit.explain",
+            "vit.deploy", "vit.train", "vit.cli"} <= found
+    assert not any(p.startswith(("tests", "scripts", "docs")) for p in found)
