@@ -205,7 +205,6 @@ def test_the_wheel_holds_every_subpackage():
     """pyproject's packages.find, as setuptools applies it, finds vit and every folder of it that holds code:
     a subpackage without __init__.py (or outside the include) would be left out of the wheel."""
     import tomllib
-
     from setuptools import find_packages
 
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
