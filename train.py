@@ -28,16 +28,23 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]): 
     print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
 
+if __name__ == "__main__":  # SIGTERM while torch loads: one line and exit 143 too (vit/train/preemption.py)
+    from vit.train import preemption as _preemption
+
+    _preemption.install(early=True)
+
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 
+from vit.cli.outputs import check_writable
 from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
 from vit.eval.plots import plot_curves
 from vit.models.build import build_model, pretrained_cfg_of
+from vit.train import preemption
 from vit.train.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
@@ -46,6 +53,7 @@ from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported fr
     finished,
     mix_batch,
     save_state_if_due,
+    stop_if_preempted,
     train_one_epoch,
     trim_metrics,
 )
@@ -55,6 +63,7 @@ from vit.utils.atomic import atomic_write_text
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = load_config(config_path, overrides)
     cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(accelerator)
     cfg.run.mixed_precision = accelerator.mixed_precision  # the precision that runs (not null) is saved and printed
     if accelerator.is_main_process:  # fail before any data is read; the lock itself is taken below
-        check_writable(run_dir)
+        check_writable(run_dir, "the output folder", "set run.output_dir to a writable folder")
         check_not_locked(run_dir)
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
@@ -101,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- loop: one save policy (vit/train/engine.py: state_save_due) ------------------------------------------------
     console.start_progress(run.total_steps, run.state.step)
-    while not finished(run):
-        stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
-        evaluate_and_checkpoint(run, stats)
-        save_state_if_due(run, "epoch")
+    with preemption.deferred():  # SIGTERM: finish the step, save a state, exit 143 (vit/train/preemption.py)
+        while not finished(run):
+            stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
+            evaluate_and_checkpoint(run, stats)
+            save_state_if_due(run, "epoch")
+            stop_if_preempted(run, saved=True)
     console.close()
     finish(run)
     return 0
@@ -130,20 +141,6 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
             rest.append(a)
         i += 1
     return config, rest
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail early, creating nothing, if the run folder could not be made or written."""
-    import tempfile
-
-    existing = run_dir.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    try:  # a real attempt (permission bits say nothing to root): a temporary folder, removed at once
-        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
-    except OSError as e:
-        raise ConfigError(f"cannot write to the output folder {run_dir} ({existing}: {e.strerror}); "
-                          "set run.output_dir to a writable folder.") from None
 
 
 def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:

@@ -5,6 +5,7 @@ classes). The folder, shard and Hugging Face readers all take them from here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -35,7 +36,14 @@ class SeededDataset(Dataset):
 
 def class_folders(d: Path) -> list[str]:
     """Class folder names, hidden ones (.ipynb_checkpoints, .git) left out."""
-    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in names:  # a class name is saved as UTF-8 text (classes.json, config.json) and must come back
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"class folder {os.fsencode(name)!r} in {d} has a name that is not UTF-8 text, so the "
+                            "model's class names could not be saved and read back; rename the folder.") from None
+    return names
 
 
 def image_files(d: Path):

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ..config import Config
+from ..config import Config, ConfigError, check_data_sources
 from .base import (
     IMG_EXTENSIONS,
     DataError,
@@ -183,12 +183,18 @@ def absolute_root(root: str | None) -> str | None:
     return str(Path(root).absolute())
 
 
-def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:
+def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chans: int | None = None) -> Config:
     """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
     `pretrained_cfg`, the pretrained weights' config, as timm's resolve_data_config: the data pipeline is told
     the preprocessing (a model's `pretrained_cfg`, or `vit.models.pretrained_cfg_of(cfg.model)` for the weights
     the config names) and never looks a model up; without one, the fallbacks of `AugConfig.resolved`.
-    Everything comes back filled, so the saved config says what was used."""
+    Everything comes back filled, so the saved config says what was used. `in_chans`: the channels of a model
+    already built (one loaded by name, which decides them): the pipeline follows it, not the config's default."""
+    if in_chans is not None and in_chans != cfg.model.in_chans:
+        if in_chans not in (1, 3):
+            raise ConfigError(f"the model takes {in_chans} input channels, but the image pipelines give 3 (RGB) or "
+                              "1 (grey); use a model built for one of those.")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=in_chans))
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
@@ -223,6 +229,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
     `splits` comes back as None (evaluation builds only val). `classes` (a checkpoint's) fixes the label order;
     a dataset whose classes differ raises DataError before any image is read."""
+    check_data_sources(cfg)  # a pipe: or URL source from a checkpoint's saved config: refused before anything opens
     size, seed = cfg.model.img_size, cfg.run.seed
     t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
     name = cfg.data.dataset

@@ -1,11 +1,12 @@
 """Model checkpoints: folders written atomically, read without unpickling anything.
 
 A model checkpoint is a folder holding `model.safetensors` (weights), `config.yaml` (the resolved config),
-`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written to a
-temporary name, fsync'ed and renamed over the old one, so a process killed mid-write leaves the previous
-complete file in place. Training states (optimizer, RNG, step: what a resume reads) are another thing with
-another home, vit/train/state.py. File writing itself lives in vit/utils/atomic.py, the test-only crash hooks
-(`fault_point`) in vit/utils/faults.py.
+`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written
+into a temporary folder beside it, fsync'ed, and the folder is swapped in as a whole (vit/utils/atomic.py:
+replace_dir), so a process killed mid-save leaves the previous complete checkpoint, weights and meta.json
+together. Training states (optimizer, RNG, step: what a resume reads) are another thing with another home,
+vit/train/state.py. File writing itself lives in vit/utils/atomic.py, the test-only crash hooks (`fault_point`)
+in vit/utils/faults.py.
 
 Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
 model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
@@ -17,16 +18,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save
 
-from ..config import Config, dump, from_dict, read_yaml
+from ..config import Config, dump, from_dict, read_yaml, withhold_remote_sources
 from ..hub.hub_config import split_tag, timm_config
-from ..utils.atomic import atomic_write_bytes, atomic_write_text
+from ..hub.weights import check_finite, check_weights
+from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
 from ..utils.faults import fault_point
-from .build import build_model  # re-exported: its home is vit.models.build, beside the config
+from .build import build_model
 from .vision_transformer import VisionTransformer, architecture_defaults
 
 log = logging.getLogger(__name__)
@@ -34,7 +38,7 @@ log = logging.getLogger(__name__)
 # big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
 SINCOS_MARK = ("pos_embed_sincos", "big_vision")
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_finite", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -51,23 +55,32 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder = Path(folder)
     weights = model.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-    check_finite(state, f"refusing to save {folder}")
+    check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
-    folder.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
-    atomic_write_bytes(folder / "model.safetensors", save(state, metadata=metadata))
-    fault_point("checkpoint", int((meta or {}).get("step", -1)))
-    atomic_write_text(folder / "config.yaml", dump(cfg))
-    atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
-    atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
-    # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
-    arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
-    aug = cfg.aug  # resolved above: what the pipeline used
-    data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
-    timm = timm_config(model, arch, classes, data, architecture_defaults(arch))
-    atomic_write_text(folder / "config.json", json.dumps(timm, indent=2))
+    # the whole folder at once: written beside it, then swapped in (a kill between files leaves the old one whole)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(folder, f".tmp-{folder.name}-*")
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
+        atomic_write_bytes(tmp / "model.safetensors", save(state, metadata=metadata))
+        fault_point("checkpoint", int((meta or {}).get("step", -1)))
+        atomic_write_text(tmp / "config.yaml", dump(cfg))
+        atomic_write_text(tmp / "classes.json", json.dumps(classes, indent=1))
+        atomic_write_text(tmp / "meta.json", json.dumps(meta or {}, indent=1))
+        # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
+        arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+        aug = cfg.aug  # resolved above: what the pipeline used
+        data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
+        timm = timm_config(model, arch, classes, data, architecture_defaults(arch))
+        atomic_write_text(tmp / "config.json", json.dumps(timm, indent=2))
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return folder
 
 
@@ -94,6 +107,11 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
             raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
+    withhold_remote_sources(cfg)  # a pipe: or URL data source from a folder one was handed is never run or fetched
+    try:
+        check_weights(state, folder / "model.safetensors")  # non-float or non-finite: refused, not cast
+    except (ValueError, FloatingPointError) as e:
+        raise CheckpointError(str(e)) from None
     model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
@@ -118,8 +136,3 @@ def _metadata(path: Path) -> dict:
         return f.metadata() or {}
 
 
-def check_finite(state: dict[str, torch.Tensor], what: str) -> None:
-    """Raise FloatingPointError naming the first floating-point tensor holding inf or NaN."""
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise FloatingPointError(f"{what}: {k} holds non-finite values; lower optim.lr or enable optim.clip_grad.")

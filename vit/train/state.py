@@ -109,6 +109,21 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
         for stale in root.glob(".tmp-*"):  # left by a process killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
+    try:
+        _write_state(accelerator, tmp, final, root, step, keep, extra)
+    except OSError as e:  # a full disk, a quota, a folder gone read-only: the partial folder goes, the older stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for p in sorted(root.glob("step-*")) if (p / "COMPLETE").is_file()]
+        kept_note = f"the older state {root / kept[-1]} is untouched" if kept else "no earlier state was saved"
+        raise CheckpointError(f"could not save the training state of step {step} into {root} "
+                              f"({e.strerror or e}); {kept_note}; free space or fix the folder, then continue "
+                              "with --resume=auto.") from None
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_state(accelerator, tmp: Path, final: Path, root: Path, step: int, keep: int,
+                 extra: dict[str, bytes] | None) -> None:
     accelerator.save_state(str(tmp), safe_serialization=True)
     if accelerator.is_main_process:
         for name, data in (extra or {}).items():
@@ -131,5 +146,3 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
         old = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))[:-keep]
         for p in old:
             shutil.rmtree(p, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
