@@ -1,5 +1,7 @@
-"""Folder entries that cannot round-trip or be read: a class folder whose name is not UTF-8 is refused before
-training, and predict names a linked or unreadable subfolder in skipped.csv instead of passing over it."""
+"""Folder entries: a non-UTF-8 class folder is refused, predict names linked or unreadable subfolders."""
+
+# Folder entries that cannot round-trip or be read: a class folder whose name is not UTF-8 is refused before
+# training, and predict names a linked or unreadable subfolder in skipped.csv instead of passing over it.
 
 import csv
 import os

@@ -1,5 +1,7 @@
-"""Hugging Face datasets on disk: labels that are not class indices (floats, text, -1, past the classes) are
-refused at the start in one sentence, and an undecodable image row is skipped as a folder image is."""
+"""Hugging Face datasets on disk: labels that are not class indices refused, bad image rows skipped."""
+
+# Hugging Face datasets on disk: labels that are not class indices (floats, text, -1, past the classes) are
+# refused at the start in one sentence, and an undecodable image row is skipped as a folder image is.
 
 import io
 

@@ -1,5 +1,7 @@
-"""Preprocessing that comes with the weights (pretrained_cfg) passes the config's checks, and the pipeline follows
-the model's input channels."""
+"""Preprocessing from the weights passes the config's checks; the pipeline follows the model's channels."""
+
+# Preprocessing that comes with the weights (pretrained_cfg) passes the config's checks, and the pipeline follows
+# the model's input channels.
 
 import argparse
 import json

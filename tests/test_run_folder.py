@@ -19,8 +19,12 @@ from helpers import ROOT, TINY, run_script
 from helpers import import_script as _script
 from safetensors.torch import load_file
 
+from vit.cli.runtime import make_accelerator
 from vit.config import ConfigError, load_config
+from vit.models.build import build_model
 from vit.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from vit.train.engine import TrainState
+from vit.train.optim import build_optimizer
 from vit.train.runfolder import (
     RunFolderError,
     RunLock,
@@ -28,9 +32,11 @@ from vit.train.runfolder import (
     clear_run,
     kept_note,
     resume_run,
+    save_run_state,
     saved_checkpoints,
 )
 from vit.train.state import latest_state, verify_state
+from vit.train.state import sha256 as _sha256
 
 SYN = ["--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=12",
        "--run.epochs=3", "--model.drop_path_rate=0.1", "--aug.random_resized_crop=true", *TINY]
@@ -329,3 +335,29 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in ema.state_dict().items())
     assert (back.step, back.epoch, back.batch_in_epoch, back.best, back.loss_sum, back.loss_n) == (3, 1, 2, [[0.5, 0]],
                                                                                                      2.5, 2)
+
+
+# --- A training state records its process count; resuming it with another count (another global batch) is refused
+
+
+def test_resuming_a_state_saved_by_another_process_count_is_refused(tmp_path):
+    args = [*TINY, "--model.depth=1", "--data.dataset=synthetic", f"--run.output_dir={tmp_path}", "--run.name=r"]
+    cfg = load_config(None, args)
+    accelerator = make_accelerator()
+    model = build_model(cfg, 10)
+    model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
+    save_run_state(accelerator, cfg, tmp_path / "r", TrainState(step=2, batch_in_epoch=2), model, None, 1.5, 2)
+    state = latest_state(tmp_path / "r")
+    saved = json.loads((state / "train_state.json").read_text())
+    assert saved["num_processes"] == 1
+    resume_run(accelerator, load_config(None, [*args, "--run.resume=auto"]), tmp_path / "r", TrainState(), None)
+
+    # the same state as two processes would have written it (its manifest rewritten to match)
+    saved.update(num_processes=2, loss_sums=[1.5, 1.5])
+    (state / "train_state.json").write_text(json.dumps(saved))
+    manifest = json.loads((state / "COMPLETE").read_text())
+    manifest["files"]["train_state.json"] = [(state / "train_state.json").stat().st_size,
+                                             _sha256(state / "train_state.json")]
+    (state / "COMPLETE").write_text(json.dumps(manifest))
+    with pytest.raises(RunFolderError, match=r"with 1 process: it was saved by 2 processes.*--num_processes 2"):
+        resume_run(accelerator, load_config(None, [*args, "--run.resume=auto"]), tmp_path / "r", TrainState(), None)

@@ -1,6 +1,8 @@
-"""What predict, evaluate and visualize write: checked writable before inference, spreadsheet-safe CSV cells,
-undecodable file names as escapes, no control characters on the console, one run at a time per --out, and no
-stale output of an earlier run beside the new one."""
+"""What predict, evaluate and visualize write: checked, spreadsheet-safe, escaped, one run per --out."""
+
+# What predict, evaluate and visualize write: checked writable before inference, spreadsheet-safe CSV cells,
+# undecodable file names as escapes, no control characters on the console, one run at a time per --out, and no
+# stale output of an earlier run beside the new one.
 
 import csv
 import os

@@ -1,5 +1,7 @@
-"""Nothing a folder one is handed says runs a command or fetches a URL: shard names in _info.json, data sources
-in a checkpoint's saved config, through every entry point that builds a dataset or loads a checkpoint."""
+"""Nothing a folder one is handed runs a command or fetches a URL: _info.json names, saved data sources."""
+
+# Nothing a folder one is handed says runs a command or fetches a URL: shard names in _info.json, data sources
+# in a checkpoint's saved config, through every entry point that builds a dataset or loads a checkpoint.
 
 import json
 from pathlib import Path
