@@ -17,10 +17,10 @@ def _seed():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training per test session, reused by every test that needs a real run's checkpoint: train.py, 2
-    epochs of the TINY model on a 3-class ImageFolder (cat, dog, fox; 6 train and 3 val images each).
+    epochs of the TINY model on a 7-class ImageFolder (a to g; 6 train and 3 val images each).
     Returns (run folder, image folder); a test that changes either works on a copy."""
     tmp = tmp_path_factory.mktemp("tiny_run")
-    data = make_image_folder(tmp / "folder", n_train=6, n_val=3)
+    data = make_image_folder(tmp / "folder", classes=tuple("abcdefg"), n_train=6, n_val=3)
     r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={data}", f"--run.output_dir={tmp}",
                    "--run.name=t", "--run.epochs=2", *TINY)
     assert r.returncode == 0, r.stderr[-3000:]

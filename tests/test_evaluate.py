@@ -12,7 +12,7 @@ from helpers import make_image_folder, run_script
 
 @pytest.fixture
 def trained(tiny_run):
-    run, data = tiny_run  # the session's one tiny training (conftest.py): 3 classes, 9 val images
+    run, data = tiny_run  # the session's one tiny training (conftest.py): 7 classes, 21 val images
     return run.parent, data
 
 
@@ -29,11 +29,11 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     preds = _read(tmp_path / "predictions.csv")
-    assert len(preds) == m["n"] == 9
+    assert len(preds) == m["n"] == 21
     y = np.array([int(p["label"]) for p in preds])
     yhat = np.array([int(p["pred1"]) for p in preds])
     assert m["top1"] == pytest.approx(accuracy_score(y, yhat))
-    assert m["top1"] == pytest.approx(sum(p["correct"] == "1" for p in preds) / 9)  # manual count
+    assert m["top1"] == pytest.approx(sum(p["correct"] == "1" for p in preds) / 21)  # manual count
     top5 = np.mean([str(yy) in {p[f"pred{k}"] for k in range(1, 6)} for yy, p in zip(y, preds)])
     assert m["top5"] == pytest.approx(top5)
     pr, rc, f1, sup = precision_recall_fscore_support(y, yhat, labels=range(7), zero_division=0)
@@ -133,7 +133,7 @@ def test_two_processes_one_prediction_per_sample(trained, tmp_path):
     one = run_script("evaluate.py", "--checkpoint", str(run / "t/best"), "--out", str(tmp_path / "one"))
     assert one.returncode == 0
     a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("two", "one"))
-    assert a["num_processes"] == 2 and a["n"] == b["n"] == 9  # 9 is odd: padding would show as 10
+    assert a["num_processes"] == 2 and a["n"] == b["n"] == 21  # 21 is odd: padding would show as 22
     assert a["top1"] == b["top1"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     rows = _read(tmp_path / "two/predictions.csv")
-    assert len({r["sample"] for r in rows}) == 9
+    assert len({r["sample"] for r in rows}) == 21

@@ -68,28 +68,28 @@ def test_faithfulness_cli_writes_table_json_and_png(checkpoint, tmp_path):
 def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
     ckpt, shared = checkpoint
     data = Path(shutil.copytree(shared, tmp_path / "data"))  # the session's folder stays as it is
-    (data / "val" / "cat" / "broken.png").write_bytes(b"not an image")
+    (data / "val" / "a" / "broken.png").write_bytes(b"not an image")
     for method in ("rollout", "grad_rollout"):  # the glob names files the folder holds too: one map each
         r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(data / "val"),
-                       str(data / "val" / "dog" / "*.png"), "--method", method, "--batch-size", "4",
-                       "--out", str(tmp_path), "--target-class", "dog")
+                       str(data / "val" / "b" / "*.png"), "--method", method, "--batch-size", "4",
+                       "--out", str(tmp_path), "--target-class", "b")
         assert r.returncode == 0, r.stderr[-3000:]
         assert "skipping" in r.stderr and "broken.png" in r.stderr
-        assert "wrote 9 map(s)" in r.stdout
-        for c in ("cat", "dog", "fox"):  # 000.png in three class folders: three maps, none overwritten
+        assert "wrote 21 map(s)" in r.stdout
+        for c in ("a", "b", "c"):  # 000.png in every class folder: a map each, none overwritten
             for i in range(3):
                 for suffix in ("png", "npy", "json"):
                     assert (tmp_path / f"{c}_{i:03d}_{method}.{suffix}").is_file()
-    assert len([p for p in tmp_path.glob("*_rollout.json") if "_grad_" not in p.name]) == 9
-    side = json.loads((tmp_path / "fox_000_grad_rollout.json").read_text())
-    assert side["method"] == "grad_rollout" and side["explained_class"] == "dog" and len(side["top5"]) == 3
-    assert side["true_class"] == "fox" and "true fox, predicted" in side["title"]
+    assert len([p for p in tmp_path.glob("*_rollout.json") if "_grad_" not in p.name]) == 21
+    side = json.loads((tmp_path / "c_000_grad_rollout.json").read_text())
+    assert side["method"] == "grad_rollout" and side["explained_class"] == "b" and len(side["top5"]) == 5
+    assert side["true_class"] == "c" and "true c, predicted" in side["title"]
     assert side["title"].endswith("\ngrad rollout, blocks 0-1")  # the settings this method uses, no others
-    side = json.loads((tmp_path / "dog_002_rollout.json").read_text())
+    side = json.loads((tmp_path / "b_002_rollout.json").read_text())
     assert side["title"].endswith("rollout, heads: mean, discard ratio 0, blocks 0-1, residual alpha 0.5")
-    assert side["true_class"] == "dog" and side["title"].startswith("dog_002: true dog, predicted ")
-    assert side["source"] == str(data / "val" / "dog" / "002.png")  # which file the map is of
-    assert np.load(tmp_path / "cat_000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
+    assert side["true_class"] == "b" and side["title"].startswith("b_002: true b, predicted ")
+    assert side["source"] == str(data / "val" / "b" / "002.png")  # which file the map is of
+    assert np.load(tmp_path / "a_000_rollout.npy").shape == (2, 2)  # 32 px / 16 = a 2x2 grid
     r = run_script("visualize_attention.py", "--checkpoint", str(ckpt), str(tmp_path / "nothing*.png"), "--out",
                    str(tmp_path))
     assert r.returncode == 2 and "no images found" in r.stderr
