@@ -4,9 +4,9 @@
     vit.create_text_model("hf-hub:FacebookAI/roberta-base@main")      # at a branch, tag or commit
     vit.create_text_model("local-dir:/models/my-bert")                # a folder written by save_pretrained
 
-Names, files and weights are found and read by the image side's code (`vit.hub.repo_file`,
-`vit.pretrained.read_state_dict`: model.safetensors, else pytorch_model.bin with weights_only=True), renamed by
-`vit.text_weights`; here the config's `model_type` and fields become `TextEncoder` options:
+Names, files and weights are found and read by the image side's code (`vit.hub.names.repo_file`,
+`vit.hub.weights.read_state_dict`: model.safetensors, else pytorch_model.bin with weights_only=True), renamed by
+`vit.hub.text_weights`; here the config's `model_type` and fields become `TextEncoder` options:
 
     model_type                           architecture around the shared blocks
     bert, electra                        post-norm; word + position + token-type embeddings, LayerNorm; [CLS]
@@ -27,10 +27,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..hub import WEIGHT_FILES, read_json, repo_file
-from ..pretrained import LoadReport, check_fit, check_weights, read_state_dict
-from ..text import TextEncoder
-from ..text_weights import text_state_dict
+from ..hub.names import WEIGHT_FILES, read_json, repo_file
+from ..hub.text_weights import text_state_dict
+from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
+from .text_encoder import TextEncoder
 
 __all__ = ["FAMILIES", "create_text_model", "text_encoder_from_config", "text_model_args"]
 
