@@ -51,7 +51,7 @@ from vit.factory import build_model
 from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
+from vit.runtime import apply_machine_defaults, check_writable, make_accelerator, run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(accelerator)
     cfg.run.mixed_precision = accelerator.mixed_precision  # the precision that runs (not null) is saved and printed
     if accelerator.is_main_process:  # fail before any data is read; the lock itself is taken below
-        check_writable(run_dir)
+        check_writable(run_dir, "the output folder", "set run.output_dir to a writable folder")
         check_not_locked(run_dir)
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
@@ -129,20 +129,6 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
             rest.append(a)
         i += 1
     return config, rest
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail early, creating nothing, if the run folder could not be made or written."""
-    import tempfile
-
-    existing = run_dir.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    try:  # a real attempt (permission bits say nothing to root): a temporary folder, removed at once
-        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
-    except OSError as e:
-        raise ConfigError(f"cannot write to the output folder {run_dir} ({existing}: {e.strerror}); "
-                          "set run.output_dir to a writable folder.") from None
 
 
 def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:

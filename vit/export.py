@@ -19,6 +19,7 @@ would compile the attention layer's error messages, which TorchScript's compiler
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 import warnings
@@ -32,7 +33,7 @@ from .atomic import atomic_write_text
 from .vision import VisionTransformer
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",
-           "preprocessing", "require_onnx"]
+           "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
 ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
@@ -151,6 +152,13 @@ def verify(reference: nn.Module, run, batches: list[torch.Tensor], atol: float =
     worst, differ, n, shapes = 0.0, 0, 0, []
     for x in batches:
         p_ref, p_exp = reference(x).softmax(-1), run(x).float().softmax(-1)
+        # NaN compares false, so max() and != alone would certify a NaN model as exact
+        if not torch.isfinite(p_ref).all():
+            raise ExportError("the PyTorch model's outputs are not finite (NaN or inf) on the verification images; "
+                              "its weights are broken: export a checkpoint that evaluates to finite numbers.")
+        if not torch.isfinite(p_exp).all():
+            raise ExportError("the exported model's outputs are not finite (NaN or inf) where PyTorch's are; "
+                              "it must not be used.")
         worst = max(worst, float((p_ref - p_exp).abs().max()))
         differ += int((p_ref.argmax(-1) != p_exp.argmax(-1)).sum())
         n += len(x)
@@ -158,8 +166,18 @@ def verify(reference: nn.Module, run, batches: list[torch.Tensor], atol: float =
     res = dict(max_abs_prob_diff=worst, top1_disagreements=differ, images=n, input_shapes=shapes, atol=atol)
     if worst > atol or differ:
         raise ExportError(f"the exported model differs from the PyTorch model (max |p| difference {worst:.2e}, "
-                          f"{differ} different top-1 of {n}); it was written but should not be used.")
+                          f"{differ} different top-1 of {n}); it must not be used.")
     return res
+
+
+def fingerprint(model: nn.Module) -> str:
+    """sha256 of the weights (names, dtypes, shapes, bytes): which model an exported file was verified for."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
 
 
 def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:

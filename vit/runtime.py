@@ -28,7 +28,7 @@ from accelerate import Accelerator
 
 from .config import Config, ConfigError
 
-__all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
+__all__ = ["make_accelerator", "run_cli", "check_options", "check_writable", "apply_machine_defaults", "machine_cpus",
            "resolve_workers", "resolve_threads", "resolve_precision"]
 
 
@@ -98,6 +98,21 @@ def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> Non
     folder = getattr(args, out, None)
     if folder and Path(folder).exists() and not Path(folder).is_dir():
         raise ConfigError(f"--{out} {folder} is an existing file; pass a folder to write the results into.")
+
+
+def check_writable(folder: str | Path, what: str, fix: str) -> None:
+    """Fail early, creating nothing, if `folder` could not be made or written (read-only, or below a file): a
+    real attempt, since permission bits say nothing to root: a temporary folder in the nearest existing parent,
+    removed at once. `what` names the folder in the sentence, `fix` says what to do."""
+    import tempfile
+
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
+    except OSError as e:
+        raise ConfigError(f"cannot write to {what} {folder} ({existing}: {e.strerror}); {fix}.") from None
 
 
 # --- what the machine has -----------------------------------------------------------------------------------
