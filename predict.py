@@ -58,7 +58,8 @@ import torch
 from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
+from vit.cli.images import collect_images
+from vit.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
 from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.transforms import build_transform
 

@@ -18,14 +18,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from .config import Config
-from .decode import BadImageError, decode_image
+from .decode import IMG_EXTENSIONS, BadImageError, decode_image
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
            "resolve_data_config", "build_loaders", "absolute_root"]
 log = logging.getLogger(__name__)
 
-IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
 class DataError(ValueError):
