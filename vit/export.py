@@ -181,12 +181,40 @@ def fingerprint(model: nn.Module) -> str:
 
 
 def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:
-    """What a runtime must do to an image before the exported model sees it, timm's pretrained_cfg keys."""
+    """What a runtime must do to an image before the exported model sees it: timm's pretrained_cfg keys, and
+    `steps`, every step `vit.transforms` runs for evaluation, stated so that it can be reproduced without this
+    code (vit/deploy/preprocess.py is such a reproduction, tested equal to ours)."""
+    aug = aug.resolved()
     ph, pw = model.patch_embed.patch_size
+    chans = model.patch_embed.proj.in_channels
+    size = model.patch_embed.img_size[0]
+    resize = int(round(size / aug.eval_crop_pct))
+    flt = "INTER_CUBIC" if aug.interpolation == "bicubic" else "INTER_LINEAR"
+    steps = [
+        dict(step="decode", library="opencv", call="cv2.imdecode (libjpeg-turbo)", applies_to=
+             "a complete JPEG (bytes start FF D8 FF and end FF D9)", exif_orientation="applied", output="RGB uint8",
+             reduced_size_decoding="libjpeg DCT scaling (cv2.IMREAD_REDUCED_COLOR_r; PIL: Image.draft) by r, the "
+             "largest of 8, 4, 2 with floor(w / r) >= w * s and floor(h / r) >= h * s where s = "
+             f"{resize} / min(w, h); else r = 1"),
+        dict(step="decode", library="pillow", applies_to="every other file, and a JPEG OpenCV refuses (decoded "
+             "with Image.draft at the same r)", exif_orientation="applied (ImageOps.exif_transpose)",
+             output="RGB uint8: 16-bit grey x / 65535 * 255 + 0.5 truncated, transparency composited over white, "
+                    "palette and grey converted with Image.convert('RGB')"),
+        dict(step="resize", library="opencv", call="cv2.resize", filter=flt, shorter_side=resize,
+             longer_side=f"int({resize} * longer / shorter), truncated", note="no antialiasing beyond the filter"),
+        dict(step="center_crop", size=[size, size], offset="int(round((side - crop) / 2)), round half to even"),
+        *([dict(step="to_grey", library="opencv", call="cv2.cvtColor(COLOR_RGB2GRAY)",
+                formula="0.299 R + 0.587 G + 0.114 B, rounded to uint8")] if chans == 1 else []),
+        dict(step="normalize", formula="(v - 255 * mean) / (255 * std), float64 then float32", mean=list(aug.mean),
+             std=list(aug.std)),
+        dict(step="layout", channel_order="RGB" if chans == 3 else "grey", layout="NCHW", dtype="float32",
+             input_name="x"),
+    ]
     return dict(
-        input_size=[model.patch_embed.proj.in_channels, *model.patch_embed.img_size],
+        input_size=[chans, *model.patch_embed.img_size],
         mean=list(aug.mean), std=list(aug.std), interpolation=aug.interpolation, crop_pct=aug.eval_crop_pct,
-        crop_mode="center", resize="shorter side to round(input_size / crop_pct), then a center crop",
+        crop_mode="center", resize=f"shorter side to {resize} (round(input_size / crop_pct)), then a center crop",
+        steps=steps, reference="vit/deploy/preprocess.py (NumPy, Pillow, OpenCV; no torch)",
         dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw], input_name="x", output_name="logits",
         output="logits (B, num_classes); softmax gives the probabilities", num_classes=len(classes),
         label_names=list(classes),
