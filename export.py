@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
     ap.add_argument("--dynamic-img-size", action="store_true",
                     help="--model: accept any height and width (positions resampled), exported as dynamic")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="export with token merging at a fixed r, e.g. merge:8 (static token counts)")
     ap.add_argument("--format", nargs="+", choices=(*EXPORT_FORMATS, "all"), default=["onnx"],
                     help="what to write")
     ap.add_argument("--images", nargs="*", default=None,
@@ -216,6 +218,10 @@ def main(argv=None) -> int:
         require_onnx()
     model, cfg, classes = load_model_and_config(args, overrides)
     classes = classes or label_names(model, model.num_classes)
+    if args.token_reduction:
+        if model.dynamic_img_size:  # the merge count r depends on the token count, fixed only at a fixed size
+            raise ConfigError("--token-reduction needs a fixed input size; drop --dynamic-img-size.")
+        model.set_token_reduction(args.token_reduction)
     size = cfg.model.img_size
     x, source = verification_images(args, cfg, classes, size)
     batches = [x[:1], x]
