@@ -29,3 +29,29 @@ def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
         assert res["data"][size]["ours"]["vs_decode_only"]["median"] > 0
     assert "ratio" in r.stdout
     assert "gpuGetDeviceCount" not in r.stderr and "profiler_start" not in r.stderr  # kineto silenced
+
+
+@pytest.mark.slow
+def test_benchmark_edge_table_on_a_checkpoint(tmp_path):
+    """--edge: every variant timed in one interleaved run, eager's own ratio 1, sizes of the files, top-1 of
+    every variant on the checkpoint's validation split (the same number for eager and ORT fp32)."""
+    import torch
+
+    from vit.checkpoint import build_model, save_checkpoint
+    from vit.config import load_config
+
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1",
+                                               "--model.num_heads=2", "--model.mlp_ratio=2"])
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ck", build_model(cfg, 10), cfg, [str(i) for i in range(10)])
+    out = tmp_path / "e.json"
+    r = run_script("benchmark.py", "--edge", "--checkpoint", str(tmp_path / "ck"), "--edge-batches", "2",
+                   "--edge-threads", "1", "--edge-merge", "merge:2", "--warmup", "0", "--repeats", "2",
+                   "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["variant"]: row for row in json.loads(out.read_text())["edge"]["rows"]}
+    assert set(rows) == {"eager fp32", "ort fp32", "ort int8 dynamic", "ort int8 static", "eager fp32 merge:2",
+                         "ort fp32 merge:2", "ort int8 dynamic merge:2"}
+    assert rows["eager fp32"]["x_eager"]["median"] == 1.0 and all(v["images_per_s"] > 0 for v in rows.values())
+    assert rows["ort int8 dynamic"]["mib"] < rows["ort fp32"]["mib"]
+    assert rows["eager fp32"]["top1"] == rows["ort fp32"]["top1"] and rows["eager fp32 merge:2"]["top1"] is not None
