@@ -82,6 +82,7 @@ import torch
 
 from vit.atomic import atomic_write_text
 from vit.cli.images import collect_images
+from vit.cli.outputs import check_writable
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.export import (
@@ -97,7 +98,7 @@ from vit.export import (
     write_preprocessing,
 )
 from vit.inference import ImageFiles, label_names, load_model_and_config
-from vit.runtime import check_options, check_writable, run_cli
+from vit.runtime import check_options, run_cli
 from vit.synthetic import photo_like
 from vit.transforms import build_transform
 

@@ -28,12 +28,18 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]): 
     print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
 
+if __name__ == "__main__":  # SIGTERM while torch loads: one line and exit 143 too (vit/train/preemption.py)
+    from vit.train import preemption as _preemption
+
+    _preemption.install(early=True)
+
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
+from vit.cli.outputs import check_writable
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
@@ -44,6 +50,7 @@ from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from her
     finished,
     mix_batch,
     save_state_if_due,
+    stop_if_preempted,
     train_one_epoch,
     trim_metrics,
 )
@@ -51,10 +58,12 @@ from vit.factory import build_model
 from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.runtime import apply_machine_defaults, check_writable, make_accelerator, run_cli
+from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
+from vit.train import preemption
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
@@ -100,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- loop: one save policy (vit/engine.py: state_save_due) ------------------------------------------------
     console.start_progress(run.total_steps, run.state.step)
-    while not finished(run):
-        stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
-        evaluate_and_checkpoint(run, stats)
-        save_state_if_due(run, "epoch")
+    with preemption.deferred():  # SIGTERM: finish the step, save a state, exit 143 (vit/train/preemption.py)
+        while not finished(run):
+            stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
+            evaluate_and_checkpoint(run, stats)
+            save_state_if_due(run, "epoch")
+            stop_if_preempted(run, saved=True)
     console.close()
     finish(run)
     return 0

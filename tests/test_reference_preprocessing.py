@@ -34,7 +34,7 @@ def _images(d):
     save("grey.jpg", Image.fromarray(photo[:301, :199, 1]), quality=90)  # single-channel JPEG
     save("rgb.png", Image.fromarray(photo[:61, :97]))
     save("grey.png", Image.fromarray(photo[:45, :33, 0]))
-    save("grey16.png", Image.fromarray((photo[:40, :50, 0].astype(np.uint16) * 257)))
+    save("grey16.png", Image.fromarray(photo[:40, :50, 0].astype(np.uint16) * 257))
     rgba = np.concatenate([photo[:70, :41], rng.integers(0, 256, (70, 41, 1), dtype=np.uint8)], -1)
     save("alpha.png", Image.fromarray(rgba, "RGBA"))
     exif = Image.Exif()

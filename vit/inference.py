@@ -105,5 +105,5 @@ def load_model_and_config(args, overrides: dict):
         cfg.model.img_size = model.patch_embed.img_size[0]
     else:
         raise ConfigError("--model needs --weights FILE (a timm checkpoint) or --pretrained; or pass --checkpoint.")
-    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}), None
+    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}, model.in_chans), None
 

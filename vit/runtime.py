@@ -27,24 +27,33 @@ import torch
 from accelerate import Accelerator
 
 from .config import Config, ConfigError
+from .train.preemption import EXIT_CODE as PREEMPTED_EXIT
+from .train.preemption import Preempted
+from .utils.untrusted_text import printable
 
-__all__ = ["make_accelerator", "run_cli", "check_options", "check_writable", "apply_machine_defaults", "machine_cpus",
+__all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
            "resolve_workers", "resolve_threads", "resolve_precision"]
 
 
 def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
     """Run a script's `main()` and exit with its code. A user's mistake (our errors are ValueErrors: config,
     data, checkpoint), a missing file or a non-finite loss becomes one line on stderr and exit code 2; Ctrl-C
-    one line saying what was kept (`interrupt_note()`), exit code 130 as a shell reports it."""
+    one line saying what was kept (`interrupt_note()`), exit code 130 as a shell reports it; SIGTERM (handled by
+    train.py's loop, vit/train/preemption.py) one line saying which state was saved, exit code 143."""
     try:
         code = main()
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(e, keep=chr(10))}", file=sys.stderr)  # a name's escapes shown, not obeyed
         code = 2
     except KeyboardInterrupt:
         note = interrupt_note() if interrupt_note is not None else "files already written are complete"
         print(f"interrupted (Ctrl-C); {note}.", file=sys.stderr)
         code = 130
+    except Preempted as e:  # SIGTERM: the loop saved a state (its message), or nothing new was there to save
+        note = str(e) or (interrupt_note() if interrupt_note is not None else "files already written are complete")
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+            print(f"terminated (SIGTERM); {note}.", file=sys.stderr)
+        code = PREEMPTED_EXIT
     sys.exit(code)
 
 
@@ -98,21 +107,6 @@ def check_options(args, positive: tuple[str, ...] = (), out: str = "out") -> Non
     folder = getattr(args, out, None)
     if folder and Path(folder).exists() and not Path(folder).is_dir():
         raise ConfigError(f"--{out} {folder} is an existing file; pass a folder to write the results into.")
-
-
-def check_writable(folder: str | Path, what: str, fix: str) -> None:
-    """Fail early, creating nothing, if `folder` could not be made or written (read-only, or below a file): a
-    real attempt, since permission bits say nothing to root: a temporary folder in the nearest existing parent,
-    removed at once. `what` names the folder in the sentence, `fix` says what to do."""
-    import tempfile
-
-    existing = Path(folder).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
-    except OSError as e:
-        raise ConfigError(f"cannot write to {what} {folder} ({existing}: {e.strerror}); {fix}.") from None
 
 
 # --- what the machine has -----------------------------------------------------------------------------------
