@@ -31,7 +31,7 @@ OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.cs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
@@ -73,7 +73,7 @@ def rows_for(paths, probs, classes: list[str], topk: int) -> list[dict]:
 
 
 def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
-    from vit.atomic import atomic_write_csv, atomic_write_text
+    from vit.utils.atomic import atomic_write_csv, atomic_write_text
 
     path = out / f"predictions.{fmt}"
     if fmt == "csv":  # probabilities with 6 decimals, as evaluate.py writes them
@@ -93,10 +93,10 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
 
 def main_onnx(args) -> int:
     """--onnx: ONNX Runtime and the reference preprocessing, the same files as main(); no torch imported."""
-    from vit.atomic import atomic_write_csv
     from vit.cli.images import collect_images
     from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
     from vit.deploy.onnx_predict import OnnxClassifier
+    from vit.utils.atomic import atomic_write_csv
     from vit.utils.untrusted_text import printable
 
     unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
@@ -137,7 +137,7 @@ def main_onnx(args) -> int:
 
 
 def run_onnx(argv: list[str]) -> int:
-    """main_onnx with run_cli's contract (one line and exit 2 for a user's mistake), without vit.runtime's torch."""
+    """main_onnx with run_cli's contract (one line and exit 2 for a user's mistake), without vit.cli.runtime's torch."""
     try:
         args, rest = build_parser().parse_known_args(argv)
         if rest:
@@ -153,7 +153,7 @@ def run_onnx(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
     if any(a == "--onnx" or a.startswith("--onnx=") for a in sys.argv[1:]):  # before torch is imported
@@ -162,14 +162,14 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 import torch
 
-from vit.atomic import atomic_write_csv
 from vit.cli.images import collect_images
 from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
-from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
+from vit.utils.atomic import atomic_write_csv
 from vit.utils.untrusted_text import printable
 
 
@@ -187,8 +187,8 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
                final: Path | None = None) -> None:
     """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot),
     written into `out`; rows name them as they will be in `final` (the --out they are moved to)."""
-    from vit.plots import plot_attention_map, to_display
-    from vit.rollout import attention_maps
+    from vit.eval.plots import plot_attention_map, to_display
+    from vit.explain.rollout import attention_maps
 
     for start in range(0, len(good), batch):
         chunk = good[start:start + batch]

@@ -9,9 +9,10 @@ import torch
 from helpers import ROOT, import_script, make_image_folder
 
 import vit
-from vit.checkpoint import build_model, save_checkpoint
 from vit.config import ConfigError, load_config
-from vit.export import ExportError, verify
+from vit.deploy.export import ExportError, verify
+from vit.models.build import build_model
+from vit.models.checkpoint import save_checkpoint
 
 TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2",
         "--model.mlp_ratio=2", "--model.in_chans=3", "--aug.mean=[0.5,0.5,0.5]", "--aug.std=[0.5,0.5,0.5]"]
@@ -78,7 +79,7 @@ def test_verification_json_covers_every_format_present(tmp_path, export):
 
 
 def test_shard_trained_checkpoint_exports(tmp_path, export, capsys):
-    from vit.shards import write_shards
+    from vit.data.shards import write_shards
 
     shards = tmp_path / "shards"
     write_shards(make_image_folder(tmp_path / "f", classes=[str(i) for i in range(10)], n_train=1, n_val=1),

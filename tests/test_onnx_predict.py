@@ -9,8 +9,9 @@ import torch
 from helpers import ROOT, import_script, run_script
 from PIL import Image
 
-from vit.checkpoint import build_model, save_checkpoint
 from vit.config import load_config
+from vit.models.build import build_model
+from vit.models.checkpoint import save_checkpoint
 
 TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2",
         "--model.mlp_ratio=2", "--model.in_chans=3", "--aug.mean=[0.485,0.456,0.406]",

@@ -11,11 +11,12 @@ import torch
 from helpers import ROOT, import_script, run_script
 from PIL import Image
 
-from vit.checkpoint import build_model, load_checkpoint, save_checkpoint
 from vit.config import load_config
 from vit.data import build_datasets
+from vit.data.transforms import build_transform
 from vit.deploy.quantize import OnnxModel, quantize_within_budget
-from vit.transforms import build_transform
+from vit.models.build import build_model
+from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
 TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2",
         "--model.mlp_ratio=2", "--model.in_chans=1", "--aug.mean=[0.5]", "--aug.std=[0.5]"]

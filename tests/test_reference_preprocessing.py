@@ -1,4 +1,4 @@
-"""vit/deploy/preprocess.py, written from preprocessing.json alone, equals vit.transforms' evaluation pipeline
+"""vit/deploy/preprocess.py, written from preprocessing.json alone, equals vit.data.transforms' evaluation pipeline
 pixel for pixel (<= 1/255) on JPEG (reduced-size decoding included), PNG, grey, 16-bit, RGBA, EXIF-rotated and
 odd sizes, and imports no torch."""
 
@@ -12,9 +12,9 @@ from PIL import Image
 
 import vit
 from vit.config import AugConfig
+from vit.data.transforms import build_transform
+from vit.deploy.export import preprocessing
 from vit.deploy.preprocess import ReferencePreprocessing
-from vit.export import preprocessing
-from vit.transforms import build_transform
 
 
 def _images(d):

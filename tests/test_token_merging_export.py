@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import vit
+from vit.deploy.export import ExportableClassifier, export_model, load_exported, verify
 from vit.deploy.quantize import OnnxModel, quantize
-from vit.export import ExportableClassifier, export_model, load_exported, verify
 
 
 @pytest.mark.slow

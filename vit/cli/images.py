@@ -1,6 +1,6 @@
 """Which image files a command line names: files, folders (searched recursively), globs, and text lists of
-paths, in input order, with a reason for everything passed over. Standard library only (and the suffix list
-of vit.decode), so the torch-free predictor (`predict.py --onnx`) reads its inputs exactly as predict.py does.
+paths, in input order, with a reason for everything passed over. The standard library and vit.data.decode's
+suffix list only, so the torch-free predictor (`predict.py --onnx`) reads its inputs exactly as predict.py does.
 
     paths, skipped = collect_images(["photos/", "more/*.jpg", "list.txt"])
 """
@@ -11,7 +11,7 @@ import glob
 import os
 from pathlib import Path
 
-from vit.decode import IMG_EXTENSIONS
+from ..data.decode import IMG_EXTENSIONS
 
 __all__ = ["LIST_SUFFIXES", "collect_images"]
 

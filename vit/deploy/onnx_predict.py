@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vit.deploy.preprocess import ReferencePreprocessing
+from .preprocess import ReferencePreprocessing
 
 __all__ = ["OnnxClassifier", "softmax"]
 

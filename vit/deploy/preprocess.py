@@ -3,7 +3,7 @@
     pre = ReferencePreprocessing.from_file("exported/preprocessing.json")
     x = pre.load("photo.jpg")          # (C, S, S) float32, what the exported model's input "x" expects per image
 
-A reference anyone can port: each step is the one `vit.transforms.Pipeline.load` runs for evaluation, in the
+A reference anyone can port: each step is the one `vit.data.transforms.Pipeline.load` runs for evaluation, in the
 words preprocessing.json uses (`steps`), and tests/test_reference_preprocessing.py proves it equal to ours
 pixel for pixel on JPEG, PNG, grey and odd sizes. The steps:
 
