@@ -30,6 +30,7 @@ from .layers import topk_warmup
 from .metrics import predict, summarize_logits
 from .optim import lr_at, set_lr
 from .runfolder import check_weights, kept_note, save_run_state
+from .train.tracking import log_row
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
            "save_state_if_due", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
@@ -254,8 +255,6 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     shards = getattr(run.val_loader, "dataset", None)
     if hasattr(shards, "check_seen"):  # shards given with a count (after '|') that may be wrong
         shards.check_seen(m["n"] + out.get("skipped", 0))
-    acc.log({"val/loss": m["loss"], "val/acc1": m["acc1"], "train/images_per_s": stats.images_per_s},
-            step=state.step)
     run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
                       f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images{skipped})  "
                       f"{stats.images_per_s:.0f} img/s")
@@ -269,6 +268,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         _keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
+        log_row(acc, row)  # the trackers get this row's numbers (run.log_with)
 
 
 def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
