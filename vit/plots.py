@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display",
-           "curves_figure", "reliability_figure", "attention_figure", "reliability_bars"]
+           "curves_figure", "reliability_figure", "attention_figure", "reliability_bars", "scaled_heat",
+           "overlay_image"]
 
 MARKERS_UP_TO = 30  # epochs: a point marker on each, so that a 2-epoch run shows two points, not a bare line
 
@@ -136,16 +137,31 @@ def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, titl
     save_figure(attention_figure(image, grid_map, title), path, dpi=100)
 
 
+def scaled_heat(grid_map: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A patch-grid map (h, w) min-max scaled to [0, 1], and that map upsampled (bicubic) to `size` (H, W)."""
+    import cv2
+
+    m = grid_map - grid_map.min()
+    m = m / m.max() if m.max() > 0 else m
+    heat = cv2.resize(m.astype(np.float32), (size[1], size[0]), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    return m, heat
+
+
+def overlay_image(image: np.ndarray, grid_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """The overlay panel of `attention_figure` as pixels: the input (H, W, 3) in [0, 1] blended with the map in
+    the jet colour map at `alpha` -> uint8 (H, W, 3)."""
+    from matplotlib import colormaps
+
+    _, heat = scaled_heat(grid_map, image.shape[:2])
+    colour = colormaps["jet"](heat)[..., :3]  # (H, W, 3) in [0, 1]
+    return (255 * ((1 - alpha) * image[..., :3] + alpha * colour)).round().clip(0, 255).astype(np.uint8)
+
+
 def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Figure:
     """Input (H, W, C) in [0, 1] | patch-grid map (h, w) | map upsampled (bicubic) over the input, with a colour
     bar for the map's scale: the map is shifted and scaled to [0, 1] (its minimum to 0, its maximum to 1), so
     the colours rank patches within one image and are not comparable across images."""
-    import cv2
-
-    h, w = image.shape[:2]
-    m = grid_map - grid_map.min()
-    m = m / m.max() if m.max() > 0 else m
-    heat = cv2.resize(m.astype(np.float32), (w, h), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    m, heat = scaled_heat(grid_map, image.shape[:2])
     fig = Figure(figsize=(10, 3.5))
     axes = fig.subplots(1, 3)
     axes[0].imshow(image)
