@@ -17,7 +17,7 @@ from helpers import import_script as _script
 from vit import config as C
 from vit.cli_help import config_help, field_comments, format_value
 
-SCRIPTS = ("train", "evaluate", "predict", "export", "visualize_attention", "benchmark", "demo")
+SCRIPTS = ("train", "evaluate", "predict", "export", "visualize_attention", "benchmark", "demo", "publish")
 
 # Runs each script as __main__ with --help in one fresh interpreter; prints {script: help} and whether any module
 # of torch (or timm, accelerate) was imported by the time every help had been printed.

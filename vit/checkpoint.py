@@ -35,6 +35,7 @@ from .config import Config, dump, from_dict, read_yaml
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .faults import fault_point
 from .hub import split_tag, timm_config
+from .models.model_card import model_card
 from .vision import VisionTransformer
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     aug = cfg.aug  # resolved above: what the pipeline used
     data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
     atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
+    num_params = sum(v.numel() for v in state.values())
+    atomic_write_text(folder / "README.md", model_card(cfg, classes, meta or {}, num_params))  # the hub's card
     return folder
 
 
