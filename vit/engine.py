@@ -243,9 +243,15 @@ def train_one_epoch(run: Run) -> EpochStats:
 
 
 def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
-    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row."""
+    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row.
+    Epochs in between get a row too, without the val_* values: curves.png shows every epoch's train loss and lr."""
     acc, cfg, state = run.accelerator, run.cfg, run.state
     if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
+        if acc.is_main_process:
+            row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss,
+                       images_per_s=stats.images_per_s, skipped_steps=state.skipped)
+            append_metrics(run.run_dir / "metrics.csv", row)
+            log_row(acc, row)
         return
     eval_model = run.ema.module if run.ema is not None else run.model
     check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
