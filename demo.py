@@ -14,7 +14,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py (a run's best/)")
@@ -25,13 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
+from vit.cli.runtime import run_cli
 from vit.config import ConfigError
 from vit.explain.demo import Demo, make_server
-from vit.runtime import run_cli
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("checkpoint", help="a run folder (its best/ is published) or a checkpoint folder")
@@ -28,12 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before huggingface_hub is imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
+from vit.cli.runtime import run_cli
 from vit.deploy.publish import publish
-from vit.runtime import run_cli
 
 
 def main(argv=None) -> int:

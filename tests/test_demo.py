@@ -24,9 +24,9 @@ CLASSES = ["cat", "dog", "fox", "owl", "yak", "elk"]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """An untrained tiny RGB model saved as train.py saves one: the oracle below runs the same weights."""
-    from vit.checkpoint import save_checkpoint
     from vit.config import load_config
-    from vit.factory import build_model
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
 
     cfg = load_config(None, ["--data.dataset=synthetic", "--model.img_size=32", "--model.patch_size=8",
                              "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2"])
@@ -52,9 +52,9 @@ def image(tmp_path_factory):
 
 def oracle(checkpoint, path):
     """Top-5 (label, prob) and the rollout map, computed here from the checkpoint with the library's pieces."""
-    from vit.checkpoint import load_checkpoint
-    from vit.rollout import attention_rollout, to_grid
-    from vit.transforms import build_transform
+    from vit.data.transforms import build_transform
+    from vit.explain.rollout import attention_rollout, to_grid
+    from vit.models.checkpoint import load_checkpoint
 
     model, cfg, classes, _ = load_checkpoint(checkpoint)
     x = build_transform(cfg.aug, cfg.model.img_size, train=False).load(path)[None]

@@ -14,9 +14,9 @@ META = dict(epoch=7, step=42, val_acc1=0.8125, val_loss=0.4321, n=48)
 
 
 def _save(folder, *overrides):
-    from vit.checkpoint import save_checkpoint
     from vit.config import load_config
-    from vit.factory import build_model
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
 
     cfg = load_config(None, ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=2",
                              "--model.num_heads=2", "--run.name=pets", *overrides])
@@ -67,7 +67,7 @@ def test_local_data_is_not_named_as_a_hub_dataset(tmp_path):
 def test_the_cards_timm_example_loads_the_folder_with_the_same_logits(best):
     import timm
 
-    from vit.checkpoint import load_checkpoint
+    from vit.models.checkpoint import load_checkpoint
 
     folder, _ = best
     ours, *_ = load_checkpoint(folder)

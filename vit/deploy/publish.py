@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..atomic import atomic_write_text
 from ..config import ConfigError, from_dict, read_yaml
 from ..models.model_card import model_card
+from ..utils.atomic import atomic_write_text
 
 __all__ = ["PUBLISHED_FILES", "checkpoint_folder", "write_card", "publish"]
 

@@ -4,8 +4,8 @@ One HTML page of our own (no JavaScript library, no Gradio) served by the standa
 the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
 their probabilities and the overlay as a PNG data URL. The image goes through the checkpoint's own evaluation
 preprocessing (`build_transform(..., train=False)`, as evaluate.py and predict.py), the map is
-`vit.rollout.attention_maps` (the same as visualize_attention.py) and the overlay is the overlay panel of its
-picture (`vit.plots.overlay_image`), drawn at least DISPLAY pixels wide.
+`vit.explain.rollout.attention_maps` (the same as visualize_attention.py) and the overlay is the overlay panel of its
+picture (`vit.eval.plots.overlay_image`), drawn at least DISPLAY pixels wide.
 
 A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
 the page shows; the server keeps serving. One request runs the model at a time (a lock): the model and the
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from PIL import Image
 
-from ..checkpoint import load_checkpoint
-from ..decode import BadImageError
-from ..plots import overlay_image, to_display
-from ..rollout import attention_maps
-from ..transforms import build_transform
+from ..data.decode import BadImageError
+from ..data.transforms import build_transform
+from ..eval.plots import overlay_image, to_display
+from ..models.checkpoint import load_checkpoint
+from .rollout import attention_maps
 
 __all__ = ["Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
 
