@@ -36,7 +36,7 @@ from accelerate.utils import set_seed
 from vit.atomic import atomic_write_text
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
-from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
+from vit.data import absolute_root, build_datasets, choose_channels, build_loaders, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
@@ -56,7 +56,8 @@ from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
 
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
+    cfg, channel_note = choose_channels(load_config(config_path, overrides))  # model.in_chans null: the data's
+    cfg = resolve_data_config(cfg)  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"device {accelerator.device}, {processes(accelerator)}, "
                   f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
                   f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
+
+    if channel_note:
+        console.print(channel_note)
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)

@@ -36,7 +36,9 @@ class ModelConfig:
     name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
     img_size: int = 224  # input height and width in pixels
     patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
-    in_chans: int = 3  # input channels (3: RGB)
+    # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
+    # vit.data.choose_channels; a number pins it
+    in_chans: int | None = None
     # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
     global_pool: Literal["token", "avg"] = "token"
     embed_dim: int | None = None  # token width D; null: the name's
@@ -114,14 +116,14 @@ class AugConfig:
     eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' crop_pct, else 1.0
     interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
 
-    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int = 3) -> AugConfig:
+    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int | None = 3) -> AugConfig:
         """A copy with mean, std, eval_crop_pct and interpolation filled where unset: from the weights'
         pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
         0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
         one sentence if not); statistics for the weights' own channel count when the model has another (RGB
         weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses accuracy
         silently, so values the config sets are kept and everything else follows the weights."""
-        p = pretrained_cfg or {}
+        p, in_chans = pretrained_cfg or {}, in_chans or 3
         own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
         own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
         unset = {"mean": self.mean, "std": self.std, "crop_pct": self.eval_crop_pct}
@@ -337,14 +339,17 @@ def validate(cfg: Config) -> None:
         )
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
-    if m.in_chans not in (1, 3):
+    if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
     a = cfg.aug
-    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct), m.in_chans,
+    # in_chans null follows the data, or aug.mean/std where they are set (1 or 3 values pin the channels)
+    given = len(a.mean or a.std or [None] * 3)
+    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct),
+                        m.in_chans or (given if given in (1, 3) else 3),
                         lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
                         lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
 

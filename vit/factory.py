@@ -43,7 +43,7 @@ def model_kwargs(m: ModelConfig) -> dict[str, Any]:
         value = getattr(m, f.name)
         if f.name in _FACTORY_ARGS:
             continue
-        if f.name in ALWAYS or (value is not None and value != getattr(default, f.name)):
+        if value is not None and (f.name in ALWAYS or value != getattr(default, f.name)):  # in_chans null: the data's
             out[f.name] = value
     return out
 
