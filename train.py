@@ -36,7 +36,7 @@ from accelerate.utils import set_seed
 from vit.atomic import atomic_write_text
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
-from vit.data import absolute_root, build_datasets, choose_channels, build_loaders, resolve_data_config
+from vit.data import absolute_root, build_datasets, build_loaders, choose_channels, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,

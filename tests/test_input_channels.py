@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import yaml
+from helpers import TINY, make_image_folder, run_script
 from PIL import Image
 
-from helpers import TINY, make_image_folder, run_script
 from vit.config import load_config
 from vit.data import choose_channels, data_channels
 
@@ -17,7 +17,8 @@ def _grey_folder(root, n=4):
     for c in ("a", "b"):
         (root / "train" / c).mkdir(parents=True)
         for i in range(n):
-            Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8), mode="L").save(root / "train" / c / f"{i}.png")
+            img = Image.fromarray(rng.integers(0, 255, (20, 20), dtype=np.uint8), mode="L")
+            img.save(root / "train" / c / f"{i}.png")
     return root
 
 
