@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token-reduction", default=None, metavar="SPEC",
                     help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
                          "the checkpoint's own (default: the checkpoint's setting)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="multi-label: the probability from which a class is predicted (default: the one training "
+                         "chose on its validation split, saved in the checkpoint; else the best on this data)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     return ap
 
@@ -83,12 +86,17 @@ def parse_args(argv):
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
+    if args.threshold is not None and not 0 < args.threshold < 1:
+        raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
     return args, overrides
 
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    if args.threshold is not None and not cfg.data.labels_file:
+        raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "
+                          "one class per image.")
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
@@ -124,6 +132,8 @@ def main(argv=None) -> int:
     if not is_main:
         return 0
 
+    if cfg.data.labels_file:
+        return report_multilabel(args, cfg, val_ds, classes, out, out_dir, num_processes, seconds)
     n, k = len(labels), len(classes)
     if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
         val_ds.check_seen(n + out.get("skipped", 0))
@@ -174,6 +184,46 @@ def main(argv=None) -> int:
         a = avgs[name]
         print(f"{name + ' avg':<{width}}{a['precision']:>10.4f}{a['recall']:>10.4f}{a['f1']:>10.4f}{n:>10d}")
     print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv confusion.png reliability.png")
+    return 0
+
+
+def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_processes: int,
+                      seconds: float) -> int:
+    """The multi-label report: per-class average precision, mAP, and precision/recall/F1 at the threshold
+    (--threshold, else training's, else the best on this split, which is reported beside it)."""
+    from vit.eval.multilabel import labels_above, saved_threshold, summarize_multilabel
+
+    logits, targets, index = out["logits"], out["labels"], out["index"]
+    best = summarize_multilabel(logits, targets)  # threshold chosen on this data
+    given = args.threshold if args.threshold is not None else saved_threshold(args.checkpoint)
+    m = summarize_multilabel(logits, targets, given) if given is not None else best
+    source = "--threshold" if args.threshold is not None else "training's validation split" if given else "this data"
+    metrics = dict(n=m["n"], map=m["map"], loss=m["loss"], threshold=m["threshold"], threshold_from=source,
+                   micro_f1=m["micro_f1"], micro_precision=m["micro_precision"], micro_recall=m["micro_recall"],
+                   macro_f1=m["macro_f1"], best_threshold_here=best["threshold"], best_micro_f1_here=best["micro_f1"],
+                   images_per_s=m["n"] / max(seconds, 1e-9), classes=classes,
+                   checkpoint=args.checkpoint or args.weights,
+                   dataset=cfg.data.dataset, labels_file=cfg.data.labels_file, num_processes=num_processes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+    per_class = [dict(**{"class": c}, ap=m["ap"][i], precision=m["precision"][i], recall=m["recall"][i],
+                      f1=m["f1"][i], support=int(m["support"][i])) for i, c in enumerate(classes)]
+    atomic_write_csv(out_dir / "per_class.csv", ["class", "ap", "precision", "recall", "f1", "support"], per_class)
+    probs = logits.float().sigmoid()
+    predicted, true = labels_above(probs, classes, m["threshold"]), labels_above(targets, classes, 0.5)
+    rows = [{"sample": val_ds.describe(int(index[j])), "labels": true[j], "predicted": predicted[j],
+             **{f"prob_{c}": f"{float(probs[j, i]):.6f}" for i, c in enumerate(classes)}} for j in range(len(index))]
+    atomic_write_csv(out_dir / "predictions.csv", list(rows[0]) if rows else ["sample"], rows)
+
+    print(f"\n{m['n']} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"mAP {100 * m['map']:.2f}%   loss {m['loss']:.4f}   micro F1 {m['micro_f1']:.4f} at threshold "
+          f"{m['threshold']:.2f} ({source}; the best here: {best['micro_f1']:.4f} at {best['threshold']:.2f})\n")
+    width = max(len("class") + 2, max(len(c) for c in classes) + 2)
+    print(f"{'class':<{width}}{'AP':>10}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
+    for r in per_class:
+        print(f"{r['class']:<{width}}{r['ap']:>10.4f}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}"
+              f"{r['support']:>10d}")
+    print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv")
     return 0
 
 

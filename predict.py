@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
     ap.add_argument("--num-workers", type=int, default=None,
                     help="image-decoding worker processes (default: the config's data.num_workers)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="multi-label checkpoints: the probability from which a class is predicted (default: the one "
+                         "training chose on its validation split)")
     ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
     ap.add_argument("--out", default="predictions", help="output folder")
     return ap
@@ -73,13 +76,17 @@ def parse_args(argv):
     return args, overrides
 
 
-def rows_for(paths, logits, classes: list[str], topk: int) -> list[dict]:
-    """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv."""
-    probs = logits.softmax(1)
+def rows_for(paths, logits, classes: list[str], topk: int, threshold: float | None = None) -> list[dict]:
+    """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv. A
+    multi-label model (`threshold` given): sigmoid probabilities, and first `labels`, the classes at or above it."""
+    from vit.eval.multilabel import labels_above
+
+    probs = logits.softmax(1) if threshold is None else logits.float().sigmoid()
+    chosen = labels_above(probs, classes, threshold) if threshold is not None else None
     p_top, i_top = probs.topk(min(topk, len(classes)), dim=1)
     rows = []
-    for path, ps, idx in zip(paths, p_top.tolist(), i_top.tolist()):
-        row: dict = {"path": str(path)}
+    for j, (path, ps, idx) in enumerate(zip(paths, p_top.tolist(), i_top.tolist())):
+        row: dict = {"path": str(path), **({"labels": chosen[j]} if chosen is not None else {})}
         for r, (p, i) in enumerate(zip(ps, idx), 1):
             row.update({f"pred{r}": i, f"pred{r}_name": classes[i], f"prob{r}": p})
         rows.append(row)
@@ -95,8 +102,9 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     nested = []
     for r in rows:
         k = sum(key.startswith("prob") for key in r)
-        item = {"path": r["path"], "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"],
-                                              "prob": r[f"prob{j}"]} for j in range(1, k + 1)]}
+        item = {"path": r["path"], **({"labels": r["labels"].split()} if "labels" in r else {}),
+                "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"], "prob": r[f"prob{j}"]}
+                         for j in range(1, k + 1)]}
         nested.append({**item, **({"cam": r["cam"]} if "cam" in r else {})})
     text = json.dumps(nested, indent=1) if fmt == "json" else "".join(json.dumps(n) + "\n" for n in nested)
     atomic_write_text(path, text)
@@ -119,6 +127,24 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
             row["cam"] = str(path)
 
 
+def multilabel_threshold(args, cfg) -> float | None:
+    """None for a single-label model; for a multi-label one (its config has data.labels_file), --threshold,
+    else the threshold training chose on its validation split, else 0.5."""
+    from vit.eval.multilabel import saved_threshold
+
+    if args.threshold is not None and not 0 < args.threshold < 1:
+        raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
+    if not cfg.data.labels_file:
+        if args.threshold is not None:
+            raise ConfigError("--threshold is for multi-label checkpoints (trained with data.labels_file); this "
+                              "model picks one class per image: use --topk.")
+        return None
+    if args.threshold is not None:
+        return args.threshold
+    saved = saved_threshold(args.checkpoint)
+    return saved if saved is not None else 0.5
+
+
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if not args.images:
@@ -129,6 +155,7 @@ def main(argv=None) -> int:
                         "or a .txt list of paths.")
     model, cfg, classes = load_model_and_config(args, overrides)
     classes = classes or label_names(model, model.num_classes)
+    threshold = multilabel_threshold(args, cfg)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
@@ -155,7 +182,7 @@ def main(argv=None) -> int:
     atomic_write_csv(dest / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
     if not good:
         raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
-    rows = rows_for([paths[i] for i in good], out["logits"][ok], classes, args.topk)
+    rows = rows_for([paths[i] for i in good], out["logits"][ok], classes, args.topk, threshold)
     if args.cam:
         write_cams(model, dataset, rows, good, cfg, dest, batch)
     written = write_rows(dest, args.format, rows)
@@ -163,7 +190,8 @@ def main(argv=None) -> int:
     print(f"{len(rows)} image(s), {num_processes} process(es), {len(paths) / max(seconds, 1e-9):.0f} images/s; "
           f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
     for r in rows[:5]:
-        print(f"  {r['path']}: {r['pred1_name']} {100 * r['prob1']:.1f}%")
+        print(f"  {r['path']}: " + (f"[{r['labels']}] at threshold {threshold:.2f}; top " if threshold is not None
+                                    else "") + f"{r['pred1_name']} {100 * r['prob1']:.1f}%")
     print(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}" + (f" and {dest}/cam/" if args.cam else ""))
     return 0
 

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_data_config(cfg)  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
+    cfg.data.labels_file = absolute_root(cfg.data.labels_file)
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
 
     # --- accelerator: devices, processes, precision; only the main process prints -----------------------------
@@ -189,7 +190,8 @@ def make_mixup(cfg: Config, num_classes: int):
     from timm.data import Mixup
 
     return Mixup(mixup_alpha=cfg.aug.mixup, cutmix_alpha=cfg.aug.cutmix, prob=cfg.aug.mixup_prob,
-                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
+                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes,
+                 multi_label=bool(cfg.data.labels_file))  # multi-hot targets mixed as they are
 
 
 def open_run_folder(run: Run) -> None:
@@ -214,8 +216,9 @@ def finish(run: Run) -> None:
     if run.accelerator.is_main_process and metrics.is_file():
         plot_curves(metrics, run.run_dir / "curves.png")
         if run.state.best:
-            acc1, epoch = run.state.best[0]
-            run.console.print(f"best val top-1 {100 * acc1:.2f}% at epoch {epoch}; checkpoint {run.run_dir / 'best'}")
+            score, epoch = run.state.best[0]
+            what = "mAP" if run.cfg.data.labels_file else "top-1"
+            run.console.print(f"best val {what} {100 * score:.2f}% at epoch {epoch}; checkpoint {run.run_dir / 'best'}")
 
 
 _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message

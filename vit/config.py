@@ -87,6 +87,9 @@ class DataConfig:
     num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
     image_column: str = "image"  # hf: the column holding the images
     label_column: str = "label"  # hf: the column holding the integer labels
+    # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
+    # data.root with any number of labels each (vit/multilabel_data.py); sigmoid + BCE, scored by mAP
+    labels_file: str | None = None
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -342,6 +345,9 @@ def validate(cfg: Config) -> None:
     if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+    if cfg.data.labels_file and cfg.data.dataset != "imagefolder":
+        raise ConfigError(f"config key 'data.labels_file' lists images under data.root and needs "
+                          f"data.dataset=imagefolder, got {cfg.data.dataset!r}; set it, or remove data.labels_file.")
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")

@@ -363,6 +363,10 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .hfds import build_hf_datasets
 
         return build_hf_datasets(cfg, t_train, t_val, splits, classes)
+    if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
+        from .multilabel_data import build_multilabel_datasets
+
+        return build_multilabel_datasets(cfg, t_train, t_val, splits, classes)
     if name == "imagefolder":
         root = Path(cfg.data.root)
         if not root.is_dir():

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["photo_like"]
+__all__ = ["photo_like", "SHAPES", "shapes_image"]
+
+SHAPES = ("disc", "square", "triangle", "bar")  # each drawn in its own colour, so position never decides
+_SHAPE_COLOURS = {"disc": (230, 40, 40), "square": (40, 200, 60), "triangle": (50, 80, 230), "bar": (230, 210, 40)}
 
 
 def photo_like(rng: np.random.Generator, width: int, height: int, slope: float = 1.0,
@@ -24,3 +27,22 @@ def photo_like(rng: np.random.Generator, width: int, height: int, slope: float =
     spec = (rng.normal(size=(3, *f.shape)) + 1j * rng.normal(size=(3, *f.shape))) / f**slope
     a = np.fft.irfft2(spec, s=(height, width)).transpose(1, 2, 0)  # (H, W, 3)
     return np.ascontiguousarray(np.clip((a - a.mean()) / a.std() * contrast + 128, 0, 255).astype(np.uint8))
+
+
+def shapes_image(rng: np.random.Generator, size: int = 32, max_shapes: int = 3) -> tuple[np.ndarray, list[str]]:
+    """An RGB uint8 (size, size, 3) image of 1..`max_shapes` different shapes from SHAPES at random places on a
+    dark noisy background, and the names of the shapes drawn: a multi-label sample (label = which shapes)."""
+    k = int(rng.integers(1, max_shapes + 1))
+    names = sorted(rng.choice(SHAPES, size=k, replace=False).tolist())
+    img = rng.normal(40, 12, size=(size, size, 3))
+    yy, xx = np.mgrid[:size, :size]
+    r = size // 6
+    for name in names:
+        cy, cx = rng.integers(r, size - r, size=2)
+        dy, dx = yy - cy, xx - cx
+        mask = {"disc": dy**2 + dx**2 <= r * r,
+                "square": (abs(dy) <= r * 0.8) & (abs(dx) <= r * 0.8),
+                "triangle": (dy <= r) & (dy >= -r) & (abs(dx) <= (dy + r) / 2),
+                "bar": (abs(dy) <= max(1, r // 3)) & (abs(dx) <= r * 1.4)}[name]
+        img[mask] = _SHAPE_COLOURS[name]
+    return np.clip(img, 0, 255).astype(np.uint8), names
