@@ -36,7 +36,7 @@ from accelerate.utils import set_seed
 from vit.atomic import atomic_write_text
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
-from vit.data import absolute_root, build_datasets, build_loaders, choose_channels, resolve_data_config
+from vit.data import absolute_root, build_datasets, build_loaders, choose_channels, class_weights, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         model = torch.compile(model)
     model, optimizer, train_loader, val_loader = prepare(accelerator, model, optimizer, train_loader, val_loader)
     run = Run(accelerator, cfg, run_dir, model, optimizer, train_loader, val_loader, classes, console,
-              ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)))
+              ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)),
+              class_weights=class_weights(cfg, train_ds))
 
     # --- resume -----------------------------------------------------------------------------------------------
     lock = claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until main returns or the process ends)

@@ -90,6 +90,9 @@ class DataConfig:
     # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
     # data.root with any number of labels each (vit/multilabel_data.py); sigmoid + BCE, scored by mAP
     labels_file: str | None = None
+    # shuffle: each image once per epoch; balanced: as many draws per epoch, each class equally likely (images
+    # drawn with replacement, weight 1 / their class's count), seeded per (seed, epoch) so a resume is exact
+    sampler: Literal["shuffle", "balanced"] = "shuffle"
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -185,6 +188,9 @@ class OptimConfig:
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     ema: bool = False  # also keep an exponential moving average of the weights (timm ModelEmaV3); evaluated and saved
     ema_decay: float = 0.9998  # EMA decay per optimizer step
+    # null: every class weighs the same in the loss; auto: inverse frequency in the training split,
+    # n / (num_classes * n_c), so that each class contributes as much in total (cross-entropy's weight)
+    class_weights: Literal["auto"] | None = None
 
 
 @dataclass
@@ -225,6 +231,8 @@ def _literal_choices(cls: type, prefix: str) -> dict[str, tuple]:
 
 CHOICES = {
     **_literal_choices(ModelConfig, "model"),
+    **_literal_choices(DataConfig, "data"),
+    "optim.class_weights": ("auto", None),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
@@ -345,6 +353,13 @@ def validate(cfg: Config) -> None:
     if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+    for key, on in (("data.sampler", cfg.data.sampler == "balanced"), ("optim.class_weights", cfg.optim.class_weights)):
+        if on and cfg.data.labels_file:
+            raise ConfigError(f"config key '{key}' balances single-label classes, and data.labels_file makes this a "
+                              f"multi-label run; remove {key}.")
+        if on and cfg.data.dataset == "wds":
+            raise ConfigError(f"config key '{key}' needs every training label before the first step, which shards "
+                              f"streamed in order (data.dataset=wds) do not give; remove {key}.")
     if cfg.data.labels_file and cfg.data.dataset != "imagefolder":
         raise ConfigError(f"config key 'data.labels_file' lists images under data.root and needs "
                           f"data.dataset=imagefolder, got {cfg.data.dataset!r}; set it, or remove data.labels_file.")

@@ -23,7 +23,8 @@ from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "resolve_data_config", "build_loaders", "absolute_root", "data_channels", "choose_channels"]
+           "resolve_data_config", "build_loaders", "absolute_root", "data_channels", "choose_channels",
+           "train_labels", "class_counts", "class_weights"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -115,10 +116,12 @@ class FolderDataset(_Seeded):
 
 
 class EpochSampler(Sampler[int]):
-    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch)."""
+    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch). With `weights` (one per
+    sample): `n` draws with replacement, each index with probability proportional to its weight, also a
+    function of (seed, epoch) only (data.sampler: balanced)."""
 
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0) -> None:
-        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
+    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, weights: torch.Tensor | None = None) -> None:
+        self.n, self.shuffle, self.seed, self.epoch, self.weights = n, shuffle, seed, 0, weights
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -127,6 +130,8 @@ class EpochSampler(Sampler[int]):
         if not self.shuffle:
             return iter(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        if self.weights is not None:
+            return iter(torch.multinomial(self.weights, self.n, replacement=True, generator=g).tolist())
         return iter(torch.randperm(self.n, generator=g).tolist())
 
     def __len__(self) -> int:
@@ -405,6 +410,30 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
             classes)
 
 
+def train_labels(ds: Dataset) -> list[int]:
+    """The integer label of every sample of a single-label dataset (without reading an image)."""
+    labels = getattr(ds, "labels", None)
+    if labels is None:
+        raise DataError(f"{type(ds).__name__} does not list its labels, which data.sampler=balanced and "
+                        "optim.class_weights=auto need; remove them for this dataset.")
+    return [int(y) for y in labels]
+
+
+def class_counts(ds: Dataset) -> torch.Tensor:
+    """Images per class (num_classes,) of a single-label dataset."""
+    return torch.bincount(torch.as_tensor(train_labels(ds)), minlength=len(ds.classes))
+
+
+def class_weights(cfg: Config, ds: Dataset) -> torch.Tensor | None:
+    """optim.class_weights=auto: n / (num_classes * n_c) per class of the training split (a class with no image
+    gets 0); None when unset."""
+    if cfg.optim.class_weights != "auto":
+        return None
+    counts = class_counts(ds).double()
+    w = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
+    return w.float()
+
+
 def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=None) -> tuple:
     """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
     shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
@@ -418,8 +447,12 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
     # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     seed, workers = cfg.run.seed, cfg.data.num_workers
+    weights = None
+    if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
+        counts = class_counts(train_ds)
+        weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
     train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
-                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed),
+                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
                        pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed))
     val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
                      num_workers=workers, generator=torch.Generator().manual_seed(seed))

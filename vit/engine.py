@@ -67,6 +67,7 @@ class Run:
     console: Any
     ema: Any = None  # timm ModelEmaV3 or None
     mixup: Any = None  # timm Mixup or None
+    class_weights: torch.Tensor | None = None  # (num_classes,) weights of the cross-entropy (optim.class_weights)
     state: TrainState = field(default_factory=TrainState)
 
     @property
@@ -155,9 +156,14 @@ def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if multi_label:  # a sigmoid per class: BCE on multi-hot targets (B, C), smoothed towards 0.5 as timm does
         target = ym if run.mixup is not None else ym.float() * (1 - smoothing) + 0.5 * smoothing
         return F.binary_cross_entropy_with_logits(logits.float(), target)
-    if run.mixup is not None:  # soft targets (B, num_classes)
-        return torch.sum(-ym * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-    return F.cross_entropy(logits.float(), ym, label_smoothing=smoothing)
+    w = run.class_weights.to(logits.device) if run.class_weights is not None else None
+    if run.mixup is not None:  # soft targets (B, num_classes); weighted and normalised by the targets' weights,
+        # as cross_entropy(weight=) does for class indices, so mixing does not change what a weight means
+        per_class = -ym * F.log_softmax(logits.float(), dim=-1)  # (B, C)
+        if w is None:
+            return per_class.sum(-1).mean()
+        return (per_class * w).sum() / (ym * w).sum()
+    return F.cross_entropy(logits.float(), ym, weight=w, label_smoothing=smoothing)
 
 
 def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:

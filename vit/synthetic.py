@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["photo_like", "SHAPES", "shapes_image"]
+__all__ = ["photo_like", "SHAPES", "shapes_image", "long_tailed_colours"]
 
 SHAPES = ("disc", "square", "triangle", "bar")  # each drawn in its own colour, so position never decides
 _SHAPE_COLOURS = {"disc": (230, 40, 40), "square": (40, 200, 60), "triangle": (50, 80, 230), "bar": (230, 210, 40)}
@@ -46,3 +46,18 @@ def shapes_image(rng: np.random.Generator, size: int = 32, max_shapes: int = 3) 
                 "bar": (abs(dy) <= max(1, r // 3)) & (abs(dx) <= r * 1.4)}[name]
         img[mask] = _SHAPE_COLOURS[name]
     return np.clip(img, 0, 255).astype(np.uint8), names
+
+
+def long_tailed_colours(rng: np.random.Generator, counts: list[int], size: int = 32,
+                        jitter: float = 30.0) -> tuple[np.ndarray, np.ndarray]:
+    """A class-imbalanced set: counts[c] RGB uint8 (size, size, 3) images of class c. An image's brightness is
+    its class's (evenly spaced, 45 levels apart for 4 classes) plus a per-image offset of std `jitter`, so that
+    neighbouring classes overlap; returns (images (N, size, size, 3), labels (N,)). A model trained on it
+    without balancing favours the frequent classes where they overlap the rare ones."""
+    k = len(counts)
+    centres = np.linspace(60, 195, k)  # brightness of each class
+    labels = np.repeat(np.arange(k), counts)
+    level = centres[labels] + rng.normal(0, jitter, size=len(labels))  # (N,) overlapping between neighbours
+    tint = np.array([1.0, 0.8, 0.6])  # a colour, not grey, so that the RGB pipeline has something to see
+    imgs = level[:, None, None, None] * tint + rng.normal(0, 10, size=(len(labels), size, size, 3))
+    return np.clip(imgs, 0, 255).astype(np.uint8), labels
