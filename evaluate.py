@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
                      "local-dir:/folder), or with --weights a timm checkpoint file")
     ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    data = ap.add_mutually_exclusive_group()
+    data.add_argument("--split", default="val",
+                      help="the split of the config's data to score: val (default: the held-out split training "
+                           "scored), train, or another the data has (an ImageFolder's root/<split>/<class>/*, e.g. "
+                           "test; a labels file's split column; a shard or Hugging Face split)")
+    data.add_argument("--data-dir", default=None, metavar="FOLDER",
+                      help="score this folder of <class>/ image folders instead (its class names must be the model's)")
     ap.add_argument("--img-size", type=int, default=None,
                     help="input size for --model (default: the weights' own, else 224)")
     ap.add_argument("--batch-size", type=int, default=None,
@@ -57,8 +64,8 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 from torch.utils.data import DataLoader, Dataset
 
 from vit.atomic import atomic_write_csv, atomic_write_text
-from vit.config import ConfigError, parse_overrides
-from vit.data import DataError, build_datasets
+from vit.config import ConfigError, check_dataset_keys, parse_overrides
+from vit.data import DataError, build_eval_split
 from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
@@ -94,6 +101,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    check_dataset_keys(cfg, list(overrides))  # e.g. --data.val_split=test for a folder: refused, not ignored
     if args.threshold is not None and not cfg.data.labels_file:
         raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "
                           "one class per image.")
@@ -101,7 +109,8 @@ def main(argv=None) -> int:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
     # the class check happens here, before any image is decoded or any forward pass runs
-    _, val_ds, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=ckpt_classes)
+    val_ds, classes, scored = build_eval_split(cfg, args.split, args.data_dir, ckpt_classes)
+    print(f"scoring {scored}")
     if ckpt_classes is None and len(classes) != model.num_classes:
         raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
                         "evaluate on data with the classes the model was trained on.")
@@ -133,7 +142,7 @@ def main(argv=None) -> int:
         return 0
 
     if cfg.data.labels_file:
-        return report_multilabel(args, cfg, val_ds, classes, out, out_dir, num_processes, seconds)
+        return report_multilabel(args, cfg, val_ds, classes, out, out_dir, num_processes, seconds, scored)
     n, k = len(labels), len(classes)
     if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
         val_ds.check_seen(n + out.get("skipped", 0))
@@ -144,7 +153,7 @@ def main(argv=None) -> int:
     conf, rows, avgs = per_class_metrics(labels.numpy(), pred.numpy(), k)
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
-                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
+                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset, data=scored,
                    token_reduction=cfg.model.token_reduction,
                    num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
 
-    print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"\n{n} images ({scored}), {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
         names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -188,7 +197,7 @@ def main(argv=None) -> int:
 
 
 def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_processes: int,
-                      seconds: float) -> int:
+                      seconds: float, scored: str) -> int:
     """The multi-label report: per-class average precision, mAP, and precision/recall/F1 at the threshold
     (--threshold, else training's, else the best on this split, which is reported beside it)."""
     from vit.eval.multilabel import labels_above, saved_threshold, summarize_multilabel
@@ -203,7 +212,8 @@ def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_
                    macro_f1=m["macro_f1"], best_threshold_here=best["threshold"], best_micro_f1_here=best["micro_f1"],
                    images_per_s=m["n"] / max(seconds, 1e-9), classes=classes,
                    checkpoint=args.checkpoint or args.weights,
-                   dataset=cfg.data.dataset, labels_file=cfg.data.labels_file, num_processes=num_processes)
+                   dataset=cfg.data.dataset, data=scored, labels_file=cfg.data.labels_file,
+                   num_processes=num_processes)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
     per_class = [dict(**{"class": c}, ap=m["ap"][i], precision=m["precision"][i], recall=m["recall"][i],
@@ -215,7 +225,7 @@ def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_
              **{f"prob_{c}": f"{float(probs[j, i]):.6f}" for i, c in enumerate(classes)}} for j in range(len(index))]
     atomic_write_csv(out_dir / "predictions.csv", list(rows[0]) if rows else ["sample"], rows)
 
-    print(f"\n{m['n']} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"\n{m['n']} images ({scored}), {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     print(f"mAP {100 * m['map']:.2f}%   loss {m['loss']:.4f}   micro F1 {m['micro_f1']:.4f} at threshold "
           f"{m['threshold']:.2f} ({source}; the best here: {best['micro_f1']:.4f} at {best['threshold']:.2f})\n")
     width = max(len("class") + 2, max(len(c) for c in classes) + 2)

@@ -34,7 +34,7 @@ import torch
 from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
-from vit.config import Config, ConfigError, diff, dump, load_config
+from vit.config import Config, ConfigError, check_dataset_keys, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.data import absolute_root, build_datasets, build_loaders, choose_channels, class_weights, resolve_data_config
 from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
@@ -56,7 +56,9 @@ from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
 
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg, channel_note = choose_channels(load_config(config_path, overrides))  # model.in_chans null: the data's
+    cfg = load_config(config_path, overrides)
+    check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
+    cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
     cfg = resolve_data_config(cfg)  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory

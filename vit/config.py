@@ -22,7 +22,7 @@ import yaml
 
 __all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff",
            "withhold_remote_sources", "check_data_sources", "is_remote_source",
-           "check_model_args", "check_preprocessing"]
+           "check_model_args", "check_preprocessing", "check_dataset_keys"]
 
 
 class ConfigError(ValueError):
@@ -373,6 +373,33 @@ def validate(cfg: Config) -> None:
                         m.in_chans or (given if given in (1, 3) else 3),
                         lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
                         lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
+
+
+# data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
+DATASET_KEYS = {
+    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf"), "download": ("cifar10", "cifar100"),
+    "val_fraction": ("digits", "imagefolder"), "split_seed": ("digits", "imagefolder"),
+    "synthetic_train_size": ("synthetic",), "synthetic_val_size": ("synthetic",),
+    "synthetic_num_classes": ("synthetic",), "train_split": ("wds", "hf"), "val_split": ("wds", "hf"),
+    "shuffle_buffer": ("wds",), "num_classes": ("wds", "hf"), "image_column": ("hf",), "label_column": ("hf",),
+    "labels_file": ("imagefolder",),
+}
+
+
+def check_dataset_keys(cfg: Config, keys: list[str] | None = None) -> None:
+    """Refuse, in one sentence, a data.* key that the chosen data.dataset would ignore: among `keys` (dotted,
+    e.g. a script's overrides), or else every data key whose value is not its default (so a recipe written for
+    the digits, whose defaults it keeps, can still be pointed at a folder)."""
+    default, d = DataConfig(), cfg.data
+    if keys is None:
+        keys = [f"data.{k}" for k in DATASET_KEYS if getattr(d, k) != getattr(default, k)]
+    for dotted in keys:
+        key = dotted.split(".", 1)[1] if dotted.startswith("data.") else None
+        if key in DATASET_KEYS and d.dataset not in DATASET_KEYS[key] and getattr(d, key) is not None:
+            hint = " (evaluate.py: --split NAME scores another split)" if key in ("train_split", "val_split") else ""
+            raise ConfigError(f"config key 'data.{key}' is read only with data.dataset "
+                              f"{' / '.join(DATASET_KEYS[key])}, and data.dataset is {d.dataset!r}, which would "
+                              f"ignore it; remove it{hint}.")
 
 
 def _check_ranges(flat: dict[str, Any], positive: set, non_negative: set, unit: set) -> None:

@@ -24,7 +24,7 @@ from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
            "resolve_data_config", "build_loaders", "absolute_root", "data_channels", "choose_channels",
-           "train_labels", "class_counts", "class_weights"]
+           "train_labels", "class_counts", "class_weights", "is_flat_folder", "build_eval_split"]
 log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
@@ -217,6 +217,16 @@ def _folder_classes(root: Path, split: str) -> list[str]:
     return classes
 
 
+def is_flat_folder(root: Path) -> bool:
+    """torchvision's ImageFolder layout, root/<class>/*: no train/ or val/ folder, and class folders that hold
+    images directly (a root whose only folders are splits, e.g. test/, is not flat)."""
+    if (root / "train").is_dir() or (root / "val").is_dir() or not root.is_dir():
+        return False
+    names = _class_folders(root)
+    return bool(names) and any(next(_image_files(root / c), None) is not None for c in names) and not all(
+        c in ("test", "valid", "validation") for c in names)
+
+
 def _check_no_class_emptied(ds: FolderDataset, d: Path) -> None:
     """A class whose every image was unreadable is refused, as an empty class folder is (_folder_classes)."""
     left = set(ds.labels)
@@ -325,29 +335,34 @@ def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chan
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
-def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val, seed: int) -> dict:
-    """An ImageFolder without val/: hold out data.val_fraction of train/ with the seeded, stratified split the
-    digits use (scikit-learn's train_test_split, random_state=data.split_seed), so every class keeps its share
-    in both halves and evaluate.py, rebuilding it from the saved config, scores the same held-out images."""
+def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val, seed: int,
+                    train_dir: Path | None = None) -> dict:
+    """An ImageFolder without val/: hold out data.val_fraction of train/ (`train_dir`: root itself for the flat
+    root/<class>/* layout) with the seeded, stratified split the digits use (scikit-learn's train_test_split,
+    random_state=data.split_seed), so every class keeps its share in both halves and evaluate.py, rebuilding it
+    from the saved config, scores the same held-out images."""
     from sklearn.model_selection import train_test_split
 
-    train = FolderDataset(root / "train", classes, t_train, seed)
-    val = FolderDataset(root / "train", classes, t_val, seed)
+    train_dir = train_dir or root / "train"
+    train = FolderDataset(train_dir, classes, t_train, seed)
+    val = FolderDataset(train_dir, classes, t_val, seed)
     labels = np.array(train.labels)
     counts = np.bincount(labels, minlength=len(classes))
     n_val = int(np.ceil(cfg.data.val_fraction * len(labels)))
     if cfg.data.val_fraction <= 0 or counts.min() < 2 or n_val < len(classes) or len(labels) - n_val < len(classes):
         small = classes[int(counts.argmin())]
+        of = "train/" if train_dir == root / "train" else "its images"
         raise DataError(f"{root} has no val/ folder, and holding out data.val_fraction={cfg.data.val_fraction} of "
-                        f"train/ ({len(labels)} images; class '{small}' has {counts.min()}) cannot leave every class "
+                        f"{of} ({len(labels)} images; class '{small}' has {counts.min()}) cannot leave every class "
                         "in both splits; add a val/ folder, more images per class, or set a data.val_fraction "
                         "that does.")
     tr, va = train_test_split(np.arange(len(labels)), test_size=cfg.data.val_fraction,
                               random_state=cfg.data.split_seed, stratify=labels)
     train.samples = [train.samples[i] for i in sorted(tr)]
     val.samples = [val.samples[i] for i in sorted(va)]
-    log.info("%s has no val/ folder: holding out a stratified %g of train/ (data.val_fraction, data.split_seed=%d): "
-             "%d train / %d val images", root, cfg.data.val_fraction, cfg.data.split_seed, len(train), len(val))
+    log.info("%s has no val/ folder: holding out a stratified %g of its images (data.val_fraction, "
+             "data.split_seed=%d): %d train / %d val images", root, cfg.data.val_fraction, cfg.data.split_seed,
+             len(train), len(val))
     return {"train": train, "val": val}
 
 
@@ -377,11 +392,13 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         if not root.is_dir():
             raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
                             "of train/ is held out: data.val_fraction).")
-        held_out = not (root / "val").is_dir() and (root / "train").is_dir()  # no val/: split train/ as digits
-        found = _folder_classes(root, "train") if "train" in splits or held_out else _folder_classes(root, "val")
+        flat = is_flat_folder(root)  # torchvision's root/<class>/*: held out as a folder without val/
+        held_out = flat or (not (root / "val").is_dir() and (root / "train").is_dir())  # no val/: split train/
+        found = _class_folders(root) if flat else (
+            _folder_classes(root, "train") if "train" in splits or held_out else _folder_classes(root, "val"))
         classes = _check_classes(classes, found)
-        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed).items()
-               if k in splits} if held_out else {}
+        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed,
+                                                root if flat else None).items() if k in splits} if held_out else {}
         for split, t in (("train", t_train), ("val", t_val)):
             if split in splits:
                 if not held_out:
@@ -392,7 +409,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
                     if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
                         raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
                                         f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
-                    _check_no_class_emptied(out[split], root / ("train" if held_out else split))
+                    _check_no_class_emptied(out[split], root if flat else root / ("train" if held_out else split))
         return out.get("train"), out.get("val"), classes
     given = classes
     if name == "digits":
@@ -432,6 +449,46 @@ def class_weights(cfg: Config, ds: Dataset) -> torch.Tensor | None:
     counts = class_counts(ds).double()
     w = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
     return w.float()
+
+
+def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
+                     classes: list[str] | None = None) -> tuple[Dataset, list[str], str]:
+    """(dataset, class names, what it is) for evaluate.py: `folder` (any <class>/* folder, scored whole), or
+    the config's data in split `split`: val (the held-out split train.py scored), train (the training images,
+    without augmentation), or any other split the data has (an ImageFolder's root/<split>/<class>/*, a labels
+    file's split column, a shard or Hugging Face split name). `classes` (a checkpoint's) fixes the label order."""
+    t_val = build_transform(cfg.aug, cfg.model.img_size, False)
+    name = cfg.data.dataset
+    if folder is not None or (name == "imagefolder" and not cfg.data.labels_file and split not in ("train", "val")):
+        d = Path(folder) if folder is not None else Path(cfg.data.root) / split
+        if not d.is_dir():
+            raise DataError(f"{d} is not a folder; pass a folder of <class>/ image folders" + (
+                "" if folder is not None else f" (--split {split} reads data.root/{split}/<class>/*)") + ".")
+        found = _class_folders(d)
+        if not found:
+            raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
+        classes = _check_classes(classes, found)
+        ds = FolderDataset(d, classes, t_val, cfg.run.seed)
+        ds.check(cfg.data.on_bad_image)
+        if not len(ds):
+            raise DataError(f"no usable image in {d}" + (f" (first unreadable: {ds.bad[0]})" if ds.bad else "") +
+                            "; put images in its class folders.")
+        return ds, classes, f"folder {d} ({len(ds)} images)"
+    if split != "val" and name in ("wds", "hf"):  # a split by name, read as the held-out one (in order)
+        named = cfg.data.train_split if split == "train" else split
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val_split=named))
+        _, val, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=classes)
+        return val, classes, f"{name} {cfg.data.root}, split {named} ({len(val)} images)"
+    elif split not in ("train", "val") and not cfg.data.labels_file:
+        raise DataError(f"--split {split}: {name} data has only the train and val splits; pass --split val or "
+                        "train, or --data-dir FOLDER.")
+    train, val, classes = build_datasets(cfg, check_images=True, splits=("train", "val") if split == "train"
+                                         else (split,) if cfg.data.labels_file else ("val",), classes=classes)
+    ds = train if split == "train" else val
+    if split == "train":
+        ds.transform = t_val  # the training images as evaluation sees them: no augmentation
+    where = {"imagefolder": cfg.data.root, "wds": cfg.data.root, "hf": cfg.data.root}.get(name, name)
+    return ds, classes, f"{name} {where}, split {split} ({len(ds)} images)"
 
 
 def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=None) -> tuple:

@@ -36,7 +36,7 @@ def shapes_image(rng: np.random.Generator, size: int = 32, max_shapes: int = 3) 
     names = sorted(rng.choice(SHAPES, size=k, replace=False).tolist())
     img = rng.normal(40, 12, size=(size, size, 3))
     yy, xx = np.mgrid[:size, :size]
-    r = size // 6
+    r = size // 5  # shapes about a fifth of the image across: a 16-pixel patch sees most of one
     for name in names:
         cy, cx = rng.integers(r, size - r, size=2)
         dy, dx = yy - cy, xx - cx
