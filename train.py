@@ -47,7 +47,7 @@ from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from her
     train_one_epoch,
     trim_metrics,
 )
-from vit.factory import build_model
+from vit.factory import build_model, resolve_name
 from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
@@ -56,7 +56,7 @@ from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
 
 def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(config_path, overrides)
+    cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
     check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
     cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
     cfg = resolve_data_config(cfg)  # preprocessing of the pretrained weights

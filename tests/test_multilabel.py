@@ -19,8 +19,8 @@ from vit.multilabel_data import read_labels_file
 from vit.synthetic import SHAPES, shapes_image
 
 ML = ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
-      "--model.num_heads=2", "--model.mlp_ratio=2", "--data.batch_size=16", "--aug.random_resized_crop=false",
-      "--data.num_workers=0", "--aug.label_smoothing=0", "--optim.lr=2e-3", "--optim.warmup_epochs=1"]
+      "--model.num_heads=2", "--model.mlp_ratio=2", "--data.batch_size=8", "--aug.random_resized_crop=false",
+      "--data.num_workers=0", "--aug.label_smoothing=0", "--optim.lr=3e-3", "--optim.warmup_epochs=1"]
 
 
 def make_shapes_set(root, n=40, seed=0, fmt="csv"):
@@ -129,16 +129,18 @@ def test_a_labels_file_needs_an_imagefolder_dataset():
 
 @pytest.mark.slow
 def test_generated_shapes_train_to_a_documented_map_and_the_scripts_report_it(tmp_path):
-    """160 images of 1-3 shapes (chance mAP ~0.5: half the labels are on), 8 epochs of a 2-block ViT: mAP > 0.8
-    (measured 0.87-0.91 on seeds 0-2). evaluate.py's numbers are scikit-learn's on its own predictions.csv."""
+    """160 images of 1-3 shapes (120 train / 40 val), 8 epochs of a 2-block ViT of width 32: measured val mAP 0.861,
+    micro F1 0.854 at threshold 0.45, BCE 0.418 (0.69 at the start). Each shape has its own colour, so even an
+    untrained ViT ranks them well (mAP 0.75-0.89 after its first epoch, at loss 0.70): the falling loss and the F1
+    are what show learning. evaluate.py's numbers are scikit-learn's on its own predictions.csv."""
     labels = make_shapes_set(tmp_path / "d", n=160)
     data = ["--data.dataset=imagefolder", f"--data.root={tmp_path / 'd'}", f"--data.labels_file={labels}",
             "--data.val_fraction=0.25"]
-    r = run_script("train.py", *data, *ML, "--run.epochs=8", "--run.eval_every=4", "--aug.mixup=0.2",
-                   f"--run.output_dir={tmp_path}")
+    r = run_script("train.py", *data, *ML, "--run.epochs=8", "--run.eval_every=8", f"--run.output_dir={tmp_path}")
     assert r.returncode == 0, r.stderr
     meta = json.loads((tmp_path / "default" / "best" / "meta.json").read_text())
-    assert meta["val_map"] > 0.8 and 0 < meta["threshold"] < 1, meta
+    assert meta["val_map"] > 0.8 and meta["val_micro_f1"] > 0.75 and meta["val_loss"] < 0.5, meta
+    assert 0 < meta["threshold"] < 1
 
     evaluate = import_script("evaluate")
     assert evaluate.main(["--checkpoint", str(tmp_path / "default" / "best"), "--out", str(tmp_path / "ev")]) == 0

@@ -29,11 +29,16 @@ class ConfigError(ValueError):
     """A bad config: the message names the key and says what is wrong."""
 
 
+DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
+
+
 @dataclass
 class ModelConfig:
     # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
-    name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
+    # a vit.create_model name; the fields below override it. null: the architecture of the weights
+    # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.factory.resolve_name)
+    name: str | None = None
     img_size: int = 224  # input height and width in pixels
     patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
     # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see

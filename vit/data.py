@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import Config, ConfigError, check_data_sources
+from .config import DEFAULT_MODEL, Config, ConfigError, check_data_sources
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
@@ -328,10 +328,11 @@ def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chan
                               "1 (grey); use a model built for one of those.")
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=in_chans))
     if pretrained_cfg is None and cfg.model.pretrained:
-        from .hub import resolve_source
+        from .hub import resolve_source, weights_architecture
         from .vision import VARIANTS
 
-        pretrained_cfg = resolve_source(cfg.model.name, cfg.model.pretrained, VARIANTS).pretrained_cfg
+        name = cfg.model.name or weights_architecture(cfg.model.pretrained, VARIANTS) or DEFAULT_MODEL
+        pretrained_cfg = resolve_source(name, cfg.model.pretrained, VARIANTS).pretrained_cfg
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 

@@ -19,10 +19,11 @@ import dataclasses
 import inspect
 from typing import Any
 
-from .config import Config, ConfigError, ModelConfig
-from .vision import _OPTIONS, VisionTransformer, create_model
+from .config import DEFAULT_MODEL, Config, ConfigError, ModelConfig
+from .hub import weights_architecture
+from .vision import _OPTIONS, VARIANTS, VisionTransformer, create_model
 
-__all__ = ["build_model", "model_kwargs", "check_model_config"]
+__all__ = ["build_model", "model_kwargs", "check_model_config", "resolve_name"]
 
 ALWAYS = ("img_size", "in_chans", "drop_rate", "attn_drop_rate", "drop_path_rate")
 # create_model's own arguments (not architecture overrides), passed by name below
@@ -59,6 +60,17 @@ def check_model_config(m: ModelConfig) -> None:
                               "from ModelConfig.")
 
 
+def resolve_name(cfg: Config) -> Config:
+    """`cfg` with model.name set: as given, else the architecture of the weights model.pretrained names (a hub
+    name, hf-hub:, local-dir: or a folder; read from the registry or the cache's config.json, no weights
+    loaded), else DEFAULT_MODEL. A weights file does not say its architecture: model.name must then be set."""
+    m = cfg.model
+    if m.name is not None:
+        return cfg
+    arch = weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL
+    return dataclasses.replace(cfg, model=dataclasses.replace(m, name=arch))
+
+
 def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
                 saved: dict | None = None) -> VisionTransformer:
     """The model `cfg.model` describes, with a `num_classes`-way head (the only place the config meets
@@ -69,7 +81,7 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
     check_model_config(m)
     overrides = {**model_kwargs(m), "num_classes": num_classes}
     setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
-    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
+    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name or DEFAULT_MODEL, {})
     model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
     for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
         getattr(model, f"set_{key}")(value)
