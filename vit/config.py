@@ -211,6 +211,9 @@ class RunConfig:
     eval_every: int = 1  # epochs
     save_state_every: int = 0  # steps; 0 = at the end of every epoch
     keep_best: int = 1  # best checkpoints kept (by val_acc1)
+    # resumable training states kept in state/ (each: weights + optimizer moments, ~3x the model); the oldest is
+    # deleted once a newer one is complete. 2: a damaged newest state falls back to the one before; 1: half the disk
+    keep_states: int = 2
     resume: str | None = None  # 'auto' or a state folder
     overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
     log_every: int = 10  # steps between TensorBoard points
@@ -246,7 +249,8 @@ CHOICES = {
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
-            "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.log_every", "run.max_steps",
+            "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.keep_states", "run.log_every",
+            "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
             "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
 NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",

@@ -39,7 +39,8 @@ RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "te
 # everything else refused (model, data, batch size, seed, optimizer, augmentation, precision) would make the
 # resumed run a different one, or fail to load.
 SAFE_ON_RESUME = {"run.name", "run.output_dir", "run.epochs", "run.max_steps", "run.resume", "run.overwrite",
-                  "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.on_nonfinite",
+                  "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.keep_states",
+                  "run.on_nonfinite",
                   "data.num_workers", "run.num_threads", "data.eval_batch_size", "data.download", "data.on_bad_image",
                   "model.grad_checkpointing"}  # recomputes activations; the same gradients
 
@@ -238,7 +239,7 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     extra = {"train_state.json": json.dumps(dataclasses.asdict(state)).encode(), "config.yaml": dump(cfg).encode()}
     if ema is not None:
         extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
-    save_state_atomic(accelerator, run_dir, state.step, extra=extra)
+    save_state_atomic(accelerator, run_dir, state.step, keep=cfg.run.keep_states, extra=extra)
 
 
 def check_weights(accelerator, model, state, run_dir: Path) -> None:
