@@ -22,17 +22,14 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli_help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
                                         "e.g. --data.dataset=imagefolder --data.root=/data/other.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
-                     "local-dir:/folder), or with --weights a timm checkpoint file")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     data = ap.add_mutually_exclusive_group()
     data.add_argument("--split", default="val",
                       help="the split of the config's data to score: val (default: the held-out split training "
@@ -40,8 +37,6 @@ def build_parser() -> argparse.ArgumentParser:
                            "test; a labels file's split column; a shard or Hugging Face split)")
     data.add_argument("--data-dir", default=None, metavar="FOLDER",
                       help="score this folder of <class>/ image folders instead (its class names must be the model's)")
-    ap.add_argument("--img-size", type=int, default=None,
-                    help="input size for --model (default: the weights' own, else 224)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
     ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
@@ -64,6 +59,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 from torch.utils.data import DataLoader, Dataset
 
 from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.args import check_model_source
 from vit.config import ConfigError, check_dataset_keys, parse_overrides
 from vit.data import DataError, build_eval_split
 from vit.inference import load_model_and_config  # shared with predict.py
@@ -93,6 +89,7 @@ def parse_args(argv):
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
     if args.threshold is not None and not 0 < args.threshold < 1:
         raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
     return args, overrides
@@ -177,7 +174,7 @@ def main(argv=None) -> int:
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
 
-    print(f"\n{n} images ({scored}), {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
         names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
@@ -225,7 +222,7 @@ def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_
              **{f"prob_{c}": f"{float(probs[j, i]):.6f}" for i, c in enumerate(classes)}} for j in range(len(index))]
     atomic_write_csv(out_dir / "predictions.csv", list(rows[0]) if rows else ["sample"], rows)
 
-    print(f"\n{m['n']} images ({scored}), {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"\n{m['n']} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     print(f"mAP {100 * m['map']:.2f}%   loss {m['loss']:.4f}   micro F1 {m['micro_f1']:.4f} at threshold "
           f"{m['threshold']:.2f} ({source}; the best here: {best['micro_f1']:.4f} at {best['threshold']:.2f})\n")
     width = max(len("class") + 2, max(len(c) for c in classes) + 2)

@@ -23,19 +23,15 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli_help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
                                         "lists them), e.g. --aug.eval_crop_pct=1.0.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
-    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
-    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
     ap.add_argument("--topk", type=int, default=5, help="classes per row")
     ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv", help="output file format")
     ap.add_argument("--batch-size", type=int, default=None,
@@ -59,6 +55,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import torch
 
 from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.args import check_model_source
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
@@ -73,6 +70,7 @@ def parse_args(argv):
     if bad:
         raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
     return args, overrides
 
 

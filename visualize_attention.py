@@ -25,10 +25,11 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli_help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
     ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout",
                     help="rollout: attention rollout (Abnar & Zuidema, 2020); grad_rollout: rollout weighted by "
@@ -64,9 +65,9 @@ import numpy as np
 import torch
 
 from vit.atomic import atomic_write_bytes, atomic_write_text
-from vit.checkpoint import load_checkpoint
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.decode import BadImageError
+from vit.inference import label_names, load_model_and_config
 from vit.layers.token_reduction import TopK
 from vit.plots import plot_attention_map, to_display
 from vit.rollout import attention_maps
@@ -75,9 +76,13 @@ from vit.transforms import build_transform
 
 
 def parse_args(argv):
+    from vit.cli.args import check_model_source
+
     args = build_parser().parse_args(argv)
+    check_model_source(args)
     if args.out is None:
-        args.out = str(default_out(Path(args.checkpoint)))
+        args.out = str(default_out(Path(args.checkpoint)) if args.checkpoint
+                       else Path("runs") / f"attention-{args.model.replace('/', '_').replace(':', '_')}")
     return args
 
 
@@ -234,7 +239,8 @@ def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.nda
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    model, cfg, classes, _ = load_checkpoint(args.checkpoint)
+    model, cfg, classes = load_model_and_config(args, {})  # a checkpoint, or a model by name (vit/cli/args.py)
+    classes = classes or label_names(model, model.num_classes)
     check_options(args, len(model.blocks))
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)
@@ -287,7 +293,7 @@ def main(argv=None) -> int:
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, source=sources[name], method=args.method, params=params,
                            explained_class=explained, true_class=truths[name], title=title,
-                           grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
+                           grid=list(grid_map.shape), checkpoint=args.checkpoint, model=args.model,
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))
                                  for p, i in zip(top_p[j], top_i[j])])

@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import load_file, save
 
 from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
-from .config import Config, dump, from_dict, read_yaml, withhold_remote_sources
+from .config import DEFAULT_MODEL, Config, dump, from_dict, read_yaml, withhold_remote_sources
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .faults import fault_point
 from .hub import split_tag, timm_config
@@ -63,6 +63,10 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
+    # the config names what was built where it left the choice to the weights or the data (model.name, in_chans)
+    built = dict(name=cfg.model.name or getattr(model, "_variant", None) or DEFAULT_MODEL,
+                 in_chans=cfg.model.in_chans or getattr(model, "in_chans", None))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **built))
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
     folder.mkdir(parents=True, exist_ok=True)
     metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
