@@ -51,7 +51,7 @@ from vit.factory import build_model, resolve_name
 from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
+from vit.runtime import apply_machine_defaults, make_accelerator, run_cli, single_process_note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
+    launch_note = single_process_note(accelerator)  # --num_processes 2 without --multi_gpu: one process ran
+    if launch_note and accelerator.is_main_process:
+        console.print(launch_note)
     console.print(f"device {accelerator.device}, {processes(accelerator)}, "
                   f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
                   f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
