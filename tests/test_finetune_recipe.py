@@ -13,7 +13,7 @@ from helpers import ROOT, make_image_folder, run_script
 from timm.models import save_for_hf
 
 from vit.config import load_config
-from vit.factory import build_model, resolve_name
+from vit.models.build import build_model, resolve_name
 
 REPO = "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # what the recipe names
 SMALL = dict(embed_dim=32, depth=2, num_heads=2)  # the weights narrowed to a few kB; their config.json says so
@@ -50,7 +50,7 @@ def test_the_architecture_comes_from_the_weights_pretrained_names(offline_hub, t
     model = build_model(cfg, 3, pretrained=True)
     assert (model.embed_dim, len(model.blocks)) == (32, 2)  # the weights' own config.json, not the registry's 192
     assert resolve_name(load_config(None)).model.name == "vit_tiny_patch16_224"  # nothing named: the default
-    with pytest.raises(ValueError, match="are a vit_tiny_patch16_224, but the model is vit_small_patch16_224; leave model.name unset"):
+    with pytest.raises(ValueError, match="are a vit_tiny_patch16_224, but the model is vit_small_patch16_224; leave"):
         build_model(load_config(ROOT / "configs/finetune_imagefolder.yaml", {"model.name": "vit_small_patch16_224"}),
                     3, pretrained=True)  # a second key that disagrees: one sentence, as before
     weights = tmp_path / "w.safetensors"

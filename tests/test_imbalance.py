@@ -16,7 +16,7 @@ from PIL import Image
 
 from vit.config import ConfigError, load_config
 from vit.data import EpochSampler, build_loaders, class_weights
-from vit.synthetic import long_tailed_colours
+from vit.data.synthetic import long_tailed_colours
 
 COUNTS = [120, 40, 12, 6]  # a long tail: 20 to 1
 SMALL = ["--model.img_size=32", "--model.patch_size=16", "--model.embed_dim=32", "--model.depth=1",
@@ -72,7 +72,7 @@ def test_auto_class_weights_are_inverse_frequency_and_weigh_the_loss_as_cross_en
     torch.testing.assert_close(w, torch.tensor([n / (4 * c) for c in COUNTS]))
     assert class_weights(load_config(None), Labelled(labels, 4)) is None
 
-    from vit.engine import _loss  # the loss the loop uses, tested without a run
+    from vit.train.engine import _loss  # the loss the loop uses, tested without a run
 
     torch.manual_seed(0)
     logits, y = torch.randn(10, 4), torch.randint(0, 4, (10,))

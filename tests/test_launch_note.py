@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 from helpers import TINY, run_script
 
-from vit.runtime import single_process_note
+from vit.cli.runtime import single_process_note
 
 ONE = SimpleNamespace(num_processes=1)
 SIMPLE = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}

@@ -14,9 +14,9 @@ from sklearn.metrics import average_precision_score, f1_score
 
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
+from vit.data.multilabel import read_labels_file
+from vit.data.synthetic import SHAPES, shapes_image
 from vit.eval.multilabel import average_precision, best_threshold, f1_at, summarize_multilabel
-from vit.multilabel_data import read_labels_file
-from vit.synthetic import SHAPES, shapes_image
 
 ML = ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
       "--model.num_heads=2", "--model.mlp_ratio=2", "--data.batch_size=8", "--aug.random_resized_crop=false",
@@ -75,7 +75,7 @@ def test_f1_and_the_chosen_threshold_match_scikit_learn():
 def test_timm_mixup_mixes_multi_hot_targets_as_they_are():
     from timm.data import Mixup
 
-    from vit.engine import mix_batch
+    from vit.train.engine import mix_batch
 
     y = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.float32)
     x = torch.arange(4 * 3 * 4 * 4, dtype=torch.float32).reshape(4, 3, 4, 4)

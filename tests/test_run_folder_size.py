@@ -4,8 +4,8 @@ complete), so that a laptop can hold the run."""
 from __future__ import annotations
 
 import pytest
-
 from helpers import TINY, run_script
+
 from vit.config import ConfigError, load_config
 
 SYN = ["--data.dataset=synthetic", "--data.synthetic_train_size=24", "--data.synthetic_val_size=8",

@@ -55,7 +55,7 @@ def test_visualize_attention_takes_a_model_by_name(tmp_path):
     sidecar = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
     from vit.config import load_config
     from vit.data import resolve_data_config
-    from vit.transforms import build_transform
+    from vit.data.transforms import build_transform
 
     cfg = resolve_data_config(load_config(None, {"model.img_size": 32}), ref.pretrained_cfg)
     x = build_transform(cfg.aug, 32, train=False).load(img)[None]

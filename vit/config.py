@@ -34,15 +34,15 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.p
 
 @dataclass
 class ModelConfig:
-    # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
+    # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
     # a vit.create_model name; the fields below override it. null: the architecture of the weights
-    # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.factory.resolve_name)
+    # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.models.build.resolve_name)
     name: str | None = None
     img_size: int = 224  # input height and width in pixels
     patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
     # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
-    # vit.data.choose_channels; a number pins it
+    # vit.data.datasets.choose_channels; a number pins it
     in_chans: int | None = None
     # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
     global_pool: Literal["token", "avg"] = "token"
@@ -61,7 +61,7 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
-    # (a run's best/) or a weights file; see vit/hub.py
+    # (a run's best/) or a weights file; see vit/hub/names.py
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
@@ -72,8 +72,8 @@ class ModelConfig:
 class DataConfig:
     dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
-    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder
-    # or a folder of parquet files (vit/hfds.py)
+    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
+    # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
     root: str | None = None
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits, and an imagefolder without val/: stratified held-out share
@@ -93,7 +93,7 @@ class DataConfig:
     image_column: str = "image"  # hf: the column holding the images
     label_column: str = "label"  # hf: the column holding the integer labels
     # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
-    # data.root with any number of labels each (vit/multilabel_data.py); sigmoid + BCE, scored by mAP
+    # data.root with any number of labels each (vit/data/multilabel.py); sigmoid + BCE, scored by mAP
     labels_file: str | None = None
     # shuffle: each image once per epoch; balanced: as many draws per epoch, each class equally likely (images
     # drawn with replacement, weight 1 / their class's count), seeded per (seed, epoch) so a resume is exact
@@ -132,8 +132,8 @@ class AugConfig:
         pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
         0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
         one sentence if not); statistics for the weights' own channel count when the model has another (RGB
-        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses accuracy
-        silently, so values the config sets are kept and everything else follows the weights."""
+        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses
+        accuracy silently, so values the config sets are kept and everything else follows the weights."""
         p, in_chans = pretrained_cfg or {}, in_chans or 3
         own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
         own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
@@ -340,7 +340,7 @@ def validate(cfg: Config) -> None:
         if flat[key] not in choices:
             shown = ", ".join(repr(c) for c in choices if c is not None)
             raise ConfigError(f"config key '{key}' must be one of {shown}, got {flat[key]!r}.")
-    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.runtime)
+    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.cli.runtime)
         if isinstance(flat[key], str) and flat[key] != "auto":
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
@@ -457,7 +457,7 @@ def check_model_args(args: dict[str, Any], hints: dict[str, Any], where: str) ->
                 flat[dotted] = value
                 continue
             plain = [a for a in options if typing.get_origin(a) is not tuple]
-            flat[dotted] = _check_type(dotted, value, typing.Union[tuple(plain)] if len(plain) > 1 else plain[0])
+            flat[dotted] = _check_type(dotted, value, typing.Union[tuple(plain)] if len(plain) > 1 else plain[0])  # noqa: UP007
         named = lambda keys, extra: {f"model_args.{k[6:]}" for k in keys if k.startswith("model.")} | {  # noqa: E731
             f"model_args.{k}" for k in extra}
         _check_ranges(flat, named(POSITIVE, ARG_POSITIVE), named(NON_NEGATIVE, ARG_NON_NEGATIVE),
@@ -625,7 +625,7 @@ def dump(cfg: Config) -> str:
 # --- data sources from saved configs ----------------------------------------------------------------------------
 # A data source can run a command (`pipe:cmd`, which webdataset hands to a shell) or fetch from anywhere (a URL).
 # It is honoured when the user typed it (command line, a config file they passed), never when it comes from a
-# config saved in a folder they were handed (a checkpoint's config.yaml): `vit.checkpoint.load_checkpoint` marks
+# config saved in a folder they were handed (a checkpoint's config.yaml): `vit.models.checkpoint.load_checkpoint` marks
 # such values with WITHHELD, and `vit.data.build_datasets` refuses a marked one unless the user passes it again.
 
 SOURCE_KEYS = ("root", "train_split", "val_split")  # data.* keys that name where samples come from
