@@ -142,6 +142,9 @@ def resume_changes(saved: Config, new: Config, source: str) -> dict[str, tuple[A
     changes = diff(saved, new)
     if None in (saved.run.mixed_precision, new.run.mixed_precision):  # null: whatever `accelerate launch` was
         changes.pop("run.mixed_precision", None)  # told (runs saved before train.py wrote the precision it ran)
+    for key in ("model.name", "model.in_chans"):  # null: left to the weights / the data, which the saved run
+        if key in changes and changes[key][1] is None:  # resolved (train.py resolves it again the same way)
+            changes.pop(key)
     root = changes.get("data.root")
     if root and None not in root and Path(root[0]).absolute() == Path(root[1]).absolute():
         changes.pop("data.root")  # saved relative (train.py before it made data.root absolute): the same folder
