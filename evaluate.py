@@ -23,25 +23,30 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
                                         "e.g. --data.dataset=imagefolder --data.root=/data/other.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name: its hub weights (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
-                     "local-dir:/folder), or with --weights a timm checkpoint file")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
-    ap.add_argument("--img-size", type=int, default=None,
-                    help="input size for --model (default: the weights' own, else 224)")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
+    data = ap.add_mutually_exclusive_group()
+    data.add_argument("--split", default="val",
+                      help="the split of the config's data to score: val (default: the held-out split training "
+                           "scored), train, or another the data has (an ImageFolder's root/<split>/<class>/*, e.g. "
+                           "test; a labels file's split column; a shard or Hugging Face split)")
+    data.add_argument("--data-dir", default=None, metavar="FOLDER",
+                      help="score this folder of <class>/ image folders instead (its class names must be the model's)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
     ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
     ap.add_argument("--token-reduction", default=None, metavar="SPEC",
                     help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
                          "the checkpoint's own (default: the checkpoint's setting)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="multi-label: the probability from which a class is predicted (default: the one training "
+                         "chose on its validation split, saved in the checkpoint; else the best on this data)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     return ap
 
@@ -54,10 +59,11 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 from torch.utils.data import DataLoader, Dataset
 
+from vit.cli.args import check_model_source
 from vit.cli.outputs import OutputLock, check_writable
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.config import ConfigError, parse_overrides
-from vit.data import DataError, build_datasets
+from vit.config import ConfigError, check_dataset_keys, parse_overrides
+from vit.data import DataError, build_eval_split
 from vit.eval.inference import load_model_and_config  # shared with predict.py
 from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits, worst_mistakes
 from vit.eval.plots import plot_confusion, plot_mistakes, plot_reliability, to_display
@@ -86,6 +92,9 @@ def parse_args(argv):
     if bad:
         raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
+    if args.threshold is not None and not 0 < args.threshold < 1:
+        raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
     return args, overrides
 
 
@@ -95,6 +104,10 @@ def main(argv=None) -> int:
                                                  else Path("runs") / f"eval-{args.model}")
     check_writable(out_dir)  # before the model loads or an image is read
     model, cfg, ckpt_classes = load_model_and_config(args, overrides)  # (a missing checkpoint: before its eval/)
+    check_dataset_keys(cfg, list(overrides))  # e.g. --data.val_split=test for a folder: refused, not ignored
+    if args.threshold is not None and not cfg.data.labels_file:
+        raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "
+                          "one class per image.")
     with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
         return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
 
@@ -104,7 +117,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
     # the class check happens here, before any image is decoded or any forward pass runs
-    _, val_ds, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=ckpt_classes)
+    val_ds, classes, scored = build_eval_split(cfg, args.split, args.data_dir, ckpt_classes)
+    print(f"scoring {scored}")
     if ckpt_classes is None and len(classes) != model.num_classes:
         raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
                         "evaluate on data with the classes the model was trained on.")
@@ -133,6 +147,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     if not is_main:
         return 0
 
+    if cfg.data.labels_file:
+        return report_multilabel(args, cfg, val_ds, classes, out, out_dir, num_processes, seconds, scored)
     n, k = len(labels), len(classes)
     if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
         val_ds.check_seen(n + out.get("skipped", 0))
@@ -143,7 +159,7 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     conf, rows, avgs = per_class_metrics(labels.numpy(), pred.numpy(), k)
     metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
-                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
+                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset, data=scored,
                    token_reduction=cfg.model.token_reduction,
                    num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
@@ -209,6 +225,48 @@ def plot_gallery(val_ds, cfg, classes, probs, labels, index, path: Path) -> bool
                       f"{100 * float(p.values):.0f}%")
     plot_mistakes(images, titles, path)
     return True
+
+
+def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_processes: int,
+                      seconds: float, scored: str) -> int:
+    """The multi-label report: per-class average precision, mAP, and precision/recall/F1 at the threshold
+    (--threshold, else training's, else the best on this split, which is reported beside it)."""
+    from vit.eval.multilabel import labels_above, saved_threshold, summarize_multilabel
+
+    logits, targets, index = out["logits"], out["labels"], out["index"]
+    best = summarize_multilabel(logits, targets)  # threshold chosen on this data
+    given = args.threshold if args.threshold is not None else saved_threshold(args.checkpoint)
+    m = summarize_multilabel(logits, targets, given) if given is not None else best
+    source = "--threshold" if args.threshold is not None else "training's validation split" if given else "this data"
+    metrics = dict(n=m["n"], map=m["map"], loss=m["loss"], threshold=m["threshold"], threshold_from=source,
+                   micro_f1=m["micro_f1"], micro_precision=m["micro_precision"], micro_recall=m["micro_recall"],
+                   macro_f1=m["macro_f1"], best_threshold_here=best["threshold"], best_micro_f1_here=best["micro_f1"],
+                   images_per_s=m["n"] / max(seconds, 1e-9), classes=classes,
+                   checkpoint=args.checkpoint or args.weights,
+                   dataset=cfg.data.dataset, data=scored, labels_file=cfg.data.labels_file,
+                   num_processes=num_processes)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+    per_class = [dict(**{"class": c}, ap=m["ap"][i], precision=m["precision"][i], recall=m["recall"][i],
+                      f1=m["f1"][i], support=int(m["support"][i])) for i, c in enumerate(classes)]
+    atomic_write_csv(out_dir / "per_class.csv", ["class", "ap", "precision", "recall", "f1", "support"], per_class)
+    probs = logits.float().sigmoid()
+    predicted, true = labels_above(probs, classes, m["threshold"]), labels_above(targets, classes, 0.5)
+    rows = [{"sample": val_ds.describe(int(index[j])), "labels": true[j], "predicted": predicted[j],
+             **{f"prob_{c}": f"{float(probs[j, i]):.6f}" for i, c in enumerate(classes)}} for j in range(len(index))]
+    atomic_write_csv(out_dir / "predictions.csv", list(rows[0]) if rows else ["sample"], rows)
+
+    print(f"\n{m['n']} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    print(f"mAP {100 * m['map']:.2f}%   loss {m['loss']:.4f}   micro F1 {m['micro_f1']:.4f} at threshold "
+          f"{m['threshold']:.2f} ({source}; the best here: {best['micro_f1']:.4f} at {best['threshold']:.2f})\n")
+    shown = [printable(c) for c in classes]  # a class name's escape sequences are shown, not obeyed
+    width = max(len("class") + 2, max(len(c) for c in shown) + 2)
+    print(f"{'class':<{width}}{'AP':>10}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
+    for c, r in zip(shown, per_class):
+        print(f"{c:<{width}}{r['ap']:>10.4f}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}"
+              f"{r['support']:>10d}")
+    print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv")
+    return 0
 
 
 if __name__ == "__main__":

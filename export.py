@@ -30,17 +30,13 @@ EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
                                         "lists them).")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
-    ap.add_argument("--weights", help="timm / HF-timm weights file for --model")
-    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
-    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("--dynamic-img-size", action="store_true",
                     help="--model: accept any height and width (positions resampled), exported as dynamic")
     ap.add_argument("--token-reduction", default=None, metavar="SPEC",
@@ -106,12 +102,15 @@ INT8_FILE = "model.int8.onnx"
 
 
 def parse_args(argv):
+    from vit.cli.args import check_model_source
+
     args, rest = build_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:
         raise ConfigError(f"export.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
     check_options(args, ("img_size", "calibration_images", "threads"))
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
     if args.quantize and "onnx" not in args.format:
         args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file

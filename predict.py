@@ -31,34 +31,33 @@ OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.cs
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
                                         "lists them), e.g. --aug.eval_crop_pct=1.0.")
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
-    src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
-    src.add_argument("--onnx", help="a model.onnx written by export.py (preprocessing.json beside it); no torch")
+    add_model_source(ap, onnx=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --onnx FILE
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
-    ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
-    ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
-    ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
     ap.add_argument("--topk", type=int, default=5, help="classes per row")
     ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv", help="output file format")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
     ap.add_argument("--num-workers", type=int, default=None,
                     help="image-decoding worker processes (default: the config's data.num_workers)")
+    ap.add_argument("--threshold", type=float, default=None,
+                    help="multi-label checkpoints: the probability from which a class is predicted (default: the one "
+                         "training chose on its validation split)")
     ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
     ap.add_argument("--out", default="predictions", help="output folder")
     return ap
 
 
-def rows_for(paths, probs, classes: list[str], topk: int) -> list[dict]:
+def rows_for(paths, probs, classes: list[str], topk: int, threshold: float | None = None) -> list[dict]:
     """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv.
-    `probs`: (N, C) softmax probabilities, a numpy array (both predictors, torch and ONNX, give one)."""
+    `probs`: (N, C) probabilities, a numpy array (both predictors, torch and ONNX, give one): softmax, or for a
+    multi-label model (`threshold` given) sigmoids, with first `labels`, the classes at or above the threshold."""
     import numpy as np
 
     probs = np.asarray(probs, dtype=np.float32)
@@ -66,6 +65,8 @@ def rows_for(paths, probs, classes: list[str], topk: int) -> list[dict]:
     rows = []
     for path, p, idx in zip(paths, probs, order):
         row: dict = {"path": str(path)}
+        if threshold is not None:  # multi-label: the classes at or above the threshold come first
+            row["labels"] = " ".join(classes[i] for i in np.flatnonzero(p >= threshold).tolist())
         for r, i in enumerate(idx.tolist(), 1):
             row.update({f"pred{r}": i, f"pred{r}_name": classes[i], f"prob{r}": float(p[i])})
         rows.append(row)
@@ -83,8 +84,9 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     nested = []
     for r in rows:
         k = sum(key.startswith("prob") for key in r)
-        item = {"path": r["path"], "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"],
-                                              "prob": r[f"prob{j}"]} for j in range(1, k + 1)]}
+        item = {"path": r["path"], **({"labels": r["labels"].split()} if "labels" in r else {}),
+                "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"], "prob": r[f"prob{j}"]}
+                         for j in range(1, k + 1)]}
         nested.append({**item, **({"cam": r["cam"]} if "cam" in r else {})})
     text = json.dumps(nested, indent=1) if fmt == "json" else "".join(json.dumps(n) + "\n" for n in nested)
     atomic_write_text(path, text)
@@ -162,6 +164,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 import torch
 
+from vit.cli.args import check_model_source
 from vit.cli.images import collect_images
 from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
@@ -180,6 +183,7 @@ def parse_args(argv):
     if bad:
         raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
     check_options(args, ("topk", "batch_size", "img_size"))
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
     return args, overrides
 
 
@@ -201,6 +205,24 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
             row["cam"] = str((final or out) / path.relative_to(out))
 
 
+def multilabel_threshold(args, cfg) -> float | None:
+    """None for a single-label model; for a multi-label one (its config has data.labels_file), --threshold,
+    else the threshold training chose on its validation split, else 0.5."""
+    from vit.eval.multilabel import saved_threshold
+
+    if args.threshold is not None and not 0 < args.threshold < 1:
+        raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
+    if not cfg.data.labels_file:
+        if args.threshold is not None:
+            raise ConfigError("--threshold is for multi-label checkpoints (trained with data.labels_file); this "
+                              "model picks one class per image: use --topk.")
+        return None
+    if args.threshold is not None:
+        return args.threshold
+    saved = saved_threshold(args.checkpoint)
+    return saved if saved is not None else 0.5
+
+
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.onnx:
@@ -219,6 +241,7 @@ def _predict(args, overrides) -> int:
                         "or a .txt list of paths.")
     model, cfg, classes = load_model_and_config(args, overrides)
     classes = classes or label_names(model, model.num_classes)
+    threshold = multilabel_threshold(args, cfg)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
@@ -246,7 +269,9 @@ def _predict(args, overrides) -> int:
     if not good:
         publish(staging, dest, OWNED)
         raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
-    rows = rows_for([paths[i] for i in good], out["logits"][ok].softmax(1).numpy(), classes, args.topk)
+    logits = out["logits"][ok].float()
+    probs = logits.softmax(1) if threshold is None else logits.sigmoid()  # multi-label: one sigmoid per class
+    rows = rows_for([paths[i] for i in good], probs.numpy(), classes, args.topk, threshold)
     if args.cam:
         write_cams(model, dataset, rows, good, cfg, staging, batch, dest)
     written = dest / write_rows(staging, args.format, rows).name
@@ -255,7 +280,8 @@ def _predict(args, overrides) -> int:
     print(f"{len(rows)} image(s), {num_processes} process(es), {len(paths) / max(seconds, 1e-9):.0f} images/s; "
           f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
     for r in rows[:5]:
-        print(f"  {printable(r['path'])}: {printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
+        chosen = f"[{printable(r['labels'])}] at threshold {threshold:.2f}; top " if threshold is not None else ""
+        print(f"  {printable(r['path'])}: {chosen}{printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
     cams = f" and {dest}/cam/" if args.cam else ""
     print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}{cams}", keep="\n"))
     return 0

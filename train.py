@@ -40,11 +40,18 @@ import torch
 from accelerate.utils import set_seed
 
 from vit.cli.outputs import check_writable
-from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli
-from vit.config import Config, ConfigError, diff, dump, load_config
-from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
+from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli, single_process_note
+from vit.config import Config, ConfigError, check_dataset_keys, diff, dump, load_config
+from vit.data import (
+    absolute_root,
+    build_datasets,
+    build_loaders,
+    choose_channels,
+    class_weights,
+    resolve_data_config,
+)
 from vit.eval.plots import plot_curves
-from vit.models.build import build_model, pretrained_cfg_of
+from vit.models.build import build_model, pretrained_cfg_of, resolve_name
 from vit.train import preemption
 from vit.train.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
@@ -67,10 +74,13 @@ from vit.utils.atomic import atomic_write_text
 def main(argv: list[str] | None = None) -> int:
     preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = load_config(config_path, overrides)
+    cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
+    check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
+    cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
     cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
+    cfg.data.labels_file = absolute_root(cfg.data.labels_file)
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
     trackers = tracker_names(cfg)  # run.log_with
     check_trackers(trackers)  # a missing package or an MLflow store that does not open: one sentence, now
@@ -87,9 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
     console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
+    launch_note = single_process_note(accelerator)  # --num_processes 2 without --multi_gpu: one process ran
+    if launch_note and accelerator.is_main_process:
+        console.print(launch_note)
     console.print(f"device {accelerator.device}, {processes(accelerator)}, "
                   f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
                   f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
+
+    if channel_note:
+        console.print(channel_note)
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)
@@ -104,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         model = torch.compile(model)
     model, optimizer, train_loader, val_loader = prepare(accelerator, model, optimizer, train_loader, val_loader)
     run = Run(accelerator, cfg, run_dir, model, optimizer, train_loader, val_loader, classes, console,
-              ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)))
+              ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)),
+              class_weights=class_weights(cfg, train_ds))
 
     # --- resume -----------------------------------------------------------------------------------------------
     lock = claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until main returns or the process ends)
@@ -187,7 +204,8 @@ def make_mixup(cfg: Config, num_classes: int):
     from timm.data import Mixup
 
     return Mixup(mixup_alpha=cfg.aug.mixup, cutmix_alpha=cfg.aug.cutmix, prob=cfg.aug.mixup_prob,
-                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes)
+                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes,
+                 multi_label=bool(cfg.data.labels_file))  # multi-hot targets mixed as they are
 
 
 def open_run_folder(run: Run) -> None:
@@ -213,8 +231,9 @@ def finish(run: Run) -> None:
     if run.accelerator.is_main_process and metrics.is_file():
         plot_curves(metrics, run.run_dir / "curves.png")
         if run.state.best:
-            acc1, epoch = run.state.best[0]
-            run.console.print(f"best val top-1 {100 * acc1:.2f}% at epoch {epoch}; checkpoint {run.run_dir / 'best'}")
+            score, epoch = run.state.best[0]
+            what = "mAP" if run.cfg.data.labels_file else "top-1"
+            run.console.print(f"best val {what} {100 * score:.2f}% at epoch {epoch}; checkpoint {run.run_dir / 'best'}")
 
 
 _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message

@@ -25,10 +25,11 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("images", nargs="+", help="files, folders, globs, or digits:I[-J] (held-out digits indices)")
     ap.add_argument("--method", choices=("rollout", "grad_rollout", "attention"), default="rollout",
                     help="rollout: attention rollout (Abnar & Zuidema, 2020); grad_rollout: rollout weighted by "
@@ -68,18 +69,22 @@ from vit.cli.runtime import run_cli
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.data.decode import BadImageError
 from vit.data.transforms import build_transform
+from vit.eval.inference import label_names, load_model_and_config
 from vit.eval.plots import plot_attention_map, to_display
 from vit.explain.rollout import attention_maps
 from vit.layers.token_reduction import TopK
-from vit.models.checkpoint import load_checkpoint
 from vit.utils.atomic import atomic_write_bytes, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 
 def parse_args(argv):
+    from vit.cli.args import check_model_source
+
     args = build_parser().parse_args(argv)
+    check_model_source(args)
     if args.out is None:
-        args.out = str(default_out(Path(args.checkpoint)))
+        args.out = str(default_out(Path(args.checkpoint)) if args.checkpoint
+                       else Path("runs") / f"attention-{args.model.replace('/', '_').replace(':', '_')}")
     return args
 
 
@@ -242,7 +247,8 @@ def main(argv=None) -> int:
 
 
 def _visualize(args) -> int:
-    model, cfg, classes, _ = load_checkpoint(args.checkpoint)
+    model, cfg, classes = load_model_and_config(args, {})  # a checkpoint, or a model by name (vit/cli/args.py)
+    classes = classes or label_names(model, model.num_classes)
     check_options(args, len(model.blocks))
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)
@@ -295,7 +301,7 @@ def _visualize(args) -> int:
             plot_attention_map(stem.with_suffix(".png"), shown[j], grid_map, title)
             sidecar = dict(image=name, source=sources[name], method=args.method, params=params,
                            explained_class=explained, true_class=truths[name], title=title,
-                           grid=list(grid_map.shape), checkpoint=str(args.checkpoint),
+                           grid=list(grid_map.shape), checkpoint=args.checkpoint, model=args.model,
                            token_reduction=args.token_reduction or cfg.model.token_reduction,
                            top5=[dict(cls=classes[int(i)], index=int(i), prob=float(p))
                                  for p, i in zip(top_p[j], top_i[j])])

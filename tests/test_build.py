@@ -39,7 +39,7 @@ def test_every_model_key_is_a_create_model_option_and_reaches_the_model():
 
 def test_defaults_defer_to_the_variant_and_saved_model_args():
     cfg = load_config(None, ["--model.img_size=32", "--model.depth=1"])
-    assert model_kwargs(cfg.model) == dict(img_size=32, in_chans=3, drop_rate=0.0, attn_drop_rate=0.0,
+    assert model_kwargs(cfg.model) == dict(img_size=32, drop_rate=0.0, attn_drop_rate=0.0,
                                            drop_path_rate=0.0, depth=1)
     # a checkpoint's config.json records an avg-pooled model: the config's default 'token' does not override it
     m = build_model(cfg, 3, saved=dict(architecture="vit_tiny_patch16_224", model_args=dict(global_pool="avg",

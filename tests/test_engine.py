@@ -79,8 +79,8 @@ def test_model_line_names_what_was_built():
     ours = create_model("vit_tiny_patch16_224", **kw)
     oracle = sum(p.numel() for p in timm.create_model("vit_tiny_patch16_224", pretrained=False, **kw).parameters())
     line = describe_model(ours, "vit_tiny_patch16_224")
-    assert line == (f"vit_tiny_patch16_224 as built: width 48, depth 3, 3 heads, patch 16, 10 tokens (3x3 + 1), "
-                    f"{oracle / 1e6:.2f}M params")
+    assert line == (f"vit_tiny_patch16_224 as built: 3 channels (RGB), width 48, depth 3, 3 heads, patch 16, "
+                    f"10 tokens (3x3 + 1), {oracle / 1e6:.2f}M params")
 
 
 def test_progress_in_a_log_file_is_plain_lines(capsys, monkeypatch):

@@ -64,7 +64,7 @@ def test_auto_spellings_in_the_config():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a CPU-only machine resolves")
 def test_shipped_finetune_config_resolves_for_this_cpu(keep_threads):
-    """configs/finetune_imagefolder.yaml (ViT-B, meant for a GPU) runs on a CPU without overrides: no bf16, no
+    """configs/finetune_imagefolder.yaml (ViT-Ti, sized for a CPU) runs on a CPU without overrides: no bf16, no
     more loader workers and threads than the CPUs; torch is set to the resolved thread count."""
     import os
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import ROOT, make_image_folder, run_script
 
-from vit.config import ConfigError, load_config
+from vit.config import load_config
 from vit.data import DataError
 from vit.models.build import build_model
 from vit.models.checkpoint import CheckpointError, save_checkpoint
@@ -135,7 +135,7 @@ def test_jsonl_and_cam_overlays(setup, tmp_path):
         assert x["path"] == row["path"] and abs(x["topk"][0]["prob"] - float(row["prob1"])) < 1e-6
 
 
-def test_empty_and_unreadable_inputs_are_one_sentence(setup, tmp_path):
+def test_empty_and_unreadable_inputs_are_one_sentence(setup, tmp_path, monkeypatch):
     tmp, data = setup
     ck = ["--checkpoint", str(tmp / "ck"), "--out", str(tmp_path / "p")]
     with pytest.raises(DataError, match="no images given"):
@@ -147,7 +147,11 @@ def test_empty_and_unreadable_inputs_are_one_sentence(setup, tmp_path):
     with pytest.raises(DataError, match=r"none of the 1 input file\(s\) could be read"):
         predict.main(ck + [str(data / "val/b/001_broken.png")])
     assert len(_read(tmp_path / "p/skipped.csv")) == 1
-    with pytest.raises(ConfigError, match="--weights"):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(FileNotFoundError, match="is not in the Hugging Face cache"):  # --model alone: its hub weights
         predict.main(["--model", "vit_tiny_patch16_224", str(data / "val")])
     with pytest.raises(CheckpointError, match="does not exist"):
         predict.main(["--checkpoint", str(tmp_path / "nope"), str(data / "val")])

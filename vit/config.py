@@ -22,21 +22,28 @@ import yaml
 
 __all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff",
            "withhold_remote_sources", "check_data_sources", "is_remote_source",
-           "check_model_args", "check_preprocessing"]
+           "check_model_args", "check_preprocessing", "check_dataset_keys"]
 
 
 class ConfigError(ValueError):
     """A bad config: the message names the key and says what is wrong."""
 
 
+DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
+
+
 @dataclass
 class ModelConfig:
     # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
-    name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
+    # a vit.create_model name; the fields below override it. null: the architecture of the weights
+    # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.models.build.resolve_name)
+    name: str | None = None
     img_size: int = 224  # input height and width in pixels
     patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
-    in_chans: int = 3  # input channels (3: RGB)
+    # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
+    # vit.data.datasets.choose_channels; a number pins it
+    in_chans: int | None = None
     # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
     global_pool: Literal["token", "avg"] = "token"
     embed_dim: int | None = None  # token width D; null: the name's
@@ -85,6 +92,12 @@ class DataConfig:
     num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
     image_column: str = "image"  # hf: the column holding the images
     label_column: str = "label"  # hf: the column holding the integer labels
+    # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
+    # data.root with any number of labels each (vit/data/multilabel.py); sigmoid + BCE, scored by mAP
+    labels_file: str | None = None
+    # shuffle: each image once per epoch; balanced: as many draws per epoch, each class equally likely (images
+    # drawn with replacement, weight 1 / their class's count), seeded per (seed, epoch) so a resume is exact
+    sampler: Literal["shuffle", "balanced"] = "shuffle"
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
@@ -114,14 +127,14 @@ class AugConfig:
     eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' crop_pct, else 1.0
     interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
 
-    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int = 3) -> AugConfig:
+    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int | None = 3) -> AugConfig:
         """A copy with mean, std, eval_crop_pct and interpolation filled where unset: from the weights'
         pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
         0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
         one sentence if not); statistics for the weights' own channel count when the model has another (RGB
         weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses
         accuracy silently, so values the config sets are kept and everything else follows the weights."""
-        p = pretrained_cfg or {}
+        p, in_chans = pretrained_cfg or {}, in_chans or 3
         own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
         own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
         unset = {"mean": self.mean, "std": self.std, "crop_pct": self.eval_crop_pct}
@@ -180,6 +193,9 @@ class OptimConfig:
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     ema: bool = False  # also keep an exponential moving average of the weights (timm ModelEmaV3); evaluated and saved
     ema_decay: float = 0.9998  # EMA decay per optimizer step
+    # null: every class weighs the same in the loss; auto: inverse frequency in the training split,
+    # n / (num_classes * n_c), so that each class contributes as much in total (cross-entropy's weight)
+    class_weights: Literal["auto"] | None = None
 
 
 @dataclass
@@ -195,6 +211,9 @@ class RunConfig:
     eval_every: int = 1  # epochs
     save_state_every: int = 0  # steps; 0 = at the end of every epoch
     keep_best: int = 1  # best checkpoints kept (by val_acc1)
+    # resumable training states kept in state/ (each: weights + optimizer moments, ~3x the model); the oldest is
+    # deleted once a newer one is complete. 2: a damaged newest state falls back to the one before; 1: half the disk
+    keep_states: int = 2
     resume: str | None = None  # 'auto' or a state folder
     overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
     log_every: int = 10  # steps between the trackers' train-loss points
@@ -224,6 +243,8 @@ def _literal_choices(cls: type, prefix: str) -> dict[str, tuple]:
 
 CHOICES = {
     **_literal_choices(ModelConfig, "model"),
+    **_literal_choices(DataConfig, "data"),
+    "optim.class_weights": ("auto", None),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
@@ -232,7 +253,8 @@ CHOICES = {
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
-            "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.log_every", "run.max_steps",
+            "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.keep_states", "run.log_every",
+            "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
             "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
 NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
@@ -347,16 +369,56 @@ def validate(cfg: Config) -> None:
         )
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
-    if m.in_chans not in (1, 3):
+    if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+    for key, on in (("data.sampler", cfg.data.sampler == "balanced"), ("optim.class_weights", cfg.optim.class_weights)):
+        if on and cfg.data.labels_file:
+            raise ConfigError(f"config key '{key}' balances single-label classes, and data.labels_file makes this a "
+                              f"multi-label run; remove {key}.")
+        if on and cfg.data.dataset == "wds":
+            raise ConfigError(f"config key '{key}' needs every training label before the first step, which shards "
+                              f"streamed in order (data.dataset=wds) do not give; remove {key}.")
+    if cfg.data.labels_file and cfg.data.dataset != "imagefolder":
+        raise ConfigError(f"config key 'data.labels_file' lists images under data.root and needs "
+                          f"data.dataset=imagefolder, got {cfg.data.dataset!r}; set it, or remove data.labels_file.")
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
     a = cfg.aug
-    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct), m.in_chans,
+    # in_chans null follows the data, or aug.mean/std where they are set (1 or 3 values pin the channels)
+    given = len(a.mean or a.std or [None] * 3)
+    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct),
+                        m.in_chans or (given if given in (1, 3) else 3),
                         lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
                         lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
+
+
+# data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
+DATASET_KEYS = {
+    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf"), "download": ("cifar10", "cifar100"),
+    "val_fraction": ("digits", "imagefolder"), "split_seed": ("digits", "imagefolder"),
+    "synthetic_train_size": ("synthetic",), "synthetic_val_size": ("synthetic",),
+    "synthetic_num_classes": ("synthetic",), "train_split": ("wds", "hf"), "val_split": ("wds", "hf"),
+    "shuffle_buffer": ("wds",), "num_classes": ("wds", "hf"), "image_column": ("hf",), "label_column": ("hf",),
+    "labels_file": ("imagefolder",),
+}
+
+
+def check_dataset_keys(cfg: Config, keys: list[str] | None = None) -> None:
+    """Refuse, in one sentence, a data.* key that the chosen data.dataset would ignore: among `keys` (dotted,
+    e.g. a script's overrides), or else every data key whose value is not its default (so a recipe written for
+    the digits, whose defaults it keeps, can still be pointed at a folder)."""
+    default, d = DataConfig(), cfg.data
+    if keys is None:
+        keys = [f"data.{k}" for k in DATASET_KEYS if getattr(d, k) != getattr(default, k)]
+    for dotted in keys:
+        key = dotted.split(".", 1)[1] if dotted.startswith("data.") else None
+        if key in DATASET_KEYS and d.dataset not in DATASET_KEYS[key] and getattr(d, key) is not None:
+            hint = " (evaluate.py: --split NAME scores another split)" if key in ("train_split", "val_split") else ""
+            raise ConfigError(f"config key 'data.{key}' is read only with data.dataset "
+                              f"{' / '.join(DATASET_KEYS[key])}, and data.dataset is {d.dataset!r}, which would "
+                              f"ignore it; remove it{hint}.")
 
 
 def _check_ranges(flat: dict[str, Any], positive: set, non_negative: set, unit: set) -> None:

@@ -32,7 +32,7 @@ from ..train.preemption import Preempted
 from ..utils.untrusted_text import printable
 
 __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
-           "resolve_workers", "resolve_threads", "resolve_precision"]
+           "resolve_workers", "resolve_threads", "resolve_precision", "single_process_note"]
 
 
 def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
@@ -75,6 +75,35 @@ def make_accelerator(**kwargs) -> Accelerator:
     accelerator = Accelerator(**kwargs)
     _fsdp_without_cuda(accelerator)
     return accelerator
+
+
+def single_process_note(accelerator, environ=None, parent_cmdline: list[str] | None = None) -> str | None:
+    """A line when `accelerate launch --num_processes N` (N > 1) without --multi_gpu started only this process,
+    as Accelerate's simple launcher does on a machine without several GPUs: it exports MASTER_ADDR for the N
+    processes (and ACCELERATE_MIXED_PRECISION, as every accelerate launch does), but no WORLD_SIZE or RANK, which
+    the multi-process launcher (torchrun) sets. N is read from the launcher's command line where it can be (the
+    parent process, /proc on Linux). None when nothing is amiss."""
+    env = os.environ if environ is None else environ
+    if accelerator.num_processes != 1 or "ACCELERATE_MIXED_PRECISION" not in env or "MASTER_ADDR" not in env \
+            or "WORLD_SIZE" in env or "RANK" in env:
+        return None
+    if parent_cmdline is None:
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                parent_cmdline = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            parent_cmdline = []
+    n = None
+    for i, a in enumerate(parent_cmdline):
+        for flag in ("--num_processes", "--num-processes"):
+            value = a[len(flag) + 1:] if a.startswith(flag + "=") else (
+                parent_cmdline[i + 1] if a == flag and i + 1 < len(parent_cmdline) else None)
+            if value is not None and value.isdigit():
+                n = int(value)
+    asked = f"{n} processes" if n else "more than one process"
+    return (f"note: accelerate launch was asked for {asked}, but without --multi_gpu it started only this one; "
+            f"to run {n or 'N'} on this machine: accelerate launch --multi_gpu --num_processes {n or 'N'} train.py "
+            "(on a CPU they talk over gloo).")
 
 
 def _fsdp_without_cuda(accelerator: Accelerator) -> None:

@@ -32,7 +32,8 @@ from .synthetic import colour_coded
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "resolve_data_config", "build_loaders", "absolute_root"]
+           "resolve_data_config", "build_loaders", "absolute_root", "data_channels", "choose_channels",
+           "train_labels", "class_counts", "class_weights", "is_flat_folder", "build_eval_split"]
 log = logging.getLogger(__name__)
 
 
@@ -107,10 +108,12 @@ class FolderDataset(SeededDataset):
 
 
 class EpochSampler(Sampler[int]):
-    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch)."""
+    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch). With `weights` (one per
+    sample): `n` draws with replacement, each index with probability proportional to its weight, also a
+    function of (seed, epoch) only (data.sampler: balanced)."""
 
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0) -> None:
-        self.n, self.shuffle, self.seed, self.epoch = n, shuffle, seed, 0
+    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, weights: torch.Tensor | None = None) -> None:
+        self.n, self.shuffle, self.seed, self.epoch, self.weights = n, shuffle, seed, 0, weights
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -119,6 +122,8 @@ class EpochSampler(Sampler[int]):
         if not self.shuffle:
             return iter(range(self.n))
         g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
+        if self.weights is not None:
+            return iter(torch.multinomial(self.weights, self.n, replacement=True, generator=g).tolist())
         return iter(torch.randperm(self.n, generator=g).tolist())
 
     def __len__(self) -> int:
@@ -165,6 +170,16 @@ def _synthetic(cfg: Config, img_size: int):
     return tr, va, [f"class_{i}" for i in range(d.synthetic_num_classes)]
 
 
+def is_flat_folder(root: Path) -> bool:
+    """torchvision's ImageFolder layout, root/<class>/*: no train/ or val/ folder, and class folders that hold
+    images directly (a root whose only folders are splits, e.g. test/, is not flat)."""
+    if (root / "train").is_dir() or (root / "val").is_dir() or not root.is_dir():
+        return False
+    names = class_folders(root)
+    return bool(names) and any(next(image_files(root / c), None) is not None for c in names) and not all(
+        c in ("test", "valid", "validation") for c in names)
+
+
 def _check_no_class_emptied(ds: FolderDataset, d: Path) -> None:
     """A class whose every image was unreadable is refused, as an empty class folder is (folder_classes)."""
     left = set(ds.labels)
@@ -183,6 +198,62 @@ def absolute_root(root: str | None) -> str | None:
     return str(Path(root).absolute())
 
 
+GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}  # PIL modes without colour
+CHANNEL_PROBE = 256  # image headers read to tell a grey folder from a colour one (header only: ~0.1 ms each)
+
+
+def data_channels(cfg: Config) -> tuple[int, str]:
+    """(channels, why): 1 when the dataset's images are grey, else 3. The digits are grey; CIFAR and the
+    synthetic set are colour; an ImageFolder is grey when every one of up to CHANNEL_PROBE image headers
+    (taken across its classes) is; shards and Hugging Face datasets are taken as colour (not probed)."""
+    name = cfg.data.dataset
+    if name == "digits":
+        return 1, "the digits are grey"
+    if name != "imagefolder":
+        return 3, f"{name} images are colour" if name != "wds" and name != "hf" else f"{name} data is read as RGB"
+    from PIL import Image
+
+    root = Path(cfg.data.root or ".")
+    top = root / "train" if (root / "train").is_dir() else root
+    files = [iter(sorted(image_files(top / c))) for c in (class_folders(top) if top.is_dir() else [])]
+    seen = 0
+    while files and seen < CHANNEL_PROBE:  # round-robin over the classes: one grey class does not decide
+        for it in list(files):
+            path = next(it, None)
+            if path is None:
+                files.remove(it)
+                continue
+            try:
+                with Image.open(path) as img:  # lazy: reads the header only
+                    mode = img.mode
+            except (OSError, ValueError):
+                continue  # unreadable: found and named by FolderDataset.check
+            if mode not in GREY_MODES:
+                return 3, f"{path} is a colour image ({mode})"
+            seen += 1
+    return (1, f"all {seen} images probed in {top} are grey") if seen else (3, "no image was probed")
+
+
+def choose_channels(cfg: Config) -> tuple[Config, str | None]:
+    """`cfg` with model.in_chans decided, and a line to print once, or None. Unset (null): the data's channel
+    count (`data_channels`), or that of aug.mean/std where the config sets them. Pinned to 1 on colour data:
+    kept, and the line says that the colour is thrown away (a recipe for the grey digits pointed at a photo
+    folder would otherwise train a grey model silently)."""
+    m, a = cfg.model, cfg.aug
+    if m.in_chans is None and (a.mean or a.std):
+        return dataclasses.replace(cfg, model=dataclasses.replace(m, in_chans=len(a.mean or a.std))), None
+    if m.in_chans == 3:
+        return cfg, None
+    found, why = data_channels(cfg)
+    if m.in_chans is None:
+        return dataclasses.replace(cfg, model=dataclasses.replace(m, in_chans=found)), None
+    if found == 3:
+        return cfg, (f"note: model.in_chans is pinned to 1, so the colour of this {cfg.data.dataset} data is thrown "
+                     f"away ({why}); remove model.in_chans from the config (it then follows the data) or set "
+                     "--model.in_chans=3 to keep it.")
+    return cfg, None
+
+
 def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chans: int | None = None) -> Config:
     """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
     `pretrained_cfg`, the pretrained weights' config, as timm's resolve_data_config: the data pipeline is told
@@ -198,29 +269,34 @@ def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chan
     return dataclasses.replace(cfg, aug=cfg.aug.resolved(pretrained_cfg, cfg.model.in_chans))
 
 
-def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val, seed: int) -> dict:
-    """An ImageFolder without val/: hold out data.val_fraction of train/ with the seeded, stratified split the
-    digits use (scikit-learn's train_test_split, random_state=data.split_seed), so every class keeps its share
-    in both halves and evaluate.py, rebuilding it from the saved config, scores the same held-out images."""
+def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val, seed: int,
+                    train_dir: Path | None = None) -> dict:
+    """An ImageFolder without val/: hold out data.val_fraction of train/ (`train_dir`: root itself for the flat
+    root/<class>/* layout) with the seeded, stratified split the digits use (scikit-learn's train_test_split,
+    random_state=data.split_seed), so every class keeps its share in both halves and evaluate.py, rebuilding it
+    from the saved config, scores the same held-out images."""
     from sklearn.model_selection import train_test_split
 
-    train = FolderDataset(root / "train", classes, t_train, seed)
-    val = FolderDataset(root / "train", classes, t_val, seed)
+    train_dir = train_dir or root / "train"
+    train = FolderDataset(train_dir, classes, t_train, seed)
+    val = FolderDataset(train_dir, classes, t_val, seed)
     labels = np.array(train.labels)
     counts = np.bincount(labels, minlength=len(classes))
     n_val = int(np.ceil(cfg.data.val_fraction * len(labels)))
     if cfg.data.val_fraction <= 0 or counts.min() < 2 or n_val < len(classes) or len(labels) - n_val < len(classes):
         small = classes[int(counts.argmin())]
+        of = "train/" if train_dir == root / "train" else "its images"
         raise DataError(f"{root} has no val/ folder, and holding out data.val_fraction={cfg.data.val_fraction} of "
-                        f"train/ ({len(labels)} images; class '{small}' has {counts.min()}) cannot leave every class "
+                        f"{of} ({len(labels)} images; class '{small}' has {counts.min()}) cannot leave every class "
                         "in both splits; add a val/ folder, more images per class, or set a data.val_fraction "
                         "that does.")
     tr, va = train_test_split(np.arange(len(labels)), test_size=cfg.data.val_fraction,
                               random_state=cfg.data.split_seed, stratify=labels)
     train.samples = [train.samples[i] for i in sorted(tr)]
     val.samples = [val.samples[i] for i in sorted(va)]
-    log.info("%s has no val/ folder: holding out a stratified %g of train/ (data.val_fraction, data.split_seed=%d): "
-             "%d train / %d val images", root, cfg.data.val_fraction, cfg.data.split_seed, len(train), len(val))
+    log.info("%s has no val/ folder: holding out a stratified %g of its images (data.val_fraction, "
+             "data.split_seed=%d): %d train / %d val images", root, cfg.data.val_fraction, cfg.data.split_seed,
+             len(train), len(val))
     return {"train": train, "val": val}
 
 
@@ -241,16 +317,22 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .hf_datasets import build_hf_datasets
 
         return build_hf_datasets(cfg, t_train, t_val, splits, classes)
+    if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
+        from .multilabel import build_multilabel_datasets
+
+        return build_multilabel_datasets(cfg, t_train, t_val, splits, classes)
     if name == "imagefolder":
         root = Path(cfg.data.root)
         if not root.is_dir():
             raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
                             "of train/ is held out: data.val_fraction).")
-        held_out = not (root / "val").is_dir() and (root / "train").is_dir()  # no val/: split train/ as digits
-        found = folder_classes(root, "train") if "train" in splits or held_out else folder_classes(root, "val")
+        flat = is_flat_folder(root)  # torchvision's root/<class>/*: held out as a folder without val/
+        held_out = flat or (not (root / "val").is_dir() and (root / "train").is_dir())  # no val/: split train/
+        found = class_folders(root) if flat else (
+            folder_classes(root, "train") if "train" in splits or held_out else folder_classes(root, "val"))
         classes = check_classes(classes, found)
-        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed).items()
-               if k in splits} if held_out else {}
+        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed,
+                                                root if flat else None).items() if k in splits} if held_out else {}
         for split, t in (("train", t_train), ("val", t_val)):
             if split in splits:
                 if not held_out:
@@ -261,7 +343,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
                     if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
                         raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
                                         f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
-                    _check_no_class_emptied(out[split], root / ("train" if held_out else split))
+                    _check_no_class_emptied(out[split], root if flat else root / ("train" if held_out else split))
         return out.get("train"), out.get("val"), classes
     given = classes
     if name == "digits":
@@ -279,6 +361,70 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
             classes)
 
 
+def train_labels(ds: Dataset) -> list[int]:
+    """The integer label of every sample of a single-label dataset (without reading an image)."""
+    labels = getattr(ds, "labels", None)
+    if labels is None:
+        raise DataError(f"{type(ds).__name__} does not list its labels, which data.sampler=balanced and "
+                        "optim.class_weights=auto need; remove them for this dataset.")
+    return [int(y) for y in labels]
+
+
+def class_counts(ds: Dataset) -> torch.Tensor:
+    """Images per class (num_classes,) of a single-label dataset."""
+    return torch.bincount(torch.as_tensor(train_labels(ds)), minlength=len(ds.classes))
+
+
+def class_weights(cfg: Config, ds: Dataset) -> torch.Tensor | None:
+    """optim.class_weights=auto: n / (num_classes * n_c) per class of the training split (a class with no image
+    gets 0); None when unset."""
+    if cfg.optim.class_weights != "auto":
+        return None
+    counts = class_counts(ds).double()
+    w = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
+    return w.float()
+
+
+def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
+                     classes: list[str] | None = None) -> tuple[Dataset, list[str], str]:
+    """(dataset, class names, what it is) for evaluate.py: `folder` (any <class>/* folder, scored whole), or
+    the config's data in split `split`: val (the held-out split train.py scored), train (the training images,
+    without augmentation), or any other split the data has (an ImageFolder's root/<split>/<class>/*, a labels
+    file's split column, a shard or Hugging Face split name). `classes` (a checkpoint's) fixes the label order."""
+    t_val = build_transform(cfg.aug, cfg.model.img_size, False)
+    name = cfg.data.dataset
+    if folder is not None or (name == "imagefolder" and not cfg.data.labels_file and split not in ("train", "val")):
+        d = Path(folder) if folder is not None else Path(cfg.data.root) / split
+        if not d.is_dir():
+            raise DataError(f"{d} is not a folder; pass a folder of <class>/ image folders" + (
+                "" if folder is not None else f" (--split {split} reads data.root/{split}/<class>/*)") + ".")
+        found = class_folders(d)
+        if not found:
+            raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
+        classes = check_classes(classes, found)
+        ds = FolderDataset(d, classes, t_val, cfg.run.seed)
+        ds.check(cfg.data.on_bad_image)
+        if not len(ds):
+            raise DataError(f"no usable image in {d}" + (f" (first unreadable: {ds.bad[0]})" if ds.bad else "") +
+                            "; put images in its class folders.")
+        return ds, classes, f"folder {d} ({len(ds)} images)"
+    if split != "val" and name in ("wds", "hf"):  # a split by name, read as the held-out one (in order)
+        named = cfg.data.train_split if split == "train" else split
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, val_split=named))
+        _, val, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=classes)
+        return val, classes, f"{name} {cfg.data.root}, split {named} ({len(val)} images)"
+    elif split not in ("train", "val") and not cfg.data.labels_file:
+        raise DataError(f"--split {split}: {name} data has only the train and val splits; pass --split val or "
+                        "train, or --data-dir FOLDER.")
+    train, val, classes = build_datasets(cfg, check_images=True, splits=("train", "val") if split == "train"
+                                         else (split,) if cfg.data.labels_file else ("val",), classes=classes)
+    ds = train if split == "train" else val
+    if split == "train":
+        ds.transform = t_val  # the training images as evaluation sees them: no augmentation
+    where = {"imagefolder": cfg.data.root, "wds": cfg.data.root, "hf": cfg.data.root}.get(name, name)
+    return ds, classes, f"{name} {where}, split {split} ({len(ds)} images)"
+
+
 def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=None) -> tuple:
     """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
     shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
@@ -292,8 +438,12 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
     # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
     seed, workers = cfg.run.seed, cfg.data.num_workers
+    weights = None
+    if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
+        counts = class_counts(train_ds)
+        weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
     train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
-                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed),
+                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
                        pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed))
     val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
                      num_workers=workers, generator=torch.Generator().manual_seed(seed))

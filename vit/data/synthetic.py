@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["photo_like", "colour_coded"]
+__all__ = ["photo_like", "colour_coded", "SHAPES", "shapes_image", "long_tailed_colours"]
+
+SHAPES = ("disc", "square", "triangle", "bar")  # each drawn in its own colour, so position never decides
+_SHAPE_COLOURS = {"disc": (230, 40, 40), "square": (40, 200, 60), "triangle": (50, 80, 230), "bar": (230, 210, 40)}
 
 
 def photo_like(rng: np.random.Generator, width: int, height: int, slope: float = 1.0,
@@ -40,3 +43,37 @@ def colour_coded(seed: int, num_classes: int, sizes: tuple[int, ...],
         noise = rng.normal(0, 40, size=(n, img_size, img_size, 3))
         out.append((np.clip(palette[y][:, None, None, :] + noise, 0, 255).astype(np.uint8), y))
     return out
+
+
+def shapes_image(rng: np.random.Generator, size: int = 32, max_shapes: int = 3) -> tuple[np.ndarray, list[str]]:
+    """An RGB uint8 (size, size, 3) image of 1..`max_shapes` different shapes from SHAPES at random places on a
+    dark noisy background, and the names of the shapes drawn: a multi-label sample (label = which shapes)."""
+    k = int(rng.integers(1, max_shapes + 1))
+    names = sorted(rng.choice(SHAPES, size=k, replace=False).tolist())
+    img = rng.normal(40, 12, size=(size, size, 3))
+    yy, xx = np.mgrid[:size, :size]
+    r = size // 5  # shapes about a fifth of the image across: a 16-pixel patch sees most of one
+    for name in names:
+        cy, cx = rng.integers(r, size - r, size=2)
+        dy, dx = yy - cy, xx - cx
+        mask = {"disc": dy**2 + dx**2 <= r * r,
+                "square": (abs(dy) <= r * 0.8) & (abs(dx) <= r * 0.8),
+                "triangle": (dy <= r) & (dy >= -r) & (abs(dx) <= (dy + r) / 2),
+                "bar": (abs(dy) <= max(1, r // 3)) & (abs(dx) <= r * 1.4)}[name]
+        img[mask] = _SHAPE_COLOURS[name]
+    return np.clip(img, 0, 255).astype(np.uint8), names
+
+
+def long_tailed_colours(rng: np.random.Generator, counts: list[int], size: int = 32,
+                        jitter: float = 30.0) -> tuple[np.ndarray, np.ndarray]:
+    """A class-imbalanced set: counts[c] RGB uint8 (size, size, 3) images of class c. An image's brightness is
+    its class's (evenly spaced, 45 levels apart for 4 classes) plus a per-image offset of std `jitter`, so that
+    neighbouring classes overlap; returns (images (N, size, size, 3), labels (N,)). A model trained on it
+    without balancing favours the frequent classes where they overlap the rare ones."""
+    k = len(counts)
+    centres = np.linspace(60, 195, k)  # brightness of each class
+    labels = np.repeat(np.arange(k), counts)
+    level = centres[labels] + rng.normal(0, jitter, size=len(labels))  # (N,) overlapping between neighbours
+    tint = np.array([1.0, 0.8, 0.6])  # a colour, not grey, so that the RGB pipeline has something to see
+    imgs = level[:, None, None, None] * tint + rng.normal(0, 10, size=(len(labels), size, size, 3))
+    return np.clip(imgs, 0, 255).astype(np.uint8), labels

@@ -83,9 +83,9 @@ def label_names(model, num_classes: int) -> list[str]:
 def load_model_and_config(args, overrides: dict):
     """(model in eval mode, config, class names or None) from a script's arguments: `args.checkpoint` (a
     train.py folder), or `args.model` with `args.weights` (a timm weights file) or with its weights by name from
-    the hub cache (`args.pretrained`; evaluate.py has no such flag and always means it). The config's aug.*
-    section gives the evaluation preprocessing: the weights' own (timm's pretrained_cfg) unless --aug.* says
-    otherwise."""
+    the hub cache (`args.pretrained`, which `vit.cli.args.check_model_source` sets for a --model alone). The
+    config's aug.* section gives the evaluation preprocessing: the weights' own (timm's pretrained_cfg) unless
+    --aug.* says otherwise."""
     if args.checkpoint:
         model, cfg, classes, meta = load_checkpoint(args.checkpoint)
         cfg = from_dict(apply_overrides(to_dict(cfg), overrides))

@@ -22,8 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "WEIGHT_FILES", "regular_file",
-           "repo_file", "read_json"]
+__all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "hub_cache_dir",
+           "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
@@ -203,6 +203,22 @@ def resolve_source(name: str, pretrained: bool | str | Path | None, known: Colle
     return dataclasses.replace(source, weights=weights_file(source, cache_dir))
 
 
+def weights_architecture(pretrained: bool | str | Path | None, known: Collection[str] | None = None,
+                         cache_dir: str | Path | None = None) -> str | None:
+    """The architecture that a model.pretrained value names (a registry name or tag, hf-hub:, local-dir:, a
+    folder; read from the registry or config.json, no weights loaded); None for True, None or False. A weights
+    file does not say its architecture: ValueError, one sentence."""
+    if not isinstance(pretrained, (str, Path)):
+        return None
+    text = str(pretrained)
+    if Path(text).is_dir():
+        return resolve(f"local-dir:{text}", known, cache_dir).architecture
+    if _is_path(text, known):
+        raise ValueError(f"model.pretrained {text!r} is a weights file, which does not say its architecture; set "
+                         "model.name too (e.g. --model.name=vit_base_patch16_224).")
+    return resolve(text, known, cache_dir).architecture
+
+
 def _weights_source(named: Source | None, name: str, text: str, known: Collection[str] | None,
                     cache_dir: str | Path | None) -> Source:
     """The Source of a `pretrained=` string: a model name, a folder or a file (see resolve_source)."""
@@ -222,7 +238,8 @@ def _weights_source(named: Source | None, name: str, text: str, known: Collectio
         return Source(text, arch, cfg, file=Path(text))
     if weights.architecture != arch:
         raise ValueError(f"pretrained weights {text!r} are a {weights.architecture}, but the model is {arch}; "
-                         f"set the model name to {weights.architecture} or pick weights made for {arch}.")
+                         f"leave model.name unset (the weights then set it) or set it to {weights.architecture}, "
+                         f"or pick weights made for {arch}.")
     return weights
 
 

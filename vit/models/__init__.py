@@ -3,7 +3,15 @@ on it (`text_build`: pretrained text models by name), timm's feature API (`featu
 `summary`, the config's model (`build`), model checkpoint folders (`checkpoint`) and the README.md model card
 each of them carries (`model_card`)."""
 
-from .build import build_model, check_model_config, create_model, list_models, model_kwargs, pretrained_cfg_of
+from .build import (
+    build_model,
+    check_model_config,
+    create_model,
+    list_models,
+    model_kwargs,
+    pretrained_cfg_of,
+    resolve_name,
+)
 from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from .encoder import Block, Encoder
 from .model_card import model_card
@@ -14,4 +22,4 @@ from .vision_transformer import VARIANTS, VisionTransformer
 __all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS", "Block", "Encoder", "TextEncoder",
            "TextEncoderOutput", "build_model", "pretrained_cfg_of", "model_kwargs", "check_model_config",
            "save_checkpoint", "load_checkpoint", "CheckpointError", "model_card", "create_text_model",
-           "text_encoder_from_config"]
+           "text_encoder_from_config", "resolve_name"]

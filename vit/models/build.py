@@ -26,14 +26,15 @@ from typing import Any
 
 from torch import nn
 
-from ..config import Config, ConfigError, ModelConfig, check_model_args
-from ..hub.names import resolve_source
+from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args
+from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
 from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer
 
-__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config"]
+__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config",
+           "resolve_name"]
 
 
 def list_models() -> list[str]:
@@ -131,7 +132,19 @@ def pretrained_cfg_of(m: ModelConfig) -> dict | None:
     train.py tells the data pipeline (`vit.data.resolve_data_config`), which never looks a model up itself."""
     if not m.pretrained:
         return None
-    return resolve_source(m.name, m.pretrained, VARIANTS).pretrained_cfg
+    return resolve_source(m.name or weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL, m.pretrained,
+                          VARIANTS).pretrained_cfg
+
+
+def resolve_name(cfg: Config) -> Config:
+    """`cfg` with model.name set: as given, else the architecture of the weights model.pretrained names (a hub
+    name, hf-hub:, local-dir: or a folder; read from the registry or the cache's config.json, no weights
+    loaded), else DEFAULT_MODEL. A weights file does not say its architecture: model.name must then be set."""
+    m = cfg.model
+    if m.name is not None:
+        return cfg
+    arch = weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL
+    return dataclasses.replace(cfg, model=dataclasses.replace(m, name=arch))
 
 ALWAYS = ("img_size", "in_chans", "drop_rate", "attn_drop_rate", "drop_path_rate")
 # create_model's own arguments (not architecture overrides), passed by name below
@@ -152,7 +165,7 @@ def model_kwargs(m: ModelConfig) -> dict[str, Any]:
         value = getattr(m, f.name)
         if f.name in _FACTORY_ARGS:
             continue
-        if f.name in ALWAYS or (value is not None and value != getattr(default, f.name)):
+        if value is not None and (f.name in ALWAYS or value != getattr(default, f.name)):  # in_chans null: the data's
             out[f.name] = value
     return out
 
@@ -178,7 +191,7 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
     check_model_config(m)
     overrides = {**model_kwargs(m), "num_classes": num_classes}
     setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
-    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
+    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name or DEFAULT_MODEL, {})
     model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
     for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
         getattr(model, f"set_{key}")(value)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from ..config import Config, dump, from_dict, read_yaml, withhold_remote_sources
+from ..config import DEFAULT_MODEL, Config, dump, from_dict, read_yaml, withhold_remote_sources
 from ..hub.hub_config import split_tag, timm_config
 from ..hub.weights import check_finite, check_weights
 from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
@@ -59,6 +59,10 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
+    # the config names what was built where it left the choice to the weights or the data (model.name, in_chans)
+    built = dict(name=cfg.model.name or getattr(model, "_variant", None) or DEFAULT_MODEL,
+                 in_chans=cfg.model.in_chans or getattr(model, "in_chans", None))
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **built))
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
     # the whole folder at once: written beside it, then swapped in (a kill between files leaves the old one whole)
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -38,9 +38,13 @@ def quiet_libraries(is_main: bool) -> None:
 
 
 def describe_model(model: torch.nn.Module, name: str) -> str:
-    """'vit_tiny_patch16_224 as built: width 128, depth 4, 4 heads, patch 16, 17 tokens (4x4 + 1), 0.63M params'."""
+    """'vit_tiny_patch16_224 as built: 3 channels (RGB), width 128, depth 4, 4 heads, patch 16, 17 tokens (4x4 + 1),
+    0.63M params'."""
     params = sum(p.numel() for p in model.parameters())
     parts = []
+    chans = getattr(model, "in_chans", None)
+    if chans:
+        parts.append(f"{chans} channel{'s' if chans != 1 else ''}" + {1: " (grey)", 3: " (RGB)"}.get(chans, ""))
     width = getattr(model, "embed_dim", None)
     if width:
         parts.append(f"width {width}")

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..eval.metrics import predict, summarize_logits
+from ..eval.multilabel import summarize_multilabel
 from ..layers import topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
@@ -39,7 +40,7 @@ __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_ch
            "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
-                 "skipped_steps"]
+                 "skipped_steps", "val_map"]  # val_map: multi-label runs (data.labels_file), which have no top-1
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Run:
     console: Any
     ema: Any = None  # timm ModelEmaV3 or None
     mixup: Any = None  # timm Mixup or None
+    class_weights: torch.Tensor | None = None  # (num_classes,) weights of the cross-entropy (optim.class_weights)
     state: TrainState = field(default_factory=TrainState)
 
     @property
@@ -148,8 +150,10 @@ def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: in
 # --- one epoch --------------------------------------------------------------------------------------------
 
 
-def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoothing: float):
-    """timm's Mixup needs an even batch; an odd last sample keeps its own (smoothed) one-hot target."""
+def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoothing: float,
+              multi_label: bool = False):
+    """timm's Mixup needs an even batch; an odd last sample keeps its own (smoothed) one-hot target.
+    `multi_label`: `y` is multi-hot (B, C), mixed as it is (timm's Mixup(multi_label=True))."""
     from timm.data.mixup import mixup_target
 
     if mixup_fn is None:
@@ -157,18 +161,26 @@ def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoo
     if x.shape[0] % 2 == 0:
         return mixup_fn(x, y)
     xm, ym = mixup_fn(x[:-1], y[:-1])
-    y_last = mixup_target(y[-1:], num_classes, lam=1.0, smoothing=smoothing)
+    y_last = mixup_target(y[-1:], num_classes, lam=1.0, smoothing=smoothing, multi_label=multi_label)
     return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
 
 
 def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    smoothing = run.cfg.aug.label_smoothing
-    xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing)
+    smoothing, multi_label = run.cfg.aug.label_smoothing, bool(run.cfg.data.labels_file)
+    xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing, multi_label)
     with run.accelerator.autocast():
         logits = run.model(xm)  # (B, num_classes)
-    if run.mixup is not None:  # soft targets (B, num_classes)
-        return torch.sum(-ym * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
-    return F.cross_entropy(logits.float(), ym, label_smoothing=smoothing)
+    if multi_label:  # a sigmoid per class: BCE on multi-hot targets (B, C), smoothed towards 0.5 as timm does
+        target = ym if run.mixup is not None else ym.float() * (1 - smoothing) + 0.5 * smoothing
+        return F.binary_cross_entropy_with_logits(logits.float(), target)
+    w = run.class_weights.to(logits.device) if run.class_weights is not None else None
+    if run.mixup is not None:  # soft targets (B, num_classes); weighted and normalised by the targets' weights,
+        # as cross_entropy(weight=) does for class indices, so mixing does not change what a weight means
+        per_class = -ym * F.log_softmax(logits.float(), dim=-1)  # (B, C)
+        if w is None:
+            return per_class.sum(-1).mean()
+        return (per_class * w).sum() / (ym * w).sum()
+    return F.cross_entropy(logits.float(), ym, weight=w, label_smoothing=smoothing)
 
 
 def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
@@ -274,6 +286,8 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     eval_model = run.ema.module if run.ema is not None else run.model
     check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
     out = predict(eval_model, run.val_loader, acc)
+    if cfg.data.labels_file:
+        return _evaluate_multilabel(run, stats, out, eval_model)
     m = summarize_logits(out["logits"], out["labels"])
     skipped = f"; skipped {out['skipped']} unreadable" if out.get("skipped") else ""
     shards = getattr(run.val_loader, "dataset", None)
@@ -295,10 +309,32 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         log_row(acc, row)  # the trackers get this row's numbers (run.log_with)
 
 
+def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: torch.nn.Module) -> None:
+    """evaluate_and_checkpoint for a multi-label run: mAP ranks the checkpoints; the F1 threshold chosen on this
+    split is saved in meta.json, where predict.py and evaluate.py find it."""
+    acc, cfg, state = run.accelerator, run.cfg, run.state
+    m = summarize_multilabel(out["logits"], out["labels"])
+    acc.log({"val/loss": m["loss"], "val/map": m["map"], "train/images_per_s": stats.images_per_s}, step=state.step)
+    run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
+                      f"val loss {m['loss']:.4f}  val mAP {100 * m['map']:.2f}%  F1 {m['micro_f1']:.3f} at "
+                      f"{m['threshold']:.2f}  ({m['n']} images)  {stats.images_per_s:.0f} img/s")
+    weights = acc.get_state_dict(eval_model)
+    if acc.is_main_process:
+        row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
+                   val_map=m["map"], images_per_s=stats.images_per_s, skipped_steps=state.skipped)
+        meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
+                    threshold=m["threshold"], val_micro_f1=m["micro_f1"])
+        unwrapped = acc.unwrap_model(eval_model)
+        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
+        _keep_best(run, unwrapped, meta, weights)
+        append_metrics(run.run_dir / "metrics.csv", row)
+
+
 def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
-    """`best/` holds the best checkpoint; with run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
+    """`best/` holds the best checkpoint (by val_acc1, or val_map for multi-label); with run.keep_best > 1 the
+    runners-up live in top/epoch-XXXX."""
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
-    acc, epoch = meta["val_acc1"], meta["epoch"]
+    acc, epoch = meta["val_map"] if "val_map" in meta else meta["val_acc1"], meta["epoch"]
     ranked = sorted(state.best + [[acc, epoch]], key=lambda t: (-t[0], t[1]))
     if [acc, epoch] not in ranked[:k]:
         return

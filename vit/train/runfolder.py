@@ -40,7 +40,8 @@ RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "te
 # everything else refused (model, data, batch size, seed, optimizer, augmentation, precision) would make the
 # resumed run a different one, or fail to load.
 SAFE_ON_RESUME = {"run.name", "run.output_dir", "run.epochs", "run.max_steps", "run.resume", "run.overwrite",
-                  "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.on_nonfinite",
+                  "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.keep_states",
+                  "run.on_nonfinite",
                   "data.num_workers", "run.num_threads", "data.eval_batch_size", "data.download", "data.on_bad_image",
                   "model.grad_checkpointing",  # recomputes activations; the same gradients
                   "run.log_with", "run.project"}  # where the numbers are also sent
@@ -142,6 +143,9 @@ def resume_changes(saved: Config, new: Config, source: str) -> dict[str, tuple[A
     changes = diff(saved, new)
     if None in (saved.run.mixed_precision, new.run.mixed_precision):  # null: whatever `accelerate launch` was
         changes.pop("run.mixed_precision", None)  # told (runs saved before train.py wrote the precision it ran)
+    for key in ("model.name", "model.in_chans"):  # null: left to the weights / the data, which the saved run
+        if key in changes and changes[key][1] is None:  # resolved (train.py resolves it again the same way)
+            changes.pop(key)
     root = changes.get("data.root")
     if root and None not in root and Path(root[0]).absolute() == Path(root[1]).absolute():
         changes.pop("data.root")  # saved relative (train.py before it made data.root absolute): the same folder
@@ -260,7 +264,7 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     extra = {"train_state.json": json.dumps(dataclasses.asdict(state)).encode(), "config.yaml": dump(cfg).encode()}
     if ema is not None:
         extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
-    save_state_atomic(accelerator, run_dir, state.step, extra=extra)
+    save_state_atomic(accelerator, run_dir, state.step, keep=cfg.run.keep_states, extra=extra)
 
 
 def check_weights(accelerator, model, state, run_dir: Path) -> None:

@@ -1,0 +1,47 @@
+"""The argument groups the scripts share, so that evaluate.py, predict.py, export.py and visualize_attention.py
+name a model the same way:
+
+    --checkpoint DIR                      a train.py checkpoint folder (best/, last/)
+    --model NAME [--pretrained]           a model by name with its weights by name (hub cache, vit/hub.py)
+    --model NAME --weights FILE           a model by name with the weights of a timm / HF-timm file
+
+`--pretrained` is the explicit spelling of what `--model NAME` alone means (evaluate.py's old behaviour, now
+every script's). Standard library only: the scripts build their parsers before torch loads (--help).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_model_source", "check_model_source"]
+
+
+def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input size for --model (default: the "
+                     "weights' own, else 224)", onnx: bool = False) -> None:
+    """Add --checkpoint | --model NAME [--pretrained | --weights FILE] and --img-size to `ap`; with `onnx`, also
+    --onnx FILE (predict.py: an export.py model run without torch)."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
+    src.add_argument("--model", help="a model name (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
+                     "local-dir:/folder): its weights by name, or with --weights those of a file")
+    if onnx:
+        src.add_argument("--onnx", help="a model.onnx written by export.py (preprocessing.json beside it); no torch")
+    weights = ap.add_mutually_exclusive_group()
+    weights.add_argument("--pretrained", action="store_true",
+                         help="--model's weights by name from the hub cache (what --model alone means)")
+    weights.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
+    ap.add_argument("--img-size", type=int, default=None, help=img_size_help)
+
+
+def check_model_source(args: argparse.Namespace) -> None:
+    """One sentence (ValueError) for --pretrained, --weights or --img-size without --model; sets
+    args.pretrained for a --model without --weights. An --onnx file is checked by the ONNX predictor."""
+    if getattr(args, "onnx", None):
+        return
+    if args.checkpoint:
+        given = [f"--{k.replace('_', '-')}" for k in ("pretrained", "weights", "img_size") if getattr(args, k, None)]
+        if given:
+            raise ValueError(f"{given[0]} goes with --model NAME; a --checkpoint folder brings its own weights and "
+                             "size: drop it.")
+        return
+    args.pretrained = not args.weights
