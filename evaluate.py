@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token-reduction", default=None, metavar="SPEC",
                     help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
                          "the checkpoint's own (default: the checkpoint's setting)")
+    ap.add_argument("--sparse-attention", default=None, metavar="SPEC",
+                    help="evaluate with sparse attention METHOD[:DENSITY][:SELECT], e.g. moba:0.25 or "
+                         "dsa:0.125:block (dsa needs a checkpoint trained with it); 'none' attends densely "
+                         "(default: the checkpoint's setting)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     return ap
 
@@ -92,6 +96,8 @@ def main(argv=None) -> int:
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
+    if args.sparse_attention is not None:
+        model.set_sparse_attention(args.sparse_attention)  # a bad spec: one sentence, exit 2 (run_cli)
     # the class check happens here, before any image is decoded or any forward pass runs
     _, val_ds, classes = build_datasets(cfg, check_images=True, splits=("val",), classes=ckpt_classes)
     if ckpt_classes is None and len(classes) != model.num_classes:
@@ -136,6 +142,7 @@ def main(argv=None) -> int:
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset,
                    token_reduction=cfg.model.token_reduction,
+                   sparse_attention=args.sparse_attention or cfg.model.sparse_attention,
                    num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .encoder import Encoder
-from .layers import Mlp, get_norm_layer, sincos_1d
+from .layers import Mlp, get_norm_layer, sincos_1d, sparse_kwargs
 
 __all__ = ["TextEncoder", "TextEncoderOutput"]
 
@@ -42,7 +42,8 @@ class TextEncoder(nn.Module):
     token, `global_pool="token"` pools it and `"avg"` averages the real (unpadded) tokens; `norm_layer`,
     `norm_eps`, `mlp_layer`, `norm_first` and the drop rates configure the same `Encoder` as the image model.
     Positions are learned (`pos_embed="learn"`), fixed sinusoids (`"sincos"`) or absent (`"none"`), for at most
-    `max_len` tokens. The older keywords `cls_token=` and `pool="cls"|"mean"` still work for one release, with a
+    `max_len` tokens. `sparse_attention="dsa" | "moba"` and its `sparse_*` options make every block attend to
+    the top-k key blocks only (vit.layers.sparse_attention). The older keywords `cls_token=` and `pool="cls"|"mean"` still work for one release, with a
     DeprecationWarning naming the new spelling.
     """
 
@@ -66,6 +67,14 @@ class TextEncoder(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
+        sparse_attention: str | None = None,
+        sparse_block_size: int = 64,
+        sparse_topk_blocks: int | None = None,
+        sparse_density: float | None = None,
+        sparse_select: str | None = None,
+        sparse_own_block: bool | None = None,
+        sparse_sink_block: bool | None = None,
+        sparse_min_tokens: int | None = None,
         *,
         cls_token: bool | None = None,
         pool: str | None = None,
@@ -107,6 +116,8 @@ class TextEncoder(nn.Module):
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate, drop_path_rate,
             norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first, fused_attn=fused_attn,
+            sparse=sparse_kwargs(sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
+                          sparse_own_block, sparse_sink_block, sparse_min_tokens),
         )
         self.norm = norm(embed_dim) if norm_first else nn.Identity()
 
