@@ -232,3 +232,106 @@ def test_dense_below_crossover_says_so_once():
 def test_bad_options_say_what_is_wrong(bad, match):
     with pytest.raises(ValueError, match=match):
         Attention(D, H, **bad)
+
+
+def _sdpa_kernel(model):
+    for m in sa.sparse_modules(model):
+        m.kernel = "sdpa"  # FlexAttention compiled would take a minute here; its numbers are tested above
+    return model
+
+
+def test_models_take_sparse_attention_and_rollout_reads_sparse_maps():
+    """create_model and TextEncoder build the option into every block; every block kept is the dense model;
+    a sparse model's maps hold zeros off the selection and rollout runs on them."""
+    import vit
+    from vit.rollout import attention_rollout
+
+    opts = dict(img_size=64, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
+    torch.manual_seed(0)
+    dense = vit.create_model("vit_tiny_patch16_224", **opts).eval()
+    every = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa", sparse_block_size=8,
+                             sparse_topk_blocks=100, sparse_min_tokens=0).eval()
+    every.load_state_dict(dense.state_dict(), strict=False)
+    x = torch.randn(2, 3, 64, 64)
+    assert (_sdpa_kernel(every)(x) - dense(x)).abs().max() <= 1e-5
+    few = _sdpa_kernel(vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="moba",
+                                        sparse_block_size=8, sparse_topk_blocks=2, sparse_min_tokens=0).eval())
+    assert [type(b.attn.sparse).__name__ for b in few.blocks] == ["SparseAttention"] * 2
+    _, maps = few.forward_with_attention(x)
+    assert (maps[0] == 0).float().mean() > 0.5 and torch.allclose(maps[0].sum(-1), torch.ones(2, H, 65))
+    r = attention_rollout(maps)
+    assert torch.isfinite(r).all()
+
+    text = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True, sparse_attention="moba", sparse_block_size=S,
+                           sparse_topk_blocks=100, sparse_min_tokens=0)
+    plain = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True)
+    plain.load_state_dict(text.state_dict())
+    ids, keep = torch.randint(0, 50, (2, 70)), torch.ones(2, 70, dtype=torch.long)
+    keep[0, 50:] = 0
+    a, b = text(ids, keep), plain(ids, keep)
+    assert (a.pooler_output - b.pooler_output).abs().max() <= 1e-5
+
+
+def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
+    import vit
+
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=1, num_heads=H)
+    m.set_sparse_attention("moba:0.5:block")
+    core = m.blocks[0].attn.sparse
+    assert (core.method, core.density, core.select, core.own_block, core.sink) == ("moba", 0.5, "block", True, False)
+    with pytest.raises(ValueError, match="no trained DSA indexer"):
+        m.set_sparse_attention("dsa")
+    m.set_sparse_attention("none")
+    assert m.blocks[0].attn.sparse is None
+    with pytest.raises(ValueError, match="density 'x' is not a number"):
+        m.set_sparse_attention("moba:x")
+
+
+def test_indexer_schedule_freezes_all_but_the_indexer_then_restores():
+    import vit
+
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
+                         sparse_attention="dsa")
+    m.cls_token.requires_grad_(False)  # frozen by the user: stays frozen
+    assert sa.indexer_schedule(m, 0, 2) == "warmup"
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all(".indexer." in n for n in trainable)
+    assert sa.indexer_schedule(m, 2, 2) == "sparse"
+    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
+    assert frozen == {"cls_token"}
+    assert sa.indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
+
+
+def test_config_refuses_unknown_sparse_values():
+    from vit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="'model.sparse_attention' must be one of 'dsa', 'moba', got 'nsa'"):
+        load_config(None, ["--model.sparse_attention=nsa"])
+    with pytest.raises(ConfigError, match="set one of them"):
+        load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.2",
+                           "--model.sparse_topk_blocks=2"])
+    cfg = load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.25",
+                             "--model.sparse_select=token", "--optim.indexer_warmup_steps=5"])
+    from vit.factory import build_model
+
+    m = build_model(cfg, 3)
+    core = m.blocks[0].attn.sparse
+    assert (core.method, core.density, core.select) == ("dsa", 0.25, "token")
+
+
+@pytest.mark.slow
+def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
+    """The long-sequence recall task at test size: the dense model learns it, and DSA at 25% density, trained
+    with the two stages, keeps 99% of its accuracy (scripts/sparse_recall.py; the full-size figure is in the docs)."""
+    from tests.helpers import ROOT
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sparse_recall", ROOT / "scripts" / "sparse_recall.py")
+    recall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recall)
+    args = recall.build_parser().parse_args(["--tokens", "256", "--short", "128", "--short-steps", "200",
+                                             "--steps", "20", "--warmup", "10", "--sparse-steps", "10",
+                                             "--density", "0.25", "--block-size", "16", "--eval", "128"])
+    out = recall.run(args)
+    assert out["dense_acc"] > 0.9
+    assert out["sparse"]["0.25"]["of_dense"] >= 0.99

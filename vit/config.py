@@ -59,7 +59,7 @@ class ModelConfig:
     # top-k key blocks per query (vit/layers/sparse_attention.py): dsa (a learned indexer, DeepSeek-V3.2) or moba
     # (a parameter-free gate, MoBA); null: dense attention
     sparse_attention: Literal[None, "dsa", "moba"] = None
-    sparse_block_size: int = 64  # tokens per key (and query) block
+    sparse_block_size: int = 128  # tokens per key (and query) block
     sparse_topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
     sparse_density: float | None = None  # the kept share of the blocks; both null: 0.125
     sparse_select: Literal[None, "token", "block"] = None  # per query token or per query block; null: the method's

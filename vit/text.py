@@ -68,7 +68,7 @@ class TextEncoder(nn.Module):
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: str | None = None,
-        sparse_block_size: int = 64,
+        sparse_block_size: int = 128,
         sparse_topk_blocks: int | None = None,
         sparse_density: float | None = None,
         sparse_select: str | None = None,

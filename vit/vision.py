@@ -102,7 +102,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: str | None = None,
-        sparse_block_size: int = 64,
+        sparse_block_size: int = 128,
         sparse_topk_blocks: int | None = None,
         sparse_density: float | None = None,
         sparse_select: str | None = None,
@@ -373,7 +373,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         if method is not None and ":" in method or method in ("none", ""):
             opts = parse_sparse_spec(method)
             method, density, select = opts["method"], opts["density"] or density, opts["select"] or select
-        check_sparse_options(method, 64, topk_blocks, density, select)
+        check_sparse_options(method, 128, topk_blocks, density, select)
         self.blocks.set_sparse_attention(method, density=density, topk_blocks=topk_blocks, select=select,
                                          min_tokens=min_tokens)
 

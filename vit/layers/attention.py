@@ -112,7 +112,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: str | None = None,
-        block_size: int = 64,
+        block_size: int = 128,
         topk_blocks: int | None = None,
         density: float | None = None,
         sparse_select: str | None = None,
@@ -152,8 +152,9 @@ class Attention(nn.Module):
         Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
         and the module traces with torch.fx as well as it scripts."""
         B, N, D = x.shape
-        if self.sparse is not None and num_queries is None and self.sparse.applies(N):
-            return self._sparse_forward(x, mask, is_causal, return_attention)
+        if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
+            if self.sparse is not None and num_queries is None and self.sparse.applies(N):
+                return self._sparse_forward(x, mask, is_causal, return_attention)
         if num_queries is not None:  # a few queries (the [CLS] of a last block) attend densely: O(N) anyway
             mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
             return self._first_queries(x, num_queries, mask, is_causal), None

@@ -164,7 +164,7 @@ class SparseAttention(nn.Module):
         min_tokens: below this many tokens attention stays dense (None: `CROSSOVER_TOKENS`; 0: always sparse).
     """
 
-    def __init__(self, method: str, dim: int, num_heads: int, block_size: int = 64, topk_blocks: int | None = None,
+    def __init__(self, method: str, dim: int, num_heads: int, block_size: int = 128, topk_blocks: int | None = None,
                  density: float | None = None, select: str | None = None, own_block: bool | None = None,
                  sink: bool | None = None, min_tokens: int | None = None) -> None:
         super().__init__()
@@ -390,7 +390,7 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
     return _flex_fn(compiled)(q, k, v, block_mask=bm)
 
 
-def check_sparse_options(method: str | None, block_size: int = 64, topk_blocks: int | None = None,
+def check_sparse_options(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
                          density: float | None = None, select: str | None = None) -> None:
     """Raise ValueError with one sentence for a bad sparse-attention option."""
     if method is None:
@@ -409,7 +409,7 @@ def check_sparse_options(method: str | None, block_size: int = 64, topk_blocks: 
         raise ValueError(f"unknown sparse_select {select!r}; choose 'token' or 'block'.")
 
 
-def sparse_kwargs(method: str | None, block_size: int = 64, topk_blocks: int | None = None,
+def sparse_kwargs(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
                   density: float | None = None, select: str | None = None, own_block: bool | None = None,
                   sink_block: bool | None = None, min_tokens: int | None = None) -> dict | None:
     """A model's `sparse_*` options -> the keyword arguments of `Attention` (None: dense), checked here so that a
@@ -438,7 +438,7 @@ def parse_sparse_spec(spec: str) -> dict:
     if len(parts) > 3 or (method is None and len(parts) > 1):
         raise ValueError(f"sparse attention spec {spec!r} has too many parts; write METHOD[:DENSITY][:SELECT], "
                          "e.g. dsa:0.125:block, or none.")
-    check_sparse_options(method, 64, None, out["density"], out["select"])
+    check_sparse_options(method, 128, None, out["density"], out["select"])
     return out
 
 
@@ -452,7 +452,7 @@ def retune(current: SparseAttention | None, method: str | None, dim: int, num_he
     if method == "dsa" and (current is None or current.indexer is None):
         raise ValueError("this model has no trained DSA indexer; train it with model.sparse_attention=dsa, or "
                          "evaluate with the parameter-free moba.")
-    base = dict(block_size=64, topk_blocks=None, density=None, select=None, own_block=None, sink=None,
+    base = dict(block_size=128, topk_blocks=None, density=None, select=None, own_block=None, sink=None,
                 min_tokens=None)
     if current is not None:
         base.update(block_size=current.block_size, topk_blocks=current.topk_blocks, density=current.density,
