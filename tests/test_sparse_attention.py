@@ -335,3 +335,22 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     out = recall.run(args)
     assert out["dense_acc"] > 0.9
     assert out["sparse"]["0.25"]["of_dense"] >= 0.99
+
+
+def test_dense_weights_load_into_a_dsa_model(tmp_path):
+    """Fine-tuning a dense checkpoint with DSA: every dense tensor loads, the indexers alone start untrained."""
+    import vit
+    from safetensors.torch import save_file
+    from vit.pretrained import load_pretrained
+
+    opts = dict(img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
+    dense = vit.create_model("vit_tiny_patch16_224", **opts)
+    save_file(dense.state_dict(), tmp_path / "w.safetensors")
+    m = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa")
+    report = load_pretrained(m, tmp_path / "w.safetensors")
+    assert "10 DSA indexer tensors start untrained" in str(report)  # 5 per block
+    assert torch.equal(m.blocks[1].attn.qkv.weight, dense.blocks[1].attn.qkv.weight)
+    with pytest.raises(ValueError, match="missing: blocks.0.attn.qkv.weight"):
+        state = {k: v for k, v in dense.state_dict().items() if k != "blocks.0.attn.qkv.weight"}
+        save_file(state, tmp_path / "cut.safetensors")
+        load_pretrained(m, tmp_path / "cut.safetensors")

@@ -138,6 +138,10 @@ def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = 
     ]
     dropped_head = any("head" in a for a in report.actions)
     missing = [k for k in own if k not in state and not (dropped_head and k.startswith("head."))]
+    indexers = [k for k in missing if ".attn.sparse.indexer." in k]  # DSA's (vit.layers.sparse_attention)
+    if indexers and len(indexers) < len(own):  # dense weights: the indexers learn from them (indexer warm-up)
+        missing = [k for k in missing if k not in indexers]
+        report.actions.append(f"{len(indexers)} DSA indexer tensors start untrained (optim.indexer_warmup_steps)")
     unexpected = [k for k in state if k not in own]
     if strict and (wrong or missing or unexpected):
         parts = []
