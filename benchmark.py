@@ -547,8 +547,8 @@ def bench_sparse(args, device) -> dict:
             times = interleaved(sides, lambda s: (lambda: s.model(*inp)), device, args.warmup, args.repeats, 1)
         row = dict(what=what, tokens=n, dense_s=statistics.median(times["dense"]))
         row.update({name: ratio_stats(times[name], times["dense"]) for name, _ in specs})
-        print(f"{what:<10}{n:>7}{row['dense_s']:>10.3f}" + "".join(f"{row[name]['median']:>18.2f}" for name, _ in specs),
-              flush=True)
+        print(f"{what:<10}{n:>7}{row['dense_s']:>10.3f}"
+              + "".join(f"{row[name]['median']:>18.2f}" for name, _ in specs), flush=True)
         return row
 
     print(f"\n{'':<10}{'tokens':>7}{'dense s':>10}" + "".join(f"{name:>18}" for name, _ in specs) + "   (x dense)")
@@ -557,11 +557,11 @@ def bench_sparse(args, device) -> dict:
         x = torch.randn(1, n, 768, device=device)
         rows.append(table("attention", n, build(lambda o: Attention(768, 12, **o), layers), (x,)))
         ids = torch.randint(0, 1000, (1, n), device=device)
-        rows.append(table("text", n, build(lambda o: vit.TextEncoder(
+        rows.append(table("text", n, build(lambda o, n=n: vit.TextEncoder(
             1000, 768, args.sparse_depth, 12, max_len=n, **o), models), (ids,)))
     for px in args.sparse_img_sizes:
         img = torch.randn(1, 3, px, px, device=device)
-        rows.append(table(f"vit{px}", (px // 16) ** 2 + 1, build(lambda o: vit.create_model(
+        rows.append(table(f"vit{px}", (px // 16) ** 2 + 1, build(lambda o, px=px: vit.create_model(
             "vit_base_patch16_224", img_size=px, depth=args.sparse_depth, **o), models), (img,)))
     first = specs[0][0]
     faster = [r["tokens"] for r in rows if r["what"] == "attention" and r[first]["median"] > 1]

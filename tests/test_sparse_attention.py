@@ -1,4 +1,4 @@
-"""Dynamic sparse attention (DSA indexer, MoBA gate): against dense attention, float64 formulas, MoBA's and transformers' semantics."""
+"""Dynamic sparse attention (DSA indexer, MoBA gate) against dense attention, float64, MoBA and transformers."""
 
 from __future__ import annotations
 
@@ -323,8 +323,9 @@ def test_config_refuses_unknown_sparse_values():
 def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     """The long-sequence recall task at test size: the dense model learns it, and DSA at 25% density, trained
     with the two stages, keeps 99% of its accuracy (scripts/sparse_recall.py; the full-size figure is in the docs)."""
-    from tests.helpers import ROOT
     import importlib.util
+
+    from tests.helpers import ROOT
 
     spec = importlib.util.spec_from_file_location("sparse_recall", ROOT / "scripts" / "sparse_recall.py")
     recall = importlib.util.module_from_spec(spec)
@@ -339,8 +340,9 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
 
 def test_dense_weights_load_into_a_dsa_model(tmp_path):
     """Fine-tuning a dense checkpoint with DSA: every dense tensor loads, the indexers alone start untrained."""
-    import vit
     from safetensors.torch import save_file
+
+    import vit
     from vit.pretrained import load_pretrained
 
     opts = dict(img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)

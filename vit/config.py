@@ -209,7 +209,8 @@ POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
             "data.shuffle_buffer", "data.num_classes", "run.num_threads", "model.sparse_block_size",
             "model.sparse_topk_blocks", "model.sparse_density"}
-NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps", "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
+NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps",
+                "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
                 "aug.affine_translate", "aug.affine_rotate", "aug.affine_scale", "aug.rand_augment_ops"}

@@ -43,8 +43,8 @@ class TextEncoder(nn.Module):
     `norm_eps`, `mlp_layer`, `norm_first` and the drop rates configure the same `Encoder` as the image model.
     Positions are learned (`pos_embed="learn"`), fixed sinusoids (`"sincos"`) or absent (`"none"`), for at most
     `max_len` tokens. `sparse_attention="dsa" | "moba"` and its `sparse_*` options make every block attend to
-    the top-k key blocks only (vit.layers.sparse_attention). The older keywords `cls_token=` and `pool="cls"|"mean"` still work for one release, with a
-    DeprecationWarning naming the new spelling.
+    the top-k key blocks only (vit.layers.sparse_attention). The older keywords `cls_token=` and
+    `pool="cls"|"mean"` still work for one release, with a DeprecationWarning naming the new spelling.
     """
 
     def __init__(
@@ -116,8 +116,9 @@ class TextEncoder(nn.Module):
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate, drop_path_rate,
             norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first, fused_attn=fused_attn,
-            sparse=sparse_kwargs(sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
-                          sparse_own_block, sparse_sink_block, sparse_min_tokens),
+            sparse=sparse_kwargs(
+                sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
+                sparse_own_block, sparse_sink_block, sparse_min_tokens),
         )
         self.norm = norm(embed_dim) if norm_first else nn.Identity()
 

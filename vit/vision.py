@@ -140,8 +140,9 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
-            fused_attn=fused_attn, sparse=sparse_kwargs(sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
-                          sparse_own_block, sparse_sink_block, sparse_min_tokens),
+            fused_attn=fused_attn, sparse=sparse_kwargs(
+                sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
+                sparse_own_block, sparse_sink_block, sparse_min_tokens),
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [

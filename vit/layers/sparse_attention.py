@@ -39,7 +39,8 @@ from torch import nn
 
 __all__ = [
     "METHODS", "SELECTS", "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask",
-    "moba_block_scores", "indexer_loss", "sparse_kwargs", "parse_sparse_spec", "retune", "set_indexer_stage", "sparse_modules", "indexer_schedule",
+    "moba_block_scores", "indexer_loss", "sparse_kwargs", "parse_sparse_spec", "retune", "set_indexer_stage",
+    "sparse_modules", "indexer_schedule", "check_sparse_options",
 ]
 
 METHODS = ("dsa", "moba")
