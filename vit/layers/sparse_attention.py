@@ -77,14 +77,23 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(dim, heads, bias=False)
 
     def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """Scores of the query rows `rows` (default all) against every key: (B, n, N)."""
-        B, N, _ = x.shape
+        """Scores of the query rows `rows` (default all) against every key: (B, n, N). One head at a time, so
+        that no (B, heads, n, N) tensor exists; in place where no gradient is needed."""
         xq = x if rows is None else x[:, rows]
-        q = self.wq(xq).unflatten(-1, (self.heads, self.head_dim)).transpose(1, 2)  # (B, h, n, d_I)
-        k = self.k_norm(self.wk(x))  # (B, N, d_I): shared by the heads
-        s = F.relu((q @ k[:, None].transpose(-2, -1)) * self.head_dim**-0.5)  # (B, h, n, N)
+        q = self.wq(xq).unflatten(-1, (self.heads, self.head_dim)) * self.head_dim**-0.5  # (B, n, h, d_I)
+        kt = self.k_norm(self.wk(x)).transpose(-2, -1)  # (B, d_I, N): one key per token, shared by the heads
         w = self.weights_proj(xq) * self.heads**-0.5  # (B, n, h)
-        return (w.transpose(1, 2)[..., None] * s).sum(1)  # (B, n, N)
+        grad = torch.is_grad_enabled()
+        out = None
+        for j in range(self.heads):
+            s = q[:, :, j] @ kt  # (B, n, N); ReLU(c a) = c ReLU(a) for the scale c > 0
+            if grad:
+                s = F.relu(s) * w[:, :, j, None]
+                out = s if out is None else out + s
+            else:
+                s = s.relu_()
+                out = s.mul_(w[:, :, j, None]) if out is None else out.addcmul_(s, w[:, :, j, None])
+        return out
 
 
 def moba_block_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, key_valid: torch.Tensor | None,
@@ -223,7 +232,9 @@ class SparseAttention(nn.Module):
             r1 = min(N, r0 + step)
             s = self.indexer(x.to(self.indexer.wq.weight.dtype), slice(r0, r1))  # (B, n, N)
             s = self._mask_token_scores(s, key_valid, causal, r0)
-            s = F.pad(s, (0, nb * S - N), value=float("-inf")).view(B, r1 - r0, nb, S).amax(-1)  # (B, n, nb)
+            if N % S:
+                s = F.pad(s, (0, nb * S - N), value=float("-inf"))
+            s = s.view(B, r1 - r0, nb, S).amax(-1)  # (B, n, nb)
             if self.select == "block":
                 n = r1 - r0
                 nq = math.ceil(n / S)
