@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--sparse-attention: sequence lengths of the attention and text-encoder rows")
     ap.add_argument("--sparse-img-sizes", type=int, nargs="*", default=[512, 1024],
                     help="--sparse-attention: ViT-B/16 image sizes of the whole-model rows")
+    ap.add_argument("--sparse-rows", nargs="+", default=["kernel", "attention", "text"],
+                    choices=("kernel", "attention", "text"),
+                    help="--sparse-attention: which rows per length (kernel: q, k, v given, scoring included)")
     ap.add_argument("--sparse-depth", type=int, default=2,
                     help="--sparse-attention: blocks of the whole models (each block costs the same, so the ratio "
                          "is that of any depth up to the embedding and head)")
@@ -522,6 +525,8 @@ def bench_sparse(args, device) -> dict:
     spec beats dense, is measured rather than assumed. The first call at a new length compiles FlexAttention."""
     from types import SimpleNamespace
 
+    import torch.nn.functional as F
+
     from vit.layers import Attention
     from vit.layers.sparse_attention import parse_sparse_spec
 
@@ -555,7 +560,16 @@ def bench_sparse(args, device) -> dict:
     rows = []
     for n in args.sparse_tokens:
         x = torch.randn(1, n, 768, device=device)
-        rows.append(table("attention", n, build(lambda o: Attention(768, 12, **o), layers), (x,)))
+        if "kernel" in args.sparse_rows:  # q, k, v given: dense SDPA against scoring + selection + sparse kernel
+            q, k, v = (torch.randn(1, 12, n, 64, device=device) for _ in range(3))
+            cores = [SimpleNamespace(name="dense", model=lambda *t: F.scaled_dot_product_attention(*t[1:4]))]
+            cores += [SimpleNamespace(name=name, model=Attention(768, 12, **o).to(device).sparse)
+                      for (name, _), o in zip(specs, layers)]
+            rows.append(table("kernel", n, cores, (x, q, k, v, None, False, False, 0.0)))
+        if "attention" in args.sparse_rows:
+            rows.append(table("attention", n, build(lambda o: Attention(768, 12, **o), layers), (x,)))
+        if "text" not in args.sparse_rows:
+            continue
         ids = torch.randint(0, 1000, (1, n), device=device)
         rows.append(table("text", n, build(lambda o, n=n: vit.TextEncoder(
             1000, 768, args.sparse_depth, 12, max_len=n, **o), models), (ids,)))
@@ -564,7 +578,8 @@ def bench_sparse(args, device) -> dict:
         rows.append(table(f"vit{px}", (px // 16) ** 2 + 1, build(lambda o, px=px: vit.create_model(
             "vit_base_patch16_224", img_size=px, depth=args.sparse_depth, **o), models), (img,)))
     first = specs[0][0]
-    faster = [r["tokens"] for r in rows if r["what"] == "attention" and r[first]["median"] > 1]
+    level = "attention" if "attention" in args.sparse_rows else "kernel"  # what `min_tokens` decides
+    faster = [r["tokens"] for r in rows if r["what"] == level and r[first]["median"] > 1]
     return dict(device=str(device), threads=torch.get_num_threads(), depth=args.sparse_depth, rows=rows,
                 crossover_tokens=min(faster) if faster else None, crossover_spec=first)
 

@@ -330,11 +330,12 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     spec = importlib.util.spec_from_file_location("sparse_recall", ROOT / "scripts" / "sparse_recall.py")
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
-    args = recall.build_parser().parse_args(["--tokens", "256", "--short", "128", "--short-steps", "200",
-                                             "--steps", "20", "--warmup", "10", "--sparse-steps", "10",
-                                             "--density", "0.25", "--block-size", "16", "--eval", "128"])
+    args = recall.build_parser().parse_args([
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "10",
+        "--sparse-steps", "10", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--dim", "32", "--long-batch", "16", "--eval", "128"])
     out = recall.run(args)
-    assert out["dense_acc"] > 0.9
+    assert out["dense_acc"] > 0.8  # chance: 1/8
     assert out["sparse"]["0.25"]["of_dense"] >= 0.99
 
 
