@@ -9,7 +9,7 @@
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
-(ours: `vit.optim.build_optimizer`, timm: `timm.optim.create_optimizer_v2`). Reported: medians, the ratio
+(ours: `vit.train.optim.build_optimizer`, timm: `timm.optim.create_optimizer_v2`). Reported: medians, the ratio
 ours/timm with its min-max spread over the paired repeats, counted FLOPs per image, achieved FLOP/s and
 utilization against a matrix-multiply peak measured in the same run (the best of three measurements: before,
 between and after the timed passes), activation memory kept for backward
@@ -27,28 +27,40 @@ import time
 from contextlib import nullcontext
 
 
+def count(least: int):
+    """An argparse type: an int of at least `least` (a repeat count of 0 has no median; a batch of 0 times nothing)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's 'invalid int value' for text that is not a number
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="vit_small_patch16_224", help="a vit.list_models() name (timm's too)")
-    ap.add_argument("--batch-size", type=int, default=32, help="images per timed call")
-    ap.add_argument("--img-size", type=int, default=224, help="input height and width")
+    ap.add_argument("--batch-size", type=count(1), default=32, help="images per timed call")
+    ap.add_argument("--img-size", type=count(1), default=224, help="input height and width")
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
     ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed calls before measuring")
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per model (medians are reported)")
-    ap.add_argument("--iters", type=int, default=1, help="calls per timed repeat")
-    ap.add_argument("--peak-size", type=int, default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
-    ap.add_argument("--scaling", type=int, nargs="*", default=None,
+    ap.add_argument("--warmup", type=count(0), default=2, help="untimed calls before measuring")
+    ap.add_argument("--repeats", type=count(1), default=5, help="timed repeats per model (medians are reported)")
+    ap.add_argument("--iters", type=count(1), default=1, help="calls per timed repeat")
+    ap.add_argument("--peak-size", type=count(1), default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
+    ap.add_argument("--scaling", type=count(1), nargs="*", default=None,
                     help="image sizes for the token-scaling table (default: none)")
-    ap.add_argument("--scaling-repeats", type=int, default=2, help="timed repeats per size in the scaling table")
+    ap.add_argument("--scaling-repeats", type=count(1), default=2, help="timed repeats per size in the scaling table")
     ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
     ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
-    ap.add_argument("--data-images", type=int, default=100, help="--data: 500x375 JPEGs to time")
-    ap.add_argument("--data-repeats", type=int, default=5, help="--data: timed passes")
-    ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
+    ap.add_argument("--data-images", type=count(1), default=100, help="--data: 500x375 JPEGs to time")
+    ap.add_argument("--data-repeats", type=count(1), default=5, help="--data: timed passes")
+    ap.add_argument("--data-large", type=count(0), default=20, help="2000x1500 JPEGs to time too (0: none)")
     ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
                     help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
     ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
@@ -74,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
@@ -83,8 +95,9 @@ import torch
 
 import vit
 from vit.config import OptimConfig
-from vit.flops import count_flops
-from vit.optim import build_optimizer
+from vit.train.optim import build_optimizer
+from vit.utils import perf
+from vit.utils.perf import count_flops, sync
 
 KERNELS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
@@ -98,11 +111,6 @@ KERNELS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return nullcontext()
@@ -111,23 +119,11 @@ def autocast(device: torch.device, precision: str):
 
 
 def matmul_peak(device: torch.device, precision: str, n: int = 2048, reps: int = 10) -> float:
-    """FLOP/s of a large square matmul, the practical peak for dense layers on this device."""
+    """FLOP/s of a large square matmul at `precision`, the practical peak for dense layers on this device."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     if device.type == "cpu" and precision != "fp32":
         dtype = torch.float32  # autocast on CPU still multiplies most matrices in fp32 on machines without AMX
-    if device.type == "cuda":
-        n = max(n, 8192)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+    return perf.matmul_peak(device, dtype, max(n, 8192) if device.type == "cuda" else n, reps)
 
 
 class Side:
@@ -325,7 +321,7 @@ def _jpeg_files(rng, n: int, width: int, height: int, tmp: str) -> list[str]:
     size; a smooth or blank image decodes 2-3x faster and would flatter any pipeline's ratio to decoding)."""
     from PIL import Image
 
-    from vit.synthetic import photo_like
+    from vit.data.synthetic import photo_like
 
     paths = []
     for i in range(n):
@@ -349,8 +345,8 @@ def bench_data(args) -> dict:
     from torchvision.transforms import v2
 
     from vit.config import AugConfig
-    from vit.decode import decode_image
-    from vit.transforms import build_transform
+    from vit.data.decode import decode_image
+    from vit.data.transforms import build_transform
 
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=mean, std=std)
@@ -404,14 +400,15 @@ def bench_data(args) -> dict:
 
 def bench_onnxruntime(args) -> dict:
     """ONNX Runtime (CPU execution provider) against PyTorch eager: our model at the same batch, size and thread
-    count, exported by `vit.export` (dynamo exporter, SDPA as ONNX Attention), timed interleaved after warm-up."""
+    count, exported by `vit.deploy.export` (dynamo exporter, SDPA as ONNX Attention), timed interleaved after
+    warm-up."""
     import contextlib
     import io
     import tempfile
     import warnings
     from types import SimpleNamespace
 
-    from vit.export import ExportableClassifier, export_model, require_onnx
+    from vit.deploy.export import ExportableClassifier, export_model, require_onnx
 
     require_onnx()
     import onnxruntime as ort
@@ -447,8 +444,8 @@ def bench_token_reduction(args, device) -> dict:
     import timm
     import timm.optim
 
-    from vit.checkpoint import load_checkpoint
     from vit.data import build_datasets
+    from vit.models.checkpoint import load_checkpoint
 
     torch.manual_seed(0)
     if args.checkpoint:
@@ -463,7 +460,7 @@ def bench_token_reduction(args, device) -> dict:
     ref = timm.create_model(name, pretrained=False, img_size=img, patch_size=base.patch_embed.patch_size,
                             embed_dim=base.embed_dim, depth=len(base.blocks), num_heads=blk.attn.num_heads,
                             mlp_ratio=blk.mlp.fc1.out_features / base.embed_dim, num_classes=base.num_classes,
-                            global_pool=base.global_pool).to(device)
+                            global_pool=base.global_pool, in_chans=base.in_chans).to(device)
     ref.load_state_dict(base.state_dict())
     opt = OptimConfig(lr=1e-4, weight_decay=0.05)
     sides = [Side("ours", base, build_optimizer(base, opt), device, args.precision)]
@@ -483,7 +480,7 @@ def bench_token_reduction(args, device) -> dict:
                 hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
             acc[s.name] = hits / len(val)
     B = args.batch_size
-    x = torch.randn(B, 3, img, img, device=device)
+    x = torch.randn(B, base.in_chans, img, img, device=device)  # a grey checkpoint takes one channel
     y = torch.randint(0, base.num_classes, (B,), device=device)
     times = interleaved(sides, lambda s: (lambda: s.infer(x)), device, args.warmup, args.repeats, args.iters)
     trained = [s for s in sides if s.name in ("ours", "timm") or s.name.startswith("topk")]

@@ -5,7 +5,7 @@
     python evaluate.py --model vit_base_patch16_224 --weights vit_b16.safetensors --img-size 224 \\
         --data.dataset=imagefolder --data.root=/data/imagenet-val-as-folder
     python evaluate.py --model hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --data.dataset=imagefolder ...
-                                                   # hub weights (vit/hub.py); their mean/std/crop unless --aug.*
+                                                   # hub weights (vit/hub/names.py); their mean/std/crop unless --aug.*
     accelerate launch --multi_gpu --num_processes 2 evaluate.py --checkpoint ...   # same numbers, one row per image
 
 Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
@@ -50,20 +51,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
 
 from torch.utils.data import DataLoader, Dataset
 
-from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.outputs import OutputLock, check_writable
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
-from vit.inference import load_model_and_config  # shared with predict.py
-from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
-from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
+from vit.eval.inference import load_model_and_config  # shared with predict.py
+from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
+from vit.eval.plots import plot_confusion, plot_reliability
+from vit.utils.atomic import atomic_write_csv, atomic_write_text
+from vit.utils.untrusted_text import printable
 
 
 class Indexed(Dataset):
@@ -92,7 +95,15 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
+                                                 else Path("runs") / f"eval-{args.model}")
+    check_writable(out_dir)  # before the model loads or an image is read
+    model, cfg, ckpt_classes = load_model_and_config(args, overrides)  # (a missing checkpoint: before its eval/)
+    with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
+        return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
+
+
+def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
@@ -103,12 +114,10 @@ def main(argv=None) -> int:
     if ckpt_classes is None and len(classes) != model.num_classes:
         raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
                         "evaluate on data with the classes the model was trained on.")
-    out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
-                                                 else Path("runs") / f"eval-{args.model}")
     accelerator = make_accelerator()
     batch_size = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
-    if cfg.data.dataset == "wds":  # shards are dealt to processes by the loader itself, not prepared (vit/wds.py)
-        from vit.wds import ShardLoader
+    if cfg.data.dataset == "wds":  # the loader deals shards to processes itself (vit/data/shard_loader.py)
+        from vit.data.shard_loader import ShardLoader
 
         loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
                              accelerator.num_processes, accelerator.device)
@@ -168,14 +177,15 @@ def main(argv=None) -> int:
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
-        names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        names = "; ".join(printable(b) for b in bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
         print(f"skipped {metrics['skipped']} unreadable image(s)" + (f": {names}" if names else
                                                                       ", named in the warnings above"))
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
-    width = max(len("weighted avg") + 2, max(len(c) for c in classes) + 2)  # the average rows align too
+    shown = [printable(c) for c in classes]  # a class name's escape sequences are shown, not obeyed
+    width = max(len("weighted avg") + 2, max(len(c) for c in shown) + 2)  # the average rows align too
     print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
-    for c, r in zip(classes, rows):
+    for c, r in zip(shown, rows):
         print(f"{c:<{width}}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}{r['support']:>10d}")
     for name in ("macro", "weighted"):
         a = avgs[name]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
@@ -63,15 +63,17 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import numpy as np
 import torch
 
-from vit.atomic import atomic_write_bytes, atomic_write_text
-from vit.checkpoint import load_checkpoint
+from vit.cli.outputs import OutputLock, check_writable
+from vit.cli.runtime import run_cli
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
-from vit.decode import BadImageError
+from vit.data.decode import BadImageError
+from vit.data.transforms import build_transform
+from vit.eval.plots import plot_attention_map, to_display
+from vit.explain.rollout import attention_maps
 from vit.layers.token_reduction import TopK
-from vit.plots import plot_attention_map, to_display
-from vit.rollout import attention_maps
-from vit.runtime import run_cli
-from vit.transforms import build_transform
+from vit.models.checkpoint import load_checkpoint
+from vit.utils.atomic import atomic_write_bytes, atomic_write_text
+from vit.utils.untrusted_text import printable
 
 
 def parse_args(argv):
@@ -210,7 +212,7 @@ def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.nda
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from vit.plots import save_figure
+    from vit.eval.plots import save_figure
 
     h, w = image.shape[:2]
     colours = colormaps["tab20"](np.arange(20))
@@ -234,6 +236,12 @@ def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.nda
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_writable(args.out)  # before the model loads or an image is read
+    with OutputLock(args.out):  # one visualization per --out at a time
+        return _visualize(args)
+
+
+def _visualize(args) -> int:
     model, cfg, classes, _ = load_checkpoint(args.checkpoint)
     check_options(args, len(model.blocks))
     if args.token_reduction is not None:
@@ -258,7 +266,7 @@ def main(argv=None) -> int:
             try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
                 x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
             except BadImageError as e:
-                print(f"skipping {e}", file=sys.stderr)
+                print(f"skipping {printable(e)}", file=sys.stderr)
                 skipped += 1
                 continue
             batch.append(x)

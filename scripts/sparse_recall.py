@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vit.layers import indexer_loss, indexer_schedule  # noqa: E402
 from vit.layers.sparse_attention import sparse_modules  # noqa: E402
-from vit.text import TextEncoder  # noqa: E402
+from vit.models import TextEncoder  # noqa: E402
 
 FILLER = 64  # filler ids 0..63; query ids follow, then one id per (key, value)
 

@@ -244,7 +244,7 @@ def test_models_take_sparse_attention_and_rollout_reads_sparse_maps():
     """create_model and TextEncoder build the option into every block; every block kept is the dense model;
     a sparse model's maps hold zeros off the selection and rollout runs on them."""
     import vit
-    from vit.rollout import attention_rollout
+    from vit.explain.rollout import attention_rollout
 
     opts = dict(img_size=64, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
     torch.manual_seed(0)
@@ -312,7 +312,7 @@ def test_config_refuses_unknown_sparse_values():
                            "--model.sparse_topk_blocks=2"])
     cfg = load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.25",
                              "--model.sparse_select=token", "--optim.indexer_warmup_steps=5"])
-    from vit.factory import build_model
+    from vit.models import build_model
 
     m = build_model(cfg, 3)
     core = m.blocks[0].attn.sparse
@@ -344,7 +344,7 @@ def test_dense_weights_load_into_a_dsa_model(tmp_path):
     from safetensors.torch import save_file
 
     import vit
-    from vit.pretrained import load_pretrained
+    from vit.hub import load_pretrained
 
     opts = dict(img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
     dense = vit.create_model("vit_tiny_patch16_224", **opts)
