@@ -60,10 +60,15 @@ class Recall(nn.Module):
 
 
 def train(model: nn.Module, args, steps: int, tokens: int, gen: torch.Generator, lr: float,
-          warmup_steps: int = 0) -> list[float]:
-    """AdamW steps on fresh batches; with DSA, DeepSeek's stages by step (`indexer_schedule`). Returns the
-    indexer losses seen (empty without DSA)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+          warmup_steps: int = 0, indexer_lr: float | None = None) -> list[float]:
+    """AdamW steps on fresh batches; with DSA, DeepSeek's stages by step (`indexer_schedule`), the indexers at
+    `indexer_lr`. Returns the indexer losses seen (empty without DSA)."""
+    indexer = [p for m in sparse_modules(model) if m.indexer is not None for p in m.indexer.parameters()]
+    ids = {id(p) for p in indexer}
+    groups = [dict(params=[p for p in model.parameters() if id(p) not in ids], lr=lr)]
+    if indexer:
+        groups.append(dict(params=indexer, lr=indexer_lr or lr))
+    opt = torch.optim.AdamW(groups, weight_decay=0.0)
     model.train()
     kl = []
     for step in range(steps):
@@ -108,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32, help="sequences per step at --short tokens")
     ap.add_argument("--long-batch", type=int, default=8, help="sequences per step at N tokens")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--indexer-lr", type=float, default=1e-2, help="the indexers' learning rate")
     ap.add_argument("--eval", type=int, default=128, help="held-out sequences at N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (one is fastest on a shared 2-core CPU)")
@@ -137,7 +143,8 @@ def run(args) -> dict:
         for m in sparse_modules(sparse):
             m.kernel = "sdpa"  # the same numbers as FlexAttention, without compiling it for one run
         untrained = accuracy(sparse, held_out)
-        kl = train(sparse, args, args.warmup + args.sparse_steps, args.tokens, gen, args.lr / 4, args.warmup)
+        kl = train(sparse, args, args.warmup + args.sparse_steps, args.tokens, gen, args.lr / 4, args.warmup,
+                   args.indexer_lr)
         acc = accuracy(sparse, held_out)
         out["sparse"][str(density)] = dict(acc=acc, of_dense=acc / max(out["dense_acc"], 1e-9),
                                            untrained_indexer_acc=untrained,

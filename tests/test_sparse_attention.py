@@ -331,8 +331,8 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
     args = recall.build_parser().parse_args([
-        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "10",
-        "--sparse-steps", "10", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "60",
+        "--sparse-steps", "20", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
         "--dim", "32", "--long-batch", "16", "--eval", "128"])
     out = recall.run(args)
     assert out["dense_acc"] > 0.8  # chance: 1/8
