@@ -3,7 +3,7 @@
 from .attention import Attention, expand_mask
 from .drop import DropPath
 from .layer_scale import LayerScale
-from .mlp import MLP_LAYERS, Mlp, SwiGLU, get_mlp_layer
+from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
@@ -13,10 +13,12 @@ from .token_reduction import TokenState, build_token_reduction, parse_token_redu
 __all__ = [
     "Attention",
     "DropPath",
+    "GELUTanh",
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
     "PatchEmbed",
+    "QuickGELU",
     "SparseAttention",
     "SwiGLU",
     "TokenState",
