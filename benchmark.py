@@ -5,6 +5,7 @@
     python benchmark.py --data                                                   # the input pipeline
     python benchmark.py --model vit_tiny_patch16_224 --scaling 224 448 672 896 --out bench.json
     python benchmark.py --model vit_small_patch16_224 --batch-size 8 --no-model --runtime onnxruntime
+    python benchmark.py --sparse-attention moba:0.125:block dsa:0.125:block dsa:0.25:block --sparse-tokens 1024 8192
     python benchmark.py --edge --edge-models vit_tiny_patch16_224 vit_small_patch16_224 --out edge.json
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
@@ -77,6 +78,20 @@ def build_parser() -> argparse.ArgumentParser:
                          "e.g. merge:8 merge:16 topk:0.7")
     ap.add_argument("--checkpoint", default=None,
                     help="with --token-reduction or --edge: a train.py checkpoint (its model; adds top-1)")
+    ap.add_argument("--sparse-attention", nargs="+", default=None, metavar="SPEC",
+                    help="instead of the ours-vs-timm comparison, dense SDPA against sparse attention "
+                         "METHOD[:DENSITY][:SELECT] (e.g. moba:0.125:block dsa:0.25:block), for one attention layer "
+                         "(768 wide, 12 heads, blocks of 128) and whole models, inference, interleaved")
+    ap.add_argument("--sparse-tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192],
+                    help="--sparse-attention: sequence lengths of the attention and text-encoder rows")
+    ap.add_argument("--sparse-img-sizes", type=int, nargs="*", default=[512, 1024],
+                    help="--sparse-attention: ViT-B/16 image sizes of the whole-model rows")
+    ap.add_argument("--sparse-rows", nargs="+", default=["kernel", "attention", "text"],
+                    choices=("kernel", "attention", "text"),
+                    help="--sparse-attention: which rows per length (kernel: q, k, v given, scoring included)")
+    ap.add_argument("--sparse-depth", type=int, default=2,
+                    help="--sparse-attention: blocks of the whole models (each block costs the same, so the ratio "
+                         "is that of any depth up to the embedding and head)")
     ap.add_argument("--out", default=None, help="write the results as JSON to this file")
     return ap
 
@@ -621,6 +636,75 @@ def print_token_reduction(res: dict) -> None:
               f"{'' if top1 is None else f'{100 * top1:.2f}':>8}{train}")
 
 
+def bench_sparse(args, device) -> dict:
+    """Dense SDPA against each sparse-attention spec, inference, interleaved per size: one attention layer (ViT-B
+    width), a text encoder (`--sparse-tokens`) and a ViT-B/16 (`--sparse-img-sizes`) of `--sparse-depth` blocks.
+    Sparse layers run at every length (min_tokens=0) so that the crossover, the shortest length where the first
+    spec beats dense, is measured rather than assumed. The first call at a new length compiles FlexAttention."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from vit.layers import Attention
+    from vit.layers.sparse_attention import parse_sparse_spec
+
+    specs = [(s, parse_sparse_spec(s)) for s in args.sparse_attention]
+    # the same options in a model's spelling (create_model, TextEncoder) and in Attention's
+    models = [dict(sparse_attention=o["method"], sparse_density=o["density"], sparse_select=o["select"] or "block",
+                   sparse_block_size=128, sparse_min_tokens=0) for _, o in specs]
+    layers = [dict(sparse_attention=o["method"], density=o["density"], sparse_select=o["select"] or "block",
+                   block_size=128, min_tokens=0) for _, o in specs]
+
+    def build(make, options):  # dense first, then each spec with the dense weights (an indexer keeps its own)
+        torch.manual_seed(0)
+        dense = make({}).to(device).eval()
+        sides = [SimpleNamespace(name="dense", model=dense)]
+        for (name, _), o in zip(specs, options):
+            m = make(o).to(device).eval()
+            m.load_state_dict(dense.state_dict(), strict=False)
+            sides.append(SimpleNamespace(name=name, model=m))
+        return sides
+
+    def table(what, n, sides, inp):
+        with torch.no_grad():
+            times = interleaved(sides, lambda s: (lambda: s.model(*inp)), device, args.warmup, args.repeats, 1)
+        row = dict(what=what, tokens=n, dense_s=statistics.median(times["dense"]))
+        row.update({name: ratio_stats(times[name], times["dense"]) for name, _ in specs})
+        print(f"{what:<10}{n:>7}{row['dense_s']:>10.3f}"
+              + "".join(f"{row[name]['median']:>18.2f}" for name, _ in specs), flush=True)
+        return row
+
+    print(f"\n{'':<10}{'tokens':>7}{'dense s':>10}" + "".join(f"{name:>18}" for name, _ in specs) + "   (x dense)")
+    rows = []
+    for n in args.sparse_tokens:
+        x = torch.randn(1, n, 768, device=device)
+        if "kernel" in args.sparse_rows:  # q, k, v given: dense SDPA against scoring + selection + sparse kernel
+            q, k, v = (torch.randn(1, 12, n, 64, device=device) for _ in range(3))
+            cores = [SimpleNamespace(name="dense", model=lambda *t: F.scaled_dot_product_attention(*t[1:4]))]
+            cores += [SimpleNamespace(name=name, model=Attention(768, 12, **o).to(device).sparse)
+                      for (name, _), o in zip(specs, layers)]
+            rows.append(table("kernel", n, cores, (x, q, k, v, None, False, False, 0.0)))
+        if "attention" in args.sparse_rows:
+            rows.append(table("attention", n, build(lambda o: Attention(768, 12, **o), layers), (x,)))
+        if "text" not in args.sparse_rows:
+            continue
+        ids = torch.randint(0, 1000, (1, n), device=device)
+        rows.append(table("text", n, build(lambda o, n=n: vit.TextEncoder(
+            1000, 768, args.sparse_depth, 12, max_len=n, **o), models), (ids,)))
+    for px in args.sparse_img_sizes:
+        img = torch.randn(1, 3, px, px, device=device)
+        sides = build(lambda o, px=px: vit.create_model(
+            "vit_base_patch16_224", img_size=px, depth=args.sparse_depth, **o), models)
+        for s in sides:  # every block on every token: a [CLS]-only last block attends densely to 1 query
+            s.model.prune_last_block = False
+        rows.append(table(f"vit{px}", (px // 16) ** 2 + 1, sides, (img,)))
+    first = specs[0][0]
+    level = "attention" if "attention" in args.sparse_rows else "kernel"  # what `min_tokens` decides
+    faster = [r["tokens"] for r in rows if r["what"] == level and r[first]["median"] > 1]
+    return dict(device=str(device), threads=torch.get_num_threads(), depth=args.sparse_depth, rows=rows,
+                crossover_tokens=min(faster) if faster else None, crossover_spec=first)
+
+
 def print_report(res: dict) -> None:
     if "inference" in res:
         print(f"\n{res['model']}  batch {res['batch_size']}  {res['img_size']} px  {res['precision']}  "
@@ -698,6 +782,15 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print_token_reduction(res["token_reduction"])
+        args.no_model = True
+    if args.sparse_attention:
+        try:
+            res["sparse_attention"] = bench_sparse(args, device)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        c = res["sparse_attention"]["crossover_tokens"]
+        print(f"crossover: {args.sparse_attention[0]} beats dense attention from {c} tokens on (of those measured)")
         args.no_model = True
     if not args.no_model:
         res.update(bench_model(args, device))

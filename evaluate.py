@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threshold", type=float, default=None,
                     help="multi-label: the probability from which a class is predicted (default: the one training "
                          "chose on its validation split, saved in the checkpoint; else the best on this data)")
+    ap.add_argument("--sparse-attention", default=None, metavar="SPEC",
+                    help="evaluate with sparse attention METHOD[:DENSITY][:SELECT], e.g. moba:0.25 or "
+                         "dsa:0.125:block (dsa needs a checkpoint trained with it); 'none' attends densely "
+                         "(default: the checkpoint's setting)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     return ap
 
@@ -116,6 +120,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
+    if args.sparse_attention is not None:
+        model.set_sparse_attention(args.sparse_attention)  # a bad spec: one sentence, exit 2 (run_cli)
     # the class check happens here, before any image is decoded or any forward pass runs
     val_ds, classes, scored = build_eval_split(cfg, args.split, args.data_dir, ckpt_classes)
     print(f"scoring {scored}")
@@ -161,6 +167,7 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset, data=scored,
                    token_reduction=cfg.model.token_reduction,
+                   sparse_attention=args.sparse_attention or cfg.model.sparse_attention,
                    num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -65,6 +65,16 @@ class ModelConfig:
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
+    # top-k key blocks per query (vit/layers/sparse_attention.py): dsa (a learned indexer, DeepSeek-V3.2) or moba
+    # (a parameter-free gate, MoBA); null: dense attention
+    sparse_attention: Literal[None, "dsa", "moba"] = None
+    sparse_block_size: int = 128  # tokens per key (and query) block
+    sparse_topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
+    sparse_density: float | None = None  # the kept share of the blocks; both null: 0.125
+    sparse_select: Literal[None, "token", "block"] = None  # per query token or per query block; null: the method's
+    sparse_own_block: bool | None = None  # always keep the query's own block; null: the method's (yes)
+    sparse_sink_block: bool | None = None  # always keep the first block ([CLS]); null: the method's (dsa yes, moba no)
+    sparse_min_tokens: int | None = None  # dense below this many tokens; null: the measured crossover, 0: never
     grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
 
 
@@ -196,6 +206,9 @@ class OptimConfig:
     # null: every class weighs the same in the loss; auto: inverse frequency in the training split,
     # n / (num_classes * n_c), so that each class contributes as much in total (cross-entropy's weight)
     class_weights: Literal["auto"] | None = None
+    # model.sparse_attention=dsa: DeepSeek's indexer warm-up, optimizer steps where only the indexer learns the
+    # dense attention (KL), the rest frozen; sparse training follows, the indexer still learning on its selection
+    indexer_warmup_steps: int = 0
 
 
 @dataclass
@@ -256,8 +269,10 @@ POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.keep_states", "run.log_every",
             "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
-            "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
-NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
+            "data.shuffle_buffer", "data.num_classes", "run.num_threads", "model.sparse_block_size",
+            "model.sparse_topk_blocks", "model.sparse_density"}
+NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps",
+                "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
                 "aug.affine_translate", "aug.affine_rotate", "aug.affine_scale", "aug.rand_augment_ops"}
@@ -266,7 +281,7 @@ AUTO = {"data.num_workers", "run.num_threads"}
 TRACKERS = ("tensorboard", "csv", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
         "model.attn_drop_rate", "model.drop_path_rate", "aug.label_smoothing", "optim.layer_decay",
-        "optim.ema_decay"}
+        "optim.ema_decay", "model.sparse_density"}
 # model options that create_model takes but ModelConfig does not hold (they come from a weights' config.json)
 ARG_POSITIVE, ARG_NON_NEGATIVE, ARG_UNIT = {"norm_eps"}, {"num_classes"}, {"pos_drop_rate"}
 
@@ -350,6 +365,13 @@ def validate(cfg: Config) -> None:
         if isinstance(flat[key], str) and flat[key] != "auto":
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
+    m = cfg.model
+    if m.sparse_topk_blocks is not None and m.sparse_density is not None:
+        raise ConfigError("config keys 'model.sparse_topk_blocks' and 'model.sparse_density' both size the sparse "
+                          "selection; set one of them.")
+    if cfg.optim.indexer_warmup_steps and m.sparse_attention != "dsa":
+        raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set model.sparse_attention "
+                          "to dsa or the warm-up to 0.")
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
     for name in cfg.run.log_with or []:

@@ -185,8 +185,11 @@ def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = 
     state = adapt_state_dict(state, model, report, new_head)
     own = model.state_dict()
     dropped_head = any("head" in a for a in report.actions)
+    indexers = tuple(k for k in own if k not in state and ".attn.sparse.indexer." in k)  # DSA's, untrained
+    if indexers and len(indexers) < len(own):  # dense weights: the indexers learn from them (indexer warm-up)
+        report.actions.append(f"{len(indexers)} DSA indexer tensors start untrained (optim.indexer_warmup_steps)")
     if strict:
-        check_fit(state, own, str(path), may_miss=("head.",) if dropped_head else ())
+        check_fit(state, own, str(path), may_miss=(("head.",) if dropped_head else ()) + indexers)
     state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(state, strict=False)
     log.info("%s", report)

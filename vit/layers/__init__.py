@@ -7,6 +7,7 @@ from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
+from .sparse_attention import SparseAttention, indexer_loss, indexer_schedule, set_indexer_stage, sparse_kwargs
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
 __all__ = [
@@ -18,16 +19,21 @@ __all__ = [
     "Mlp",
     "PatchEmbed",
     "QuickGELU",
+    "SparseAttention",
     "SwiGLU",
     "TokenState",
     "build_token_reduction",
     "expand_mask",
     "get_mlp_layer",
     "get_norm_layer",
+    "indexer_loss",
+    "indexer_schedule",
     "parse_token_reduction",
     "resample_abs_pos_embed",
+    "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",
+    "sparse_kwargs",
     "to_2tuple",
     "topk_warmup",
 ]

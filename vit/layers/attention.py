@@ -7,6 +7,8 @@ in timm so that timm weights load unchanged. The fused path calls `F.scaled_dot_
 dispatches to FlashAttention kernels (on CPU `_scaled_dot_product_flash_attention_for_cpu`) and never
 materializes the (N, N) score matrix. The explicit path computes softmax(QK^T/sqrt(d))V step by step and is
 used only when a caller asks for the attention probabilities, for inspection and attention rollout.
+With `sparse_attention="dsa" | "moba"` each query attends only to the top-k key blocks a scorer picks
+(vit.layers.sparse_attention, which holds the scorers and kernels; this module only dispatches to it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+
+from .sparse_attention import SparseAttention
 
 __all__ = ["Attention", "expand_mask", "sdpa_mask", "masked_scores"]
 
@@ -94,6 +98,9 @@ class Attention(nn.Module):
         attn_drop: dropout on the attention probabilities.
         proj_drop: dropout after the output projection.
         fused_attn: use `F.scaled_dot_product_attention` (default); False selects the explicit path always.
+        sparse_attention: None (dense), "dsa" or "moba": top-k key blocks per query (vit.layers.sparse_attention,
+            whose `SparseAttention` documents the options `block_size`, `topk_blocks` or `density`,
+            `sparse_select` ("token" | "block"), `keep_own_block`, `sink_block` and `min_tokens`).
     """
 
     def __init__(
@@ -104,6 +111,14 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused_attn: bool = True,
+        sparse_attention: str | None = None,
+        block_size: int = 128,
+        topk_blocks: int | None = None,
+        density: float | None = None,
+        sparse_select: str | None = None,
+        keep_own_block: bool | None = None,
+        sink_block: bool | None = None,
+        min_tokens: int | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads != 0:
@@ -118,6 +133,9 @@ class Attention(nn.Module):
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.sparse = None if sparse_attention is None else SparseAttention(
+            sparse_attention, dim, num_heads, block_size, topk_blocks, density, sparse_select, keep_own_block,
+            sink_block, min_tokens)
 
     def forward(
         self,
@@ -134,7 +152,10 @@ class Attention(nn.Module):
         Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
         and the module traces with torch.fx as well as it scripts."""
         B, N, D = x.shape
-        if num_queries is not None:
+        if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
+            if self.sparse is not None and num_queries is None and self.sparse.applies(N):
+                return self._sparse_forward(x, mask, is_causal, return_attention)
+        if num_queries is not None:  # a few queries (the [CLS] of a last block) attend densely: O(N) anyway
             mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
             return self._first_queries(x, num_queries, mask, is_causal), None
         mask, is_causal = sdpa_mask(mask, is_causal, N, N)
@@ -159,6 +180,17 @@ class Attention(nn.Module):
         x = x.transpose(1, 2).reshape(B, N, D)  # (B, N, H*d): heads side by side again
         x = self.proj_drop(self.proj(x))
         return x, attn
+
+    @torch.jit.unused
+    def _sparse_forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, return_attention: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` through the sparse core: the same projections, attention on the selected key blocks."""
+        B, N, D = x.shape
+        q, k, v = self._qkv(x)
+        p = self.attn_drop.p if self.training else 0.0
+        out, attn = self.sparse(x, q, k, v, expand_mask(mask, N), is_causal, return_attention, p)
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, N, D))), attn
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each."""

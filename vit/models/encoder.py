@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
+from ..layers.sparse_attention import retune
 
 __all__ = ["Block", "Encoder"]
 
@@ -25,7 +26,8 @@ __all__ = ["Block", "Encoder"]
 class Block(nn.Module):
     """One Transformer layer: tokens (B, N, D) -> (B, N, D). Two residual sub-layers, attention then the FFN,
     each with its norm before (`norm_first=True`, ViT) or after the residual sum (post-norm, BERT), an optional
-    LayerScale (`init_values`) and stochastic depth (`drop_path`). `norm_layer` ('layernorm' | 'rmsnorm' or a
+    LayerScale (`init_values`) and stochastic depth (`drop_path`); `sparse` holds sparse-attention keywords
+    of `Attention` (vit.layers.sparse_attention), None for dense. `norm_layer` ('layernorm' | 'rmsnorm' or a
     constructor) and `mlp_layer` ('gelu' | 'swiglu' or a class) pick the parts; parameter names follow timm
     (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's weights load."""
 
@@ -43,6 +45,7 @@ class Block(nn.Module):
         mlp_layer: str | type[nn.Module] = "gelu",
         norm_first: bool = True,
         fused_attn: bool = True,
+        sparse: dict | None = None,
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
@@ -50,7 +53,7 @@ class Block(nn.Module):
         self.norm_first = norm_first
         self.norm1 = norm(dim)
         self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                              fused_attn=fused_attn)
+                              fused_attn=fused_attn, **(sparse or {}))
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
@@ -173,6 +176,13 @@ class Encoder(nn.ModuleList):
             if return_attention and attn is not None:
                 attentions.append(attn)
         return x, attentions
+
+    def set_sparse_attention(self, method: str | None, **options) -> None:
+        """Every block's sparse attention switched or retuned, weights kept (vit.layers.sparse_attention.retune):
+        `method` None (dense), "moba" or "dsa"; options density, topk_blocks, select, min_tokens."""
+        for blk in self:
+            a = blk.attn
+            a.sparse = retune(a.sparse, method, a.qkv.in_features, a.num_heads, **options)
 
     def set_token_reduction(self, modules: list[nn.Module | None]) -> None:
         """One reduction module (or None) per block (vit.layers.token_reduction); all None: the plain stack."""

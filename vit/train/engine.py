@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..eval.metrics import predict, summarize_logits
 from ..eval.multilabel import summarize_multilabel
-from ..layers import topk_warmup
+from ..layers import indexer_loss, indexer_schedule, topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
 from ..utils.faults import fault_point, poison_loss
@@ -40,7 +40,7 @@ __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_ch
            "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
-                 "skipped_steps", "val_map"]  # val_map: multi-label runs (data.labels_file), which have no top-1
+                 "skipped_steps", "val_map", "indexer_loss"]  # val_map: multi-label runs, which have no top-1
 
 
 @dataclass
@@ -97,6 +97,7 @@ class EpochStats:
     lr: float
     train_loss: float
     images_per_s: float
+    indexer_loss: float | None = None  # the epoch's mean DSA indexer KL (model.sparse_attention=dsa), else None
 
 
 def finished(run: Run) -> bool:
@@ -165,7 +166,7 @@ def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoo
     return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
 
 
-def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _task_loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     smoothing, multi_label = run.cfg.aug.label_smoothing, bool(run.cfg.data.labels_file)
     xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing, multi_label)
     with run.accelerator.autocast():
@@ -181,6 +182,17 @@ def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return per_class.sum(-1).mean()
         return (per_class * w).sum() / (ym * w).sum()
     return F.cross_entropy(logits.float(), ym, weight=w, label_smoothing=smoothing)
+
+
+def _loss(run: Run, x: torch.Tensor, y: torch.Tensor, stage: str | None = None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The loss to minimise and the DSA indexer's KL within it (None without DSA): in the indexer warm-up the
+    KL alone (the rest of the model is frozen), afterwards the task loss plus the KL (vit.layers.sparse_attention)."""
+    loss = _task_loss(run, x, y)
+    aux = indexer_loss(run.model) if stage is not None else None
+    if aux is None:
+        return loss, None
+    return (aux if stage == "warmup" else loss + aux), aux.detach()
 
 
 def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
@@ -226,6 +238,7 @@ def train_one_epoch(run: Run) -> EpochStats:
     own = state.loss_sums[acc.process_index] if len(state.loss_sums) == acc.num_processes else state.loss_sum
     loss_sum, loss_n = torch.full((), own, device=acc.device), state.loss_n
     step_losses, step_n = torch.zeros((), device=acc.device), 0  # micro-batch losses of the step being built
+    aux_sum, aux_n = 0.0, 0  # the DSA indexer's KL, summed over this epoch's micro-batches
     seen, t0 = 0, time.perf_counter()
     lr = run.lr()
     for x, y in loader:
@@ -233,7 +246,11 @@ def train_one_epoch(run: Run) -> EpochStats:
             lr = run.lr()
             set_lr(run.optimizer, lr)
             topk_warmup(model, state.step / run.total_steps)  # EViT's keep-rate warm-up; no-op without topk
-            loss = poison_loss(_loss(run, x, y), state.step)  # the test hook makes a known step's loss NaN
+            stage = indexer_schedule(model, state.step, cfg.optim.indexer_warmup_steps)  # None without DSA
+            loss, aux = _loss(run, x, y, stage)
+            loss = poison_loss(loss, state.step)  # the test hook makes a known step's loss NaN
+            if aux is not None:
+                aux_sum, aux_n = aux_sum + aux, aux_n + 1
             acc.backward(loss)
             step_losses, step_n = step_losses + loss.detach(), step_n + 1
             if acc.sync_gradients:
@@ -250,7 +267,8 @@ def train_one_epoch(run: Run) -> EpochStats:
             if run.ema is not None:
                 run.ema.update(acc.unwrap_model(model), step=state.step)
             if state.step % cfg.run.log_every == 0:
-                acc.log({"train/loss": loss.item(), "train/lr": lr}, step=state.step)
+                acc.log({"train/loss": loss.item(), "train/lr": lr,
+                         **({"train/indexer_loss": aux.item()} if aux is not None else {})}, step=state.step)
                 run.console.step(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
                                  img_s=f"{seen / (time.perf_counter() - t0):.0f}")
             else:
@@ -266,7 +284,8 @@ def train_one_epoch(run: Run) -> EpochStats:
         state.epoch, state.batch_in_epoch = state.epoch + 1, 0
     else:
         save_state_if_due(run, "stop", loss_sum, loss_n)
-    return EpochStats(lr=lr, train_loss=train_loss, images_per_s=ips)
+    aux_mean = acc.reduce(aux_sum / aux_n, "mean").item() if aux_n else None
+    return EpochStats(lr=lr, train_loss=train_loss, images_per_s=ips, indexer_loss=aux_mean)
 
 
 # --- evaluation, checkpoints, metrics ------------------------------------------------------------------------
@@ -300,7 +319,8 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     if acc.is_main_process:
         row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
                    val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=stats.images_per_s,
-                   skipped_steps=state.skipped)
+                   skipped_steps=state.skipped,
+                   indexer_loss="" if stats.indexer_loss is None else stats.indexer_loss)
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
         unwrapped = acc.unwrap_model(eval_model)
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)

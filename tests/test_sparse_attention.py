@@ -1,0 +1,361 @@
+"""Dynamic sparse attention (DSA indexer, MoBA gate) against dense attention, float64, MoBA and transformers."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vit.layers.sparse_attention as sa
+from vit.layers import Attention
+from vit.layers.sparse_attention import LightningIndexer, indexer_loss, set_indexer_stage
+
+D, H, S = 32, 4, 16  # width, heads, block size
+
+
+def _pair(method, dtype=torch.float64, **opts):
+    """A sparse Attention and a dense one with the same weights."""
+    torch.manual_seed(0)
+    sparse = Attention(D, H, sparse_attention=method, block_size=S, min_tokens=0, **opts).to(dtype)
+    dense = Attention(D, H).to(dtype)
+    dense.load_state_dict({k: v for k, v in sparse.state_dict().items() if not k.startswith("sparse.")})
+    return sparse, dense
+
+
+def _record(monkeypatch):
+    """Capture the block selections `SparseAttention.forward` makes."""
+    seen = []
+    real = sa.select_blocks
+
+    def spy(*args, **kwargs):
+        keep = real(*args, **kwargs)
+        seen.append(keep)
+        return keep
+
+    monkeypatch.setattr(sa, "select_blocks", spy)
+    return seen
+
+
+def _reference(att, x, keep, select, causal, pad):
+    """Float64 attention written out, with the selection `keep` (B, Hs, R, nb) turned into a mask entry by entry."""
+    B, N, _ = x.shape
+    q, k, v = att.qkv(x).reshape(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    t, s = torch.arange(N)[:, None], torch.arange(N)[None, :]  # query and key positions
+    row = t if select == "token" else t // S  # the selection row each query reads
+    allowed = keep[:, :, row, s // S].expand(B, H, N, N)  # query t may see key s if s's block is kept for t
+    if causal:
+        allowed = allowed & (s <= t)
+    if pad is not None:
+        allowed = allowed & pad[:, None, None, :]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)
+    p = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+    p = torch.nan_to_num(p)  # rows that see nothing: zeros
+    out = (p @ v).transpose(1, 2).reshape(B, N, D)
+    return att.proj(out), p
+
+
+@pytest.mark.parametrize("method", ["dsa", "moba"])
+@pytest.mark.parametrize("select", ["token", "block"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_block_selected_is_dense(method, select, causal):
+    """topk_blocks covering every block is dense attention, output and gradients (also the map path)."""
+    sparse, dense = _pair(method, topk_blocks=100, sparse_select=select)
+    x = torch.randn(2, 70, D, dtype=torch.float64, requires_grad=True)  # 5 blocks, the last partial
+    out, _ = sparse(x, is_causal=causal)
+    ref, _ = dense(x, is_causal=causal)
+    assert (out - ref).abs().max() <= 1e-6
+    g = torch.randn_like(out)
+    gs = torch.autograd.grad(out, [x, sparse.qkv.weight], g)
+    gd = torch.autograd.grad(ref, [x, dense.qkv.weight], g)
+    for a, b in zip(gs, gd):
+        assert (a - b).abs().max() <= 1e-6
+    _, p = sparse(x, is_causal=causal, return_attention=True)
+    _, pd = dense(x, is_causal=causal, return_attention=True)
+    assert (p - pd).abs().max() <= 1e-6
+    few, _ = _pair(method, topk_blocks=2, sparse_select=select)[0](x, is_causal=causal)
+    assert (few - ref).abs().max() > 1e-3  # the guard: fewer blocks do change the output
+
+
+@pytest.mark.parametrize("method,select", [("dsa", "block"), ("dsa", "token"), ("moba", "token"), ("moba", "block")])
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
+def test_equals_masked_float64_reference(monkeypatch, method, select, causal, padded):
+    """Each kernel (masked SDPA in training, the explicit map path, FlexAttention) equals the float64 formula with
+    the module's own selection turned into a mask, with causal and padding masks; gradients of the training path."""
+    seen = _record(monkeypatch)
+    att, _ = _pair(method, topk_blocks=2, sparse_select=select)
+    torch.manual_seed(1)
+    x = torch.randn(2, 75, D, dtype=torch.float64, requires_grad=True)
+    pad = torch.ones(2, 75, dtype=torch.bool)
+    pad[1, 40:] = False
+    mask = pad if padded else None
+
+    att.sparse.kernel = "sdpa"
+    out, _ = att(x, mask, causal)
+    ref, pref = _reference(att, x, seen[-1], att.sparse.select, causal, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    g = torch.randn_like(out)
+    ga = torch.autograd.grad(out, [x, att.qkv.weight], g)
+    gr = torch.autograd.grad(ref, [x, att.qkv.weight], g)
+    for a, b in zip(ga, gr):
+        assert (a - b).abs().max() <= 1e-6
+
+    _, p = att(x, mask, causal, return_attention=True)  # rollout's input: a map with zeros, rows summing to 1
+    assert (p - pref).abs().max() <= 1e-6 and (p == 0).float().mean() > 0.3
+
+    if select == "block":
+        att.sparse.kernel, att.sparse.compile_flex = "flex", False
+        with torch.no_grad():
+            out_flex, _ = att(x.float().double(), mask, causal)
+        assert (out_flex - ref).abs().max() <= 1e-6
+    assert (ref - _pair(method, topk_blocks=100)[1](x, mask, causal)[0]).abs().max() > 1e-3  # not dense
+
+
+def _moba_naive_rewrite(q, k, v, chunk, topk):
+    """MoBA's reference semantics (moba_naive.py), rewritten: q, k, v (S, H, d) of one causal sequence. The gate
+    is q . mean(keys of a chunk); chunks after the query's own are excluded, its own is always chosen; the top-k
+    chunks are attended with a causal mask."""
+    n, h, d = q.shape
+    nc = math.ceil(n / chunk)
+    means = torch.stack([k[c * chunk:(c + 1) * chunk].mean(0) for c in range(nc)])  # (nc, H, d)
+    gate = torch.einsum("shd,chd->hsc", q, means)
+    for c in range(nc):
+        gate[:, : (c + 1) * chunk, c] = float("-inf")
+        gate[:, c * chunk:(c + 1) * chunk, c] = float("inf")
+    chosen = torch.zeros_like(gate, dtype=torch.bool).scatter_(-1, gate.topk(min(topk, nc), -1).indices, True)
+    allowed = chosen.repeat_interleave(chunk, -1)[..., :n] & torch.ones(n, n, dtype=torch.bool).tril()
+    scores = torch.einsum("xhd,yhd->hxy", q, k).masked_fill(~allowed, float("-inf")) * d**-0.5
+    return torch.einsum("hxy,yhd->xhd", scores.softmax(-1), v)
+
+
+def test_moba_gate_matches_moba_naive_semantics():
+    """MoBA per token, causal (its defaults: own block kept, no sink) equals MoBA's reference on the same q, k, v."""
+    torch.manual_seed(2)
+    n, chunk, topk = 150, 16, 3
+    q, k, v = (torch.randn(n, H, 8, dtype=torch.float64) for _ in range(3))
+    core = Attention(D, H, sparse_attention="moba", block_size=chunk, topk_blocks=topk, min_tokens=0).sparse
+    assert (core.select, core.own_block, core.sink) == ("token", True, False)
+    core.kernel = "sdpa"
+    out, _ = core(None, *(t.permute(1, 0, 2)[None] for t in (q, k, v)), None, True, False, 0.0)
+    ref = _moba_naive_rewrite(q, k, v, chunk, topk)
+    assert (out[0].permute(1, 0, 2) - ref).abs().max() <= 1e-6
+    dense = F.scaled_dot_product_attention(*(t.permute(1, 0, 2) for t in (q, k, v)), is_causal=True)
+    assert (dense.permute(1, 0, 2) - ref).abs().max() > 1e-3
+
+
+class _CaptureTopk(torch.overrides.TorchFunctionMode):
+    """Records the tensor `topk` is called on (transformers' indexer returns indices only)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scores = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.topk, torch.Tensor.topk):
+            self.scores = args[0]
+        return func(*args, **(kwargs or {}))
+
+
+def test_indexer_scores_match_transformers_deepseek_v32():
+    """Our lightning indexer's token scores equal transformers' DeepseekV32Indexer with the same weights (no
+    rotary: cos 1, sin 0; its query latent is the token itself), and so do its top-k picks."""
+    from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import DeepseekV32Indexer
+
+    cfg = DeepseekV32Config(hidden_size=D, q_lora_rank=D, index_n_heads=4, index_head_dim=16, qk_rope_head_dim=8,
+                            index_topk=8)
+    torch.manual_seed(3)
+    theirs = DeepseekV32Indexer(cfg, layer_idx=0)
+    for p in theirs.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    ours = LightningIndexer(D, heads=4, head_dim=16)
+    ours.load_state_dict({"wq.weight": theirs.wq_b.weight, "wk.weight": theirs.wk.weight,
+                          "k_norm.weight": theirs.k_norm.weight, "k_norm.bias": theirs.k_norm.bias,
+                          "weights_proj.weight": theirs.weights_proj.weight})
+    x = torch.randn(2, 40, D)
+    rope = (torch.ones(2, 40, 8), torch.zeros(2, 40, 8))
+    with _CaptureTopk() as cap:
+        picks = theirs(x, x, rope, torch.ones(2, 40, 40, dtype=torch.bool), None)
+    mine = ours(x)
+    assert (mine - cap.scores).abs().max() <= 1e-5 and mine.abs().max() > 0.1
+    assert torch.equal(mine.topk(8, -1).indices.sort(-1).values, picks.long().sort(-1).values)
+
+
+def test_indexer_kl_is_deepseeks_loss_and_trains_the_indexer_only():
+    """The warm-up loss equals KL(p || softmax(I)) written with F.kl_div, p the dense attention summed over heads;
+    its gradient reaches the indexer and nothing else, and attention stays dense in the warm-up."""
+    att, dense = _pair("dsa", topk_blocks=2)
+    set_indexer_stage(att, "warmup")
+    x = torch.randn(2, 48, D, dtype=torch.float64)
+    out, _ = att(x)
+    assert (out - dense(x)[0]).abs().max() <= 1e-6
+    q, k, _ = att._qkv(x)
+    p = ((q @ k.transpose(-2, -1)) / math.sqrt(D // H)).softmax(-1).sum(1)
+    p = p / p.sum(-1, keepdim=True)
+    want = F.kl_div(att.sparse.indexer(x).log_softmax(-1), p, reduction="none").sum(-1).mean()
+    loss = indexer_loss(att)
+    assert abs(loss.item() - want.item()) <= 1e-5
+    loss.backward()
+    assert all(p.grad is not None for p in att.sparse.indexer.parameters())
+    assert att.qkv.weight.grad is None
+    set_indexer_stage(att, "sparse")
+    att(x)
+    assert indexer_loss(att) is not None and indexer_loss(att).item() < loss.item()  # restricted: fewer keys
+    set_indexer_stage(att, None)
+    att(x)
+    assert indexer_loss(att) is None
+
+
+def test_dense_below_crossover_says_so_once():
+    torch.manual_seed(0)
+    att = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=1, min_tokens=64)
+    dense = Attention(D, H)
+    dense.load_state_dict(att.state_dict())
+    x = torch.randn(1, 40, D)
+    sa._WARNED.discard("crossover")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out, _ = att(x)
+        att(x)
+    assert sum("runs dense below 64 tokens" in str(m.message) for m in w) == 1
+    assert torch.equal(out, dense(x)[0])
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(sparse_attention="nsa"), "unknown sparse_attention 'nsa'"),
+    (dict(sparse_attention="dsa", topk_blocks=2, density=0.5), "either topk_blocks or density"),
+    (dict(sparse_attention="dsa", density=1.5), "density must be in"),
+    (dict(sparse_attention="moba", sparse_select="tile"), "unknown sparse_select 'tile'"),
+])
+def test_bad_options_say_what_is_wrong(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Attention(D, H, **bad)
+
+
+def _sdpa_kernel(model):
+    for m in sa.sparse_modules(model):
+        m.kernel = "sdpa"  # FlexAttention compiled would take a minute here; its numbers are tested above
+    return model
+
+
+def test_models_take_sparse_attention_and_rollout_reads_sparse_maps():
+    """create_model and TextEncoder build the option into every block; every block kept is the dense model;
+    a sparse model's maps hold zeros off the selection and rollout runs on them."""
+    import vit
+    from vit.explain.rollout import attention_rollout
+
+    opts = dict(img_size=64, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
+    torch.manual_seed(0)
+    dense = vit.create_model("vit_tiny_patch16_224", **opts).eval()
+    every = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa", sparse_block_size=8,
+                             sparse_topk_blocks=100, sparse_min_tokens=0).eval()
+    every.load_state_dict(dense.state_dict(), strict=False)
+    x = torch.randn(2, 3, 64, 64)
+    assert (_sdpa_kernel(every)(x) - dense(x)).abs().max() <= 1e-5
+    few = _sdpa_kernel(vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="moba",
+                                        sparse_block_size=8, sparse_topk_blocks=2, sparse_min_tokens=0).eval())
+    assert [type(b.attn.sparse).__name__ for b in few.blocks] == ["SparseAttention"] * 2
+    _, maps = few.forward_with_attention(x)
+    assert (maps[0] == 0).float().mean() > 0.5 and torch.allclose(maps[0].sum(-1), torch.ones(2, H, 65))
+    r = attention_rollout(maps)
+    assert torch.isfinite(r).all()
+
+    text = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True, sparse_attention="moba", sparse_block_size=S,
+                           sparse_topk_blocks=100, sparse_min_tokens=0)
+    plain = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True)
+    plain.load_state_dict(text.state_dict())
+    ids, keep = torch.randint(0, 50, (2, 70)), torch.ones(2, 70, dtype=torch.long)
+    keep[0, 50:] = 0
+    a, b = text(ids, keep), plain(ids, keep)
+    assert (a.pooler_output - b.pooler_output).abs().max() <= 1e-5
+
+
+def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
+    import vit
+
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=1, num_heads=H)
+    m.set_sparse_attention("moba:0.5:block")
+    core = m.blocks[0].attn.sparse
+    assert (core.method, core.density, core.select, core.own_block, core.sink) == ("moba", 0.5, "block", True, False)
+    with pytest.raises(ValueError, match="no trained DSA indexer"):
+        m.set_sparse_attention("dsa")
+    m.set_sparse_attention("none")
+    assert m.blocks[0].attn.sparse is None
+    with pytest.raises(ValueError, match="density 'x' is not a number"):
+        m.set_sparse_attention("moba:x")
+
+
+def test_indexer_schedule_freezes_all_but_the_indexer_then_restores():
+    import vit
+
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
+                         sparse_attention="dsa")
+    m.cls_token.requires_grad_(False)  # frozen by the user: stays frozen
+    assert sa.indexer_schedule(m, 0, 2) == "warmup"
+    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
+    assert trainable and all(".indexer." in n for n in trainable)
+    assert sa.indexer_schedule(m, 2, 2) == "sparse"
+    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
+    assert frozen == {"cls_token"}
+    assert sa.indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
+
+
+def test_config_refuses_unknown_sparse_values():
+    from vit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="'model.sparse_attention' must be one of 'dsa', 'moba', got 'nsa'"):
+        load_config(None, ["--model.sparse_attention=nsa"])
+    with pytest.raises(ConfigError, match="set one of them"):
+        load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.2",
+                           "--model.sparse_topk_blocks=2"])
+    cfg = load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.25",
+                             "--model.sparse_select=token", "--optim.indexer_warmup_steps=5"])
+    from vit.models import build_model
+
+    m = build_model(cfg, 3)
+    core = m.blocks[0].attn.sparse
+    assert (core.method, core.density, core.select) == ("dsa", 0.25, "token")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="the goal is not met yet: after 60 warm-up and 20 sparse steps the indexer's KL falls "
+                   "from 0.87 to 0.09 but DSA at 1/4 density keeps 55% of dense accuracy (0.54 vs 0.98)")
+def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
+    """The long-sequence recall task at test size: the dense model learns it, and DSA at 25% density, trained
+    with the two stages, keeps 99% of its accuracy (scripts/sparse_recall.py; the full-size figure is in the docs)."""
+    import importlib.util
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("sparse_recall", ROOT / "scripts" / "sparse_recall.py")
+    recall = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recall)
+    args = recall.build_parser().parse_args([
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "60",
+        "--sparse-steps", "20", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--dim", "32", "--long-batch", "16", "--eval", "128"])
+    out = recall.run(args)
+    assert out["dense_acc"] > 0.8  # chance: 1/8
+    assert out["sparse"]["0.25"]["of_dense"] >= 0.99
+
+
+def test_dense_weights_load_into_a_dsa_model(tmp_path):
+    """Fine-tuning a dense checkpoint with DSA: every dense tensor loads, the indexers alone start untrained."""
+    from safetensors.torch import save_file
+
+    import vit
+    from vit.hub import load_pretrained
+
+    opts = dict(img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
+    dense = vit.create_model("vit_tiny_patch16_224", **opts)
+    save_file(dense.state_dict(), tmp_path / "w.safetensors")
+    m = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa")
+    report = load_pretrained(m, tmp_path / "w.safetensors")
+    assert "10 DSA indexer tensors start untrained" in str(report)  # 5 per block
+    assert torch.equal(m.blocks[1].attn.qkv.weight, dense.blocks[1].attn.qkv.weight)
+    with pytest.raises(ValueError, match="missing: blocks.0.attn.qkv.weight"):
+        state = {k: v for k, v in dense.state_dict().items() if k != "blocks.0.attn.qkv.weight"}
+        save_file(state, tmp_path / "cut.safetensors")
+        load_pretrained(m, tmp_path / "cut.safetensors")
