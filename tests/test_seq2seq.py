@@ -1,4 +1,4 @@
-"""The decoder and encoder-decoder: torch.nn.Transformer as the oracle, the KV cache against the full forward, beam search against exhaustive search."""
+"""Decoder and encoder-decoder: nn.Transformer as the oracle, KV cache vs full forward, beam vs exhaustive search."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Attention", "CachedSelfAttention", "CrossAttention", "attend", "expand_mask", "masked_scores", "merge_heads",
-           "sdpa_mask", "split_heads"]
+__all__ = ["Attention", "CachedSelfAttention", "CrossAttention", "attend", "expand_mask", "masked_scores",
+           "merge_heads", "sdpa_mask", "split_heads"]
 
 
 def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:

@@ -51,9 +51,11 @@ class DecoderCache:
     def repeat_interleave(self, k: int) -> None:
         """Each source's row repeated `k` times (rows b*k .. b*k + k-1), for k beams per source: the memory's keys
         and values are copied, not computed again."""
+        def repeat(kv: KV | None) -> KV | None:
+            return None if kv is None else (kv[0].repeat_interleave(k, 0), kv[1].repeat_interleave(k, 0))
+
         for layer in self.layers:
-            layer.self_kv = None if layer.self_kv is None else tuple(t.repeat_interleave(k, 0) for t in layer.self_kv)
-            layer.cross_kv = None if layer.cross_kv is None else tuple(t.repeat_interleave(k, 0) for t in layer.cross_kv)
+            layer.self_kv, layer.cross_kv = repeat(layer.self_kv), repeat(layer.cross_kv)
         if self.memory_mask is not None:
             self.memory_mask = self.memory_mask.repeat_interleave(k, 0)
 
