@@ -11,6 +11,7 @@ from torch import nn
 import vit
 from vit.layers import CachedSelfAttention, CrossAttention
 from vit.models.decoder import TextDecoder
+from vit.models.generation import beam_search
 from vit.models.seq2seq import Seq2Seq
 
 D, H = 32, 4
@@ -140,8 +141,7 @@ def test_beam_one_equals_greedy():
     src, mask = _source()
     for penalty in (0.0, 1.0):
         greedy = m.generate(src, mask, max_new_tokens=10, length_penalty=penalty)
-        beam = vit.models.generation.beam_search(m.decoder, *m.encode(src, mask), BOS, EOS, PAD, 10, num_beams=1,
-                                                 length_penalty=penalty)
+        beam = beam_search(m.decoder, *m.encode(src, mask), BOS, EOS, PAD, 10, num_beams=1, length_penalty=penalty)
         assert torch.equal(greedy.sequences, beam.sequences)
         torch.testing.assert_close(greedy.scores, beam.scores, atol=1e-6, rtol=0)
 
@@ -279,3 +279,60 @@ def test_cached_self_attention_is_attention_step_by_step(fused):
     torch.testing.assert_close(torch.cat([a, b], 1), ref, atol=1e-5, rtol=0)
     assert past[0].shape == (2, H, 7, D // H) and probs.shape == (2, H, 3, 7)
     assert (probs[:, :, 0, 5:] == 0).all() and (probs[:, :, 0, :5] > 0).all()  # token 4 sees keys 0..4
+
+
+# --- the two examples -----------------------------------------------------------------------------------------
+
+
+def _example(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if f"_example_{name}" not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"_example_{name}", path)
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules[f"_example_{name}"]
+
+
+def test_numerals_are_written_as_people_write_them():
+    ex = _example("translate_numerals")
+    known = {
+        7: ("七", "seven"), 10: ("十", "ten"), 12: ("十二", "twelve"), 20: ("二十", "twenty"),
+        101: ("一百零一", "one hundred one"), 110: ("一百一十", "one hundred ten"),
+        321: ("三百二十一", "three hundred twenty one"), 1005: ("一千零五", "one thousand five"),
+        1010: ("一千零一十", "one thousand ten"), 1100: ("一千一百", "one thousand one hundred"),
+        10010: ("一万零一十", "ten thousand ten"), 11000: ("一万一千", "eleven thousand"),
+        30000: ("三万", "thirty thousand"), 40506: ("四万零五百零六", "forty thousand five hundred six"),
+        99999: ("九万九千九百九十九", "ninety nine thousand nine hundred ninety nine"),
+    }
+    assert {n: (ex.chinese(n), " ".join(ex.english(n))) for n in known} == known
+    sources = {ex.chinese(n) for n in range(1, 100_000)}
+    assert len(sources) == 99_999  # one numeral per number: the task is a function, exact match is reachable
+    train, test = ex.split_numbers(999, 0.1, 0)
+    assert not set(train) & set(test) and len(test) == 99
+
+
+@pytest.mark.slow
+def test_translate_numerals_learns_held_out_numbers():
+    """examples/translate_numerals.py, test-sized: numbers below 1000, held-out numbers translated exactly."""
+    ex = _example("translate_numerals")
+    model, acc, _, n = ex.run(999, steps=300, batch_size=64, lr=3e-3, dim=32, depth=2, heads=2, beams=1, seed=0)
+    assert acc >= 0.9
+    walk = ex.walk_through(model, n)
+    assert walk[0].startswith(f"source {ex.chinese(n)}") and "'<eos>'" in walk[-1]
+
+
+@pytest.mark.slow
+def test_image_to_text_reads_digits_and_looks_at_them(tmp_path):
+    """examples/image_to_text.py, test-sized: the ViT encoder + decoder read held-out handwriting as words,
+    each word's relevance lies mostly on its own digit, and the picture is written."""
+    ex = _example("image_to_text")
+    model, acc, _, test = ex.run(steps=300, batch_size=64, lr=2e-3, dim=32, depth=2, heads=2, seed=0, test_size=300)
+    assert acc >= 0.6
+    rel, seqs = ex.word_relevance(model, test[0][:50])
+    assert ex.own_digit_share(rel, seqs) > 0.4  # a quarter of the patches or fewer lie on a word's own digit
+    ex.draw(tmp_path / "x.png", test[0][:2], rel[:2], seqs[:2])
+    assert (tmp_path / "x.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
