@@ -141,7 +141,8 @@ def train(model, numbers: list[int], test: list[int], steps: int, batch_size: in
         bar.update()
         if step % eval_every == 0 or step == steps:
             line = (f"step {step}/{steps}  train loss {loss_sum / eval_every:.4f}  held-out exact match "
-                    f"{100 * exact_match(model, test[:500]):.1f}% ({len(test[:500])} numbers)  {time.perf_counter() - t0:.0f} s")
+                    f"{100 * exact_match(model, test[:500]):.1f}% ({len(test[:500])} numbers)  "
+                    f"{time.perf_counter() - t0:.0f} s")
             loss_sum = 0.0
             if bar.disable:
                 print(line, flush=True)
