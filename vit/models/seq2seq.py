@@ -110,11 +110,11 @@ class Seq2Seq(nn.Module):
         """Decode every source: greedy (`num_beams=1`) or beam search, through the KV cache unless
         `use_cache=False` (the whole prefix again at each step: the same tokens, slower). At most
         `max_new_tokens` (default: as many as the decoder's positions allow) ids per source, <eos> included."""
-        limit = self.decoder.max_len - 1  # <bos> takes the first position
+        limit = self.decoder.max_len  # fed: <bos> and all but the last new token, one position each
         max_new_tokens = limit if max_new_tokens is None else max_new_tokens
         if max_new_tokens > limit:
             raise ValueError(f"max_new_tokens={max_new_tokens} is more than the decoder's max_len "
-                             f"{self.decoder.max_len} allows after <bos>; ask for at most {limit}.")
+                             f"{self.decoder.max_len} allows; ask for at most {limit}.")
         if num_beams < 1:
             raise ValueError(f"num_beams must be at least 1, got {num_beams}.")
         memory, memory_mask = self.encode(src, src_mask)
