@@ -17,8 +17,7 @@ from vit.models.seq2seq import Seq2Seq
 D, H = 32, 4
 PAD, BOS, EOS = 0, 1, 2
 # nn.Transformer's own notes on its nested-tensor fast path, not about our code
-NESTED = [pytest.mark.filterwarnings("ignore:enable_nested_tensor"),
-          pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")]
+NESTED = pytest.mark.filterwarnings("ignore:enable_nested_tensor", "ignore:The PyTorch API of nested tensors")
 
 
 def _pair(norm_first: bool, seed: int = 0) -> tuple[nn.Transformer, Seq2Seq]:
@@ -50,8 +49,7 @@ def _model(norm_first: bool = True, seed: int = 1, vocab: int = 13, dtype=torch.
 
 
 @pytest.mark.parametrize("norm_first", [True, False])
-@NESTED[0]
-@NESTED[1]
+@NESTED
 def test_matches_torch_transformer(norm_first):
     """Source padding, causal target mask: our encoder-decoder loaded with nn.Transformer's weights gives its
     decoder outputs (every target position) and its memory (real source tokens) to 1e-5."""
@@ -76,7 +74,7 @@ def test_matches_torch_transformer(norm_first):
         assert (ref_memory[~real] == 0).all() and (memory[~real] != 0).all()
 
 
-@NESTED[0]
+@NESTED
 def test_torch_transformer_mismatch_is_refused_and_copies_nothing():
     torch.manual_seed(0)
     relu = nn.Transformer(D, H, 2, 2, 2 * D, dropout=0.0, batch_first=True)  # PyTorch's default ReLU
