@@ -1,7 +1,7 @@
 """Translate Chinese numerals into English number words: the seed's "我爱 AI -> I love AI" walk-through as a task
 that generates itself.
 
-    python examples/translate_numerals.py --out runs/numerals     # about 5 minutes on 2 CPU cores, >= 99%
+    python examples/translate_numerals.py --out runs/numerals     # 60 s of CPU time, 99.98% exact match
 
 "三百二十一" -> "three hundred twenty one", for every number 1 .. 99,999: the source is read character by
 character (一 .. 九, 十, 百, 千, 万, 零), the target is written word by word. The rules differ enough to need the
