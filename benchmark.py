@@ -26,28 +26,40 @@ import time
 from contextlib import nullcontext
 
 
+def count(least: int):
+    """An argparse type: an int of at least `least` (a repeat count of 0 has no median; a batch of 0 times nothing)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's 'invalid int value' for text that is not a number
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli_help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="vit_small_patch16_224", help="a vit.list_models() name (timm's too)")
-    ap.add_argument("--batch-size", type=int, default=32, help="images per timed call")
-    ap.add_argument("--img-size", type=int, default=224, help="input height and width")
+    ap.add_argument("--batch-size", type=count(1), default=32, help="images per timed call")
+    ap.add_argument("--img-size", type=count(1), default=224, help="input height and width")
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
     ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available, else cpu)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed calls before measuring")
-    ap.add_argument("--repeats", type=int, default=5, help="timed repeats per model (medians are reported)")
-    ap.add_argument("--iters", type=int, default=1, help="calls per timed repeat")
-    ap.add_argument("--peak-size", type=int, default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
-    ap.add_argument("--scaling", type=int, nargs="*", default=None,
+    ap.add_argument("--warmup", type=count(0), default=2, help="untimed calls before measuring")
+    ap.add_argument("--repeats", type=count(1), default=5, help="timed repeats per model (medians are reported)")
+    ap.add_argument("--iters", type=count(1), default=1, help="calls per timed repeat")
+    ap.add_argument("--peak-size", type=count(1), default=2048, help="matrix size for the matmul peak (CUDA: >= 8192)")
+    ap.add_argument("--scaling", type=count(1), nargs="*", default=None,
                     help="image sizes for the token-scaling table (default: none)")
-    ap.add_argument("--scaling-repeats", type=int, default=2, help="timed repeats per size in the scaling table")
+    ap.add_argument("--scaling-repeats", type=count(1), default=2, help="timed repeats per size in the scaling table")
     ap.add_argument("--no-model", action="store_true", help="skip the throughput comparison")
     ap.add_argument("--data", action="store_true", help="benchmark the input pipeline")
-    ap.add_argument("--data-images", type=int, default=100, help="--data: 500x375 JPEGs to time")
-    ap.add_argument("--data-repeats", type=int, default=5, help="--data: timed passes")
-    ap.add_argument("--data-large", type=int, default=20, help="2000x1500 JPEGs to time too (0: none)")
+    ap.add_argument("--data-images", type=count(1), default=100, help="--data: 500x375 JPEGs to time")
+    ap.add_argument("--data-repeats", type=count(1), default=5, help="--data: timed passes")
+    ap.add_argument("--data-large", type=count(0), default=20, help="2000x1500 JPEGs to time too (0: none)")
     ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
                     help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
     ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
@@ -448,7 +460,7 @@ def bench_token_reduction(args, device) -> dict:
     ref = timm.create_model(name, pretrained=False, img_size=img, patch_size=base.patch_embed.patch_size,
                             embed_dim=base.embed_dim, depth=len(base.blocks), num_heads=blk.attn.num_heads,
                             mlp_ratio=blk.mlp.fc1.out_features / base.embed_dim, num_classes=base.num_classes,
-                            global_pool=base.global_pool).to(device)
+                            global_pool=base.global_pool, in_chans=base.in_chans).to(device)
     ref.load_state_dict(base.state_dict())
     opt = OptimConfig(lr=1e-4, weight_decay=0.05)
     sides = [Side("ours", base, build_optimizer(base, opt), device, args.precision)]
@@ -468,7 +480,7 @@ def bench_token_reduction(args, device) -> dict:
                 hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
             acc[s.name] = hits / len(val)
     B = args.batch_size
-    x = torch.randn(B, 3, img, img, device=device)
+    x = torch.randn(B, base.in_chans, img, img, device=device)  # a grey checkpoint takes one channel
     y = torch.randint(0, base.num_classes, (B,), device=device)
     times = interleaved(sides, lambda s: (lambda: s.infer(x)), device, args.warmup, args.repeats, args.iters)
     trained = [s for s in sides if s.name in ("ours", "timm") or s.name.startswith("topk")]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,12 +55,14 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 from torch.utils.data import DataLoader, Dataset
 
 from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.outputs import OutputLock, check_writable
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.inference import load_model_and_config  # shared with predict.py
 from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
 from vit.plots import plot_confusion, plot_reliability
 from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
+from vit.utils.untrusted_text import printable
 
 
 class Indexed(Dataset):
@@ -88,7 +91,15 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    model, cfg, ckpt_classes = load_model_and_config(args, overrides)
+    out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
+                                                 else Path("runs") / f"eval-{args.model}")
+    check_writable(out_dir)  # before the model loads or an image is read
+    model, cfg, ckpt_classes = load_model_and_config(args, overrides)  # (a missing checkpoint: before its eval/)
+    with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
+        return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
+
+
+def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     if args.token_reduction is not None:
         model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
         cfg.model.token_reduction = args.token_reduction
@@ -97,8 +108,6 @@ def main(argv=None) -> int:
     if ckpt_classes is None and len(classes) != model.num_classes:
         raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
                         "evaluate on data with the classes the model was trained on.")
-    out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
-                                                 else Path("runs") / f"eval-{args.model}")
     accelerator = make_accelerator()
     batch_size = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
     if cfg.data.dataset == "wds":  # shards are dealt to processes by the loader itself, not prepared (vit/wds.py)
@@ -161,14 +170,15 @@ def main(argv=None) -> int:
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
-        names = "; ".join(bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
+        names = "; ".join(printable(b) for b in bad[:5]) + (f" ... and {len(bad) - 5} more" if len(bad) > 5 else "")
         print(f"skipped {metrics['skipped']} unreadable image(s)" + (f": {names}" if names else
                                                                       ", named in the warnings above"))
     top5 = f"   top-5 {100 * metrics['top5']:.2f}%" if metrics["top5"] is not None else ""
     print(f"top-1 {100 * metrics['top1']:.2f}%{top5}   loss {metrics['loss']:.4f}   ECE {ece:.4f}\n")
-    width = max(len("weighted avg") + 2, max(len(c) for c in classes) + 2)  # the average rows align too
+    shown = [printable(c) for c in classes]  # a class name's escape sequences are shown, not obeyed
+    width = max(len("weighted avg") + 2, max(len(c) for c in shown) + 2)  # the average rows align too
     print(f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
-    for c, r in zip(classes, rows):
+    for c, r in zip(shown, rows):
         print(f"{c:<{width}}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}{r['support']:>10d}")
     for name in ("macro", "weighted"):
         a = avgs[name]

@@ -56,11 +56,16 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import torch
 
 from vit.atomic import atomic_write_csv, atomic_write_text
+from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
 from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.transforms import build_transform
+from vit.utils.untrusted_text import printable
+
+# what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
+OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
 
 
 def parse_args(argv):
@@ -103,8 +108,10 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     return path
 
 
-def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int) -> None:
-    """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot)."""
+def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int,
+               final: Path | None = None) -> None:
+    """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot),
+    written into `out`; rows name them as they will be in `final` (the --out they are moved to)."""
     from vit.plots import plot_attention_map, to_display
     from vit.rollout import attention_maps
 
@@ -116,11 +123,17 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
             path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}.png"
             title = f"{Path(row['path']).name}: {row['pred1_name']} ({100 * row['prob1']:.1f}%)  |  rollout"
             plot_attention_map(path, to_display(x[j], cfg.aug.mean, cfg.aug.std), maps[j].numpy(), title)
-            row["cam"] = str(path)
+            row["cam"] = str((final or out) / path.relative_to(out))
 
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    check_writable(args.out)  # before the model loads or an image is read
+    with OutputLock(args.out, hold=os.environ.get("RANK", "0") == "0"):  # one predict per --out at a time
+        return _predict(args, overrides)
+
+
+def _predict(args, overrides) -> int:
     if not args.images:
         raise DataError("no images given; pass image files, folders, globs or a .txt list of paths.")
     paths, skipped = collect_images(args.images)
@@ -151,20 +164,23 @@ def main(argv=None) -> int:
     good = [i for i, flag in zip(index, ok.tolist()) if flag]
     skipped += [(str(paths[i]), decode_error(paths[i], transform)) for i, flag in zip(index, ok.tolist()) if not flag]
     dest = Path(args.out)
-    dest.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(dest / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
+    staging = new_staging(dest, "predict")  # everything is written here, then replaces the previous run's outputs
+    atomic_write_csv(staging / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
     if not good:
+        publish(staging, dest, OWNED)
         raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
     rows = rows_for([paths[i] for i in good], out["logits"][ok], classes, args.topk)
     if args.cam:
-        write_cams(model, dataset, rows, good, cfg, dest, batch)
-    written = write_rows(dest, args.format, rows)
+        write_cams(model, dataset, rows, good, cfg, staging, batch, dest)
+    written = dest / write_rows(staging, args.format, rows).name
+    publish(staging, dest, OWNED)
 
     print(f"{len(rows)} image(s), {num_processes} process(es), {len(paths) / max(seconds, 1e-9):.0f} images/s; "
           f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
     for r in rows[:5]:
-        print(f"  {r['path']}: {r['pred1_name']} {100 * r['prob1']:.1f}%")
-    print(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}" + (f" and {dest}/cam/" if args.cam else ""))
+        print(f"  {printable(r['path'])}: {printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
+    cams = f" and {dest}/cam/" if args.cam else ""
+    print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}{cams}", keep="\n"))
     return 0
 
 

@@ -28,12 +28,18 @@ if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]): 
     print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
 
+if __name__ == "__main__":  # SIGTERM while torch loads: one line and exit 143 too (vit/train/preemption.py)
+    from vit.train import preemption as _preemption
+
+    _preemption.install(early=True)
+
 from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
 
 from vit.atomic import atomic_write_text
+from vit.cli.outputs import check_writable
 from vit.config import Config, ConfigError, diff, dump, load_config
 from vit.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
@@ -44,6 +50,7 @@ from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from her
     finished,
     mix_batch,
     save_state_if_due,
+    stop_if_preempted,
     train_one_epoch,
     trim_metrics,
 )
@@ -52,9 +59,11 @@ from vit.optim import build_optimizer
 from vit.plots import plot_curves
 from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
 from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
+from vit.train import preemption
 
 
 def main(argv: list[str] | None = None) -> int:
+    preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
@@ -68,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(accelerator)
     cfg.run.mixed_precision = accelerator.mixed_precision  # the precision that runs (not null) is saved and printed
     if accelerator.is_main_process:  # fail before any data is read; the lock itself is taken below
-        check_writable(run_dir)
+        check_writable(run_dir, "the output folder", "set run.output_dir to a writable folder")
         check_not_locked(run_dir)
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
@@ -100,10 +109,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- loop: one save policy (vit/engine.py: state_save_due) ------------------------------------------------
     console.start_progress(run.total_steps, run.state.step)
-    while not finished(run):
-        stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
-        evaluate_and_checkpoint(run, stats)
-        save_state_if_due(run, "epoch")
+    with preemption.deferred():  # SIGTERM: finish the step, save a state, exit 143 (vit/train/preemption.py)
+        while not finished(run):
+            stats = train_one_epoch(run)  # saves mid-epoch states as due (run.save_state_every, run.max_steps)
+            evaluate_and_checkpoint(run, stats)
+            save_state_if_due(run, "epoch")
+            stop_if_preempted(run, saved=True)
     console.close()
     finish(run)
     return 0
@@ -129,20 +140,6 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
             rest.append(a)
         i += 1
     return config, rest
-
-
-def check_writable(run_dir: Path) -> None:
-    """Fail early, creating nothing, if the run folder could not be made or written."""
-    import tempfile
-
-    existing = run_dir.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    try:  # a real attempt (permission bits say nothing to root): a temporary folder, removed at once
-        os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
-    except OSError as e:
-        raise ConfigError(f"cannot write to the output folder {run_dir} ({existing}: {e.strerror}); "
-                          "set run.output_dir to a writable folder.") from None
 
 
 def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:

@@ -65,6 +65,7 @@ import torch
 
 from vit.atomic import atomic_write_bytes, atomic_write_text
 from vit.checkpoint import load_checkpoint
+from vit.cli.outputs import OutputLock, check_writable
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
 from vit.decode import BadImageError
 from vit.layers.token_reduction import TopK
@@ -72,6 +73,7 @@ from vit.plots import plot_attention_map, to_display
 from vit.rollout import attention_maps
 from vit.runtime import run_cli
 from vit.transforms import build_transform
+from vit.utils.untrusted_text import printable
 
 
 def parse_args(argv):
@@ -234,6 +236,12 @@ def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.nda
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    check_writable(args.out)  # before the model loads or an image is read
+    with OutputLock(args.out):  # one visualization per --out at a time
+        return _visualize(args)
+
+
+def _visualize(args) -> int:
     model, cfg, classes, _ = load_checkpoint(args.checkpoint)
     check_options(args, len(model.blocks))
     if args.token_reduction is not None:
@@ -258,7 +266,7 @@ def main(argv=None) -> int:
             try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
                 x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
             except BadImageError as e:
-                print(f"skipping {e}", file=sys.stderr)
+                print(f"skipping {printable(e)}", file=sys.stderr)
                 skipped += 1
                 continue
             batch.append(x)

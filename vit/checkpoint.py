@@ -1,9 +1,10 @@
 """Run folders and checkpoints, written atomically, read without unpickling anything.
 
 A model checkpoint is a folder holding `model.safetensors` (weights), `config.yaml` (the resolved config),
-`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written to a
-temporary name, fsync'ed and renamed over the old one, so a process killed mid-write leaves the previous
-complete file in place. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
+`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written
+into a temporary folder beside it, fsync'ed, and the folder is swapped in as a whole (vit/atomic.py:
+replace_dir), so a process killed mid-save leaves the previous complete checkpoint, weights and meta.json
+together. Accelerate's training state (optimizer, RNG, step) is saved into a fresh temporary
 folder that is renamed to `state/step-XXXXXXXX` only once complete. Its `COMPLETE` marker is a manifest (size
 and SHA-256 of every file): `verify_state` checks it before anything is loaded, so a truncated, corrupted or
 planted file is never read, and `latest_state` falls back to the older kept state. Nothing in a state is
@@ -30,11 +31,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save
 
-from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode
-from .config import Config, dump, from_dict, read_yaml
+from .atomic import atomic_write_bytes, atomic_write_text, fsync_dir, new_file_mode, recover_dir, replace_dir
+from .config import Config, dump, from_dict, read_yaml, withhold_remote_sources
 from .factory import build_model  # re-exported: its home is vit.factory, beside the config
 from .faults import fault_point
 from .hub import split_tag, timm_config
+from .pretrained import check_finite, check_weights
 from .vision import VisionTransformer
 
 log = logging.getLogger(__name__)
@@ -59,22 +61,31 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     folder = Path(folder)
     weights = model.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-    check_finite(state, f"refusing to save {folder}")
+    check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
     # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
-    folder.mkdir(parents=True, exist_ok=True)
-    metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
-    atomic_write_bytes(folder / "model.safetensors", save(state, metadata=metadata))
-    fault_point("checkpoint", int((meta or {}).get("step", -1)))
-    atomic_write_text(folder / "config.yaml", dump(cfg))
-    atomic_write_text(folder / "classes.json", json.dumps(classes, indent=1))
-    atomic_write_text(folder / "meta.json", json.dumps(meta or {}, indent=1))
-    # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
-    arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
-    aug = cfg.aug  # resolved above: what the pipeline used
-    data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
-    atomic_write_text(folder / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
+    # the whole folder at once: written beside it, then swapped in (a kill between files leaves the old one whole)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(folder, f".tmp-{folder.name}-*")
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
+        atomic_write_bytes(tmp / "model.safetensors", save(state, metadata=metadata))
+        fault_point("checkpoint", int((meta or {}).get("step", -1)))
+        atomic_write_text(tmp / "config.yaml", dump(cfg))
+        atomic_write_text(tmp / "classes.json", json.dumps(classes, indent=1))
+        atomic_write_text(tmp / "meta.json", json.dumps(meta or {}, indent=1))
+        # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
+        arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+        aug = cfg.aug  # resolved above: what the pipeline used
+        data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
+        atomic_write_text(tmp / "config.json", json.dumps(timm_config(model, arch, classes, data), indent=2))
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return folder
 
 
@@ -101,6 +112,11 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
             raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
+    withhold_remote_sources(cfg)  # a pipe: or URL data source from a folder one was handed is never run or fetched
+    try:
+        check_weights(state, folder / "model.safetensors")  # non-float or non-finite: refused, not cast
+    except (ValueError, FloatingPointError) as e:
+        raise CheckpointError(str(e)) from None
     model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
@@ -123,13 +139,6 @@ def _metadata(path: Path) -> dict:
 
     with safe_open(str(path), framework="pt") as f:
         return f.metadata() or {}
-
-
-def check_finite(state: dict[str, torch.Tensor], what: str) -> None:
-    """Raise FloatingPointError naming the first floating-point tensor holding inf or NaN."""
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise FloatingPointError(f"{what}: {k} holds non-finite values; lower optim.lr or enable optim.clip_grad.")
 
 
 def state_dir_name(step: int) -> str:
@@ -218,6 +227,21 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
         for stale in root.glob(".tmp-*"):  # left by a process killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
     accelerator.wait_for_everyone()
+    try:
+        _write_state(accelerator, tmp, final, root, step, keep, extra)
+    except OSError as e:  # a full disk, a quota, a folder gone read-only: the partial folder goes, the older stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = [p.name for p in sorted(root.glob("step-*")) if (p / "COMPLETE").is_file()]
+        kept_note = f"the older state {root / kept[-1]} is untouched" if kept else "no earlier state was saved"
+        raise CheckpointError(f"could not save the training state of step {step} into {root} "
+                              f"({e.strerror or e}); {kept_note}; free space or fix the folder, then continue "
+                              "with --resume=auto.") from None
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _write_state(accelerator, tmp: Path, final: Path, root: Path, step: int, keep: int,
+                 extra: dict[str, bytes] | None) -> None:
     accelerator.save_state(str(tmp), safe_serialization=True)
     if accelerator.is_main_process:
         for name, data in (extra or {}).items():
@@ -240,5 +264,3 @@ def save_state_atomic(accelerator, run_dir: str | Path, step: int, keep: int = 2
         old = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))[:-keep]
         for p in old:
             shutil.rmtree(p, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final

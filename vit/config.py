@@ -20,7 +20,9 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff"]
+__all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff",
+           "withhold_remote_sources", "check_data_sources", "is_remote_source",
+           "check_model_args", "check_preprocessing"]
 
 
 class ConfigError(ValueError):
@@ -86,6 +88,7 @@ class DataConfig:
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")
+MIN_CROP_PCT = 0.1  # a smaller centre-crop share resizes images to over 10x the model's input before cropping
 
 
 @dataclass
@@ -114,9 +117,17 @@ class AugConfig:
     def resolved(self, pretrained_cfg: dict | None = None, in_chans: int = 3) -> AugConfig:
         """A copy with mean, std, eval_crop_pct and interpolation filled where unset: from the weights'
         pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
-        0.5, 1.0 and bilinear. A ViT fine-tuned with other statistics than its weights saw loses accuracy
+        0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
+        one sentence if not); statistics for the weights' own channel count when the model has another (RGB
+        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses accuracy
         silently, so values the config sets are kept and everything else follows the weights."""
         p = pretrained_cfg or {}
+        own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
+        own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
+        unset = {"mean": self.mean, "std": self.std, "crop_pct": self.eval_crop_pct}
+        check_preprocessing({k: p.get(k) for k, v in unset.items() if v is None}, own,
+                            lambda k: f"the weights' pretrained config (config.json pretrained_cfg) '{k}'",
+                            lambda k: f"; fix it there, or set --aug.{'eval_crop_pct' if k == 'crop_pct' else k}")
 
         def pick(value, key, fallback, usable):
             if value is not None:
@@ -127,9 +138,34 @@ class AugConfig:
             self,
             mean=[float(v) for v in pick(self.mean, "mean", [0.5] * in_chans, lambda v: len(v) == in_chans)],
             std=[float(v) for v in pick(self.std, "std", [0.5] * in_chans, lambda v: len(v) == in_chans)],
-            eval_crop_pct=float(pick(self.eval_crop_pct, "crop_pct", 1.0, lambda v: 0 < v <= 1)),
+            eval_crop_pct=float(pick(self.eval_crop_pct, "crop_pct", 1.0, lambda v: True)),
             interpolation=pick(self.interpolation, "interpolation", "bilinear", lambda v: v in INTERPOLATIONS),
         )
+
+
+def check_preprocessing(values: dict[str, Any], channels: int, name, advice=lambda key: "") -> None:
+    """The checks every source of preprocessing passes (the config's aug.* keys, a weights' pretrained_cfg):
+    `mean` and `std` lists of `channels` finite numbers, `std` positive (images are divided by it), `crop_pct`
+    in [MIN_CROP_PCT, 1]; None: unset. Raises ConfigError: `name(key)` says where the value came from, and
+    `advice(key)` is added before the full stop."""
+    for key in ("mean", "std"):
+        v = values.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, (list, tuple)) or not all(type(x) in (int, float) for x in v):
+            raise ConfigError(f"{name(key)} must be a list of numbers, got {v!r}{advice(key)}.")
+        if not all(math.isfinite(x) for x in v):
+            raise ConfigError(f"{name(key)} must hold finite numbers, got {list(v)}{advice(key)}.")
+        if len(v) != channels:
+            raise ConfigError(f"{name(key)} needs {channels} values (one per input channel), got {list(v)}"
+                              f"{advice(key)}.")
+        if key == "std" and any(x <= 0 for x in v):
+            raise ConfigError(f"{name(key)} must hold positive values (images are divided by it), got {list(v)}"
+                              f"{advice(key)}.")
+    crop = values.get("crop_pct")
+    if crop is not None and (type(crop) not in (int, float) or not MIN_CROP_PCT <= crop <= 1):
+        raise ConfigError(f"{name('crop_pct')} must be between {MIN_CROP_PCT} and 1 (the centre crop's share of the "
+                          f"resized image), got {crop!r}{advice('crop_pct')}.")
 
 
 @dataclass
@@ -202,7 +238,9 @@ NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_
 AUTO = {"data.num_workers", "run.num_threads"}
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
         "model.attn_drop_rate", "model.drop_path_rate", "aug.label_smoothing", "optim.layer_decay",
-        "optim.ema_decay", "aug.eval_crop_pct"}
+        "optim.ema_decay"}
+# model options that create_model takes but ModelConfig does not hold (they come from a weights' config.json)
+ARG_POSITIVE, ARG_NON_NEGATIVE, ARG_UNIT = {"norm_eps"}, {"num_classes"}, {"pos_drop_rate"}
 
 
 def _check_type(key: str, value: Any, tp: Any) -> Any:
@@ -283,20 +321,7 @@ def validate(cfg: Config) -> None:
     for key in AUTO:  # a count or the word auto (resolved from the machine by vit.runtime)
         if isinstance(flat[key], str) and flat[key] != "auto":
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
-    for key in POSITIVE:
-        if isinstance(flat[key], (int, float)) and flat[key] <= 0:
-            raise ConfigError(f"config key '{key}' must be positive, got {flat[key]!r}.")
-    for key in NON_NEGATIVE:
-        if isinstance(flat[key], (int, float)) and flat[key] < 0:
-            raise ConfigError(f"config key '{key}' must not be negative, got {flat[key]!r}.")
-    for key in UNIT:
-        if flat[key] is not None and not 0 <= flat[key] <= 1:
-            raise ConfigError(f"config key '{key}' must be between 0 and 1, got {flat[key]!r}.")
-    for key, value in flat.items():  # inf or nan passes every comparison below, and trains to NaN weights
-        for i, v in enumerate(value if isinstance(value, list) else [value]):
-            if isinstance(v, float) and not math.isfinite(v):
-                where = f"{key}[{i}]" if isinstance(value, list) else key
-                raise ConfigError(f"config key '{where}' must be a finite number, got {v!r}.")
+    _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
     if cfg.run.overwrite and cfg.run.resume:
@@ -318,14 +343,73 @@ def validate(cfg: Config) -> None:
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
-    if any(v is not None and len(v) != m.in_chans for v in (cfg.aug.mean, cfg.aug.std)):
-        raise ConfigError(f"config keys 'aug.mean' and 'aug.std' need {m.in_chans} values (model.in_chans).")
+    a = cfg.aug
+    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct), m.in_chans,
+                        lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
+                        lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
+
+
+def _check_ranges(flat: dict[str, Any], positive: set, non_negative: set, unit: set) -> None:
+    """Range checks on {'dotted.key': value}: each number finite (inf or nan passes every comparison, and trains
+    to NaN weights), and in range for the keys in `positive`, `non_negative`, `unit` ([0, 1])."""
+    for key in positive & flat.keys():
+        if isinstance(flat[key], (int, float)) and flat[key] <= 0:
+            raise ConfigError(f"config key '{key}' must be positive, got {flat[key]!r}.")
+    for key in non_negative & flat.keys():
+        if isinstance(flat[key], (int, float)) and flat[key] < 0:
+            raise ConfigError(f"config key '{key}' must not be negative, got {flat[key]!r}.")
+    for key in unit & flat.keys():
+        if isinstance(flat[key], (int, float)) and not 0 <= flat[key] <= 1:
+            raise ConfigError(f"config key '{key}' must be between 0 and 1, got {flat[key]!r}.")
+    for key, value in flat.items():
+        for i, v in enumerate(value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(v, float) and not math.isfinite(v):
+                where = f"{key}[{i}]" if isinstance(value, (list, tuple)) else key
+                raise ConfigError(f"config key '{where}' must be a finite number, got {v!r}.")
+
+
+def check_model_args(args: dict[str, Any], hints: dict[str, Any], where: str) -> None:
+    """A model's construction arguments read from a file (a config.json's model_args, with the class count and
+    channels of its pretrained_cfg), checked like the config's model keys before anything is built: the type of
+    `hints` (the model's signature; `int | tuple[int, int]` takes an int or a pair), the ranges of the config's
+    model.* keys, finite numbers, num_heads dividing embed_dim. Keys not in `hints` are left to create_model,
+    which names them. Raises ConfigError: `where`, then 'model_args.<key>' and what is wrong."""
+    flat = {}
+    try:
+        for key, value in args.items():
+            if key not in hints:
+                continue
+            tp, dotted = hints[key], f"model_args.{key}"
+            options = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+            pair = any(typing.get_origin(a) is tuple for a in options)
+            if pair and isinstance(value, (list, tuple)):
+                if len(value) != 2:
+                    raise ConfigError(f"config key '{dotted}' must be an int or a pair of ints, got {value!r}.")
+                flat[dotted] = [_check_type(f"{dotted}[{i}]", v, int) for i, v in enumerate(value)]
+                continue
+            literal = next((a for a in options if typing.get_origin(a) is Literal), None)
+            if literal is not None:
+                if value not in typing.get_args(literal):
+                    shown = ", ".join(repr(c) for c in typing.get_args(literal))
+                    raise ConfigError(f"config key '{dotted}' must be one of {shown}, got {value!r}.")
+                flat[dotted] = value
+                continue
+            plain = [a for a in options if typing.get_origin(a) is not tuple]
+            flat[dotted] = _check_type(dotted, value, typing.Union[tuple(plain)] if len(plain) > 1 else plain[0])
+        named = lambda keys, extra: {f"model_args.{k[6:]}" for k in keys if k.startswith("model.")} | {  # noqa: E731
+            f"model_args.{k}" for k in extra}
+        _check_ranges(flat, named(POSITIVE, ARG_POSITIVE), named(NON_NEGATIVE, ARG_NON_NEGATIVE),
+                      named(UNIT, ARG_UNIT))
+        dim, heads = flat.get("model_args.embed_dim"), flat.get("model_args.num_heads")
+        if dim and heads and dim % heads:
+            raise ConfigError(f"config key 'model_args.num_heads' ({heads}) must divide 'model_args.embed_dim' "
+                              f"({dim}).")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _validate_lists(cfg: Config) -> None:
     a, o = cfg.aug, cfg.optim
-    if a.std is not None and any(v <= 0 for v in a.std):
-        raise ConfigError(f"config key 'aug.std' must hold positive values (images are divided by it), got {a.std}.")
     for key, pair, lo in (("aug.scale", a.scale, 0.0), ("aug.ratio", a.ratio, 0.0)):
         if len(pair) != 2 or not lo < pair[0] <= pair[1]:
             raise ConfigError(f"config key '{key}' must be [min, max] with 0 < min <= max, got {pair}.")
@@ -474,3 +558,44 @@ def load_config(path: str | Path | None, overrides: list[str] | dict[str, Any] |
 def dump(cfg: Config) -> str:
     """The config as YAML (the form saved as config.yaml in every checkpoint; `load_config` reads it back)."""
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+# --- data sources from saved configs ----------------------------------------------------------------------------
+# A data source can run a command (`pipe:cmd`, which webdataset hands to a shell) or fetch from anywhere (a URL).
+# It is honoured when the user typed it (command line, a config file they passed), never when it comes from a
+# config saved in a folder they were handed (a checkpoint's config.yaml): `vit.checkpoint.load_checkpoint` marks
+# such values with WITHHELD, and `vit.data.build_datasets` refuses a marked one unless the user passes it again.
+
+SOURCE_KEYS = ("root", "train_split", "val_split")  # data.* keys that name where samples come from
+WITHHELD = "withheld-saved-source:"  # prefix of a value withheld from a saved config; nothing opens such a name
+_SCHEME = re.compile(r"(?:^|[^A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*:")  # pipe:, https:, s3:, ... anywhere
+
+
+def is_remote_source(value: str | None) -> bool:
+    """A value that names a command or a URL (any `scheme:`, also inside a brace pattern), not a local path."""
+    return isinstance(value, str) and bool(_SCHEME.search(value))
+
+
+def withhold_remote_sources(cfg: Config) -> list[str]:
+    """Mark, in a config read from a saved folder, every data source that runs a command or fetches a URL, so
+    that nothing builds a dataset from it (`check_data_sources`); the dotted keys marked."""
+    marked = []
+    for key in SOURCE_KEYS:
+        value = getattr(cfg.data, key)
+        if is_remote_source(value) and not value.startswith(WITHHELD):
+            setattr(cfg.data, key, WITHHELD + value)
+            marked.append(f"data.{key}")
+    return marked
+
+
+def check_data_sources(cfg: Config) -> None:
+    """Refuse, in one sentence, a data source withheld from a saved config (see `withhold_remote_sources`)."""
+    for key in SOURCE_KEYS:
+        value = getattr(cfg.data, key)
+        if isinstance(value, str) and value.startswith(WITHHELD):
+            given = value[len(WITHHELD):]
+            raise ConfigError(f"data.{key} {given!r} comes from a saved config (a checkpoint's config.yaml), and a "
+                              "command or remote data source from a saved config is never run or fetched; if you "
+                              f"trust it, pass it yourself: --data.{key}='{given}' on evaluate.py's command line "
+                              f"(export.py: verify on --images), or set cfg.data.{key} in Python.")
+

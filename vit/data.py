@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from .config import Config
+from .config import Config, ConfigError, check_data_sources
 from .decode import BadImageError, decode_image
 from .transforms import build_transform
 
@@ -181,7 +182,14 @@ def _synthetic(cfg: Config, img_size: int):
 
 def _class_folders(d: Path) -> list[str]:
     """Class folder names, hidden ones (.ipynb_checkpoints, .git) left out."""
-    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    names = sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for name in names:  # a class name is saved as UTF-8 text (classes.json, config.json) and must come back
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise DataError(f"class folder {os.fsencode(name)!r} in {d} has a name that is not UTF-8 text, so the "
+                            "model's class names could not be saved and read back; rename the folder.") from None
+    return names
 
 
 def _image_files(d: Path):
@@ -236,11 +244,18 @@ def absolute_root(root: str | None) -> str | None:
     return str(Path(root).absolute())
 
 
-def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None) -> Config:
+def resolve_data_config(cfg: Config, pretrained_cfg: dict | None = None, in_chans: int | None = None) -> Config:
     """`cfg` with the preprocessing it leaves unset (aug.mean, std, eval_crop_pct, interpolation: None) taken from
     the pretrained weights' config, as timm's resolve_data_config: `pretrained_cfg` (a model's), or that of the
     weights model.pretrained names (vit.hub, read from the registry or the cache, no weights loaded), else the
-    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used."""
+    fallbacks of `AugConfig.resolved`. Everything comes back filled, so the saved config says what was used.
+    `in_chans`: the channels of a model already built (one loaded by name, which decides them): the pipeline
+    follows it, not the config's default."""
+    if in_chans is not None and in_chans != cfg.model.in_chans:
+        if in_chans not in (1, 3):
+            raise ConfigError(f"the model takes {in_chans} input channels, but the image pipelines give 3 (RGB) or "
+                              "1 (grey); use a model built for one of those.")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=in_chans))
     if pretrained_cfg is None and cfg.model.pretrained:
         from .hub import resolve_source
         from .vision import VARIANTS
@@ -280,6 +295,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
     `splits` comes back as None (evaluation builds only val). `classes` (a checkpoint's) fixes the label order;
     a dataset whose classes differ raises DataError before any image is read."""
+    check_data_sources(cfg)  # a pipe: or URL source from a checkpoint's saved config: refused before anything opens
     size, seed = cfg.model.img_size, cfg.run.seed
     t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
     name = cfg.data.dataset

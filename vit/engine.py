@@ -24,15 +24,17 @@ import torch
 import torch.nn.functional as F
 
 from .atomic import atomic_write_csv
-from .checkpoint import save_checkpoint
+from .checkpoint import save_checkpoint, state_dir_name
 from .faults import fault_point, poison_loss
 from .layers import topk_warmup
 from .metrics import predict, summarize_logits
 from .optim import lr_at, set_lr
 from .runfolder import check_weights, kept_note, save_run_state
+from .train.preemption import Preempted
+from .train.preemption import requested as preemption_requested
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
-           "save_state_if_due", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
+           "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
                  "skipped_steps"]
@@ -50,6 +52,7 @@ class TrainState:
     loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
     loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
     loss_sums: list = field(default_factory=list)  # each process's own running sum: a resume continues it exactly
+    num_processes: int = 1  # processes that trained it: data.batch_size is per process, so a resume needs as many
 
 
 @dataclass
@@ -126,6 +129,18 @@ def save_state_if_due(run: Run, moment: str, loss_sum: torch.Tensor | float = 0.
     """Save the training state if `state_save_due` says so; `loss_sum/loss_n`: the unfinished epoch's train loss."""
     if state_save_due(run.state, run.cfg.run.save_state_every, len(run.train_loader), moment):
         save_run_state(run.accelerator, run.cfg, run.run_dir, run.state, run.model, run.ema, loss_sum, loss_n)
+
+
+def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: int = 0, saved: bool = False) -> None:
+    """After SIGTERM (vit/train/preemption.py), on every process at the same point: save the state at this step
+    unless it was just saved (`saved`, or the save policy's "step" moment did), then raise Preempted naming it."""
+    if not preemption_requested(run.accelerator):
+        return
+    s = run.state
+    if not saved and not state_save_due(s, run.cfg.run.save_state_every, len(run.train_loader), "step"):
+        save_run_state(run.accelerator, run.cfg, run.run_dir, s, run.model, run.ema, loss_sum, loss_n)
+    raise Preempted(f"saved {run.run_dir / 'state' / state_dir_name(s.step)} at step {s.step} (epoch {s.epoch}); "
+                    "continue with --resume=auto")
 
 
 # --- one epoch --------------------------------------------------------------------------------------------
@@ -227,6 +242,8 @@ def train_one_epoch(run: Run) -> EpochStats:
             else:
                 run.console.step()
             save_state_if_due(run, "step", loss_sum, loss_n)
+            if 0 < state.batch_in_epoch < len(run.train_loader):  # an epoch's last step: after its evaluation
+                stop_if_preempted(run, loss_sum, loss_n)
             if _max_steps_reached(run):
                 break
     ips = seen / max(1e-9, time.perf_counter() - t0)

@@ -5,6 +5,7 @@ is a no-op (one environment lookup) without it. Values:
 
     <point>:<n>         SIGKILL at `fault_point(point, n)` (a crash, the OOM killer): step, state, checkpoint
     sigint@<point>:<n>  SIGINT there instead (Ctrl-C)
+    sigterm@<point>:<n> SIGTERM there instead (a preemption: Slurm, Kubernetes)
     nan:<step>          the loss of optimizer step <step> becomes NaN (`poison_loss`)
 """
 
@@ -19,12 +20,14 @@ __all__ = ["FAULT_ENV", "fault_point", "poison_loss"]
 
 
 def fault_point(point: str, n: int) -> None:
-    """Die abruptly (SIGKILL) or be interrupted (SIGINT) when VIT_FAULT_INJECT names this point and count."""
+    """Die abruptly (SIGKILL) or be interrupted (SIGINT, SIGTERM) when VIT_FAULT_INJECT names this point and count."""
     value = os.environ.get(FAULT_ENV)
     if value == f"{point}:{n}":
         os.kill(os.getpid(), signal.SIGKILL)
     if value == f"sigint@{point}:{n}":
         os.kill(os.getpid(), signal.SIGINT)
+    if value == f"sigterm@{point}:{n}":
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def poison_loss(loss, step: int):

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from .data import DataError, _check_classes, _Seeded
-from .decode import read_bytes
+from .decode import BadImageError, read_bytes
 
-__all__ = ["HFImageDataset", "build_hf_datasets", "load_split"]
+__all__ = ["HFImageDataset", "build_hf_datasets", "load_split", "check_labels"]
 log = logging.getLogger(__name__)
 
 
@@ -29,9 +29,10 @@ class HFImageDataset(_Seeded):
     """Rows of a table (anything indexable giving dicts: a `datasets.Dataset`) -> (image tensor, label)."""
 
     def __init__(self, table, image_column: str, label_column: str, classes, transform, seed: int = 0,
-                 name: str = "hf") -> None:
+                 name: str = "hf", on_bad_image: str = "skip") -> None:
         super().__init__(transform, classes, seed)
         self.table, self.image_column, self.label_column, self.name = table, image_column, label_column, name
+        self.on_bad_image, self.bad = on_bad_image, []
 
     def __len__(self) -> int:
         return len(self.table)
@@ -40,6 +41,22 @@ class HFImageDataset(_Seeded):
         return f"{self.name}[{i}]"
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        """Row i; an undecodable image is replaced by the next good row (and logged) under
+        data.on_bad_image=skip, as a folder image that went bad is, and refused under error."""
+        for k in range(len(self)):
+            j = (i + k) % len(self)
+            try:
+                return self._row(j, self._sample_seed(i))
+            except BadImageError as e:
+                if self.on_bad_image == "error":
+                    raise DataError(f"{self.describe(j)} is not a readable image ({e}); fix the row or set "
+                                    "data.on_bad_image=skip.") from None
+                if f"{self.describe(j)}: {e}" not in self.bad:  # named once, however often it is asked for
+                    self.bad.append(f"{self.describe(j)}: {e}")
+                    log.warning("skipping %s: %s", self.describe(j), e)
+        raise DataError(f"no readable image left in {self.name}.")
+
+    def _row(self, i: int, seed: int) -> tuple[torch.Tensor, int]:
         row = self.table[i]
         value = row[self.image_column]
         path = value.get("path") if isinstance(value, dict) else None
@@ -49,8 +66,7 @@ class HFImageDataset(_Seeded):
         if not isinstance(data, (bytes, bytearray)):
             raise DataError(f"column '{self.image_column}' of {self.name} holds {type(value).__name__}, not encoded "
                             "images; set data.image_column to the image column.")
-        return self.transform.load_bytes(bytes(data), path or self.describe(i), self._sample_seed(i)), \
-            int(row[self.label_column])
+        return self.transform.load_bytes(bytes(data), path or self.describe(i), seed), int(row[self.label_column])
 
 
 def _datasets():
@@ -93,6 +109,29 @@ def _classes(table, label_column: str, num_classes: int | None) -> list[str]:
     if num_classes:
         return [str(i) for i in range(num_classes)]
     raise DataError(f"column '{label_column}' does not name its classes (not a ClassLabel); set data.num_classes.")
+
+
+def check_labels(table, label_column: str, classes: list[str], where: str) -> None:
+    """Refuse, before training, a label column that does not hold class indices 0..len(classes)-1: floats
+    (which int() would truncate, 1.7 -> 1), strings, -1 (the Hub's "no label") or indices past the classes,
+    which would otherwise stop an epoch midway with an IndexError."""
+    labels = np.asarray(table[label_column])
+    if not len(labels):
+        return
+    n = len(classes)
+    if labels.dtype.kind not in "iu":
+        first = next((v for v in labels.tolist() if not (isinstance(v, int) and not isinstance(v, bool))), labels[0])
+        kind = "text" if isinstance(first, str) else type(first).__name__
+        raise DataError(f"column '{label_column}' of {where} holds {kind} labels (first: {first!r}), not class "
+                        f"indices; store integer labels 0..{n - 1} (datasets: class_encode_column('{label_column}')), "
+                        "or set data.label_column to the column that holds them.")
+    bad = np.flatnonzero((labels < 0) | (labels >= n))
+    if len(bad):
+        y = int(labels[bad[0]])
+        what = " (the Hub's 'no label', as in a test split)" if y == -1 else ""
+        raise DataError(f"row {int(bad[0])} of {where} has label {y}{what}, but the classes are 0..{n - 1} "
+                        f"({len(bad)} row(s) like it); filter those rows out, use a split that is labelled, or set "
+                        "data.num_classes to cover them.")
 
 
 def _single_dataset(root) -> bool:
@@ -151,6 +190,8 @@ def build_hf_datasets(cfg, t_train, t_val, splits=("train", "val"), classes=None
     if classes != found:
         raise DataError("the dataset's classes are in another order than the checkpoint's; evaluate on data with the "
                         "classes the model was trained on.")
-    built = {k: HFImageDataset(tb, d.image_column, d.label_column, classes, t, cfg.run.seed, f"{d.root}:{s}")
-             for k, (tb, t, s) in out.items()}
+    for tb, _, s in out.values():
+        check_labels(tb, d.label_column, classes, f"{d.root}:{s}")
+    built = {k: HFImageDataset(tb, d.image_column, d.label_column, classes, t, cfg.run.seed, f"{d.root}:{s}",
+                               d.on_bad_image) for k, (tb, t, s) in out.items()}
     return built.get("train"), built.get("val"), classes

@@ -22,11 +22,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "timm_config", "WEIGHT_FILES"]
+__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "timm_config", "WEIGHT_FILES",
+           "regular_file"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+MAX_CONFIG_BYTES = 2**20  # a timm config.json is a few kB (label names of 21k classes: ~500 kB)
 
 
 @dataclass
@@ -41,6 +43,7 @@ class Source:
     revision: str | None = None  # ... at this branch, tag or commit (None: main)
     folder: Path | None = None  # local-dir: a folder laid out like a repository
     file: Path | None = None  # a plain weights file
+    config: Path | None = None  # the config.json model_args and pretrained_cfg were read from (for messages)
     weights: Path | None = None  # where the weights are (set by resolve_source when they are wanted)
 
     def model_kwargs(self) -> dict:
@@ -51,8 +54,9 @@ class Source:
             return {}
         cfg, out = self.pretrained_cfg, {}
         size = cfg.get("input_size")
-        if cfg.get("num_classes") is not None and cfg["num_classes"] >= 0:
-            out["num_classes"] = cfg["num_classes"]
+        n = cfg.get("num_classes")
+        if n is not None and (type(n) is not int or n >= 0):  # a wrong type is named by create_model's check
+            out["num_classes"] = n
         if size is not None:
             out["in_chans"] = size[0]
             if cfg.get("fixed_input_size"):
@@ -115,9 +119,16 @@ def _registry(name: str, arch: str, tag: str, known: Collection[str] | None) -> 
 
 def _read_config(folder: Path, name: str) -> tuple[dict, str, dict]:
     """A repository's config.json -> (pretrained_cfg, architecture, model_args), parsed by timm's own reader so
-    that legacy layouts and top-level num_classes / label_names are read exactly as timm reads them."""
+    that legacy layouts and top-level num_classes / label_names are read exactly as timm reads them. A file that
+    is not regular (a FIFO would block the read) or larger than MAX_CONFIG_BYTES is refused before it is read."""
     from timm.models._hub import load_model_config_from_path
 
+    file = regular_file(folder / "config.json", f"{name}:", f"{name}: {folder} has no config.json; pass a folder "
+                        "laid out like a hub repository (config.json and model.safetensors), or the weights file itself.")
+    size = file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{name}: {file} is {size / 2**20:.0f} MB, larger than a model config can be "
+                         f"({MAX_CONFIG_BYTES // 2**20} MB); it is not a timm config.json, so it is not read.")
     try:
         cfg, arch, args = load_model_config_from_path(folder)
     except FileNotFoundError:
@@ -150,14 +161,15 @@ def resolve(name: str, known: Collection[str] | None = None, cache_dir: str | Pa
         cfg.pop("file", None)
         cfg.update(hf_hub_id=ident, source="hf-hub")  # what timm's load_model_config_from_hf records
         return Source(name, arch, _from_config(name, arch, cfg, known), args, repo_id=repo_id,
-                      revision=revision or None)
+                      revision=revision or None, config=config)
     if kind == "local-dir":
         folder = Path(ident)
         if not folder.is_dir():
             raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder with config.json and "
                                     "model.safetensors (e.g. a run's best/).")
         cfg, arch, args = _read_config(folder, name)
-        return Source(name, arch, _from_config(name, arch, cfg, known), args, folder=folder)
+        return Source(name, arch, _from_config(name, arch, cfg, known), args, folder=folder,
+                      config=folder / "config.json")
     arch, _, tag = ident.partition(".")
     return _registry(name, arch, tag, known)
 
@@ -216,6 +228,17 @@ def _weights_source(named: Source | None, name: str, text: str, known: Collectio
 # --- files ---------------------------------------------------------------------------------------------------
 
 
+def regular_file(path: Path, what: str, missing: str) -> Path:
+    """`path` if it is a regular file (or a link to one); else one sentence: `missing` when nothing is there, and
+    'not a regular file' for a FIFO, a device (a link to /dev/zero) or a folder, which would hang or never end."""
+    if path.is_file():
+        return path
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{what} {path} is not a regular file (a folder, FIFO, device or dangling link); "
+                         "pass the file itself.")
+    raise FileNotFoundError(missing)
+
+
 def _not_cached(what: str, repo_id: str, revision: str | None, cache: Path) -> str:
     at = f"@{revision}" if revision else ""
     why = "HF_HUB_OFFLINE=1 forbids downloading it" if offline() else "the hub could not be reached"
@@ -267,14 +290,13 @@ def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
     if source.weights is not None:
         return source.weights
     if source.file is not None:
-        if not source.file.is_file():
-            raise FileNotFoundError(f"weights file {str(source.file)!r} does not exist; check the path (a hub "
-                                    "repository is written hf-hub:org/name).")
-        return source.file
+        return regular_file(source.file, "weights file", f"weights file {str(source.file)!r} does not exist; check "
+                            "the path (a hub repository is written hf-hub:org/name).")
     if source.folder is not None:
         for filename in WEIGHT_FILES:
-            if (source.folder / filename).is_file():
-                return source.folder / filename
+            path = source.folder / filename
+            if path.exists() or path.is_symlink():
+                return regular_file(path, f"{source.name}:", "")
         raise FileNotFoundError(f"{source.name}: {source.folder} holds neither {' nor '.join(WEIGHT_FILES)}; "
                                 "pass a folder written by train.py or timm's save_for_hf.")
     if not source.repo_id:

@@ -8,6 +8,7 @@ as `evaluate.py`), and one prediction per readable image, in input order, on one
 from __future__ import annotations
 
 import glob
+import os
 import re
 from pathlib import Path
 
@@ -41,6 +42,28 @@ def _list_file(path: Path) -> list[Path]:
     return out
 
 
+def _folder_files(folder: Path, skipped: list[tuple[str, str]]) -> list[Path]:
+    """Every file under `folder` (not inside a hidden folder, nor hidden itself), sorted; a linked subfolder
+    (not followed: it could loop or leave the folder) and an unreadable one are passed over by name."""
+    found: list[Path] = []
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((str(e.filename), f"an unreadable folder ({e.strerror or e})"))
+
+    for top, dirs, files in os.walk(folder, onerror=unreadable):
+        keep = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                continue
+            if os.path.islink(os.path.join(top, d)):
+                skipped.append((os.path.join(top, d), "a link to a folder, not followed (name the folder itself)"))
+            else:
+                keep.append(d)
+        dirs[:] = keep
+        found += [Path(top) / f for f in files if not f.startswith(".") and not os.path.isdir(os.path.join(top, f))]
+    return sorted(found)
+
+
 def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]:
     """-> (candidate image files in input order, [(path, reason)] for what was passed over).
 
@@ -52,8 +75,7 @@ def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]
 
     def add(p: Path, named: bool) -> None:
         if p.is_dir():
-            found = [f for f in sorted(p.rglob("*")) if not f.is_dir()
-                     and not any(part.startswith(".") for part in f.relative_to(p).parts)]
+            found = _folder_files(p, skipped)
             if not found:
                 skipped.append((str(p), "an empty folder"))
             for f in found:
@@ -163,5 +185,5 @@ def load_model_and_config(args, overrides: dict):
         cfg.model.img_size = model.patch_embed.img_size[0]
     else:
         raise ConfigError("--model needs --weights FILE (a timm checkpoint) or --pretrained; or pass --checkpoint.")
-    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}), None
+    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}, model.in_chans), None
 

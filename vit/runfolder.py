@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError, check_finite, latest_state, save_state_atomic, verify_state
+from .checkpoint import CheckpointError, latest_state, save_state_atomic, verify_state
 from .config import Config, diff, dump, from_dict, read_yaml
+from .pretrained import check_finite
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",
-           "interrupt_note", "saved_checkpoints", "kept_note"]
+           "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count"]
 
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "curves.png",
                "resume.log")
@@ -208,12 +209,18 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
             raise CheckpointError(f"resume state {path} does not exist; pass --resume=auto or a state/step-* folder.")
         verify_state(path)
     changes = resume_changes(from_dict(read_yaml(path / "config.yaml")), cfg, str(path))
-    try:  # Accelerate reads the model from safetensors, the optimizer and RNG with weights_only=True
-        accelerator.load_state(str(path))
+    try:
         saved = json.loads((path / "train_state.json").read_text())
         expected = set(dataclasses.asdict(type(state)()))
-        if set(saved) - expected or expected - set(saved) - {"loss_sums"}:  # states before loss_sums still load
+        # states written before loss_sums / num_processes existed still load
+        if set(saved) - expected or expected - set(saved) - {"loss_sums", "num_processes"}:
             raise ValueError(f"train_state.json has keys {sorted(saved)}")
+    except Exception as e:
+        raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
+                              "train.py wrote.") from None
+    check_process_count(saved, accelerator.num_processes, path)
+    try:  # Accelerate reads the model from safetensors, the optimizer and RNG with weights_only=True
+        accelerator.load_state(str(path))
         state.__dict__.update(saved)
         if ema is not None:
             ema.load_state_dict(load_file(str(path / "ema.safetensors")))
@@ -222,6 +229,19 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
                               "train.py wrote.") from None
     if accelerator.is_main_process:
         accelerator.print(log_resume(run_dir, path, state.step, state.epoch, changes))
+
+
+def check_process_count(saved: dict, num_processes: int, path: Path) -> None:
+    """Refuse a state trained by another number of processes, as a changed data.batch_size is refused: the
+    batch is per process, so the global batch (and the data each step sees) would change. A state written
+    before num_processes was recorded tells it by its per-process loss sums, if it has them."""
+    count = saved.get("num_processes") or len(saved.get("loss_sums") or []) or None
+    if count is not None and int(count) != num_processes:
+        def plural(n):
+            return f"{n} process" + ("es" if n != 1 else "")
+        raise RunFolderError(f"cannot resume {path} with {plural(num_processes)}: it was saved by {plural(int(count))} "
+                             f"and data.batch_size is per process, so the global batch would change; launch with "
+                             f"--num_processes {count} or start a new --run.name.")
 
 
 def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum, loss_n: int) -> None:
@@ -234,6 +254,7 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     state.loss_sums = [float(v) for v in accelerator.gather(mine).tolist()]  # exact, one per process
     state.loss_sum = float(accelerator.reduce(mine.clone(), "mean").item())
     state.loss_n = loss_n
+    state.num_processes = accelerator.num_processes
     extra = {"train_state.json": json.dumps(dataclasses.asdict(state)).encode(), "config.yaml": dump(cfg).encode()}
     if ema is not None:
         extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
@@ -243,4 +264,4 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
 def check_weights(accelerator, model, state, run_dir: Path) -> None:
     weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
     check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
-                          f"saved at this point and {kept_note(run_dir)}")
+                          f"saved at this point and {kept_note(run_dir)}", "lower optim.lr or enable optim.clip_grad.")

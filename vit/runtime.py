@@ -27,6 +27,9 @@ import torch
 from accelerate import Accelerator
 
 from .config import Config, ConfigError
+from .train.preemption import EXIT_CODE as PREEMPTED_EXIT
+from .train.preemption import Preempted
+from .utils.untrusted_text import printable
 
 __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
            "resolve_workers", "resolve_threads", "resolve_precision"]
@@ -35,16 +38,22 @@ __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaul
 def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
     """Run a script's `main()` and exit with its code. A user's mistake (our errors are ValueErrors: config,
     data, checkpoint), a missing file or a non-finite loss becomes one line on stderr and exit code 2; Ctrl-C
-    one line saying what was kept (`interrupt_note()`), exit code 130 as a shell reports it."""
+    one line saying what was kept (`interrupt_note()`), exit code 130 as a shell reports it; SIGTERM (handled by
+    train.py's loop, vit/train/preemption.py) one line saying which state was saved, exit code 143."""
     try:
         code = main()
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {printable(e, keep=chr(10))}", file=sys.stderr)  # a name's escapes shown, not obeyed
         code = 2
     except KeyboardInterrupt:
         note = interrupt_note() if interrupt_note is not None else "files already written are complete"
         print(f"interrupted (Ctrl-C); {note}.", file=sys.stderr)
         code = 130
+    except Preempted as e:  # SIGTERM: the loop saved a state (its message), or nothing new was there to save
+        note = str(e) or (interrupt_note() if interrupt_note is not None else "files already written are complete")
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per process
+            print(f"terminated (SIGTERM); {note}.", file=sys.stderr)
+        code = PREEMPTED_EXIT
     sys.exit(code)
 
 

@@ -24,19 +24,23 @@ import logging
 import math
 import os
 import random
+import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from .data import DataError, _class_folders, _folder_classes, _image_files
 from .decode import BadImageError, decode_image
 
-__all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME"]
+__all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME",
+           "tar_samples", "MAX_MEMBER_BYTES"]
 log = logging.getLogger(__name__)
 
 INFO_NAME = "_info.json"
+MAX_INFO_BYTES = 64 * 2**20  # an _info.json larger than this is refused unread (ImageNet's is about 100 kB)
 KEEP_BYTES = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}  # extension -> sample key
 
 
@@ -192,14 +196,27 @@ def read_info(root: str) -> dict:
         if not path.is_file():
             return {}
         try:
-            return json.loads(path.read_text())
+            if path.stat().st_size > MAX_INFO_BYTES:
+                raise ValueError(f"it is larger than {MAX_INFO_BYTES} bytes")
+            info = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f"{path} is not readable JSON ({e}); rewrite it with python -m vit.shards.") from None
+        return _checked_info(info, str(path))
     try:
         with wds.gopen(_join(root, INFO_NAME)) as f:
-            return json.load(f)
+            info = json.loads(f.read(MAX_INFO_BYTES + 1)[:MAX_INFO_BYTES])
     except Exception:  # a remote root without an info file: the split must then say its sample count
         return {}
+    return _checked_info(info, _join(root, INFO_NAME))
+
+
+def _checked_info(info, where: str) -> dict:
+    classes = info.get("classes") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or classes is not None and not (
+            isinstance(classes, list) and all(isinstance(c, str) for c in classes)):
+        raise DataError(f"{where} is not a shard index (a mapping with 'splits', and 'classes' a list of names); "
+                        "rewrite it with python -m vit.shards.")
+    return info
 
 
 def _join(root: str, name: str) -> str:
@@ -235,7 +252,7 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
     from braceexpand import braceexpand
 
     info = read_info(root) if info is None else info
-    splits = info.get("splits", {})
+    splits = _checked_splits(info, _join(root, INFO_NAME))
     if ".tar" not in split and ".." not in split:
         if split not in splits:
             raise DataError(f"split '{split}' is not in {_join(root, INFO_NAME)} (it has {sorted(splits)}); name "
@@ -244,8 +261,7 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
         if len(s["filenames"]) != len(s["shard_lengths"]):
             raise DataError(f"split '{split}' in {_join(root, INFO_NAME)} lists {len(s['filenames'])} files but "
                             f"{len(s['shard_lengths'])} shard lengths; rewrite it with python -m vit.shards.")
-        return _existing(ShardSplit(tuple(_join(root, f) for f in s["filenames"]),
-                                    tuple(int(n) for n in s["shard_lengths"])), split)
+        return _existing(ShardSplit(tuple(_join(root, f) for f in s["filenames"]), tuple(s["shard_lengths"])), split)
     pattern, _, count = split.partition("|")
     names = list(braceexpand(pattern))
     known = {f: n for s in splits.values() for f, n in zip(s["filenames"], s["shard_lengths"])}
@@ -263,13 +279,126 @@ def resolve_split(root: str, split: str, info: dict | None = None) -> ShardSplit
     return _existing(ShardSplit(tuple(_join(root, n) for n in names), tuple(lengths)), split)
 
 
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # pipe:, http:, file:, s3:, C: ...
+
+
+def plain_name(name) -> bool:
+    """A shard name an `_info.json` may hold: a relative file name under its folder (`train-00000.tar`,
+    `train/00000.tar`), never an absolute path, `..`, a URL or a `pipe:` command, which a reader would open or
+    run as it is."""
+    return (isinstance(name, str) and bool(name) and not name.startswith(("/", "~", "\\")) and "\0" not in name
+            and not _SCHEME.match(name) and ".." not in name.replace("\\", "/").split("/"))
+
+
+def _checked_splits(info: dict, where: str) -> dict:
+    """`info["splits"]`, once every split's file names are plain names under the folder and its shard lengths
+    non-negative integers; otherwise the folder is refused in one sentence."""
+    splits = info.get("splits", {}) if isinstance(info, dict) else None
+    if not isinstance(splits, dict) or not all(isinstance(s, dict) for s in splits.values()):
+        raise DataError(f"{where} has no mapping of splits; rewrite it with python -m vit.shards.")
+    for name, s in splits.items():
+        files, lengths = s.get("filenames"), s.get("shard_lengths")
+        if not isinstance(files, list) or not isinstance(lengths, list):
+            raise DataError(f"split '{name}' in {where} lacks its filenames or shard_lengths list; rewrite it with "
+                            "python -m vit.shards.")
+        bad = [f for f in files if not plain_name(f)]
+        if bad:
+            bad = bad[0]
+            raise DataError(f"{where} names shard {bad!r} for split '{name}', which is not a plain file name under "
+                            "its folder (an absolute path, '..', a URL or a pipe: command); refusing the folder: "
+                            "shard names in _info.json must be relative file names such as train-00000.tar.")
+        wrong = [n for n in lengths if type(n) is not int or n < 0]
+        if wrong:
+            wrong = wrong[0]
+            raise DataError(f"split '{name}' in {where} gives a shard length of {wrong!r}; shard lengths are sample "
+                            "counts (integers, 0 or more): rewrite it with python -m vit.shards.")
+    return splits
+
+
 def _existing(s: ShardSplit, split: str) -> ShardSplit:
     """`s`, once its local shards are known to exist (remote ones are found only when read)."""
     missing = [u for u in s.urls if "://" not in u and not u.startswith("pipe:") and not os.path.isfile(u)]
     if missing:
         raise DataError(f"{len(missing)} of the {len(s.urls)} shards of '{split}' do not exist, first: {missing[0]}; "
                         "fix the brace pattern or data.root.")
+    for url, n in zip(s.urls, s.lengths):
+        most = _most_samples(url)
+        if most is not None and n > most:  # else evaluation pads the missing samples with zero images, forever
+            raise DataError(f"shard {url} is said to hold {n} samples, but a file of its size holds at most {most}; "
+                            "correct the count (in _info.json, or after '|' in the brace pattern).")
     return s
+
+
+def _most_samples(url: str) -> int | None:
+    """An upper bound on the samples a local shard can hold, from its size: a sample is an image and a .cls
+    member, each a 512-byte header and at least one 512-byte block, so 2048 bytes of tar; gzip expands at most
+    1032-fold. None for remote shards and other compressions (bz2, xz), whose count is checked when read."""
+    if "://" in url or url.startswith("pipe:") or not os.path.isfile(url):
+        return None
+    size = os.path.getsize(url)
+    with open(url, "rb") as f:
+        head = f.read(262)
+    if head[257:262] == b"ustar" or size < 512:
+        return size // 2048
+    if head[:2] == b"\x1f\x8b":
+        return size * 1032 // 2048
+    return None
+
+
+# --- reading: the samples of one shard -------------------------------------------------------------------------
+
+MAX_MEMBER_BYTES = 256 * 2**20  # a tar member larger than this is a bad sample, never read (vit.decode's file limit)
+BAD = "__bad__"  # key of a sample's reason for being unusable (a link, a device, an oversized member)
+
+
+def tar_samples(url: str) -> Iterator[dict]:
+    """The samples of one shard, in tar order: {'__key__': key, '<ext>': bytes, ...}, as webdataset groups
+    members (`dir/key.ext`, the key up to the first dot of the file name). Read here rather than with
+    webdataset's tar iterator because that one reads every member whole, however large, and drops links and
+    devices without a word: here a member that is not a regular file, or larger than MAX_MEMBER_BYTES, is never
+    read and makes its sample bad (`sample[BAD]` says why), to be skipped like an unreadable image. A shard that
+    is not a tar, empty or truncated raises DataError."""
+    import lzma
+    import tarfile
+    import zlib
+
+    wds = webdataset()
+    try:
+        stream = wds.gopen(url)  # a local file; a URL or pipe: only when the user named one (vit.config)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot open shard {url} ({e}); check data.root.") from None
+    cur: dict | None = None
+    try:
+        with tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for m in tar:
+                if m.isdir():
+                    continue
+                folder, _, base = m.name.rpartition("/")
+                key, dot, ext = base.partition(".")
+                if not dot or not key:
+                    continue
+                key = f"{folder}/{key}" if folder else key
+                if cur is None or cur["__key__"] != key:
+                    if cur is not None:
+                        yield cur
+                    cur = {"__key__": key}
+                if not m.isreg():
+                    kind = "link" if m.issym() or m.islnk() else "device, FIFO or other special file"
+                    cur[BAD] = f"{url}:{m.name} is a {kind}, not a file"
+                elif m.size > MAX_MEMBER_BYTES:
+                    cur[BAD] = f"{url}:{m.name} holds {m.size} bytes, more than {MAX_MEMBER_BYTES} " \
+                               "(vit.shards.MAX_MEMBER_BYTES)"
+                else:
+                    cur[ext.lower()] = tar.extractfile(m).read()
+            if cur is not None:
+                yield cur
+    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"shard {url} is not a readable tar file ({e or type(e).__name__}: empty, truncated or "
+                        "another format); write it again with python -m vit.shards.") from None
+    finally:
+        stream.close()
 
 
 # --- who reads what ---------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ Attention maps come from a separate method, `forward_with_attention`, whose retu
 """
 
 import inspect
+import math
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +23,7 @@ import torch.fx
 from torch import nn
 
 from .encoder import Encoder
+from .config import check_model_args
 from .features import FeatureIntermediates, features_only_model
 from .hub import resolve_source
 from .layers import (
@@ -388,6 +391,25 @@ VARIANTS: dict[str, dict] = {
     "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
 }
 _OPTIONS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}
+MAX_PARAMS = 10**10  # 40 GB in float32: a model past this is a typo or a hostile config.json, not a ViT to build
+
+
+def estimated_params(kwargs: dict) -> float | None:
+    """The parameter count `VisionTransformer(**kwargs)` would allocate, from the arguments alone (within a few
+    per cent: blocks 4D^2 + 2rD^2, patch projection, positions, head); None when they are not all numbers (the
+    constructor then names what is wrong)."""
+    try:
+        size, patch = to_2tuple(kwargs.get("img_size", 224)), to_2tuple(kwargs.get("patch_size", 16))
+        d, depth, r = kwargs.get("embed_dim", 768), kwargs.get("depth", 12), kwargs.get("mlp_ratio", 4.0)
+        tokens = (size[0] // max(patch[0], 1)) * (size[1] // max(patch[1], 1)) + 1
+        blocks = depth * ((4 + 2 * r) * d * d + (9 + 2 * r) * d)
+        n = float(blocks + kwargs.get("in_chans", 3) * patch[0] * patch[1] * d + tokens * d
+                  + (kwargs.get("num_classes", 1000) + 1) * d)
+        return None if math.isnan(n) else n  # inf (an mlp_ratio of 1e308) is over the bound too
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        return None
 
 
 def list_models() -> list[str]:
@@ -427,8 +449,16 @@ def create_model(
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
-        name, overrides = source.architecture, {**source.model_kwargs(), **overrides}
+        implied = source.model_kwargs()
+        check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
+                         f"{source.name}: {source.config or 'its pretrained config'}")
+        # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
+        # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
+        new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
+            != implied.get("num_classes")
+        name, overrides = source.architecture, {**implied, **overrides}
     if name not in VARIANTS:
         close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
@@ -441,13 +471,20 @@ def create_model(
     kwargs = {**VARIANTS[name], **overrides}
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    n = estimated_params(kwargs)
+    if n is not None and not n <= MAX_PARAMS:  # `not <=`: a NaN ratio passes no bound
+        shown = ", ".join(f"{k}={kwargs[k]}" for k in ("embed_dim", "depth", "img_size", "patch_size") if k in kwargs)
+        where = f" (its options come from {source.config})" if source is not None and source.config else ""
+        about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
+        raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
+                         f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
     model = VisionTransformer(**kwargs)
     model._variant = name
     model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
     if source is not None:
         model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
         if pretrained:
-            load_pretrained(model, source, cache_dir=cache_dir)
+            load_pretrained(model, source, cache_dir=cache_dir, new_head=new_head)
     if token_reduction is not None:
         model.set_token_reduction(token_reduction)
     if features_only:

@@ -3,10 +3,12 @@ data allows, a mid-epoch resume that never reopens a finished shard.
 
 Each epoch, `vit.shards.plan_epoch` shuffles the shard list by (seed, epoch) and deals it round-robin to the
 R = N x W readers; every reader yields the same number of samples (the plan's quota), so every process takes
-the same number of steps. A reader opens its shards with the `webdataset` package (local files, http(s) URLs,
-`pipe:` commands) and shuffles in blocks: consecutive shards are read until `data.shuffle_buffer` samples are
-held (raw bytes, as webdataset's own buffer holds them), the block is permuted by (seed, epoch, block) and
-decoded and augmented sample by sample by our pipeline (`Pipeline.load_bytes`, as the folder dataset). Unlike
+the same number of steps. A reader opens its shards with webdataset's `gopen` (local files; http(s) URLs and
+`pipe:` commands only when the user named them, vit.config), reads them with `vit.shards.tar_samples` (a
+link, a device or an oversized member is a bad sample) and shuffles in blocks: consecutive shards are read
+until `data.shuffle_buffer` samples are held (raw bytes, as webdataset's own buffer holds them), the block is
+permuted by (seed, epoch, block) and decoded and augmented sample by sample by our pipeline
+(`Pipeline.load_bytes`, as the folder dataset). Unlike
 webdataset's streaming buffer, whose state after k samples cannot be rebuilt without reading them again, a
 block permutation is known in advance: a resume at batch b skips, unopened, every block the reader had
 finished, and within the block it was in, the samples it had already yielded. Augmentation is seeded per
@@ -33,7 +35,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .data import DataError
 from .decode import BadImageError
-from .shards import ShardSplit, plan_epoch, read_info, resolve_split, webdataset
+from .shards import BAD, ShardSplit, plan_epoch, read_info, resolve_split, tar_samples
 
 __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loaders", "worker_consumed"]
 log = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ class ShardDataset(IterableDataset):
                         for m in tar:
                             key, _, ext = m.name.partition(".")
                             keys.setdefault(key, "")
-                            if ext == "json":
+                            if ext == "json" and m.isreg() and m.size <= 2**20:
                                 keys[key] = str(json.loads(tar.extractfile(m).read()).get("filename", ""))
                 except (OSError, ValueError, tarfile.TarError, AttributeError):
                     keys = {}  # only a nicer name: the url#position stays
@@ -170,29 +172,43 @@ class ShardDataset(IterableDataset):
                 cur, n = [], 0
         return out + ([tuple(cur)] if cur else [])
 
-    def _read(self, shard: int, epoch: int) -> list[tuple[int, str, bytes, int]]:
-        """(global index, name, image bytes, label) of every sample in one shard, in tar order."""
-        wds = webdataset()
+    def _read(self, shard: int, epoch: int) -> list[tuple[int, str, bytes | str, int]]:
+        """(global index, name, image bytes, label) of every sample in one shard, in tar order; a bad sample (a
+        link, a device or an oversized member, see vit.shards.tar_samples) carries its reason instead of bytes."""
         url = self.split.urls[shard]
         _trace(f"{self.name} {epoch} open {url}")
         start, out = self.split.offsets()[shard], []
-        try:
-            for k, s in enumerate(wds.tarfile_to_samples()(iter([{"url": url}]))):
-                key = next((x for x in IMAGE_KEYS if x in s), None)
-                if key is None or "cls" not in s:
-                    raise DataError(f"sample {s.get('__key__')} in {url} has no image (.jpg/.png/.webp) or no .cls "
-                                    "label; write shards with python -m vit.shards.")
+        for k, s in enumerate(tar_samples(url)):
+            if BAD in s:
+                out.append((start + k, f"{url}:{s['__key__']}", s[BAD], 0))
+                continue
+            key = next((x for x in IMAGE_KEYS if x in s), None)
+            if key is None or "cls" not in s:
+                raise DataError(f"sample {s.get('__key__')} in {url} has no image (.jpg/.png/.webp) or no .cls "
+                                "label; write shards with python -m vit.shards.")
+            try:
                 y = int(s["cls"])
-                if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
-                    raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
-                                    f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
-                                    f"data.num_classes to at least {y + 1}, or fix the shard's .cls.")
-                out.append((start + k, f"{url}:{s['__key__']}", s[key], y))
-        except (OSError, ValueError) as e:
-            if isinstance(e, DataError):
-                raise
-            raise DataError(f"cannot read shard {url} ({e}); check data.root and that the file is a tar.") from None
+            except ValueError:
+                raise DataError(f"sample {s['__key__']} in {url} has the label {s['cls'][:20]!r}, not a class "
+                                "index; write shards with python -m vit.shards.") from None
+            if y < 0:  # no class count makes a negative label valid: the shard is wrong
+                raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, a negative class index "
+                                f"(labels are 0..{len(self.classes) - 1}); fix the shard's .cls.")
+            if not 0 <= y < len(self.classes):  # else a raw IndexError from the loss, mid-epoch
+                raise DataError(f"sample {s.get('__key__')} in {url} has label {y}, but there are "
+                                f"{len(self.classes)} classes (labels 0..{len(self.classes) - 1}); set "
+                                f"data.num_classes to at least {y + 1}, or fix the shard's .cls.")
+            out.append((start + k, f"{url}:{s['__key__']}", s[key], y))
+        if len(out) < self.split.lengths[shard]:  # a tar cut at a member boundary reads as a shorter archive
+            log.warning("warning: shard %s holds %d samples, not the %d listed: it is truncated or its count is "
+                        "stale; write it again with python -m vit.shards.", url, len(out), self.split.lengths[shard])
         return out
+
+    def _load(self, data: bytes | str, name: str, seed: int) -> torch.Tensor:
+        """One sample through the pipeline; BadImageError for an undecodable image or a bad sample's reason."""
+        if isinstance(data, str):
+            raise BadImageError(data)
+        return self.transform.load_bytes(data, name, seed)
 
     def _seed(self, epoch: int, index: int) -> int:
         return (self.seed * 1_000_003 + epoch * 10_007 + index) % (2**31)  # as the folder dataset
@@ -203,7 +219,7 @@ class ShardDataset(IterableDataset):
         for j in range(len(samples)):
             index, name, data, y = samples[(k + j) % len(samples)]
             try:
-                x = self.transform.load_bytes(data, name, self._seed(epoch, index))
+                x = self._load(data, name, self._seed(epoch, index))
             except BadImageError as e:
                 log.warning("skipping %s", e)
                 continue
@@ -217,7 +233,7 @@ class ShardDataset(IterableDataset):
             for index, name, data, y in self._read(i, epoch):
                 n += 1
                 try:
-                    x = self.transform.load_bytes(data, name, self._seed(epoch, index))
+                    x = self._load(data, name, self._seed(epoch, index))
                 except BadImageError as e:  # dropped, never replaced: a duplicate would be scored twice
                     log.warning("skipping %s", e)
                     yield torch.zeros(len(self.transform.tables), self.img_size, self.img_size), 0, SKIPPED

@@ -38,7 +38,8 @@ __all__ = ["TokenState", "Merge", "TopK", "bipartite_soft_matching", "parse_toke
 class TokenState:
     """What the encoder carries beside the tokens while they are being reduced.
 
-    size: (B, N, 1) input tokens each current token stands for (all ones before any reduction).
+    size: (B, N, 1) input tokens each current token stands for (all ones before any reduction), in the tokens'
+        dtype (its log is the attention mask, which SDPA must get in the dtype of its scores).
     source: (B, N, N0) 0/1 membership of the N0 input tokens in each current token, or None (not tracked).
     proportional: add log(size) to the attention logits (ToMe); set once a merge has happened.
     history: the source before each block's reduction, when tracked (for drawing what was merged).
@@ -52,7 +53,7 @@ class TokenState:
     @classmethod
     def start(cls, x: torch.Tensor, track_source: bool = False) -> TokenState:
         B, N, _ = x.shape
-        size = x.new_ones(B, N, 1, dtype=torch.float32)
+        size = x.new_ones(B, N, 1)
         source = torch.eye(N, device=x.device).expand(B, N, N) if track_source else None
         return cls(size, source)
 
@@ -130,7 +131,14 @@ class Merge(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
 
     def forward(self, x: torch.Tensor, keys: torch.Tensor, state: TokenState) -> torch.Tensor:
-        """x: (B, N, D), keys: (B, N, d) mean over heads -> (B, N - r, D); updates state's sizes and sources."""
+        """x: (B, N, D), keys: (B, N, d) mean over heads -> (B, N - r, D); updates state's sizes and sources.
+        The first merging block must be able to take r (at most half the mergeable tokens): a larger r is a spec
+        that does not fit the input and is refused; later blocks clamp r as the sequence shrinks (ToMe's own
+        schedule)."""
+        n = x.shape[1] - self.num_prefix_tokens
+        if not state.proportional and self.r > n // 2:
+            raise ValueError(f"merge:{self.r} asks to merge {self.r} tokens in one block, but {x.shape[1]} tokens "
+                             f"({n} mergeable) allow at most {n // 2}; lower r, or use a larger input.")
         merge = bipartite_soft_matching(keys, self.r, self.num_prefix_tokens)
         if merge is None:  # r = 0: exactly the plain block
             return x
@@ -204,6 +212,9 @@ def parse_token_reduction(spec: str | None) -> dict:
     if spec is None or str(spec).strip().lower() in ("", "none", "null"):
         return {"method": None}
     method, _, arg = str(spec).strip().partition(":")
+    if method == "topk" and arg.endswith("@"):  # else the default layers, without a word
+        raise ValueError(f"token reduction {spec!r} names no layers after '@'; list them (e.g. "
+                         f"topk:{arg[:-1]}@3,6,9), or drop the '@' for the default ones.")
     try:
         if method == "merge" and arg:
             r = [int(v) for v in arg.split(",")]

@@ -1,0 +1,68 @@
+"""config.json's model_args are checked like config keys, and the model's size is bounded, before anything is built."""
+
+import json
+
+import pytest
+from test_untrusted_weights import make_folder
+
+import vit
+from vit.config import ConfigError
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("depth", 0, r"'model_args\.depth' must be positive, got 0"),
+    ("num_heads", -2, r"'model_args\.num_heads' must be positive"),
+    ("embed_dim", "32", r"'model_args\.embed_dim' must be int, got str"),
+    ("depth", [2], r"'model_args\.depth' must be int, got list"),
+    ("embed_dim", 32.5, r"'model_args\.embed_dim' must be int, got float 32\.5"),
+    ("mlp_ratio", "NaN", r"'model_args\.mlp_ratio' must be a finite number"),
+    ("num_classes", -5, r"'model_args\.num_classes' must not be negative"),
+    ("num_heads", 3, r"'model_args\.num_heads' \(3\) must divide 'model_args\.embed_dim' \(32\)"),
+    ("img_size", [32, "x"], r"'model_args\.img_size\[1\]' must be int"),
+    ("qkv_bias", "yes please", r"'model_args\.qkv_bias' must be bool"),
+    ("embed_dim", 10**9, r"parameters.*more than"),
+    ("depth", 10**7, r"parameters.*more than"),
+    ("img_size", [10**6, 10**6], r"parameters.*more than"),
+    ("mlp_ratio", 1e308, r"over 1e\+308 parameters"),
+])
+def test_bad_model_args_get_one_sentence(tmp_path, key, value, match):
+    folder, _ = make_folder(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_args"][key] = value
+    text = json.dumps(cfg).replace('"NaN"', "NaN")
+    (folder / "config.json").write_text(text)
+    with pytest.raises((ValueError, ConfigError), match=match) as e:
+        vit.create_model(f"local-dir:{folder}", pretrained=True)
+    assert "\n" not in str(e.value) and "config.json" in str(e.value)
+
+
+def test_good_model_args_still_build_the_model_they_describe(tmp_path):
+    folder, ref = make_folder(tmp_path / "m")
+    model = vit.create_model(f"local-dir:{folder}", pretrained=False)
+    assert (model.embed_dim, len(model.blocks), model.patch_embed.img_size) == (32, 2, (32, 32))
+
+
+def test_the_size_bound_applies_to_overrides_too():
+    with pytest.raises(ValueError, match=r"parameters.*more than"):
+        vit.create_model("vit_tiny_patch16_224", embed_dim=2**20, num_heads=1)
+
+
+def test_a_wrong_type_in_the_top_level_num_classes_is_named(tmp_path):
+    folder, _ = make_folder(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["num_classes"] = "5"
+    del cfg["model_args"]["num_classes"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"'model_args\.num_classes' must be int, got str"):
+        vit.create_model(f"local-dir:{folder}", pretrained=True)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(img_size=64, patch_size=8, embed_dim=48, depth=3, num_heads=3,
+                                             mlp_ratio=2.5, num_classes=7, in_chans=1)])
+def test_the_parameter_estimate_counts_what_the_model_allocates(kw):
+    from vit.vision import VARIANTS, estimated_params
+
+    args = {**VARIANTS["vit_tiny_patch16_224"], **kw}
+    model = vit.create_model("vit_tiny_patch16_224", **kw)
+    real = sum(p.numel() for p in model.parameters())
+    assert abs(estimated_params(args) - real) / real < 0.01
