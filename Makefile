@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 # One process needs no launcher: train.py runs under Accelerate on its own and picks the same threads and loader
-# workers as `accelerate launch` would (vit/runtime.py), so the numbers are the same; the launcher's own start
+# workers as `accelerate launch` would (vit/cli/runtime.py), so the numbers are the same; the launcher's own start
 # (~5 s here) would be 5% of the main job. Several processes or GPUs: `accelerate launch -q ... train.py`.
 train: $(STAMP)
 	$(PY) train.py $(ARGS)

@@ -8,7 +8,7 @@
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
-(ours: `vit.optim.build_optimizer`, timm: `timm.optim.create_optimizer_v2`). Reported: medians, the ratio
+(ours: `vit.train.optim.build_optimizer`, timm: `timm.optim.create_optimizer_v2`). Reported: medians, the ratio
 ours/timm with its min-max spread over the paired repeats, counted FLOPs per image, achieved FLOP/s and
 utilization against a matrix-multiply peak measured in the same run (the best of three measurements: before,
 between and after the timed passes), activation memory kept for backward
@@ -39,7 +39,7 @@ def count(least: int):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="vit_small_patch16_224", help="a vit.list_models() name (timm's too)")
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
@@ -80,8 +80,9 @@ import torch
 
 import vit
 from vit.config import OptimConfig
-from vit.flops import count_flops
-from vit.optim import build_optimizer
+from vit.train.optim import build_optimizer
+from vit.utils import perf
+from vit.utils.perf import count_flops, sync
 
 KERNELS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
@@ -95,11 +96,6 @@ KERNELS = {
 }
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def autocast(device: torch.device, precision: str):
     if precision == "fp32":
         return nullcontext()
@@ -108,23 +104,11 @@ def autocast(device: torch.device, precision: str):
 
 
 def matmul_peak(device: torch.device, precision: str, n: int = 2048, reps: int = 10) -> float:
-    """FLOP/s of a large square matmul, the practical peak for dense layers on this device."""
+    """FLOP/s of a large square matmul at `precision`, the practical peak for dense layers on this device."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     if device.type == "cpu" and precision != "fp32":
         dtype = torch.float32  # autocast on CPU still multiplies most matrices in fp32 on machines without AMX
-    if device.type == "cuda":
-        n = max(n, 8192)
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(2):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+    return perf.matmul_peak(device, dtype, max(n, 8192) if device.type == "cuda" else n, reps)
 
 
 class Side:
@@ -322,7 +306,7 @@ def _jpeg_files(rng, n: int, width: int, height: int, tmp: str) -> list[str]:
     size; a smooth or blank image decodes 2-3x faster and would flatter any pipeline's ratio to decoding)."""
     from PIL import Image
 
-    from vit.synthetic import photo_like
+    from vit.data.synthetic import photo_like
 
     paths = []
     for i in range(n):
@@ -346,8 +330,8 @@ def bench_data(args) -> dict:
     from torchvision.transforms import v2
 
     from vit.config import AugConfig
-    from vit.decode import decode_image
-    from vit.transforms import build_transform
+    from vit.data.decode import decode_image
+    from vit.data.transforms import build_transform
 
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     aug = AugConfig(random_resized_crop=True, hflip=0.5, color_jitter=0.4, mean=mean, std=std)
@@ -401,14 +385,15 @@ def bench_data(args) -> dict:
 
 def bench_onnxruntime(args) -> dict:
     """ONNX Runtime (CPU execution provider) against PyTorch eager: our model at the same batch, size and thread
-    count, exported by `vit.export` (dynamo exporter, SDPA as ONNX Attention), timed interleaved after warm-up."""
+    count, exported by `vit.deploy.export` (dynamo exporter, SDPA as ONNX Attention), timed interleaved after
+    warm-up."""
     import contextlib
     import io
     import tempfile
     import warnings
     from types import SimpleNamespace
 
-    from vit.export import ExportableClassifier, export_model, require_onnx
+    from vit.deploy.export import ExportableClassifier, export_model, require_onnx
 
     require_onnx()
     import onnxruntime as ort
@@ -444,8 +429,8 @@ def bench_token_reduction(args, device) -> dict:
     import timm
     import timm.optim
 
-    from vit.checkpoint import load_checkpoint
     from vit.data import build_datasets
+    from vit.models.checkpoint import load_checkpoint
 
     torch.manual_seed(0)
     if args.checkpoint:

@@ -5,7 +5,7 @@
     python evaluate.py --model vit_base_patch16_224 --weights vit_b16.safetensors --img-size 224 \\
         --data.dataset=imagefolder --data.root=/data/imagenet-val-as-folder
     python evaluate.py --model hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --data.dataset=imagefolder ...
-                                                   # hub weights (vit/hub.py); their mean/std/crop unless --aug.*
+                                                   # hub weights (vit/hub/names.py); their mean/std/crop unless --aug.*
     accelerate launch --multi_gpu --num_processes 2 evaluate.py --checkpoint ...   # same numbers, one row per image
 
 Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
@@ -47,21 +47,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
 
 from torch.utils.data import DataLoader, Dataset
 
-from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.cli.outputs import OutputLock, check_writable
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
-from vit.inference import load_model_and_config  # shared with predict.py
-from vit.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
-from vit.plots import plot_confusion, plot_reliability
-from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
+from vit.eval.inference import load_model_and_config  # shared with predict.py
+from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
+from vit.eval.plots import plot_confusion, plot_reliability
+from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 
@@ -110,8 +110,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
                         "evaluate on data with the classes the model was trained on.")
     accelerator = make_accelerator()
     batch_size = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
-    if cfg.data.dataset == "wds":  # shards are dealt to processes by the loader itself, not prepared (vit/wds.py)
-        from vit.wds import ShardLoader
+    if cfg.data.dataset == "wds":  # the loader deals shards to processes itself (vit/data/shard_loader.py)
+        from vit.data.shard_loader import ShardLoader
 
         loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
                              accelerator.num_processes, accelerator.device)

@@ -25,12 +25,12 @@ import time
 import warnings
 from pathlib import Path
 
-# vit.export.FORMATS's keys (tests check they agree), named here so that --help needs no torch
+# vit.deploy.export.FORMATS's keys (tests check they agree), named here so that --help needs no torch
 EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
@@ -60,10 +60,12 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import numpy as np
 import torch
 
-from vit.atomic import atomic_write_text
+from vit.cli.runtime import check_options, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
-from vit.export import (
+from vit.data.synthetic import photo_like
+from vit.data.transforms import build_transform
+from vit.deploy.export import (
     FORMATS,
     ExportableClassifier,
     export_model,
@@ -73,10 +75,8 @@ from vit.export import (
     verify,
     write_preprocessing,
 )
-from vit.inference import ImageFiles, collect_images, label_names, load_model_and_config
-from vit.runtime import check_options, run_cli
-from vit.synthetic import photo_like
-from vit.transforms import build_transform
+from vit.eval.inference import ImageFiles, collect_images, label_names, load_model_and_config
+from vit.utils.atomic import atomic_write_text
 
 
 def parse_args(argv):

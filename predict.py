@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
@@ -48,20 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
 
 import torch
 
-from vit.atomic import atomic_write_csv, atomic_write_text
 from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.inference import ImageFiles, collect_images, decode_error, label_names, load_model_and_config, predict_files
-from vit.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.eval.inference import (
+    ImageFiles,
+    collect_images,
+    decode_error,
+    label_names,
+    load_model_and_config,
+    predict_files,
+)
+from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 # what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
@@ -112,8 +119,8 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
                final: Path | None = None) -> None:
     """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot),
     written into `out`; rows name them as they will be in `final` (the --out they are moved to)."""
-    from vit.plots import plot_attention_map, to_display
-    from vit.rollout import attention_maps
+    from vit.eval.plots import plot_attention_map, to_display
+    from vit.explain.rollout import attention_maps
 
     for start in range(0, len(good), batch):
         chunk = good[start:start + batch]

@@ -6,10 +6,10 @@
     accelerate launch train.py --resume=auto                     # continue a run at its last saved step
 
 The story (`main`): config -> accelerator -> data -> model and optimizer -> resume -> for each epoch: train,
-evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/engine.py.
+evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/train/engine.py.
 Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png.
 A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
-a resume refuses a config that changes what the run computes (see vit/runfolder.py).
+a resume refuses a config that changes what the run computes (see vit/train/runfolder.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if os.path.abspath("configs/default.yaml") == DEFAULT_CONFIG:  # run from the re
     DEFAULT_CONFIG = os.path.join("configs", "default.yaml")
 
 if __name__ == "__main__" and any(a in ("-h", "--help") for a in sys.argv[1:]):  # answered before torch loads
-    from vit.cli_help import train_help
+    from vit.cli.help import train_help
 
     print(train_help(__doc__, sys.argv[1:], DEFAULT_CONFIG), end="")
     sys.exit(0)
@@ -38,12 +38,15 @@ from pathlib import Path
 import torch
 from accelerate.utils import set_seed
 
-from vit.atomic import atomic_write_text
 from vit.cli.outputs import check_writable
+from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli
 from vit.config import Config, ConfigError, diff, dump, load_config
-from vit.console import Console, describe_model, format_settings, processes, schedule_warning
 from vit.data import absolute_root, build_datasets, build_loaders, resolve_data_config
-from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
+from vit.eval.plots import plot_curves
+from vit.models.build import build_model, pretrained_cfg_of
+from vit.train import preemption
+from vit.train.console import Console, describe_model, format_settings, processes, schedule_warning
+from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
     evaluate_and_checkpoint,
@@ -54,18 +57,16 @@ from vit.engine import (  # noqa: F401 (TrainState, mix_batch: imported from her
     train_one_epoch,
     trim_metrics,
 )
-from vit.factory import build_model
-from vit.optim import build_optimizer
-from vit.plots import plot_curves
-from vit.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.runtime import apply_machine_defaults, make_accelerator, run_cli
-from vit.train import preemption
+from vit.train.optim import build_optimizer
+from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
+from vit.utils.atomic import atomic_write_text
 
 
 def main(argv: list[str] | None = None) -> int:
     preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = resolve_data_config(load_config(config_path, overrides))  # preprocessing of the pretrained weights
+    cfg = load_config(config_path, overrides)
+    cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         resume_run(accelerator, cfg, run_dir, run.state, run.ema)
     open_run_folder(run)
 
-    # --- loop: one save policy (vit/engine.py: state_save_due) ------------------------------------------------
+    # --- loop: one save policy (vit/train/engine.py: state_save_due) ------------------------------------------------
     console.start_progress(run.total_steps, run.state.step)
     with preemption.deferred():  # SIGTERM: finish the step, save a state, exit 143 (vit/train/preemption.py)
         while not finished(run):
@@ -125,7 +126,7 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
     while i < len(argv):
         a = argv[i]
         if a in ("-h", "--help"):
-            from vit.cli_help import train_help
+            from vit.cli.help import train_help
 
             print(train_help(__doc__, argv, DEFAULT_CONFIG), end="")
             sys.exit(0)
@@ -152,8 +153,8 @@ def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
 
 
 def prepare(accelerator, model, optimizer, *loaders):
-    """accelerator.prepare for the model, the optimizer and the DataLoaders; shard loaders (vit/wds.py) deal
-    their shards to processes and workers themselves and are passed through."""
+    """accelerator.prepare for the model, the optimizer and the DataLoaders; shard loaders
+    (vit/data/shard_loader.py) deal their shards to processes and workers themselves and are passed through."""
     from torch.utils.data import DataLoader
 
     plain = [i for i, ld in enumerate(loaders) if isinstance(ld, DataLoader)]

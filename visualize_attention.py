@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli_help import HelpFormatter
+    from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli_help import exit_if_help
+    from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser)
 
@@ -63,16 +63,16 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import numpy as np
 import torch
 
-from vit.atomic import atomic_write_bytes, atomic_write_text
-from vit.checkpoint import load_checkpoint
 from vit.cli.outputs import OutputLock, check_writable
+from vit.cli.runtime import run_cli
 from vit.data import IMG_EXTENSIONS, DataError, build_datasets
-from vit.decode import BadImageError
+from vit.data.decode import BadImageError
+from vit.data.transforms import build_transform
+from vit.eval.plots import plot_attention_map, to_display
+from vit.explain.rollout import attention_maps
 from vit.layers.token_reduction import TopK
-from vit.plots import plot_attention_map, to_display
-from vit.rollout import attention_maps
-from vit.runtime import run_cli
-from vit.transforms import build_transform
+from vit.models.checkpoint import load_checkpoint
+from vit.utils.atomic import atomic_write_bytes, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 
@@ -212,7 +212,7 @@ def plot_tokens(path: Path, image: np.ndarray, labels: np.ndarray, sizes: np.nda
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from vit.plots import save_figure
+    from vit.eval.plots import save_figure
 
     h, w = image.shape[:2]
     colours = colormaps["tab20"](np.arange(20))

@@ -76,8 +76,7 @@ class DigitStrings:
 
 def build_model(dim: int, depth: int, heads: int):
     import vit
-    from vit.models.decoder import TextDecoder
-    from vit.models.seq2seq import Seq2Seq
+    from vit.models import Seq2Seq, TextDecoder
 
     encoder = vit.VisionTransformer(IMG, PATCH, in_chans=1, num_classes=0, embed_dim=dim, depth=depth,
                                     num_heads=heads, mlp_ratio=2)
@@ -130,7 +129,7 @@ def train(model, data: DigitStrings, test, steps: int, batch_size: int, lr: floa
 @torch.no_grad()
 def word_relevance(model, images: torch.Tensor) -> tuple[torch.Tensor, list[list[int]]]:
     """Per generated word, its relevance over the input patches (B, L, h, w) (module docstring), and the words."""
-    from vit.rollout import attention_rollout
+    from vit.explain.rollout import attention_rollout
 
     model.eval()
     seqs = model.generate(images, max_new_tokens=SLOTS + 1).sequences  # (B, L)
@@ -159,7 +158,7 @@ def draw(path: Path, images: torch.Tensor, rel: torch.Tensor, seqs: list[list[in
     """One column per image: the image, then each generated word's relevance map over it (min-max per map)."""
     from matplotlib.figure import Figure
 
-    from vit.plots import save_figure
+    from vit.eval.plots import save_figure
 
     rows = 1 + rel.shape[1]
     fig = Figure(figsize=(3.2 * len(images), 0.95 * rows))
@@ -231,7 +230,7 @@ def main() -> None:
 def save(out: Path, model, results: dict) -> None:
     from safetensors.torch import save
 
-    from vit.atomic import atomic_write_bytes, atomic_write_text
+    from vit.utils.atomic import atomic_write_bytes, atomic_write_text
 
     atomic_write_bytes(out / "model.safetensors", save({k: v.contiguous() for k, v in model.state_dict().items()}))
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")

@@ -8,7 +8,7 @@ character (一 .. 九, 十, 百, 千, 万, 零), the target is written word by w
 whole source at each step: 零 marks skipped places ("一千零五" = "one thousand five"), 十 alone means "ten" and
 "一十" is written only inside a number ("一百一十" = "one hundred ten"), teens are one English word, and 万
 (ten thousand) has no English word ("三万" = "thirty thousand"). A random tenth of the numbers is never trained
-on; the script reports exact match (the whole sentence right) on those. The model is `vit.models.seq2seq.Seq2Seq`:
+on; the script reports exact match (the whole sentence right) on those. The model is `vit.models.Seq2Seq`:
 the ViT's `Encoder` on the characters, the decoder with masked self-attention and cross-attention, decoding
 through the KV cache. At the end it walks one held-out number through the decoder step by step, as the seed does.
 """
@@ -96,7 +96,7 @@ def encode(numbers: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def build_model(dim: int, depth: int, heads: int):
-    from vit.models.seq2seq import Seq2Seq
+    from vit.models import Seq2Seq
 
     return Seq2Seq.text(len(SRC_VOCAB), len(TGT_VOCAB), dim, depth, heads, max_src_len=12, max_tgt_len=12,
                         mlp_ratio=2, bos_id=TGT_INDEX[BOS], eos_id=TGT_INDEX[EOS], pad_id=TGT_INDEX[PAD])
@@ -215,7 +215,7 @@ def main() -> None:
 def save(out: Path, model, results: dict) -> None:
     from safetensors.torch import save
 
-    from vit.atomic import atomic_write_bytes, atomic_write_text
+    from vit.utils.atomic import atomic_write_bytes, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "model.safetensors", save({k: v.contiguous() for k, v in model.state_dict().items()}))

@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python scripts/bench_shards.py --images 2000 --repeats 5
 
-Generates an ImageFolder of photo-like JPEGs (vit.data.photo_like, `--width` x `--height`, quality 90), writes
-its shards with `vit.shards.write_shards`, then times full passes over the train split, alternating folder and
+Generates an ImageFolder of photo-like JPEGs (vit.data.synthetic.photo_like, `--width` x `--height`, quality 90), writes
+its shards with `vit.data.shards.write_shards`, then times full passes over the train split, alternating folder and
 shards: the folder dataset (FolderDataset + EpochSampler in a DataLoader) and the shard loader (ShardLoader),
 both with one worker, batch 64, our training pipeline at 224 px (random resized crop, flip). Prints the median
 images/s of each and the median of the per-pair ratios shards / folder, with its min-max.
@@ -24,10 +24,11 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from vit.config import AugConfig
-from vit.data import EpochSampler, FolderDataset, photo_like
-from vit.shards import resolve_split, write_shards
-from vit.transforms import build_transform
-from vit.wds import ShardDataset, ShardLoader
+from vit.data import EpochSampler, FolderDataset
+from vit.data.shard_loader import ShardDataset, ShardLoader
+from vit.data.shards import resolve_split, write_shards
+from vit.data.synthetic import photo_like
+from vit.data.transforms import build_transform
 
 
 def make_folder(root: Path, n: int, width: int, height: int, classes: int = 10) -> None:

@@ -11,7 +11,7 @@
    configs/accelerate/fsdp.yaml does through Accelerate), each eager and under torch.compile. Timed after
    warm-up steps (which include compilation).
 3. images/s over all processes; MFU (model FLOPs utilization) = the FLOPs of a training step (forward +
-   backward, counted by vit.flops on one image; the optimizer's are negligible) x images/s per process, over
+   backward, counted by vit.utils.perf on one image; the optimizer's are negligible) x images/s per process, over
    the FLOP/s of a large bf16 matmul measured in the same run on the same device (the practical peak, not the
    datasheet's: MFU as in PaLM, Chowdhery et al. 2022, appendix B, against a measured rather than a quoted
    peak); ours/timm: the ratio of images/s.
@@ -35,8 +35,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: the repository's vit/
 
 import vit  # noqa: E402
-from vit.encoder import Block  # noqa: E402
-from vit.flops import count_flops  # noqa: E402
+from vit.models.encoder import Block  # noqa: E402
+from vit.utils.perf import count_flops, matmul_peak, sync  # noqa: E402
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0)
 KERNELS = {  # profiler op names -> the attention kernel they belong to
@@ -79,25 +79,6 @@ def setup() -> torch.device:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29577")
     dist.init_process_group("nccl" if cuda else "gloo")
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, n: int, reps: int = 10) -> float:
-    """FLOP/s of an n x n matmul in `dtype` on this process's device (best of `reps`), all processes at once."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        sync(device)
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
 
 
 def make_models(args, device) -> dict[str, torch.nn.Module]:

@@ -34,8 +34,18 @@ def make_image_folder(root: Path, classes=("cat", "dog", "fox"), n_train=8, n_va
     return root
 
 
+# A script run by a test writes into the test's temporary folder, never into the checkout: these options must be
+# given (the suite's end compares runs/ and `git status` with its start, conftest.py).
+OUTPUT_OPTIONS = {"train.py": "--run.output_dir", "visualize_attention.py": "--out"}
+
+
 def run_script(script: str, *args: str, timeout: float = 600, env: dict | None = None,
                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run a root script of this tree in a fresh interpreter (cwd: the repository), output captured."""
+    option = OUTPUT_OPTIONS.get(script)
+    if option and not any(a == option or a.startswith(option + "=") for a in args):
+        raise AssertionError(f"run_script({script!r}) without {option}: give it a folder under tmp_path, or it "
+                             "writes into the checkout's runs/.")
     target = [script] if script.startswith("-") else [str(ROOT / script)]
     cmd = (launcher or [sys.executable]) + target + list(args)
     e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
@@ -52,3 +62,24 @@ def import_script(name: str):
         sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
         spec.loader.exec_module(sys.modules[spec.name])
     return sys.modules[f"_script_{name}"]
+
+
+def checkout_state(root: Path = ROOT) -> dict[str, list[str]]:
+    """What a test could leave behind in a checkout: `git status --porcelain` (untracked files included; not
+    a git checkout: none) and every path under runs/ with its modification time."""
+    git = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=root, capture_output=True,
+                         text=True)
+    runs = root / "runs"
+    return {"git status": git.stdout.splitlines() if git.returncode == 0 else [],
+            "runs/": sorted(f"{p.relative_to(root)} {p.stat().st_mtime_ns}" for p in runs.rglob("*"))
+            if runs.is_dir() else []}
+
+
+def checkout_changes(before: dict[str, list[str]], after: dict[str, list[str]]) -> list[str]:
+    """One line per entry that appeared, disappeared or changed between two `checkout_state`s."""
+    out = []
+    for key in before:
+        old, new = set(before[key]), set(after[key])
+        out += [f"{key}: new or changed: {x}" for x in sorted(new - old)]
+        out += [f"{key}: gone or changed: {x}" for x in sorted(old - new)]
+    return out

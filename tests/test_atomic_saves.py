@@ -10,9 +10,10 @@ from helpers import TINY
 from safetensors.torch import load_file
 
 import vit
-import vit.checkpoint as checkpoint
-from vit.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, save_state_atomic, verify_state
+import vit.models.checkpoint as checkpoint
 from vit.config import load_config
+from vit.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from vit.train.state import save_state_atomic, verify_state
 
 
 class _Accelerator:
@@ -50,10 +51,10 @@ def _model(seed):
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "rename-aside"])
 def test_a_kill_between_a_checkpoints_files_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch, exchange):
-    import vit.atomic
+    import vit.utils.atomic
 
     if not exchange:
-        monkeypatch.setattr(vit.atomic, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(vit.utils.atomic, "_exchange", lambda a, b: False)
     cfg = load_config(None, [*TINY, "--model.depth=1"])
     old = _model(0)
     save_checkpoint(tmp_path / "last", old, cfg, ["a", "b"], {"step": 5, "epoch": 1})

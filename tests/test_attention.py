@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import vit
-from vit.flops import count_flops
 from vit.layers import Attention
+from vit.utils.perf import count_flops
 
 
 def _reference(x, attn, mask=None, causal=False):

@@ -1,5 +1,7 @@
-"""--help of every script: the config schema from the dataclasses, every option with its help and default, and
-no torch import on the way (checked in sys.modules of a fresh interpreter, not by timing)."""
+"""--help of every script: the config schema, every option with its help and default, and no torch import."""
+
+# --help of every script: the config schema from the dataclasses, every option with its help and default, and
+# no torch import on the way (checked in sys.modules of a fresh interpreter, not by timing).
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from helpers import ROOT
 from helpers import import_script as _script
 
 from vit import config as C
-from vit.cli_help import config_help, field_comments, format_value
+from vit.cli.help import config_help, field_comments, format_value
 
-SCRIPTS = ("train", "evaluate", "predict", "export", "visualize_attention", "benchmark")
+# every command is a root script (train.py first: its help is the config schema, not argparse options)
+SCRIPTS = ("train", *sorted(p.stem for p in ROOT.glob("*.py") if p.stem != "train"))
 
 # Runs each script as __main__ with --help in one fresh interpreter; prints {script: help} and whether any module
 # of torch (or timm, accelerate) was imported by the time every help had been printed.
@@ -109,7 +112,7 @@ def test_script_options_all_have_help_and_show_their_defaults(helps, name):
 
 
 def test_export_help_names_the_formats_vit_export_writes():
-    from vit.export import FORMATS
+    from vit.deploy.export import FORMATS
 
     assert _script("export").EXPORT_FORMATS == tuple(FORMATS)
 

@@ -1,3 +1,5 @@
+"""Configs: typed dataclasses, strict YAML loading, dotted overrides, every shipped config loads."""
+
 import pytest
 
 from vit.config import Config, ConfigError, load_config, parse_overrides

@@ -1,11 +1,13 @@
-"""YAML 1.1's booleans (yes/no/on/off) do not eat documented string values: `--run.mixed_precision=no` and
-`mixed_precision: no` in a file mean the string 'no'; keys typed bool still take yes/no/on/off."""
+"""YAML 1.1 booleans do not eat documented strings: --run.mixed_precision=no means the string no."""
+
+# YAML 1.1's booleans (yes/no/on/off) do not eat documented string values: `--run.mixed_precision=no` and
+# `mixed_precision: no` in a file mean the string 'no'; keys typed bool still take yes/no/on/off.
 
 import pytest
 import yaml
 
 from vit.config import Config, ConfigError, dump, from_dict, load_config, parse_overrides, read_yaml
-from vit.runfolder import resume_changes
+from vit.train.runfolder import resume_changes
 
 
 @pytest.mark.parametrize("value", ["no", "fp16", "bf16"])

@@ -1,4 +1,4 @@
-"""The training loop's pieces (vit/engine.py), the quiet console (vit/console.py) and file modes (vit/atomic.py)."""
+"""The training loop's pieces (vit/train/engine.py), the quiet console (vit/train/console.py), file modes."""
 
 import os
 import re
@@ -11,8 +11,8 @@ import pytest
 import torch
 from helpers import ROOT, TINY, run_script
 
-from vit.console import MIN_STEPS, describe_model, processes, schedule_warning
-from vit.engine import TrainState, state_save_due
+from vit.train.console import MIN_STEPS, describe_model, processes, schedule_warning
+from vit.train.engine import TrainState, state_save_due
 
 
 def _saves(epochs: int, batches: int, every: int, max_steps: int | None = None) -> list[tuple[int, str]]:
@@ -86,7 +86,7 @@ def test_model_line_names_what_was_built():
 def test_progress_in_a_log_file_is_plain_lines(capsys, monkeypatch):
     from types import SimpleNamespace
 
-    import vit.console as console
+    import vit.train.console as console
 
     monkeypatch.setattr(console, "PLAIN_EVERY_S", 0.0)  # a line at every step instead of every 30 s
     c = console.Console(SimpleNamespace(is_main_process=True))
@@ -110,13 +110,13 @@ def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(
     loss in either micro-batch skips the step (weights and optimizer untouched) under run.on_nonfinite=skip."""
     from accelerate.state import AcceleratorState, GradientState
 
-    from vit.checkpoint import build_model
+    from vit.cli.runtime import make_accelerator
     from vit.config import load_config
-    from vit.console import Console
     from vit.data import build_datasets, build_loaders
-    from vit.engine import Run, train_one_epoch
-    from vit.optim import build_optimizer
-    from vit.runtime import make_accelerator
+    from vit.models.build import build_model
+    from vit.train.console import Console
+    from vit.train.engine import Run, train_one_epoch
+    from vit.train.optim import build_optimizer
 
     cfg = load_config(ROOT / "configs/default.yaml", [
         "--data.dataset=synthetic", "--data.synthetic_train_size=32", "--data.synthetic_val_size=4", *TINY,
@@ -167,9 +167,9 @@ def _mode(path: Path) -> int:
 @pytest.mark.parametrize("umask", [0o077, 0o002])
 def test_written_files_honour_the_umask(tmp_path, umask):
     from vit import create_model
-    from vit.atomic import atomic_write_csv, atomic_write_text
-    from vit.checkpoint import save_checkpoint
     from vit.config import load_config
+    from vit.models.checkpoint import save_checkpoint
+    from vit.utils.atomic import atomic_write_csv, atomic_write_text
 
     old = os.umask(umask)
     try:
@@ -190,13 +190,15 @@ def test_written_files_honour_the_umask(tmp_path, umask):
 
 
 def test_atomic_writing_imports_nothing_heavy():
-    code = ("import runpy, sys; runpy.run_path(sys.argv[1]); "
-            "print(sorted(m for m in ('torch', 'numpy', 'vit', 'matplotlib') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT / "vit/atomic.py")], capture_output=True, text=True,
-                         check=True).stdout
-    assert out.strip() == "[]"
+    """vit.utils.atomic (and the package above it) loads no torch, numpy or matplotlib, and no other vit module
+    than its own helper (utils/untrusted_text.py) and the light package faces."""
+    code = ("import sys, vit.utils.atomic; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('torch', 'numpy', 'matplotlib') or m.startswith('vit')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert out.strip() == str(["vit", "vit.utils", "vit.utils.atomic", "vit.utils.untrusted_text"])
     # and drawing a PNG no longer reaches the checkpoint (model) module
-    assert "checkpoint" not in (ROOT / "vit/plots.py").read_text()
+    assert "checkpoint" not in (ROOT / "vit/eval/plots.py").read_text()
 
 
 def _launch_flags() -> list[str]:

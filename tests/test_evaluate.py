@@ -7,17 +7,13 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, TINY, make_image_folder, run_script
+from helpers import make_image_folder, run_script
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ev")
-    data = make_image_folder(tmp / "folder", classes=("a", "b", "c", "d", "e", "f", "g"), n_train=6, n_val=3)
-    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={data}", f"--run.output_dir={tmp}",
-                   "--run.name=t", "--run.epochs=2", *TINY)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return tmp, data
+@pytest.fixture
+def trained(tiny_run):
+    run, data = tiny_run  # the session's one tiny training (conftest.py): 7 classes, 21 val images
+    return run.parent, data
 
 
 def _read(path):
@@ -62,7 +58,7 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
 def test_ece_against_an_independent_per_sample_formula():
     """ECE = sum over bins |sum_i (correct_i - conf_i)| / N, bins found with np.digitize (right-closed, the first
     also holding 0), summed with np.bincount: no loop over bins, nothing shared with the implementation."""
-    from vit.metrics import expected_calibration_error
+    from vit.eval.metrics import expected_calibration_error
 
     g = torch.Generator().manual_seed(0)
     probs = torch.softmax(torch.randn(500, 4, generator=g, dtype=torch.float64) * 2, 1).float()
@@ -141,13 +137,3 @@ def test_two_processes_one_prediction_per_sample(trained, tmp_path):
     assert a["top1"] == b["top1"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     rows = _read(tmp_path / "two/predictions.csv")
     assert len({r["sample"] for r in rows}) == 21
-
-
-def test_readme_multi_process_launches_say_multi_gpu():
-    """`accelerate launch --num_processes 2` without --multi_gpu (or a config file) starts ONE process on a CPU
-    machine; every such command in the README must really start the processes it counts."""
-    import re
-
-    lines = [ln for ln in (ROOT / "README.md").read_text().splitlines()
-             if re.search(r"accelerate launch .*--num_processes [2-9]", ln) and "--config_file" not in ln]
-    assert lines and all("--multi_gpu" in ln for ln in lines), lines

@@ -1,5 +1,7 @@
-"""export.py and vit.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
-at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence."""
+"""export.py and vit.deploy.export: every format reloaded and compared with PyTorch and timm."""
+
+# export.py and vit.deploy.export: each format reloaded and compared with PyTorch (and timm) at batch sizes 1 and 5,
+# at a second image size for a dynamic_img_size model; a mismatch and a missing extra are one sentence.
 
 import importlib.util
 import json
@@ -10,9 +12,18 @@ import torch
 from helpers import ROOT
 
 import vit
-from vit.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 from vit.config import load_config
-from vit.export import FORMATS, ExportableClassifier, ExportError, export_model, load_exported, require_onnx, verify
+from vit.deploy.export import (
+    FORMATS,
+    ExportableClassifier,
+    ExportError,
+    export_model,
+    load_exported,
+    require_onnx,
+    verify,
+)
+from vit.models.build import build_model
+from vit.models.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 
 def _peaked(model):

@@ -1,5 +1,7 @@
-"""Folder entries that cannot round-trip or be read: a class folder whose name is not UTF-8 is refused before
-training, and predict names a linked or unreadable subfolder in skipped.csv instead of passing over it."""
+"""Folder entries: a non-UTF-8 class folder is refused, predict names linked or unreadable subfolders."""
+
+# Folder entries that cannot round-trip or be read: a class folder whose name is not UTF-8 is refused before
+# training, and predict names a linked or unreadable subfolder in skipped.csv instead of passing over it.
 
 import csv
 import os
@@ -9,11 +11,12 @@ import pytest
 from helpers import TINY, import_script, make_image_folder
 from PIL import Image
 
-from vit.checkpoint import build_model, save_checkpoint
 from vit.config import load_config
 from vit.data import DataError, build_datasets
-from vit.inference import collect_images
-from vit.shards import write_shards
+from vit.data.shards import write_shards
+from vit.eval.inference import collect_images
+from vit.models.build import build_model
+from vit.models.checkpoint import save_checkpoint
 
 
 def test_a_class_folder_name_that_is_not_utf8_is_refused_at_start(tmp_path):

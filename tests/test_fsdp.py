@@ -1,10 +1,11 @@
-"""FSDP2 through Accelerate (configs/accelerate/fsdp.yaml), trained by the unchanged train.py on 2 gloo processes.
+"""FSDP2 through Accelerate on 2 gloo processes, against DDP as the oracle."""
 
-DDP is the oracle: both average the same per-process gradients (all-reduce vs reduce-scatter), and AdamW is
-elementwise, so three steps must agree to float32 rounding. Exactness of resume is checked against an
-uninterrupted FSDP run, bit for bit; the consolidated best/last weights against the sharded state, read back
-from its torch.distributed.checkpoint files in this (single, non-distributed) process.
-"""
+# FSDP2 through Accelerate (configs/accelerate/fsdp.yaml), trained by the unchanged train.py on 2 gloo processes.
+#
+# DDP is the oracle: both average the same per-process gradients (all-reduce vs reduce-scatter), and AdamW is
+# elementwise, so three steps must agree to float32 rounding. Exactness of resume is checked against an
+# uninterrupted FSDP run, bit for bit; the consolidated best/last weights against the sharded state, read back
+# from its torch.distributed.checkpoint files in this (single, non-distributed) process.
 
 import csv
 import sys
@@ -14,7 +15,7 @@ import torch
 from helpers import ROOT, TINY, run_script
 from safetensors.torch import load_file
 
-from vit.checkpoint import load_checkpoint
+from vit.models.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.slow
 

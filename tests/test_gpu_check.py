@@ -1,5 +1,7 @@
-"""scripts/gpu_check.sh end to end on CPU (--tiny: 2 gloo processes, fp32), as CI runs it; on a GPU it is the
-ViT-B/16 bf16 check of the README's "Scaling up"."""
+"""scripts/gpu_check.sh end to end on CPU (--tiny: 2 gloo processes, fp32), as CI runs it."""
+
+# scripts/gpu_check.sh end to end on CPU (--tiny: 2 gloo processes, fp32), as CI runs it; on a GPU it is the
+# ViT-B/16 bf16 check of the README's "Scaling up".
 
 import json
 import os

@@ -3,9 +3,9 @@
 import torch
 
 import benchmark
-import vit.encoder
-from vit.checkpoint import build_model
+import vit.models.encoder
 from vit.config import load_config
+from vit.models.build import build_model
 
 SMALL = ["--model.img_size=32", "--model.in_chans=3", "--model.embed_dim=32", "--model.depth=3", "--model.num_heads=2",
          "--model.mlp_ratio=2"]
@@ -13,8 +13,8 @@ SMALL = ["--model.img_size=32", "--model.in_chans=3", "--model.embed_dim=32", "-
 
 def test_config_key_checkpoints_every_block_with_the_same_gradients(monkeypatch):
     calls = []
-    real = vit.encoder.checkpoint
-    monkeypatch.setattr(vit.encoder, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = vit.models.encoder.checkpoint
+    monkeypatch.setattr(vit.models.encoder, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     plain = build_model(load_config("configs/default.yaml", SMALL), num_classes=5).train()
     ckpt = build_model(load_config("configs/default.yaml", [*SMALL, "--model.grad_checkpointing=true"]),
                        num_classes=5).train()

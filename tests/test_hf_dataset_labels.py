@@ -1,5 +1,7 @@
-"""Hugging Face datasets on disk: labels that are not class indices (floats, text, -1, past the classes) are
-refused at the start in one sentence, and an undecodable image row is skipped as a folder image is."""
+"""Hugging Face datasets on disk: labels that are not class indices refused, bad image rows skipped."""
+
+# Hugging Face datasets on disk: labels that are not class indices (floats, text, -1, past the classes) are
+# refused at the start in one sentence, and an undecodable image row is skipped as a folder image is.
 
 import io
 
@@ -9,7 +11,7 @@ from PIL import Image
 
 from vit.config import load_config
 from vit.data import DataError
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
 
 datasets = pytest.importorskip("datasets")
 
@@ -21,7 +23,7 @@ def _png(v: int) -> bytes:
 
 
 def _build(tmp_path, labels, images=None, label_feature=None, on_bad_image="skip"):
-    from vit.hfds import build_hf_datasets
+    from vit.data.hf_datasets import build_hf_datasets
 
     images = images or [_png(40 * i % 250) for i in range(len(labels))]
     feats = {"image": datasets.Image()}

@@ -1,9 +1,10 @@
-"""Pretrained weights by name (vit/hub.py) against timm's own create_model(pretrained=True), the oracle.
+"""Pretrained weights by name (vit.hub) against timm's own create_model(pretrained=True), offline."""
 
-A Hugging Face hub cache is built offline in a temporary folder with huggingface_hub's real layout
-(models--org--name/refs/main, snapshots/<commit>/...), holding repositories that timm's save_for_hf wrote from
-randomly initialised timm models; HF_HUB_OFFLINE=1 throughout, so nothing here can touch the network.
-"""
+# Pretrained weights by name (vit/hub/names.py) against timm's own create_model(pretrained=True), the oracle.
+#
+# A Hugging Face hub cache is built offline in a temporary folder with huggingface_hub's real layout
+# (models--org--name/refs/main, snapshots/<commit>/...), holding repositories that timm's save_for_hf wrote from
+# randomly initialised timm models; HF_HUB_OFFLINE=1 throughout, so nothing here can touch the network.
 
 import json
 import sys
@@ -16,10 +17,11 @@ from helpers import ROOT, TINY, run_script
 from timm.models import save_for_hf
 
 import vit
-from vit.checkpoint import load_checkpoint, save_checkpoint
 from vit.config import load_config
 from vit.data import resolve_data_config
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.models.build import pretrained_cfg_of
+from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
 ARCH = "vit_tiny_patch16_224"
 SMALL = dict(embed_dim=32, depth=2, num_heads=2)  # the registry's vit_tiny, narrowed: weights of a few kB
@@ -137,13 +139,16 @@ def test_missing_model_offline_names_repository_cache_and_command(hub):
 
 
 def test_pretrained_cfg_drives_preprocessing(hub):
-    cfg = resolve_data_config(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--model.img_size=32"]))
+    def told(c):  # as train.py: the data is told the weights' preprocessing, it looks nothing up
+        return resolve_data_config(c, pretrained_cfg_of(c.model))
+
+    cfg = told(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--model.img_size=32"]))
     assert cfg.aug.mean == list(IMAGENET["mean"]) and cfg.aug.std == list(IMAGENET["std"])
     assert (cfg.aug.eval_crop_pct, cfg.aug.interpolation) == (0.9, "bicubic")  # the repository's pretrained_cfg
     # what the config sets wins, as in timm's resolve_data_config; without weights: the old fallbacks
-    own = resolve_data_config(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--aug.mean=[0.1,0.2,0.3]"]))
+    own = told(load_config(None, ["--model.pretrained=hf-hub:org/tiny", "--aug.mean=[0.1,0.2,0.3]"]))
     assert own.aug.mean == [0.1, 0.2, 0.3] and own.aug.std == list(IMAGENET["std"])
-    plain = resolve_data_config(load_config(None, []))
+    plain = told(load_config(None, []))
     assert (plain.aug.mean, plain.aug.eval_crop_pct, plain.aug.interpolation) == ([0.5] * 3, 1.0, "bilinear")
     # the eval pipeline normalizes with them: a flat image (v/255 - mean) / std per channel
     pipe = build_transform(cfg.aug, 32, train=False)
@@ -170,7 +175,7 @@ def test_checkpoint_folder_is_a_timm_hub_folder(hub, tmp_path):
     """Options beyond the variant's (avg pooling, layer scale) travel in config.json's model_args."""
     cfg = resolve_data_config(load_config(None, ["--model.img_size=48", "--model.global_pool=avg",
                                                  "--model.init_values=0.1", "--model.depth=2"]))
-    from vit.checkpoint import build_model
+    from vit.models.build import build_model
 
     model = build_model(cfg, num_classes=3)
     save_checkpoint(tmp_path / "best", model, cfg, ["cat", "dog", "fox"], {"epoch": 1})

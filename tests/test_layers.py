@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import vit
-from vit.encoder import Block
 from vit.layers import DropPath, Mlp, PatchEmbed, SwiGLU, get_norm_layer, resample_abs_pos_embed, sincos_1d, sincos_2d
+from vit.models.encoder import Block
 
 
 def test_sincos_1d_is_the_papers_formula():

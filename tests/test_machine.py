@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, TINY, make_image_folder, run_script
-from vit.config import ConfigError, load_config
-from vit.data import build_datasets, resolve_data_config
-from vit.runtime import (
+from vit.cli.runtime import (
     apply_machine_defaults,
     make_accelerator,
     resolve_precision,
     resolve_threads,
     resolve_workers,
 )
+from vit.config import ConfigError, load_config
+from vit.data import build_datasets, resolve_data_config
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_ddp_grad_strides_warning_is_silenced_and_its_cause_is_the_cls_token():
     import warnings
 
     import vit
-    from vit.runtime import GRAD_STRIDES_WARNING
+    from vit.cli.runtime import GRAD_STRIDES_WARNING
 
     # the cause: with one image, cls_token's gradient is a slice of the token gradient (size-1 dims' strides)
     model = vit.create_model("vit_tiny_patch16_224", img_size=32, embed_dim=32, depth=1, num_heads=2, num_classes=3)

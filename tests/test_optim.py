@@ -1,3 +1,5 @@
+"""The optimizer: parameter groups, weight decay and layer decay as timm's, the warmup + cosine schedule."""
+
 import math
 
 import pytest
@@ -5,7 +7,7 @@ import torch
 
 import vit
 from vit.config import OptimConfig
-from vit.optim import build_optimizer, lr_at, param_groups
+from vit.train.optim import build_optimizer, lr_at, param_groups
 
 
 def test_no_decay_on_norms_biases_positions_and_cls():

@@ -1,6 +1,8 @@
-"""Packaging: pyproject.toml declares ranges a user's own environment can meet, constraints.txt pins what this
-repository is tested with, and the two agree. A user with their own torch must be able to install us without
-pip replacing it."""
+"""Packaging: lower bounds a user's environment can meet, exact pins for CI, the wheel with every subpackage."""
+
+# Packaging: pyproject.toml declares ranges a user's own environment can meet, constraints.txt pins what this
+# repository is tested with, and the two agree. A user with their own torch must be able to install us without
+# pip replacing it.
 
 from __future__ import annotations
 
@@ -186,7 +188,7 @@ def test_jpeg_decoding_without_opencvs_rgb_flag_gives_the_same_pixels(monkeypatc
     import numpy as np
     from PIL import Image
 
-    import vit.decode as decode
+    import vit.data.decode as decode
 
     rng = np.random.default_rng(0)
     buf = io.BytesIO()
@@ -197,3 +199,18 @@ def test_jpeg_decoding_without_opencvs_rgb_flag_gives_the_same_pixels(monkeypatc
     monkeypatch.setattr(decode, "_REDUCED", decode._decode_flags(False))
     for r, want in zip((1, 2), rgb):
         np.testing.assert_array_equal(decode.decode_bytes(data, "x.jpg", reduction=r), want)
+
+
+def test_the_wheel_holds_every_subpackage():
+    """pyproject's packages.find, as setuptools applies it, finds vit and every folder of it that holds code:
+    a subpackage without __init__.py (or outside the include) would be left out of the wheel."""
+    import tomllib
+    from setuptools import find_packages
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = set(find_packages(where=str(ROOT), include=include))
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "vit").rglob("*.py")}
+    assert folders <= found, f"left out of the wheel: {sorted(folders - found)}"
+    assert {"vit", "vit.utils", "vit.layers", "vit.hub", "vit.models", "vit.data", "vit.eval", "vit.explain",
+            "vit.deploy", "vit.train", "vit.cli"} <= found
+    assert not any(p.startswith(("tests", "scripts", "docs")) for p in found)

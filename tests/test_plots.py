@@ -1,5 +1,7 @@
-"""Pictures through matplotlib's Figure (no global state touched), what they show, and the per-class metrics
-scikit-learn computes for evaluate.py, against hand counts."""
+"""Pictures through matplotlib's Figure (no global state), what they show, and the per-class metrics."""
+
+# Pictures through matplotlib's Figure (no global state touched), what they show, and the per-class metrics
+# scikit-learn computes for evaluate.py, against hand counts.
 
 import json
 import subprocess
@@ -9,14 +11,14 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from vit.metrics import per_class_metrics
-from vit.plots import attention_figure, curves_figure, reliability_bars, reliability_figure
+from vit.eval.metrics import per_class_metrics
+from vit.eval.plots import attention_figure, curves_figure, reliability_bars, reliability_figure
 
 PROBE = r"""
 import json, sys
 import matplotlib
 before = (matplotlib.get_backend(), {k: repr(v) for k, v in matplotlib.rcParams.items()})
-import vit.plots
+import vit.eval.plots
 after = (matplotlib.get_backend(), {k: repr(v) for k, v in matplotlib.rcParams.items()})
 changed = sorted(k for k in before[1] if before[1][k] != after[1][k])
 print(json.dumps(dict(backend=[before[0], after[0]], changed=changed, pyplot="matplotlib.pyplot" in sys.modules)))

@@ -1,5 +1,7 @@
-"""predict.py: one row per readable image in input order, equal to evaluate.py's predictions and to timm's
-outputs; broken and non-image files listed in skipped.csv; two processes give the same rows."""
+"""predict.py: one row per readable image in input order, equal to evaluate.py's and timm's outputs."""
+
+# predict.py: one row per readable image in input order, equal to evaluate.py's predictions and to timm's
+# outputs; broken and non-image files listed in skipped.csv; two processes give the same rows.
 
 import csv
 import importlib.util
@@ -11,9 +13,10 @@ import pytest
 import torch
 from helpers import ROOT, make_image_folder, run_script
 
-from vit.checkpoint import CheckpointError, build_model, save_checkpoint
 from vit.config import ConfigError, load_config
 from vit.data import DataError
+from vit.models.build import build_model
+from vit.models.checkpoint import CheckpointError, save_checkpoint
 
 SMALL = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2",
          "--model.mlp_ratio=2", "--aug.eval_crop_pct=0.875", "--aug.interpolation=bicubic"]
@@ -94,7 +97,7 @@ def test_timm_named_weights_imagenet_names_and_timm_oracle(tmp_path):
     from safetensors.torch import save_file
 
     from vit.data import resolve_data_config
-    from vit.transforms import build_transform
+    from vit.data.transforms import build_transform
 
     torch.manual_seed(0)
     ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32).eval()
@@ -171,7 +174,7 @@ def test_two_processes_give_the_same_rows(setup, tmp_path):
 
 
 def test_bad_counts_and_an_output_file_are_one_sentence_before_anything_is_written(tmp_path):
-    """predict.py and export.py check the options every front-end shares as evaluate.py does (vit.runtime)."""
+    """predict.py and export.py check the options every front-end shares as evaluate.py does (vit.cli.runtime)."""
     taken = tmp_path / "taken.png"
     taken.write_bytes(b"not a folder")
     cases = [(["--batch-size", "0"], "--batch-size must be at least 1"),
@@ -189,7 +192,7 @@ def test_bad_counts_and_an_output_file_are_one_sentence_before_anything_is_writt
 def test_pipes_devices_and_empty_folders_are_listed_not_dropped(tmp_path):
     import os
 
-    from vit.inference import collect_images
+    from vit.eval.inference import collect_images
 
     d = tmp_path / "in"
     (d / "empty").mkdir(parents=True)

@@ -1,5 +1,7 @@
-"""Preprocessing that comes with the weights (pretrained_cfg) passes the config's checks, and the pipeline follows
-the model's input channels."""
+"""Preprocessing from the weights passes the config's checks; the pipeline follows the model's channels."""
+
+# Preprocessing that comes with the weights (pretrained_cfg) passes the config's checks, and the pipeline follows
+# the model's input channels.
 
 import argparse
 import json
@@ -11,8 +13,8 @@ from PIL import Image
 from test_untrusted_weights import make_folder
 
 from vit.config import ConfigError
-from vit.inference import load_model_and_config
-from vit.transforms import build_transform
+from vit.data.transforms import build_transform
+from vit.eval.inference import load_model_and_config
 
 
 def _args(folder, **kw):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import vit
-from vit.rollout import attention_maps, attention_rollout, gradient_rollout, to_grid
+from vit.explain.rollout import attention_maps, attention_rollout, gradient_rollout, to_grid
 
 
 def _random_attn(B, H, N, gen):

@@ -1,6 +1,8 @@
-"""What predict, evaluate and visualize write: checked writable before inference, spreadsheet-safe CSV cells,
-undecodable file names as escapes, no control characters on the console, one run at a time per --out, and no
-stale output of an earlier run beside the new one."""
+"""What predict, evaluate and visualize write: checked, spreadsheet-safe, escaped, one run per --out."""
+
+# What predict, evaluate and visualize write: checked writable before inference, spreadsheet-safe CSV cells,
+# undecodable file names as escapes, no control characters on the console, one run at a time per --out, and no
+# stale output of an earlier run beside the new one.
 
 import csv
 import os
@@ -9,9 +11,10 @@ import pytest
 import torch
 from helpers import TINY, import_script, make_image_folder
 
-from vit.atomic import atomic_write_csv
-from vit.checkpoint import build_model, save_checkpoint
 from vit.config import ConfigError, load_config
+from vit.models.build import build_model
+from vit.models.checkpoint import save_checkpoint
+from vit.utils.atomic import atomic_write_csv
 
 NASTY = ["=cmd|' /C calc'!A0", "\x1b[2J\x1b[31mred", "a\x00b"]
 

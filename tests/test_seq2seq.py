@@ -10,9 +10,7 @@ from torch import nn
 
 import vit
 from vit.layers import CachedSelfAttention, CrossAttention
-from vit.models.decoder import TextDecoder
-from vit.models.generation import beam_search
-from vit.models.seq2seq import Seq2Seq
+from vit.models import Seq2Seq, TextDecoder, beam_search
 
 D, H = 32, 4
 PAD, BOS, EOS = 0, 1, 2

@@ -1,6 +1,8 @@
-"""Damaged or hostile shards give one sentence or a skipped sample, never a tarfile traceback, a memory blow-up
-or an evaluation padded forever: truncated, empty and non-tar shards, oversized, linked and device members,
-and sample counts a shard cannot hold."""
+"""Damaged or hostile shards give one sentence or a skipped sample, never a tarfile traceback."""
+
+# Damaged or hostile shards give one sentence or a skipped sample, never a tarfile traceback, a memory blow-up
+# or an evaluation padded forever: truncated, empty and non-tar shards, oversized, linked and device members,
+# and sample counts a shard cannot hold.
 
 import io
 import json
@@ -8,13 +10,14 @@ import tarfile
 
 import numpy as np
 import pytest
+from helpers import make_image_folder
 from PIL import Image
 
-from vit.config import AugConfig
+from vit.config import AugConfig, load_config
 from vit.data import DataError
-from vit.shards import ShardSplit, resolve_split
-from vit.transforms import build_transform
-from vit.wds import SKIPPED, ShardDataset
+from vit.data.shard_loader import SKIPPED, ShardDataset
+from vit.data.shards import ShardSplit, resolve_split, write_shards
+from vit.data.transforms import build_transform
 
 
 def _png(colour=(200, 40, 40)) -> bytes:
@@ -89,7 +92,7 @@ def test_a_shard_cut_at_a_member_boundary_is_named(tmp_path, caplog):
 
 def test_members_over_the_limit_are_skipped_unread(tmp_path, monkeypatch):
     """A gzip shard whose member would inflate past the limit: that sample is skipped (counted), never read."""
-    monkeypatch.setattr("vit.shards.MAX_MEMBER_BYTES", 4096, raising=False)
+    monkeypatch.setattr("vit.data.shards.MAX_MEMBER_BYTES", 4096, raising=False)
     big = _png() + bytes(20_000)  # a PNG with 20 kB of trailing zeros: decodable, but over the (patched) limit
     url = _shard(tmp_path / "s.tar.gz", [("k0", _png(), 0), ("k1", big, 1), ("k2", _png(), 1)], mode="w:gz")
     assert _eval_indices(_dataset([url], [3])) == [0, SKIPPED, 2]
@@ -135,7 +138,7 @@ def test_an_honest_count_still_pads_a_short_reader(tmp_path):
 
 @pytest.mark.parametrize("text", ["[]", '{"splits": {}, "classes": 5}', '{"splits": {}, "classes": [1, 2]}'])
 def test_an_info_file_that_is_not_an_index_is_one_sentence(tmp_path, text):
-    from vit.shards import read_info
+    from vit.data.shards import read_info
 
     (tmp_path / "_info.json").write_text(text)
     with pytest.raises(DataError, match="is not a shard index"):
@@ -143,9 +146,35 @@ def test_an_info_file_that_is_not_an_index_is_one_sentence(tmp_path, text):
 
 
 def test_an_oversized_info_file_is_refused_unread(tmp_path, monkeypatch):
-    from vit.shards import read_info
+    from vit.data.shards import read_info
 
-    monkeypatch.setattr("vit.shards.MAX_INFO_BYTES", 100, raising=False)
+    monkeypatch.setattr("vit.data.shards.MAX_INFO_BYTES", 100, raising=False)
     (tmp_path / "_info.json").write_text(json.dumps({"splits": {}, "pad": "x" * 200}))
     with pytest.raises(DataError, match="larger than 100 bytes"):
         read_info(str(tmp_path))
+
+
+# --- A shard sample's .cls label outside 0..n-1 gets a sentence that points the right way (a negative one is the
+
+
+def test_a_negative_label_blames_the_shard(tmp_path):
+    folder = make_image_folder(tmp_path / "f", classes=("a", "b"), n_train=2, n_val=1, size=16)
+    out = tmp_path / "s"
+    write_shards(folder, out, shard_size=4)
+    shard = out / "val-00000.tar"
+    members = []
+    with tarfile.open(shard) as t:
+        for m in t.getmembers():
+            data = t.extractfile(m).read()
+            if m.name.endswith(".cls") and not any(n.endswith(".cls") for n, _, _ in members):
+                data = b"-1"
+                m.size = len(data)
+            members.append((m.name, m, data))
+    with tarfile.open(shard, "w") as t:
+        for _, m, data in members:
+            t.addfile(m, io.BytesIO(data))
+    t = build_transform(load_config(None, {"model.img_size": 16}).aug, 16, False)
+    ds = ShardDataset(resolve_split(str(out), "val"), ["a", "b"], t, train=False, img_size=16)
+    with pytest.raises(DataError, match=r"has label -1.*negative.*fix the shard's \.cls") as e:
+        list(ds)
+    assert "at least 0" not in str(e.value)

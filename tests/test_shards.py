@@ -1,6 +1,8 @@
-"""Sharded data: shards written from an ImageFolder read back as the same images and labels (by us, by
-webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
-sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk."""
+"""Tar shards: written from an ImageFolder, read back exactly, dealt to processes and workers, resumed."""
+
+# Sharded data: shards written from an ImageFolder read back as the same images and labels (by us, by
+# webdataset, by timm's own wds/ reader), epochs dealt exactly over processes x workers, evaluation once per
+# sample, a mid-epoch SIGKILL + resume that reopens no finished shard, Hugging Face datasets on disk.
 
 import contextlib
 import io
@@ -20,10 +22,10 @@ from safetensors.torch import load_file
 
 from vit.config import ConfigError, load_config
 from vit.data import DataError, FolderDataset
-from vit.decode import decode_image
-from vit.shards import plan_epoch, resolve_split, write_shards
-from vit.transforms import build_transform
-from vit.wds import TRACE_ENV, ShardDataset, ShardLoader, worker_consumed
+from vit.data.decode import decode_image
+from vit.data.shard_loader import TRACE_ENV, ShardDataset, ShardLoader, worker_consumed
+from vit.data.shards import plan_epoch, resolve_split, write_shards
+from vit.data.transforms import build_transform
 
 CLASSES = ["cat", "dog", "fox"]
 
@@ -141,8 +143,8 @@ def _corrupt(shards, out, name, position):
 
 def test_unreadable_val_sample_is_dropped_and_counted_not_replaced(shards, tmp_path):
     """Validation must score each readable sample once: the bad one is dropped (index -2), not replaced by its
-    neighbour (which would then be scored twice), and vit.metrics.predict counts it as skipped."""
-    from vit.metrics import predict
+    neighbour (which would then be scored twice), and vit.eval.metrics.predict counts it as skipped."""
+    from vit.eval.metrics import predict
 
     bad = _corrupt(shards, tmp_path / "bad", "val-00001.tar", 1)  # global sample 4
     cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
@@ -322,7 +324,7 @@ def test_sigkill_mid_epoch_then_resume_repeats_no_finished_shard(shards, tmp_pat
 
 def test_hf_rows_give_the_folder_datasets_tensors(folder):
     """The hf reader over rows as `datasets` gives them with Image(decode=False): {"bytes", "path"} + label."""
-    from vit.hfds import HFImageDataset
+    from vit.data.hf_datasets import HFImageDataset
 
     cfg = load_config("configs/default.yaml", ["--model.img_size=32"])
     t = build_transform(cfg.aug, 32, True)
@@ -339,7 +341,7 @@ def test_hf_rows_give_the_folder_datasets_tensors(folder):
 
 
 def test_hf_without_datasets_says_what_to_install(folder, monkeypatch):
-    from vit.hfds import load_split
+    from vit.data.hf_datasets import load_split
 
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(DataError, match="pip install"):
@@ -349,7 +351,7 @@ def test_hf_without_datasets_says_what_to_install(folder, monkeypatch):
 @pytest.mark.slow
 def test_hf_save_to_disk_and_parquet_round_trip(folder, tmp_path):
     datasets = pytest.importorskip("datasets")
-    from vit.hfds import build_hf_datasets
+    from vit.data.hf_datasets import build_hf_datasets
 
     files = sorted((folder / "val").rglob("*.*"))
     feats = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=CLASSES)})
@@ -374,7 +376,7 @@ def test_hf_save_to_disk_and_parquet_round_trip(folder, tmp_path):
 def test_hf_single_dataset_holds_out_a_stratified_val_share(folder, tmp_path):
     """A Dataset.save_to_disk folder has no splits: train and val must not be the same rows."""
     datasets = pytest.importorskip("datasets")
-    from vit.hfds import build_hf_datasets
+    from vit.data.hf_datasets import build_hf_datasets
 
     files = sorted((folder / "train").rglob("*.*"))
     labels = [CLASSES.index(p.parent.name) for p in files]
@@ -397,10 +399,30 @@ def test_hf_single_dataset_holds_out_a_stratified_val_share(folder, tmp_path):
 
 @pytest.mark.slow
 def test_cli_writes_shards_and_refuses_bad_input_in_one_line(folder, tmp_path):
-    r = run_script("-m", "vit.shards", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
+    r = run_script("shards.py", "--from", str(folder), "--out", str(tmp_path / "s"), "--shard-size", "10")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "train: 24 samples in 3 shards" in r.stdout and (tmp_path / "s/train-00002.tar").is_file()
     for args, msg in ((["--from", str(tmp_path / "nope")], "does not exist"),
                       (["--from", str(folder)], "already holds shards")):
-        bad = run_script("-m", "vit.shards", *args, "--out", str(tmp_path / "s"))
+        bad = run_script("shards.py", *args, "--out", str(tmp_path / "s"))
         assert bad.returncode == 2 and msg in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.slow
+def test_bench_shards_script_runs_both_readers(capsys):
+    """scripts/bench_shards.py (a maintainer tool) times the folder and the shard reader on the same images."""
+    import importlib.util
+
+    from helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("_bench_shards", ROOT / "scripts" / "bench_shards.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    threads = torch.get_num_threads()
+    try:
+        assert bench.main(["--images", "16", "--repeats", "1", "--batch-size", "8", "--shard-size", "8",
+                           "--width", "64", "--height", "48"]) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script pins one thread for its timing
+    out = capsys.readouterr().out
+    assert "16 JPEGs of 64x48" in out and "2 shards" in out and "shards / folder:" in out

@@ -1,12 +1,15 @@
+"""summary.py and vit.models.summary: shapes, parameters and FLOPs per stage against counted formulas."""
+
 import subprocess
 import sys
 
 import pytest
 import torch
+from helpers import ROOT
 
 import vit
-from vit.flops import count_flops
-from vit.summary import summarize
+from vit.models.summary import summarize
+from vit.utils.perf import count_flops
 
 
 def test_summary_traces_shapes_and_counts_flops_like_the_papers():
@@ -36,8 +39,8 @@ def test_summary_traces_shapes_and_counts_flops_like_the_papers():
 
 @pytest.mark.slow
 def test_summary_cli():
-    out = subprocess.run([sys.executable, "-m", "vit.summary", "vit_tiny_patch16_224", "--img-size", "64"],
+    out = subprocess.run([sys.executable, str(ROOT / "summary.py"), "vit_tiny_patch16_224", "--img-size", "64"],
                          capture_output=True, text=True, check=True).stdout
     assert "[1, 17, 192]" in out and "total" in out
-    bad = subprocess.run([sys.executable, "-m", "vit.summary", "vit_nope"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, str(ROOT / "summary.py"), "vit_nope"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown model 'vit_nope'" in bad.stderr

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import vit
-from vit.encoder import Block, Encoder
+from vit.models.encoder import Block, Encoder
 
 
 def _pair(D, H, depth, norm_first, final_norm):

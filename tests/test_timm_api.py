@@ -1,7 +1,8 @@
-"""timm's model API on our ViT, checked against timm's own model with the same weights: forward_intermediates,
-pruning, features_only, FX and TorchScript, masks, classifier resets, layer-decay groups, input resizing,
-gradient checkpointing and pretrained_cfg. Models are tiny (3 blocks, 2x3 patch grid) so the file runs in seconds.
-"""
+"""timm's model API on our ViT, checked against timm's own model with the same weights."""
+
+# timm's model API on our ViT, checked against timm's own model with the same weights: forward_intermediates,
+# pruning, features_only, FX and TorchScript, masks, classifier resets, layer-decay groups, input resizing,
+# gradient checkpointing and pretrained_cfg. Models are tiny (3 blocks, 2x3 patch grid) so the file runs in seconds.
 
 import os
 import subprocess
@@ -232,11 +233,11 @@ def test_set_input_size_matches_timm():
 
 
 def test_grad_checkpointing_same_gradients(monkeypatch):
-    import vit.encoder
+    import vit.models.encoder
 
     calls = []
-    real = vit.encoder.checkpoint
-    monkeypatch.setattr(vit.encoder, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = vit.models.encoder.checkpoint
+    monkeypatch.setattr(vit.models.encoder, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
     model = vit.create_model(NAME, **SMALL, num_classes=5, drop_path_rate=0.0).train()
     x = _x()
     grads = []

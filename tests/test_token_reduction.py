@@ -1,7 +1,10 @@
-"""Token reduction (ToMe merge, EViT top-k): exact when off, ToMe's algorithm against a float64 reference written
-here from the paper, EViT's selection against the [CLS] attention computed here, the fused kernel still used,
-and rollout back on the full patch grid."""
+"""Token reduction (ToMe merge, EViT top-k) against float64 references written from the papers."""
 
+# Token reduction (ToMe merge, EViT top-k): exact when off, ToMe's algorithm against a float64 reference written
+# here from the paper, EViT's selection against the [CLS] attention computed here, the fused kernel still used,
+# and rollout back on the full patch grid.
+
+import copy
 import math
 
 import numpy as np
@@ -10,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import vit
-from vit.encoder import Encoder
-from vit.layers import TokenState, topk_warmup
-from vit.layers.token_reduction import Merge, TopK, default_topk_layers, parse_token_reduction
-from vit.rollout import attention_maps, attention_rollout, to_grid
+from vit.explain.rollout import attention_maps, attention_rollout, to_grid
+from vit.layers import TokenState, parse_token_reduction, topk_warmup
+from vit.layers.token_reduction import Merge, TopK, default_topk_layers
+from vit.models.encoder import Encoder
 
 
 def _model(**kw):
@@ -262,8 +265,8 @@ def test_bad_options_are_one_clear_sentence():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from vit.checkpoint import save_checkpoint
     from vit.config import from_dict
+    from vit.models.checkpoint import save_checkpoint
 
     cfg = from_dict({"model": dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=4, mlp_ratio=4.0),
                      "aug": dict(random_resized_crop=False, hflip=0.0), "data": dict(val_fraction=0.05)})
@@ -279,9 +282,9 @@ def test_evaluate_with_token_reduction_scores_the_reduced_model(checkpoint, tmp_
     import json
 
     import evaluate
-    from vit.checkpoint import load_checkpoint
+    from vit.cli.runtime import run_cli
     from vit.data import build_datasets
-    from vit.runtime import run_cli
+    from vit.models.checkpoint import load_checkpoint
 
     assert evaluate.main(["--checkpoint", str(checkpoint), "--token-reduction", "merge:6", "--out", str(tmp_path)]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
@@ -324,3 +327,49 @@ def test_tracing_a_reduced_model_says_to_turn_reduction_off():
         torch.fx.symbolic_trace(m)
     m.set_token_reduction(None)
     torch.fx.symbolic_trace(m)  # the plain model traces
+
+
+# --- Token merging follows the model's dtype: a float64 model with ToMe computes what its float32 twin does, to
+
+
+@pytest.fixture
+def merged():
+    torch.manual_seed(0)
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                         num_classes=5).eval()
+    m.set_token_reduction("merge:8")
+    return m
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_merged_float64_agrees_with_float32(merged, fused):
+    merged.set_fused_attn(fused)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        f32 = merged(x).double()
+        f64 = copy.deepcopy(merged).double()(x.double())
+    assert (f32 - f64).abs().max() < 1e-5  # a float32 size mask in float64 SDPA was 2e-3 off
+
+
+def test_merged_sizes_follow_the_model_dtype(merged):
+    from vit.layers.token_reduction import TokenState
+
+    x = torch.randn(1, 5, 4, dtype=torch.float64)
+    assert TokenState.start(x).size.dtype == torch.float64
+    assert TokenState.start(x.half()).size.dtype == torch.float16
+
+
+@pytest.mark.parametrize("spec,match", [("topk:0.5@", r"no layers"), ("topk:0.5@,", r"not understood"),
+                                        ("merge:", r"not understood")])
+def test_token_reduction_specs_without_their_values_are_refused(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_token_reduction(spec)
+
+
+def test_merging_more_than_half_the_tokens_is_refused(merged):
+    # 8x8 patches + [CLS] = 65 tokens: at most 32 can merge in the first block
+    merged.set_token_reduction("merge:33")
+    with pytest.raises(ValueError, match=r"merge:33.*at most 32"):
+        merged(torch.randn(1, 3, 32, 32))
+    merged.set_token_reduction("merge:32")
+    assert merged(torch.randn(1, 3, 32, 32)).shape == (1, 5)

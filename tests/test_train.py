@@ -35,7 +35,7 @@ def test_end_to_end_on_generated_image_folder(tmp_path):
     assert float(rows[-1]["val_acc1"]) > 0.6  # 3 colour-coded classes: far above chance (1/3)
     assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
     # the checkpoint alone rebuilds the model and reproduces the logged accuracy
-    from vit.checkpoint import load_checkpoint
+    from vit.models.checkpoint import load_checkpoint
 
     model, cfg, classes, meta = load_checkpoint(run / "last")
     assert cfg.data.root == str(data) and meta["n"] == 15
@@ -135,4 +135,4 @@ def test_ddp_with_one_image_per_process_prints_no_grad_strides_warning(tmp_path)
                    "--data.synthetic_val_size=4", "--run.epochs=1", "--run.max_steps=2", f"--run.output_dir={tmp_path}",
                    *TINY, "--data.batch_size=1", launcher=launcher, env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "Grad strides do not match" not in r.stderr  # cls_token's (1, 1, D) gradient: see vit/runtime.py
+    assert "Grad strides do not match" not in r.stderr  # cls_token's (1, 1, D) gradient: see vit/cli/runtime.py

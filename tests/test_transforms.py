@@ -1,5 +1,7 @@
-"""The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL's JPEG header reader,
-torchvision's resize + centre crop, and our own full-scale decode for the crop-aware reduced decode."""
+"""The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL, resize + crop."""
+
+# The augmentation pipeline against oracles: torchvision's colour ops in float64, PIL's JPEG header reader,
+# torchvision's resize + centre crop, and our own full-scale decode for the crop-aware reduced decode.
 
 import io
 import itertools
@@ -13,12 +15,12 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-import vit.decode as D
-import vit.transforms as T
+import vit.data.decode as D
+import vit.data.transforms as T
 from vit.config import AugConfig
-from vit.decode import decode_image
-from vit.synthetic import photo_like
-from vit.transforms import build_transform
+from vit.data.decode import decode_image
+from vit.data.synthetic import photo_like
+from vit.data.transforms import build_transform
 
 
 def _smooth(h, w, seed=0):

@@ -1,5 +1,7 @@
-"""Nothing a folder one is handed says runs a command or fetches a URL: shard names in _info.json, data sources
-in a checkpoint's saved config, through every entry point that builds a dataset or loads a checkpoint."""
+"""Nothing a folder one is handed runs a command or fetches a URL: _info.json names, saved data sources."""
+
+# Nothing a folder one is handed says runs a command or fetches a URL: shard names in _info.json, data sources
+# in a checkpoint's saved config, through every entry point that builds a dataset or loads a checkpoint.
 
 import json
 from pathlib import Path
@@ -8,10 +10,11 @@ import pytest
 from helpers import TINY, import_script, make_image_folder, run_script
 from PIL import Image
 
-from vit.checkpoint import build_model, load_checkpoint, save_checkpoint
 from vit.config import ConfigError, load_config
 from vit.data import DataError, build_datasets
-from vit.shards import resolve_split, write_shards
+from vit.data.shards import resolve_split, write_shards
+from vit.models.build import build_model
+from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +113,7 @@ def _entry_points(ck: Path, image: Path, tmp: Path) -> dict:
     """Each entry point that loads a checkpoint folder: a call, and whether it needs the data (then it is refused
     in one sentence) or not (then it runs, without opening the data)."""
     def faithfulness():
-        from vit.faithfulness import main
-        return main(["--checkpoint", str(ck), "--out", str(tmp / "faith")])
+        return import_script("faithfulness").main(["--checkpoint", str(ck), "--out", str(tmp / "faith")])
 
     def library():
         _, cfg, classes, _ = load_checkpoint(ck)

@@ -5,7 +5,7 @@ Public API:
     TextEncoder                                    the same encoder on token ids
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
-    attention_rollout, gradient_rollout, ...       where the model looks (vit.rollout)
+    attention_rollout, gradient_rollout, ...       where the model looks (vit.explain.rollout)
 
 The names load on first use (PEP 562 `__getattr__`, as Hugging Face transformers does), so `import vit.config`
 does not import torch: a script's `--help` answers at once instead of after ~7 s of imports.
@@ -18,23 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    "Block": "encoder",
-    "Encoder": "encoder",
+    "Block": "models.encoder",
+    "Encoder": "models.encoder",
     "Attention": "layers",
     "resample_abs_pos_embed": "layers",
-    "load_pretrained": "pretrained",
-    "read_state_dict": "pretrained",
-    "attention_maps": "rollout",
-    "attention_rollout": "rollout",
-    "gradient_rollout": "rollout",
-    "raw_attention": "rollout",
-    "to_grid": "rollout",
-    "TextEncoder": "text",
-    "TextEncoderOutput": "text",
-    "VARIANTS": "vision",
-    "VisionTransformer": "vision",
-    "create_model": "vision",
-    "list_models": "vision",
+    "load_pretrained": "hub.weights",
+    "read_state_dict": "hub.weights",
+    "attention_maps": "explain.rollout",
+    "attention_rollout": "explain.rollout",
+    "gradient_rollout": "explain.rollout",
+    "raw_attention": "explain.rollout",
+    "to_grid": "explain.rollout",
+    "TextEncoder": "models.text_encoder",
+    "TextEncoderOutput": "models.text_encoder",
+    "VARIANTS": "models.vision_transformer",
+    "VisionTransformer": "models.vision_transformer",
+    "create_model": "models.build",
+    "list_models": "models.build",
 }
 
 __all__ = [
@@ -61,7 +61,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    else:  # a submodule not imported yet: vit.rollout, vit.layers, ...
+    else:  # a submodule not imported yet: vit.explain.rollout, vit.layers, ...
         try:
             value = importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as e:
@@ -77,9 +77,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
-    from .encoder import Block, Encoder
+    from .explain.rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
+    from .hub.weights import load_pretrained, read_state_dict
     from .layers import Attention, resample_abs_pos_embed
-    from .pretrained import load_pretrained, read_state_dict
-    from .rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
-    from .text import TextEncoder, TextEncoderOutput
-    from .vision import VARIANTS, VisionTransformer, create_model, list_models
+    from .models.build import create_model, list_models
+    from .models.encoder import Block, Encoder
+    from .models.text_encoder import TextEncoder, TextEncoderOutput
+    from .models.vision_transformer import VARIANTS, VisionTransformer

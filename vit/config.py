@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    # Each field is a vit.create_model argument of the same name (vit/factory.py passes the section straight
+    # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
     # through): a new model option is one line here, its choices (if any) in a Literal type.
     name: str = "vit_tiny_patch16_224"  # a vit.create_model name; the fields below override it
     img_size: int = 224  # input height and width in pixels
@@ -54,7 +54,7 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
-    # (a run's best/) or a weights file; see vit/hub.py
+    # (a run's best/) or a weights file; see vit/hub/names.py
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
@@ -65,8 +65,8 @@ class ModelConfig:
 class DataConfig:
     dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
-    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/wds.py); hf: a datasets.save_to_disk folder
-    # or a folder of parquet files (vit/hfds.py)
+    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
+    # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
     root: str | None = None
     download: bool = True  # cifar only
     val_fraction: float = 0.2  # digits, and an imagefolder without val/: stratified held-out share
@@ -119,8 +119,8 @@ class AugConfig:
         pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
         0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
         one sentence if not); statistics for the weights' own channel count when the model has another (RGB
-        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses accuracy
-        silently, so values the config sets are kept and everything else follows the weights."""
+        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses
+        accuracy silently, so values the config sets are kept and everything else follows the weights."""
         p = pretrained_cfg or {}
         own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
         own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
@@ -318,7 +318,7 @@ def validate(cfg: Config) -> None:
         if flat[key] not in choices:
             shown = ", ".join(repr(c) for c in choices if c is not None)
             raise ConfigError(f"config key '{key}' must be one of {shown}, got {flat[key]!r}.")
-    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.runtime)
+    for key in AUTO:  # a count or the word auto (resolved from the machine by vit.cli.runtime)
         if isinstance(flat[key], str) and flat[key] != "auto":
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
@@ -395,7 +395,7 @@ def check_model_args(args: dict[str, Any], hints: dict[str, Any], where: str) ->
                 flat[dotted] = value
                 continue
             plain = [a for a in options if typing.get_origin(a) is not tuple]
-            flat[dotted] = _check_type(dotted, value, typing.Union[tuple(plain)] if len(plain) > 1 else plain[0])
+            flat[dotted] = _check_type(dotted, value, typing.Union[tuple(plain)] if len(plain) > 1 else plain[0])  # noqa: UP007
         named = lambda keys, extra: {f"model_args.{k[6:]}" for k in keys if k.startswith("model.")} | {  # noqa: E731
             f"model_args.{k}" for k in extra}
         _check_ranges(flat, named(POSITIVE, ARG_POSITIVE), named(NON_NEGATIVE, ARG_NON_NEGATIVE),
@@ -563,7 +563,7 @@ def dump(cfg: Config) -> str:
 # --- data sources from saved configs ----------------------------------------------------------------------------
 # A data source can run a command (`pipe:cmd`, which webdataset hands to a shell) or fetch from anywhere (a URL).
 # It is honoured when the user typed it (command line, a config file they passed), never when it comes from a
-# config saved in a folder they were handed (a checkpoint's config.yaml): `vit.checkpoint.load_checkpoint` marks
+# config saved in a folder they were handed (a checkpoint's config.yaml): `vit.models.checkpoint.load_checkpoint` marks
 # such values with WITHHELD, and `vit.data.build_datasets` refuses a marked one unless the user passes it again.
 
 SOURCE_KEYS = ("root", "train_split", "val_split")  # data.* keys that name where samples come from

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..layers import get_norm_layer
-from ..text import TextEncoder
 from .decoder import TextDecoder
 from .generation import GenerateOutput, beam_search, greedy_search
+from .text_encoder import TextEncoder
 
 __all__ = ["Seq2Seq"]
 

@@ -9,7 +9,7 @@
 - A terminal (`printable`): control characters (ANSI escape sequences clear the screen, recolour or retitle it),
   bidirectional overrides and undecodable bytes are shown as backslash escapes instead of acting.
 
-Standard library only: vit/atomic.py's CSV writer uses it.
+Standard library only: vit/utils/atomic.py's CSV writer uses it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,3 @@
+"""What the root scripts share: `--help` answered before torch loads (`help`) and the run-time helpers
+(`runtime`: the Accelerator, machine defaults, one clear line per user error). Import by module
+(`from vit.cli.help import exit_if_help`); this `__init__` imports nothing, so `--help` stays light."""

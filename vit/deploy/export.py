@@ -1,0 +1,181 @@
+"""Ship a classifier to a runtime without this code: ONNX, TorchScript or a `torch.export` program, each
+checked against the PyTorch model right after it is written.
+
+    wrapper = ExportableClassifier(model)                  # images (B, 3, H, W) -> logits (B, num_classes)
+    path = export_model(wrapper, "onnx", out_dir, example, dynamic_img_size=True)
+    run = load_exported(path, "onnx")                      # the exported file, as a function of a tensor
+    check = verify(wrapper, run, batches)                  # max |p_exported - p_torch|, top-1 agreement
+
+The batch dimension is always dynamic; height and width too when the model has `dynamic_img_size` (as a
+multiple of the patch size). The model's `forward` chooses between its own position table and a resampled one
+with a Python comparison of the patch grid against the configured grid; an exporter would freeze that choice
+at the example's size, so `ExportableClassifier` always resamples (bicubic, antialiased, as
+`resample_abs_pos_embed`; at the configured size the resampling is the identity). ONNX goes through PyTorch's
+current exporter (`torch.onnx.export(..., dynamo=True)`) at opset 23, whose `Attention` operator carries
+`F.scaled_dot_product_attention` as one node. TorchScript is traced (`torch.jit.trace`): scripting the model
+would compile the attention layer's error messages, which TorchScript's compiler does not accept.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.vision_transformer import VisionTransformer
+from ..utils.atomic import atomic_write_text
+
+__all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",
+           "preprocessing", "require_onnx"]
+
+FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
+ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
+
+
+class ExportError(ValueError):
+    """An export that cannot be made or that does not reproduce the PyTorch model; the message says which."""
+
+
+def require_onnx() -> None:
+    """Look for the optional ONNX packages now (without importing them: onnxscript alone takes seconds), so
+    that a missing one is one sentence, not a traceback in the middle of an export."""
+    missing = [name for name in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(f"ONNX export and ONNX Runtime need {', '.join(missing)}, which is not installed; "
+                          "run pip install -e '.[export]'.")
+
+
+class ExportableClassifier(nn.Module):
+    """Images (B, C, H, W) -> logits (B, num_classes), with no Python branch on the input's size.
+
+    Holds its own copy of the model (eval mode), whose position step is replaced by one that always resamples
+    the position table to the input's patch grid; the weights are shared with nothing, so exporting never
+    changes the caller's model."""
+
+    def __init__(self, model: VisionTransformer) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(model)
+        self.eval()  # exporters record the mode: dropout and drop-path off
+        if self.model.dynamic_img_size:
+            self.model._pos_embed = self._pos_embed  # instance attribute: shadows the method in encode()
+
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D); positions resampled to `grid` always."""
+        m = self.model
+        p = m.num_prefix_tokens
+        if m.pos_embed_type == "learn":
+            h0, w0 = m.patch_embed.grid_size
+            table = m.pos_embed[:, p:].reshape(1, h0, w0, -1).permute(0, 3, 1, 2)  # (1, D, h0, w0)
+            table = F.interpolate(table, size=grid, mode="bicubic", antialias=True)  # (1, D, h, w)
+            pos = torch.cat([m.pos_embed[:, :p], table.flatten(2).transpose(1, 2)], dim=1)
+        else:
+            pos = m._sincos(grid).to(x)
+        if m.cls_token is not None:
+            x = torch.cat([m.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return m.pos_drop(x + pos)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+
+def _dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
+    dims = {0: torch.export.Dim("batch", min=1, max=65536)}
+    if dynamic_img_size:  # sides as whole numbers of patches, so the exporter knows they tile exactly
+        ph, pw = model.patch_embed.patch_size
+        dims[2] = ph * torch.export.Dim("grid_h", min=1, max=1024)
+        dims[3] = pw * torch.export.Dim("grid_w", min=1, max=1024)
+    return {"x": dims}
+
+
+def export_model(wrapper: ExportableClassifier, fmt: str, out_dir: str | Path, example: torch.Tensor) -> Path:
+    """Write `wrapper` in format `fmt` into `out_dir` (file name from FORMATS) and return its path."""
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / FORMATS[fmt]
+    tmp = path.with_name(f".tmp-{path.name}")  # renamed into place once complete: a failed export loses nothing
+    dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
+    if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
+        example = example.repeat(2, 1, 1, 1)
+    with torch.no_grad():
+        if fmt == "onnx":
+            require_onnx()
+            program = torch.onnx.export(wrapper, (example,), dynamo=True, dynamic_shapes=dynamic,
+                                        input_names=["x"], output_names=["logits"], opset_version=ONNX_OPSET,
+                                        verbose=False)
+            program.save(str(tmp))
+        elif fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(wrapper, example, check_trace=False), str(tmp))
+        else:
+            torch.export.save(torch.export.export(wrapper, (example,), dynamic_shapes=dynamic), str(tmp))
+    tmp.replace(path)
+    return path
+
+
+def load_exported(path: str | Path, fmt: str):
+    """The exported file as a function: float32 images (B, C, H, W) tensor -> logits tensor, on the CPU."""
+    path = str(path)
+    if fmt == "onnx":
+        require_onnx()
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        name = session.get_inputs()[0].name
+        return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+    if fmt == "torchscript":
+        with warnings.catch_warnings():  # TorchScript is deprecated upstream, still what many runtimes load
+            warnings.simplefilter("ignore", FutureWarning)
+            module = torch.jit.load(path)
+    else:
+        module = torch.export.load(path).module()
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return module(x)
+
+    return run
+
+
+@torch.no_grad()
+def verify(reference: nn.Module, run, batches: list[torch.Tensor], atol: float = 1e-4) -> dict:
+    """Run the exported model and the PyTorch one on each batch: the largest absolute difference of the softmax
+    probabilities, and how many images get a different top-1 class. Raises ExportError past `atol`."""
+    reference.eval()
+    worst, differ, n, shapes = 0.0, 0, 0, []
+    for x in batches:
+        p_ref, p_exp = reference(x).softmax(-1), run(x).float().softmax(-1)
+        worst = max(worst, float((p_ref - p_exp).abs().max()))
+        differ += int((p_ref.argmax(-1) != p_exp.argmax(-1)).sum())
+        n += len(x)
+        shapes.append(list(x.shape))
+    res = dict(max_abs_prob_diff=worst, top1_disagreements=differ, images=n, input_shapes=shapes, atol=atol)
+    if worst > atol or differ:
+        raise ExportError(f"the exported model differs from the PyTorch model (max |p| difference {worst:.2e}, "
+                          f"{differ} different top-1 of {n}); it was written but should not be used.")
+    return res
+
+
+def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:
+    """What a runtime must do to an image before the exported model sees it, timm's pretrained_cfg keys."""
+    ph, pw = model.patch_embed.patch_size
+    return dict(
+        input_size=[model.patch_embed.proj.in_channels, *model.patch_embed.img_size],
+        mean=list(aug.mean), std=list(aug.std), interpolation=aug.interpolation, crop_pct=aug.eval_crop_pct,
+        crop_mode="center", resize="shorter side to round(input_size / crop_pct), then a center crop",
+        dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw], input_name="x", output_name="logits",
+        output="logits (B, num_classes); softmax gives the probabilities", num_classes=len(classes),
+        label_names=list(classes),
+    )
+
+
+def write_preprocessing(out_dir: str | Path, info: dict) -> Path:
+    path = Path(out_dir) / "preprocessing.json"
+    atomic_write_text(path, json.dumps(info, indent=1))
+    return path

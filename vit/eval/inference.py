@@ -1,0 +1,189 @@
+"""Classifying images that have no labels: which files to read, which model and preprocessing to use (the same
+as `evaluate.py`), and one prediction per readable image, in input order, on one process or many.
+
+    paths, skipped = collect_images(["photos/", "more/*.jpg", "list.txt"])   # files, folders, globs, lists
+    out = predict_files(model, ImageFiles(paths, transform), 32, 0, accelerator)  # logits, ok, index
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..config import ConfigError, apply_overrides, from_dict, to_dict
+from ..data.datasets import IMG_EXTENSIONS, resolve_data_config
+from ..data.decode import BadImageError
+from ..data.transforms import Pipeline
+from ..hub.weights import load_pretrained, read_state_dict
+from ..models.build import create_model
+from ..models.checkpoint import CheckpointError, load_checkpoint
+from .metrics import predict
+
+__all__ = ["LIST_SUFFIXES", "collect_images", "ImageFiles", "predict_files", "load_model_and_config",
+           "label_names", "decode_error"]
+
+LIST_SUFFIXES = {".txt", ".lst"}  # a file named on the command line with these suffixes lists paths, one a line
+
+
+def _list_file(path: Path) -> list[Path]:
+    """Paths listed in a text file, one a line; blank lines and '#' comments ignored; relative paths are
+    relative to the list's own folder (so a list travels with its images)."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            p = Path(line).expanduser()
+            out.append(p if p.is_absolute() else path.parent / p)
+    return out
+
+
+def _folder_files(folder: Path, skipped: list[tuple[str, str]]) -> list[Path]:
+    """Every file under `folder` (not inside a hidden folder, nor hidden itself), sorted; a linked subfolder
+    (not followed: it could loop or leave the folder) and an unreadable one are passed over by name."""
+    found: list[Path] = []
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((str(e.filename), f"an unreadable folder ({e.strerror or e})"))
+
+    for top, dirs, files in os.walk(folder, onerror=unreadable):
+        keep = []
+        for d in sorted(dirs):
+            if d.startswith("."):
+                continue
+            if os.path.islink(os.path.join(top, d)):
+                skipped.append((os.path.join(top, d), "a link to a folder, not followed (name the folder itself)"))
+            else:
+                keep.append(d)
+        dirs[:] = keep
+        found += [Path(top) / f for f in files if not f.startswith(".") and not os.path.isdir(os.path.join(top, f))]
+    return sorted(found)
+
+
+def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]:
+    """-> (candidate image files in input order, [(path, reason)] for what was passed over).
+
+    A folder is searched recursively in sorted order; there only files with an image suffix are candidates,
+    other files are passed over by name (hidden files silently). A file named directly, or in a list, is a
+    candidate whatever its suffix: decoding decides. A name that matches nothing is passed over too."""
+    paths: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+
+    def add(p: Path, named: bool) -> None:
+        if p.is_dir():
+            found = _folder_files(p, skipped)
+            if not found:
+                skipped.append((str(p), "an empty folder"))
+            for f in found:
+                add(f, named=False)
+        elif p.exists() and not p.is_file():  # a FIFO or a device (or a link to one) would hang or never end
+            skipped.append((str(p), "not a regular file (a pipe, socket or device)"))
+        elif not p.is_file():
+            skipped.append((str(p), "no such file or folder"))
+        elif named or p.suffix.lower() in IMG_EXTENSIONS:
+            paths.append(p)
+        else:
+            skipped.append((str(p), f"not an image file (suffix {p.suffix or 'none'!r})"))
+
+    for spec in specs:
+        p = Path(spec).expanduser()
+        if p.is_file() and p.suffix.lower() in LIST_SUFFIXES:
+            for q in _list_file(p):
+                add(q, named=True)
+        elif p.exists():
+            add(p, named=True)
+        else:
+            matches = sorted(glob.glob(spec, recursive=True))
+            if not matches:
+                skipped.append((spec, "no such file, folder or glob match"))
+            for m in matches:
+                add(Path(m), named=Path(m).is_file() and Path(m).suffix.lower() in IMG_EXTENSIONS)
+    return paths, skipped
+
+
+class ImageFiles(Dataset):
+    """Yields (image (C, S, S), readable 1/0, index). An unreadable file gives a zero image and 0, so a bad
+    file costs one row of a batch, never the run; `decode_error` tells why, afterwards."""
+
+    def __init__(self, paths: list[Path], transform: Pipeline, in_chans: int = 3) -> None:
+        self.paths, self.transform = list(paths), transform
+        self.shape = (in_chans, transform.geometry.size, transform.geometry.size)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        try:  # a JPEG is decoded at the smallest scale the evaluation resize allows, as in evaluate.py
+            return self.transform.load(self.paths[i]), 1, i
+        except (BadImageError, ValueError):  # ValueError: e.g. a channel count the normalization cannot take
+            return torch.zeros(self.shape), 0, i
+
+
+def decode_error(path: Path, transform: Pipeline) -> str:
+    """Why `path` could not be used (decoding again, only for the failed few)."""
+    try:
+        transform.load(path)
+    except (BadImageError, ValueError) as e:  # PIL names the in-memory buffer it read: name the file instead
+        return re.sub(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>", Path(path).name, str(e))
+    return "unreadable when it was read (it has changed since)"
+
+
+def predict_files(model, dataset: ImageFiles, batch_size: int, num_workers: int, accelerator) -> dict:
+    """Logits (N, C), ok (N,) bool and index (N,) of every file, gathered on every process, in input order.
+    The model and loader go through `accelerator.prepare`, and `vit.eval.metrics.predict` gathers with
+    `gather_for_metrics` (which drops the samples repeated to even out the last batch): one row per file."""
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    model, loader = accelerator.prepare(model, loader)
+    out = predict(model, loader, accelerator)  # its "labels" slot carries our readable flag
+    return {"logits": out["logits"], "ok": out["labels"].bool(), "index": out["index"]}
+
+
+def label_names(model, num_classes: int) -> list[str]:
+    """Class names for a model built by name: its pretrained config's `label_names` when it has them, the
+    ImageNet-1k descriptions (from timm's offline tables) for a 1000-class head, else the indices."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("label_names") if isinstance(cfg, dict) else None
+    if names and len(names) == num_classes:
+        return [str(n) for n in names]
+    if num_classes == 1000:
+        try:
+            from timm.data import ImageNetInfo
+
+            info = ImageNetInfo()
+            return [info.index_to_description(i) for i in range(1000)]
+        except ImportError:
+            pass
+    return [str(i) for i in range(num_classes)]
+
+
+def load_model_and_config(args, overrides: dict):
+    """(model in eval mode, config, class names or None) from a script's arguments: `args.checkpoint` (a
+    train.py folder), or `args.model` with `args.weights` (a timm weights file) or with its weights by name from
+    the hub cache (`args.pretrained`; evaluate.py has no such flag and always means it). The config's aug.*
+    section gives the evaluation preprocessing: the weights' own (timm's pretrained_cfg) unless --aug.* says
+    otherwise."""
+    if args.checkpoint:
+        model, cfg, classes, meta = load_checkpoint(args.checkpoint)
+        cfg = from_dict(apply_overrides(to_dict(cfg), overrides))
+        return model, cfg, classes
+    dynamic = bool(getattr(args, "dynamic_img_size", False))
+    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
+    if args.weights:
+        state = read_state_dict(args.weights)
+        if "head.weight" not in state:
+            raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
+        model = create_model(args.model, img_size=cfg.model.img_size, num_classes=state["head.weight"].shape[0],
+                             dynamic_img_size=dynamic)
+        print(load_pretrained(model, args.weights))
+    elif getattr(args, "pretrained", True):  # named weights: their class count, and their size unless --img-size
+        model = create_model(args.model, pretrained=True, dynamic_img_size=dynamic,
+                             **({"img_size": args.img_size} if args.img_size else {}))
+        cfg.model.img_size = model.patch_embed.img_size[0]
+    else:
+        raise ConfigError("--model needs --weights FILE (a timm checkpoint) or --pretrained; or pass --checkpoint.")
+    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}, model.in_chans), None
+

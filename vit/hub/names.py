@@ -1,0 +1,307 @@
+"""Pretrained weights by name, found as timm 1.0 finds them: tags in timm's registry, files on the Hugging Face hub
+(through huggingface_hub and its standard cache) or in a local folder laid out like a hub repository.
+
+    vit_base_patch16_224                the default tag's repository: timm/vit_base_patch16_224.augreg2_in21k_ft_in1k
+    vit_base_patch16_224.augreg_in21k   that tag's repository: timm/vit_base_patch16_224.augreg_in21k
+    hf-hub:org/repo[@revision]          that repository; its config.json gives the architecture, model_args,
+                                        num_classes, label names and the pretrained config
+    local-dir:/path/to/folder           a folder holding config.json and model.safetensors (or pytorch_model.bin)
+
+Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights. Offline
+(HF_HUB_OFFLINE=1, or no network at all) files come from the cache; a repository that is not there raises one
+sentence naming it, the cache folder and the command that fetches it. The checkpoint side, the config.json that
+makes a train.py checkpoint folder a timm hub folder, is `vit.hub.hub_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "WEIGHT_FILES", "regular_file"]
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
+SOURCES = ("hf-hub:", "local-dir:")
+WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+MAX_CONFIG_BYTES = 2**20  # a timm config.json is a few kB (label names of 21k classes: ~500 kB)
+
+
+@dataclass
+class Source:
+    """Where a model's weights and pretrained config come from."""
+
+    name: str  # as the user wrote it
+    architecture: str  # a registered architecture, e.g. 'vit_base_patch16_224'
+    pretrained_cfg: dict  # timm's PretrainedCfg.to_dict(): becomes `model.pretrained_cfg`
+    model_args: dict = field(default_factory=dict)  # construction args saved with the weights (config.json)
+    repo_id: str | None = None  # hub repository ...
+    revision: str | None = None  # ... at this branch, tag or commit (None: main)
+    folder: Path | None = None  # local-dir: a folder laid out like a repository
+    file: Path | None = None  # a plain weights file
+    config: Path | None = None  # the config.json model_args and pretrained_cfg were read from (for messages)
+    weights: Path | None = None  # where the weights are (set by resolve_source when they are wanted)
+
+    def model_kwargs(self) -> dict:
+        """create_model defaults the weights imply, as timm's factory: the pretrained config's class count,
+        channels and (for fixed-size models) image size, under the source's own model_args. A plain file implies
+        nothing (today's behaviour), and the caller's overrides always win."""
+        if self.file is not None:
+            return {}
+        cfg, out = self.pretrained_cfg, {}
+        size = cfg.get("input_size")
+        n = cfg.get("num_classes")
+        if n is not None and (type(n) is not int or n >= 0):  # a wrong type is named by create_model's check
+            out["num_classes"] = n
+        if size is not None:
+            out["in_chans"] = size[0]
+            if cfg.get("fixed_input_size"):
+                out["img_size"] = tuple(size[-2:])
+        out.update(self.model_args)
+        if isinstance(out.get("img_size"), list):
+            out["img_size"] = tuple(out["img_size"])
+        return out
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
+    from huggingface_hub import constants
+
+    return _truthy(os.environ.get("HF_HUB_OFFLINE")) or constants.HF_HUB_OFFLINE
+
+
+def hub_cache_dir(cache_dir: str | Path | None = None) -> Path:
+    """The Hugging Face hub cache in use: `cache_dir`, else $HF_HUB_CACHE, else huggingface_hub's default
+    (~/.cache/huggingface/hub, or $HF_HOME/hub)."""
+    from huggingface_hub import constants
+
+    return Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
+
+
+def _split_source(name: str) -> tuple[str | None, str]:
+    """'hf-hub:org/repo' -> ('hf-hub', 'org/repo'); a registry name -> (None, name), as timm's parse_model_name."""
+    from timm.models import parse_model_name
+
+    try:
+        return parse_model_name(name)
+    except ValueError as e:
+        raise ValueError(f"{e}".rstrip(".") + ".") from None
+
+
+def _check_arch(arch: str, name: str, known: Collection[str] | None) -> None:
+    if known is not None and arch not in known:
+        raise ValueError(f"{name!r} needs the architecture {arch!r}, which this library does not build; "
+                         f"known models: {', '.join(sorted(known))}.")
+
+
+def _registry(name: str, arch: str, tag: str, known: Collection[str] | None) -> Source:
+    """A registry name, with or without tag -> its pretrained config and hub repository, as timm resolves it."""
+    from timm.models import get_arch_pretrained_cfgs, is_model, resolve_pretrained_cfg
+
+    _check_arch(arch, name, known)
+    if not is_model(arch):
+        raise ValueError(f"unknown model {arch!r}; it has no entry in timm's registry.")
+    try:
+        cfg = resolve_pretrained_cfg(arch, pretrained_cfg=tag or None).to_dict()
+    except RuntimeError:
+        tags = sorted(get_arch_pretrained_cfgs(arch))
+        raise ValueError(f"unknown pretrained tag {tag!r} for {arch}; its tags are: {', '.join(tags)}.") from None
+    return Source(name, arch, cfg, repo_id=cfg.get("hf_hub_id"))
+
+
+def _read_config(folder: Path, name: str) -> tuple[dict, str, dict]:
+    """A repository's config.json -> (pretrained_cfg, architecture, model_args), parsed by timm's own reader so
+    that legacy layouts and top-level num_classes / label_names are read exactly as timm reads them. A file that
+    is not regular (a FIFO would block the read) or larger than MAX_CONFIG_BYTES is refused before it is read."""
+    from timm.models._hub import load_model_config_from_path
+
+    file = regular_file(folder / "config.json", f"{name}:", f"{name}: {folder} has no config.json; pass a folder "
+                        "laid out like a hub repository (config.json and model.safetensors), or the weights file "
+                        "itself.")
+    size = file.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{name}: {file} is {size / 2**20:.0f} MB, larger than a model config can be "
+                         f"({MAX_CONFIG_BYTES // 2**20} MB); it is not a timm config.json, so it is not read.")
+    try:
+        cfg, arch, args = load_model_config_from_path(folder)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{name}: {folder} has no config.json; pass a folder laid out like a hub "
+                                "repository (config.json and model.safetensors), or the weights file itself.") from None
+    except Exception as e:  # bad JSON, no 'architecture', ...
+        raise ValueError(f"{name}: {folder / 'config.json'} is not a timm model config ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else 'missing field'}).") from None
+    return cfg, arch, dict(args or {})
+
+
+def _from_config(name: str, arch: str, cfg: dict, known: Collection[str] | None) -> dict:
+    """timm's resolution of a config.json's pretrained config (PretrainedCfg(**cfg).to_dict())."""
+    from timm.models import resolve_pretrained_cfg
+
+    _check_arch(arch, name, known)
+    try:
+        return resolve_pretrained_cfg(arch, pretrained_cfg=cfg).to_dict()
+    except TypeError as e:
+        raise ValueError(f"{name}: its config.json holds a pretrained_cfg timm does not know ({e}).") from None
+
+
+def resolve(name: str, known: Collection[str] | None = None, cache_dir: str | Path | None = None) -> Source:
+    """A model name in one of the four forms above -> its Source (config.json is fetched, weights are not)."""
+    kind, ident = _split_source(name)
+    if kind == "hf-hub":
+        repo_id, _, revision = ident.partition("@")
+        config = _hub_file(repo_id, revision or None, ("config.json",), cache_dir, "its config.json")
+        cfg, arch, args = _read_config(config.parent, name)
+        cfg.pop("file", None)
+        cfg.update(hf_hub_id=ident, source="hf-hub")  # what timm's load_model_config_from_hf records
+        return Source(name, arch, _from_config(name, arch, cfg, known), args, repo_id=repo_id,
+                      revision=revision or None, config=config)
+    if kind == "local-dir":
+        folder = Path(ident)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder with config.json and "
+                                    "model.safetensors (e.g. a run's best/).")
+        cfg, arch, args = _read_config(folder, name)
+        return Source(name, arch, _from_config(name, arch, cfg, known), args, folder=folder,
+                      config=folder / "config.json")
+    arch, _, tag = ident.partition(".")
+    return _registry(name, arch, tag, known)
+
+
+def _is_path(text: str, known: Collection[str] | None) -> bool:
+    """Whether a `pretrained=` string is a file or folder rather than a model name."""
+    if text.startswith(SOURCES) or text.startswith("hf_hub:"):
+        return False
+    if Path(text).exists() or any(c in text for c in "/\\") or text.endswith(WEIGHT_SUFFIXES):
+        return True
+    return known is not None and text.partition(".")[0] not in known
+
+
+def resolve_source(name: str, pretrained: bool | str | Path | None, known: Collection[str] | None = None,
+                   cache_dir: str | Path | None = None) -> Source | None:
+    """What `create_model(name, pretrained)` builds from. None: a plain architecture name without weights.
+
+    `name` may itself carry a tag or a source (its config then applies even without weights, as in timm).
+    `pretrained`: True (the weights `name` points at), a model name in any form above whose architecture must be
+    `name`'s, a folder (read as local-dir:), or a weights file (timm's registry config for the architecture,
+    with `file` set, as timm's pretrained_cfg_overlay=dict(file=...)). Wanted weights are located here, before
+    any model is built, so that a missing one fails at once."""
+    named = resolve(name, known, cache_dir) if ("." in name or ":" in name) else None
+    if pretrained is None or pretrained is False:
+        return named
+    if pretrained is True:
+        source = named or resolve(name, known, cache_dir)
+    else:
+        source = _weights_source(named, name, str(pretrained), known, cache_dir)
+    return dataclasses.replace(source, weights=weights_file(source, cache_dir))
+
+
+def _weights_source(named: Source | None, name: str, text: str, known: Collection[str] | None,
+                    cache_dir: str | Path | None) -> Source:
+    """The Source of a `pretrained=` string: a model name, a folder or a file (see resolve_source)."""
+    arch = named.architecture if named else name
+    if not _is_path(text, known):
+        weights = resolve(text, known, cache_dir)
+    elif Path(text).is_dir():
+        weights = resolve(f"local-dir:{text}", known, cache_dir)
+    else:
+        if named is not None:
+            cfg = {**named.pretrained_cfg, "file": text}
+        else:
+            from timm.models import is_model, resolve_pretrained_cfg
+
+            cfg = (resolve_pretrained_cfg(arch, pretrained_cfg_overlay={"file": text}).to_dict() if is_model(arch)
+                   else {"architecture": arch, "file": text})
+        return Source(text, arch, cfg, file=Path(text))
+    if weights.architecture != arch:
+        raise ValueError(f"pretrained weights {text!r} are a {weights.architecture}, but the model is {arch}; "
+                         f"set the model name to {weights.architecture} or pick weights made for {arch}.")
+    return weights
+
+
+# --- files ---------------------------------------------------------------------------------------------------
+
+
+def regular_file(path: Path, what: str, missing: str) -> Path:
+    """`path` if it is a regular file (or a link to one); else one sentence: `missing` when nothing is there, and
+    'not a regular file' for a FIFO, a device (a link to /dev/zero) or a folder, which would hang or never end."""
+    if path.is_file():
+        return path
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{what} {path} is not a regular file (a folder, FIFO, device or dangling link); "
+                         "pass the file itself.")
+    raise FileNotFoundError(missing)
+
+
+def _not_cached(what: str, repo_id: str, revision: str | None, cache: Path) -> str:
+    at = f"@{revision}" if revision else ""
+    why = "HF_HUB_OFFLINE=1 forbids downloading it" if offline() else "the hub could not be reached"
+    folder = "models--" + repo_id.replace("/", "--")
+    rev = f" --revision {revision}" if revision else ""
+    return (f"model {repo_id}{at} ({what}) is not in the Hugging Face cache {cache} and {why}; fetch it on a "
+            f"machine with network with `hf download {repo_id}{rev}` (or huggingface_hub.snapshot_download("
+            f"'{repo_id}')) and copy its {folder}/ folder into {cache}, or point HF_HUB_CACHE at a cache that has it.")
+
+
+def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_dir: str | Path | None,
+              what: str) -> Path:
+    """The first of `names` that the repository has, from the cache (or downloaded into it when online)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    cache, not_cached = hub_cache_dir(cache_dir), False
+    for filename in names:
+        try:
+            return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=str(cache),
+                                        local_files_only=offline(), library_name="vit"))
+        except LocalEntryNotFoundError:  # not cached, and offline or no network (a subclass: caught first)
+            not_cached = True
+        except EntryNotFoundError:  # the repository has no such file: try the next one
+            continue
+        except RevisionNotFoundError:
+            raise ValueError(f"{repo_id} has no revision {revision!r}; use a branch, tag or commit it has.") from None
+        except RepositoryNotFoundError:
+            raise ValueError(f"{repo_id} does not exist on the Hugging Face hub, or is private or gated (log in with "
+                             "`hf auth login`); check the name.") from None
+        except HFValidationError as e:
+            raise ValueError(f"{repo_id!r} is not a valid hub repository id ({str(e).splitlines()[0]}).") from None
+        except OSError as e:  # HTTP errors other than the above, a full disk, ...
+            raise ValueError(f"could not fetch {filename} of {repo_id} ({str(e).splitlines()[0]}).") from None
+    if not_cached:
+        raise FileNotFoundError(_not_cached(what, repo_id, revision, cache))
+    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not a timm model repository.")
+
+
+def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
+    """The file holding `source`'s weights: model.safetensors first, then pytorch_model.bin (read later with
+    weights_only=True); for the hub through huggingface_hub's cache, downloaded only when online."""
+    if source.weights is not None:
+        return source.weights
+    if source.file is not None:
+        return regular_file(source.file, "weights file", f"weights file {str(source.file)!r} does not exist; check "
+                            "the path (a hub repository is written hf-hub:org/name).")
+    if source.folder is not None:
+        for filename in WEIGHT_FILES:
+            path = source.folder / filename
+            if path.exists() or path.is_symlink():
+                return regular_file(path, f"{source.name}:", "")
+        raise FileNotFoundError(f"{source.name}: {source.folder} holds neither {' nor '.join(WEIGHT_FILES)}; "
+                                "pass a folder written by train.py or timm's save_for_hf.")
+    if not source.repo_id:
+        url = source.pretrained_cfg.get("url")
+        raise ValueError(f"{source.name} has no weights on the Hugging Face hub"
+                         + (f" (only {url}); download that file and pass it as pretrained=<path>." if url else "."))
+    filename = source.pretrained_cfg.get("hf_hub_filename")
+    return _hub_file(source.repo_id, source.revision, (filename,) if filename else WEIGHT_FILES, cache_dir,
+                     "its weights")

@@ -1,0 +1,188 @@
+"""Load timm / Hugging Face-timm weights into our models, adapting them to the model at hand.
+
+Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `.bin` / `.ckpt` through
+`torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
+  - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed;
+  - the model's own, through its `checkpoint_filter_fn` (as timm's models have one): for the ViT, positions
+    resampled to its patch grid and the patch embedding adapted to its input channels (vit/models/vision_weights.py);
+  - a classifier head whose class count differs is dropped and the model's fresh head kept, when the caller asked
+    for another class count (fine-tuning); weights loaded as they are must fit their head.
+Every tensor must be floating point (float16, bfloat16, float32 or float64) and finite: an integer, bool or
+complex tensor would be cast in silence, and a NaN gives confident nonsense. Anything else that does not fit
+raises one sentence naming the mismatch. Weights named rather than given as a
+file (`vit_base_patch16_224`, `hf-hub:...`, `local-dir:...`) are found by `vit.hub` and read here.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from .names import Source, regular_file, weights_file
+
+__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_weights", "check_finite"]
+log = logging.getLogger(__name__)
+
+PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_finite(state: dict[str, torch.Tensor], what: str, advice: str) -> None:
+    """Raise FloatingPointError naming the first floating-point tensor holding inf or NaN: `what`, the tensor,
+    then `advice` (what to do). The one check for weights saved (vit.models.checkpoint) and weights loaded (here)."""
+    for k, v in state.items():
+        if v.is_floating_point() and not torch.isfinite(v).all():
+            raise FloatingPointError(f"{what}: {k} holds non-finite values; {advice}")
+
+
+def check_weights(state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Refuse, in one sentence, weights that would load wrong without a word: a tensor that is not floating point
+    (bool, integer or complex: load_state_dict would cast it) or that holds inf or NaN."""
+    for k, v in state.items():
+        if v.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"refusing to load {path}: {k} is {str(v.dtype).removeprefix('torch.')}, not a "
+                             "floating-point tensor (float16, bfloat16, float32 or float64); it is not model weights "
+                             "as saved, so re-export it from a trusted source.")
+    check_finite(state, f"refusing to load {path}", "the weights are corrupt (or diverged in training): "
+                 "re-download them, or load an earlier checkpoint.")
+
+
+@dataclass
+class LoadReport:
+    path: str
+    actions: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return f"loaded {self.path}" + ("".join(f"\n  - {a}" for a in self.actions) if self.actions else "")
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a weights file into a flat {name: tensor} dict, never executing code from it."""
+    path = regular_file(Path(path), "weights file", f"weights file {str(path)!r} does not exist; check the path.")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except Exception as e:
+            raise ValueError(f"{path} is not a readable safetensors file ({e}); re-download or re-export it.") from None
+    if path.suffix not in PICKLE_SUFFIXES:
+        raise ValueError(
+            f"{path} has an unknown weights format {path.suffix!r}; use .safetensors, .pth, .pt, .bin or .ckpt."
+        )
+    _check_inflated_size(path)
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"refusing to load {path}: it contains pickled code or objects beyond plain tensors, which could run "
+            f"arbitrary code ({str(e).splitlines()[0]}); convert it to .safetensors from a trusted source."
+        ) from None
+    except Exception as e:
+        raise ValueError(f"{path} is not a readable PyTorch weights file ({e}).") from None
+    return _unwrap(obj, path)
+
+
+def _check_inflated_size(path: Path) -> None:
+    """torch.save writes a zip archive without compression; one whose entries inflate to far more than the file
+    (a zip bomb) is refused before torch.load inflates every entry in full."""
+    import zipfile
+
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as z:
+            total = sum(i.file_size for i in z.infolist())
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ValueError(f"{path} is not a readable PyTorch weights file ({e}).") from None
+    size = path.stat().st_size
+    if total > 4 * size + 2**20:
+        raise ValueError(f"{path} inflates to {total} bytes from {size}: it is not a weights file as torch.save "
+                         "writes it (uncompressed); re-export it, or convert it to .safetensors.")
+
+
+def _unwrap(obj: object, path: Path) -> dict[str, torch.Tensor]:
+    for key in ("state_dict", "model", "module", "model_ema", "state_dict_ema"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise ValueError(f"{path} does not hold a state dict of tensors; pass a model weights file.")
+    prefix = "module."
+    if all(k.startswith(prefix) for k in obj):  # saved from DistributedDataParallel
+        obj = {k[len(prefix) :]: v for k, v in obj.items()}
+    return obj
+
+
+def adapt_state_dict(
+    state: dict[str, torch.Tensor], model: nn.Module, report: LoadReport, new_head: bool = True
+) -> dict[str, torch.Tensor]:
+    """Fit `state` to `model` and record what was done: first the model's own adaptation, its
+    `checkpoint_filter_fn(state, report)` if it has one (timm's name; the ViT's resamples positions and adapts
+    input channels, vit/models/vision_weights.py), then the one every classifier shares: a head whose class count
+    differs is dropped so the model keeps its fresh one (fine-tuning), if `new_head` (the caller asked for that
+    class count); otherwise the mismatch is refused: the weights do not fit the config they came with."""
+    filter_fn = getattr(model, "checkpoint_filter_fn", None)
+    state = dict(filter_fn(state, report) if filter_fn is not None else state)
+    own = model.state_dict()
+    head_keys = [k for k in ("head.weight", "head.bias") if k in state]
+    if head_keys and ("head.weight" not in own or state["head.weight"].shape != own["head.weight"].shape):
+        n_old = state["head.weight"].shape[0]
+        n_new = own["head.weight"].shape[0] if "head.weight" in own else 0
+        if not new_head:
+            raise ValueError(f"{report.path} holds a {n_old}-class head, but its config.json says {n_new} classes: "
+                             f"the weights do not fit their own config; fix num_classes there, or pass num_classes="
+                             f"(--model.num_classes / a dataset of that many classes) to fine-tune a fresh head.")
+        for k in head_keys:
+            del state[k]
+        report.actions.append(f"dropped the {n_old}-class head; the model keeps its new {n_new}-class head")
+    return state
+
+
+def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = True,
+                    cache_dir: str | Path | None = None, new_head: bool = True) -> LoadReport:
+    """Load a timm (or HF-timm) checkpoint into `model`, adapting positions, head and input channels.
+
+    `path`: a weights file, or a `vit.hub.names.Source` (its model.safetensors / pytorch_model.bin from the hub cache
+    or its folder). With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a
+    ValueError that names it. `new_head=False`: the model's head is the one the weights' config describes, so
+    a head that differs is refused rather than replaced (see `adapt_state_dict`). Non-float and non-finite
+    tensors are refused (`check_weights`). Returns a report of the adaptations, also logged.
+    """
+    if isinstance(path, Source):
+        name, path = path.name, weights_file(path, cache_dir)
+        report = LoadReport(str(path) if name == str(path) else f"{name} ({path})")
+    else:
+        report = LoadReport(str(path))
+    state = read_state_dict(path)
+    check_weights(state, path)
+    state = adapt_state_dict(state, model, report, new_head)
+    own = model.state_dict()
+    wrong = [
+        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and v.shape != own[k].shape
+    ]
+    dropped_head = any("head" in a for a in report.actions)
+    missing = [k for k in own if k not in state and not (dropped_head and k.startswith("head."))]
+    unexpected = [k for k in state if k not in own]
+    if strict and (wrong or missing or unexpected):
+        parts = []
+        if wrong:
+            parts.append("shape mismatch: " + ", ".join(wrong[:4]))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else ""))
+        if unexpected:
+            parts.append("unexpected: " + ", ".join(unexpected[:4]) + (" ..." if len(unexpected) > 4 else ""))
+        raise ValueError(
+            f"{path} does not fit this model ({'; '.join(parts)}); it is from another architecture: "
+            "create the model it was saved from."
+        )
+    state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(state, strict=False)
+    log.info("%s", report)
+    return report

@@ -1,0 +1,185 @@
+"""Building models: `create_model` (a named variant, its weights, its options; timm's `_factory.py`, above the
+model files, so that they know nothing of hubs) and the model a config describes (`build_model`: the config's
+`model` section passed straight to `create_model`).
+
+Every field of `ModelConfig` is a `create_model` argument of the same name, or names a setter the model has
+(`grad_checkpointing` -> `model.set_grad_checkpointing(value)`, timm's convention for switches that leave
+the weights alone), so adding a model option is one parameter (or setter) of `VisionTransformer` and one line
+in `ModelConfig` (its choices, if any, in the field's `Literal` type); nothing here changes. A field that is
+neither fails with its name (`check_model_config`, run by `build_model` and by tests/test_build.py).
+
+Which fields are passed: those the config decides whatever the weights say (`ALWAYS`: image size, channels and
+drop rates, which the data pipeline and the recipe own), and every other field whose value is set (not None)
+and differs from its `ModelConfig` default. Fields left at their default defer to the variant (`name`), or,
+when fine-tuning or reloading, to the architecture the weights' config.json records (its `model_args`),
+which the model must rebuild to load them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..config import Config, ConfigError, ModelConfig, check_model_args
+from ..hub.names import resolve_source
+from ..hub.weights import load_pretrained
+from ..layers import to_2tuple
+from .features import features_only_model
+from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer
+
+__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config"]
+
+
+def list_models() -> list[str]:
+    return sorted(VARIANTS)
+
+
+MAX_PARAMS = 10**10  # 40 GB in float32: a model past this is a typo or a hostile config.json, not a ViT to build
+
+
+def estimated_params(kwargs: dict) -> float | None:
+    """The parameter count `VisionTransformer(**kwargs)` would allocate, from the arguments alone (within a few
+    per cent: blocks 4D^2 + 2rD^2, patch projection, positions, head); None when they are not all numbers (the
+    constructor then names what is wrong)."""
+    try:
+        size, patch = to_2tuple(kwargs.get("img_size", 224)), to_2tuple(kwargs.get("patch_size", 16))
+        d, depth, r = kwargs.get("embed_dim", 768), kwargs.get("depth", 12), kwargs.get("mlp_ratio", 4.0)
+        tokens = (size[0] // max(patch[0], 1)) * (size[1] // max(patch[1], 1)) + 1
+        blocks = depth * ((4 + 2 * r) * d * d + (9 + 2 * r) * d)
+        n = float(blocks + kwargs.get("in_chans", 3) * patch[0] * patch[1] * d + tokens * d
+                  + (kwargs.get("num_classes", 1000) + 1) * d)
+        return None if math.isnan(n) else n  # inf (an mlp_ratio of 1e308) is over the bound too
+    except OverflowError:
+        return math.inf
+    except (TypeError, ValueError):
+        return None
+
+
+def create_model(
+    name: str,
+    pretrained: bool | str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    features_only: bool = False,
+    out_indices: int | list[int] | tuple[int, ...] = 3,
+    feature_cls: str = "getter",
+    token_reduction: str | None = None,
+    **overrides,
+) -> nn.Module:
+    """Build a named variant with optional overrides, e.g. `create_model('vit_small_patch16_224',
+    img_size=64, num_classes=10)`. As in timm, `name` may carry a tag (`vit_base_patch16_224.augreg_in21k`) or a
+    source (`hf-hub:org/repo[@rev]`, `local-dir:/folder`), and `pretrained=True` loads the weights it names
+    from the Hugging Face cache (see `vit.hub`); `pretrained` may also be another such name, a folder or a
+    weights file. Weights go through `vit.load_pretrained` (positions resampled, head replaced, input channels
+    adapted), and `model.pretrained_cfg` carries their preprocessing (mean, std, crop_pct, interpolation); a
+    model without weights gets timm's registry entry for its name.
+    `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
+    `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
+    such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    new_head = True
+    if source is not None:  # architecture and defaults from the weights' config; the overrides still win
+        implied = source.model_kwargs()
+        check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
+                         f"{source.name}: {source.config or 'its pretrained config'}")
+        # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
+        # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
+        new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
+            != implied.get("num_classes")
+        name, overrides = source.architecture, {**implied, **overrides}
+    if name not in VARIANTS:
+        close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
+    unknown = sorted(set(overrides) - OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
+            f"valid options are: {', '.join(sorted(OPTIONS))}."
+        )
+    kwargs = {**VARIANTS[name], **overrides}
+    if isinstance(kwargs.get("img_size"), list):
+        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    n = estimated_params(kwargs)
+    if n is not None and not n <= MAX_PARAMS:  # `not <=`: a NaN ratio passes no bound
+        shown = ", ".join(f"{k}={kwargs[k]}" for k in ("embed_dim", "depth", "img_size", "patch_size") if k in kwargs)
+        where = f" (its options come from {source.config})" if source is not None and source.config else ""
+        about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
+        raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
+                         f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
+    model = VisionTransformer(**kwargs)
+    model._variant = name
+    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
+    if source is not None:
+        model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
+        if pretrained:
+            load_pretrained(model, source, cache_dir=cache_dir, new_head=new_head)
+    if token_reduction is not None:
+        model.set_token_reduction(token_reduction)
+    if features_only:
+        return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
+    return model
+
+
+def pretrained_cfg_of(m: ModelConfig) -> dict | None:
+    """The pretrained config (mean, std, crop_pct, interpolation, ...) of the weights `m.pretrained` names, read
+    from timm's registry or the hub cache without loading any weights; None when the config names none. What
+    train.py tells the data pipeline (`vit.data.resolve_data_config`), which never looks a model up itself."""
+    if not m.pretrained:
+        return None
+    return resolve_source(m.name, m.pretrained, VARIANTS).pretrained_cfg
+
+ALWAYS = ("img_size", "in_chans", "drop_rate", "attn_drop_rate", "drop_path_rate")
+# create_model's own arguments (not architecture overrides), passed by name below
+_FACTORY_ARGS = ("name", "pretrained")
+_CREATE_ARGS = set(inspect.signature(create_model).parameters) - {"overrides"}
+
+
+def _is_setter(key: str) -> bool:
+    return key not in OPTIONS and key not in _CREATE_ARGS and callable(getattr(VisionTransformer, f"set_{key}", None))
+
+
+def model_kwargs(m: ModelConfig) -> dict[str, Any]:
+    """The `create_model` keyword arguments (besides name and pretrained) and setter values that the model
+    section sets: {key: value}, a setter's key included (see `build_model`)."""
+    default = type(m)()
+    out = {}
+    for f in dataclasses.fields(m):
+        value = getattr(m, f.name)
+        if f.name in _FACTORY_ARGS:
+            continue
+        if f.name in ALWAYS or (value is not None and value != getattr(default, f.name)):
+            out[f.name] = value
+    return out
+
+
+def check_model_config(m: ModelConfig) -> None:
+    """Raise ConfigError naming a `model.` key that `create_model` does not take (a field added to ModelConfig
+    without its model option). Cheap: nothing is built."""
+    for f in dataclasses.fields(m):
+        if f.name not in _FACTORY_ARGS and f.name not in OPTIONS and f.name not in _CREATE_ARGS \
+                and not _is_setter(f.name):
+            raise ConfigError(f"config key 'model.{f.name}' is not an option of vit.create_model nor a "
+                              f"set_{f.name} method of the model; add one to VisionTransformer or remove the key "
+                              "from ModelConfig.")
+
+
+def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
+                saved: dict | None = None) -> VisionTransformer:
+    """The model `cfg.model` describes, with a `num_classes`-way head (the only place the config meets
+    `create_model`). With `pretrained`, loaded from the weights `model.pretrained` names (vit.hub.names). `saved`: a
+    checkpoint's config.json, whose architecture and model_args (which hold what came from the pretrained
+    weights) fill in what the config leaves at its defaults. Returns a VisionTransformer in training mode."""
+    m = cfg.model
+    check_model_config(m)
+    overrides = {**model_kwargs(m), "num_classes": num_classes}
+    setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
+    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name, {})
+    model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
+    for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
+        getattr(model, f"set_{key}")(value)
+    return model

@@ -1,0 +1,138 @@
+"""Model checkpoints: folders written atomically, read without unpickling anything.
+
+A model checkpoint is a folder holding `model.safetensors` (weights), `config.yaml` (the resolved config),
+`classes.json` and `meta.json` (epoch, step, metrics): everything `evaluate.py` needs. Each file is written
+into a temporary folder beside it, fsync'ed, and the folder is swapped in as a whole (vit/utils/atomic.py:
+replace_dir), so a process killed mid-save leaves the previous complete checkpoint, weights and meta.json
+together. Training states (optimizer, RNG, step: what a resume reads) are another thing with another home,
+vit/train/state.py. File writing itself lives in vit/utils/atomic.py, the test-only crash hooks (`fault_point`)
+in vit/utils/faults.py.
+
+Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
+model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
+pretrained=True)` or `huggingface_hub.upload_folder` as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save
+
+from ..config import Config, dump, from_dict, read_yaml, withhold_remote_sources
+from ..hub.hub_config import split_tag, timm_config
+from ..hub.weights import check_finite, check_weights
+from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
+from ..utils.faults import fault_point
+from .build import build_model
+from .vision_transformer import VisionTransformer, architecture_defaults
+
+log = logging.getLogger(__name__)
+# Written into model.safetensors' metadata by save_checkpoint: the fixed sin-cos position table follows
+# big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
+SINCOS_MARK = ("pos_embed_sincos", "big_vision")
+
+__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or from another model; the message says which."""
+
+
+
+
+def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, classes: list[str],
+                    meta: dict | None = None, state_dict: dict | None = None) -> Path:
+    """Write a self-contained model checkpoint folder (weights, config, classes, meta), file by file atomically.
+    `state_dict`: the weights to write instead of `model.state_dict()` (FSDP: accelerator.get_state_dict's
+    consolidated copy, gathered on every process, as the model holds only this process's shards)."""
+    folder = Path(folder)
+    weights = model.state_dict() if state_dict is None else state_dict
+    state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+    check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
+    # the preprocessing the data pipeline used: train.py resolves it from the weights first; what is still unset
+    # got build_transform's fallbacks, and the saved config says so (not the registry's values for the name)
+    cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
+    # the whole folder at once: written beside it, then swapped in (a kill between files leaves the old one whole)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(folder, f".tmp-{folder.name}-*")
+    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
+        atomic_write_bytes(tmp / "model.safetensors", save(state, metadata=metadata))
+        fault_point("checkpoint", int((meta or {}).get("step", -1)))
+        atomic_write_text(tmp / "config.yaml", dump(cfg))
+        atomic_write_text(tmp / "classes.json", json.dumps(classes, indent=1))
+        atomic_write_text(tmp / "meta.json", json.dumps(meta or {}, indent=1))
+        # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
+        arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+        aug = cfg.aug  # resolved above: what the pipeline used
+        data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
+        timm = timm_config(model, arch, classes, data, architecture_defaults(arch))
+        atomic_write_text(tmp / "config.json", json.dumps(timm, indent=2))
+        replace_dir(tmp, folder)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list[str], dict]:
+    """Read a checkpoint folder written by `save_checkpoint` -> (model in eval mode, config, classes, meta)."""
+    folder = Path(folder)
+    if folder.is_file() and folder.name == "model.safetensors":
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint {folder} does not exist; pass a run's best/ or last/ folder.")
+    missing = [n for n in ("model.safetensors", "config.yaml", "classes.json") if not (folder / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {folder} is incomplete (no {', '.join(missing)}); "
+                              "pass a folder written by train.py.")
+    try:
+        cfg = from_dict(read_yaml(folder / "config.yaml"))
+        classes = json.loads((folder / "classes.json").read_text())
+        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+            raise ValueError("classes.json must hold a non-empty list of class names")
+        meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+        state = load_file(str(folder / "model.safetensors"))
+        saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
+        if saved is not None and not isinstance(saved.get("architecture"), str):
+            raise ValueError("config.json names no architecture")
+    except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
+        raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
+    withhold_remote_sources(cfg)  # a pipe: or URL data source from a folder one was handed is never run or fetched
+    try:
+        check_weights(state, folder / "model.safetensors")  # non-float or non-finite: refused, not cast
+    except (ValueError, FloatingPointError) as e:
+        raise CheckpointError(str(e)) from None
+    model = build_model(cfg, len(classes), saved=saved)
+    own = model.state_dict()
+    bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
+    if bad:
+        raise CheckpointError(f"checkpoint {folder} does not match its own config ({bad[0]} differs); "
+                              "it is from another architecture or was edited.")
+    model.load_state_dict(state)
+    marked = _metadata(folder / "model.safetensors").get(SINCOS_MARK[0]) == SINCOS_MARK[1]
+    if cfg.model.pos_embed == "sincos" and not marked:
+        log.warning("%s was trained with the earlier sin-cos position table (y before x, other frequencies); this "
+                    "version computes big_vision's, so its accuracy may drop: fine-tune or retrain it.", folder)
+    # preprocessing the config leaves unset (a hand-written or older checkpoint) follows config.json's, as in timm
+    pretrained_cfg = saved.get("pretrained_cfg") if saved else None
+    aug = cfg.aug.resolved(pretrained_cfg if isinstance(pretrained_cfg, dict) else None, cfg.model.in_chans)
+    return model.eval(), dataclasses.replace(cfg, aug=aug), classes, meta
+
+
+def _metadata(path: Path) -> dict:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}
+
+

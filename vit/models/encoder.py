@@ -1,0 +1,204 @@
+"""The shared Transformer encoder: `Block` and `Encoder`, used unchanged by images and text.
+
+A block is two residual sub-layers, attention then feed-forward (Vaswani et al., 2017, section 3.1):
+    pre-norm  (ViT, GPT-2, default):   x = x + DropPath(LS(Attn(Norm(x))));  x = x + DropPath(LS(FFN(Norm(x))))
+    post-norm (original Transformer, BERT): x = Norm(x + Attn(x));           x = Norm(x + FFN(x))
+Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train without warmup
+tricks; a pre-norm stack needs one final norm after the last block (the model owns it, named `norm`).
+Disabled options become `nn.Identity()`, so `forward` has no branches on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.fx
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
+
+__all__ = ["Block", "Encoder"]
+
+
+class Block(nn.Module):
+    """One Transformer layer: tokens (B, N, D) -> (B, N, D). Two residual sub-layers, attention then the FFN,
+    each with its norm before (`norm_first=True`, ViT) or after the residual sum (post-norm, BERT), an optional
+    LayerScale (`init_values`) and stochastic depth (`drop_path`). `norm_layer` ('layernorm' | 'rmsnorm' or a
+    constructor) and `mlp_layer` ('gelu' | 'swiglu' or a class) pick the parts; parameter names follow timm
+    (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's weights load."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        norm_layer: str | Callable[[int], nn.Module] = "layernorm",
+        mlp_layer: str | type[nn.Module] = "gelu",
+        norm_first: bool = True,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
+        mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
+        self.norm_first = norm_first
+        self.norm1 = norm(dim)
+        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
+                              fused_attn=fused_attn)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = norm(dim)
+        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # token reduction between attention and MLP (vit.layers.token_reduction), set by the model's
+        # `set_token_reduction`; None keeps this block exactly the plain one
+        self.token_reduction: nn.Module | None = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+        num_queries: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked.
+        With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D)."""
+        if num_queries is not None:
+            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries)
+            x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
+        if self.norm_first:
+            y, attn = self.attn(self.norm1(x), mask, is_causal, return_attention)
+            x = x + self.drop_path1(self.ls1(y))
+            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        else:
+            y, attn = self.attn(x, mask, is_causal, return_attention)
+            x = self.norm1(x + self.drop_path1(self.ls1(y)))
+            x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
+        return x, attn
+
+    @torch.jit.unused
+    def _forward_reduced(
+        self, x: torch.Tensor, tokens: TokenState, return_attention: bool, num_queries: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same block with token reduction between attention and MLP: (B, N, D) -> (B, N', D). Attention
+        maps come back on the input tokens (B, H, N0, N0) through `tokens`' source tracking."""
+        bias = tokens.attn_bias()  # (B, 1, 1, N) log token sizes once tokens were merged, else None
+        if num_queries is not None:  # [CLS]-only last block: no reduction needed after it
+            return self.forward(x, bias, num_queries=num_queries)
+        reduce = self.token_reduction
+        y, attn, stat = self.attn.forward_reduce(self.norm1(x) if self.norm_first else x, bias,
+                                                 getattr(reduce, "needs", None), return_attention)
+        x = x + self.drop_path1(self.ls1(y))
+        x = x if self.norm_first else self.norm1(x)
+        if tokens.source is not None:
+            tokens.history.append(tokens.source)
+            attn = tokens.to_full_grid(attn) if attn is not None else None
+        if reduce is not None:
+            x = reduce(x, stat, tokens)
+        if self.norm_first:
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), attn
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x)))), attn
+
+
+class Encoder(nn.ModuleList):
+    """A stack of `Block`s: tokens (B, N, D) -> (B, N, D), plus one (B, H, N, N) attention map per block when
+    asked; the image and text models both use it unchanged.
+    Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
+    as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth.
+    With `grad_checkpointing`, training recomputes each block's activations in the backward pass instead of
+    storing them (less memory, about one more forward of compute)."""
+
+    __jit_unused_properties__ = ["fused_attn"]  # a Python-side switch; TorchScript need not compile it
+
+    def __init__(
+        self,
+        depth: int,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        **block_kwargs,
+    ) -> None:
+        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 1 else [drop_path_rate] * depth
+        super().__init__(
+            Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
+            for rate in rates
+        )
+        self.grad_checkpointing = False
+        self.reduces_tokens = False  # set by set_token_reduction
+
+    @property
+    def fused_attn(self) -> bool:
+        return all(blk.attn.fused_attn for blk in self)
+
+    @fused_attn.setter
+    def fused_attn(self, value: bool) -> None:
+        for blk in self:
+            blk.attn.fused_attn = value
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_attention: bool = False,
+        last_queries: int | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block.
+        `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
+        attentions: list[torch.Tensor] = []
+        if self.reduces_tokens and not torch.jit.is_scripting():  # TorchScript keeps the plain stack only
+            return self._forward_reduced(x, mask, is_causal, return_attention, last_queries)
+        last = -1
+        for i, _ in enumerate(self):  # len(self): TorchScript has no len() of a ModuleList in its own methods
+            last = i
+        for i, blk in enumerate(self):
+            queries = last_queries if i == last else None
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, use_reentrant=False)
+            else:
+                x, attn = blk(x, mask, is_causal, return_attention, queries)
+            if return_attention and attn is not None:
+                attentions.append(attn)
+        return x, attentions
+
+    def set_token_reduction(self, modules: list[nn.Module | None]) -> None:
+        """One reduction module (or None) per block (vit.layers.token_reduction); all None: the plain stack."""
+        for blk, m in zip(self, modules):
+            blk.token_reduction = m
+        self.reduces_tokens = any(m is not None for m in modules)
+
+    def _forward_reduced(
+        self, x: torch.Tensor, mask: torch.Tensor | None, is_causal: bool, return_attention: bool,
+        last_queries: int | None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`forward` while some block reduces tokens: a TokenState (token sizes; with `return_attention` also
+        which patches each token stands for, kept as `last_tokens` for drawing) runs through every block. No
+        gradient checkpointing here: the state is updated in place, and a recomputed block would update it twice."""
+        if isinstance(x, torch.fx.Proxy):
+            raise ValueError("token reduction runs eagerly only (the token count depends on the data); call "
+                             "set_token_reduction(None) before tracing, scripting or exporting the model.")
+        if mask is not None or is_causal:
+            raise ValueError("token reduction changes which tokens exist, so it cannot take an attention mask; "
+                             "call set_token_reduction(None) first.")
+        tokens = TokenState.start(x, track_source=return_attention)
+        self.last_tokens = tokens if return_attention else None
+        attentions: list[torch.Tensor] = []
+        last = len(self) - 1
+        for i, blk in enumerate(self):
+            x, attn = blk._forward_reduced(x, tokens, return_attention, last_queries if i == last else None)
+            if return_attention and attn is not None:
+                attentions.append(attn)
+        return x, attentions

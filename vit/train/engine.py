@@ -1,0 +1,326 @@
+"""The training loop's pieces, so that train.py's `main` reads as a story: one epoch of optimizer steps, the
+evaluation and checkpoints after it, and the one rule for when Accelerate's training state is saved.
+
+Why a module and not more functions in train.py: the save policy and the step are the parts a change most
+easily breaks (resume exactness, crash safety), and here they are importable and testable on their own;
+train.py keeps the order of events.
+
+One optimizer step = `grad_accum_steps` micro-batches. Whether a step is finite is decided once per step, on
+the gradient norm at the sync point (DDP has already all-reduced the gradients, so every process sees the same
+norm and no extra collective runs); a non-finite loss on any micro-batch makes that norm non-finite.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..eval.metrics import predict, summarize_logits
+from ..layers import topk_warmup
+from ..models.checkpoint import save_checkpoint
+from ..utils.atomic import atomic_write_csv
+from ..utils.faults import fault_point, poison_loss
+from .optim import lr_at, set_lr
+from .preemption import Preempted
+from .preemption import requested as preemption_requested
+from .runfolder import check_weights, kept_note, save_run_state
+from .state import state_dir_name
+
+__all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
+           "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
+
+METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
+                 "skipped_steps"]
+
+
+@dataclass
+class TrainState:
+    """What the loop needs beyond model/optimizer/RNG to resume exactly; saved as train_state.json beside
+    Accelerate's state (JSON: reading it back runs no code, unlike the pickle Accelerate would write)."""
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current epoch
+    batch_in_epoch: int = 0  # batches of `epoch` already consumed
+    best: list = field(default_factory=list)  # [(val_acc1, epoch)] of kept checkpoints, best first
+    skipped: int = 0  # optimizer steps skipped for non-finite gradients (run.on_nonfinite=skip)
+    loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
+    loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
+    loss_sums: list = field(default_factory=list)  # each process's own running sum: a resume continues it exactly
+    num_processes: int = 1  # processes that trained it: data.batch_size is per process, so a resume needs as many
+
+
+@dataclass
+class Run:
+    """Everything the loop touches, prepared by Accelerate; `state` is what a resume restores."""
+    accelerator: Any
+    cfg: Any
+    run_dir: Path
+    model: torch.nn.Module
+    optimizer: Any
+    train_loader: Any
+    val_loader: Any
+    classes: list[str]
+    console: Any
+    ema: Any = None  # timm ModelEmaV3 or None
+    mixup: Any = None  # timm Mixup or None
+    state: TrainState = field(default_factory=TrainState)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(len(self.train_loader) / self.cfg.optim.grad_accum_steps)
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.run.epochs * self.steps_per_epoch
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.cfg.optim.warmup_epochs * self.steps_per_epoch)
+
+    def lr(self) -> float:
+        o = self.cfg.optim
+        return lr_at(self.state.step, self.total_steps, self.warmup_steps, o.lr, o.min_lr)
+
+
+@dataclass
+class EpochStats:
+    lr: float
+    train_loss: float
+    images_per_s: float
+
+
+def finished(run: Run) -> bool:
+    return run.state.epoch >= run.cfg.run.epochs or _max_steps_reached(run)
+
+
+def _max_steps_reached(run: Run) -> bool:
+    return run.cfg.run.max_steps is not None and run.state.step >= run.cfg.run.max_steps
+
+
+# --- the one save policy ----------------------------------------------------------------------------------
+
+
+def state_save_due(state: TrainState, every: int, batches_per_epoch: int, moment: str) -> bool:
+    """When Accelerate's training state is saved. `moment`:
+    - "step": after an optimizer step, mid-epoch: every `every` steps (run.save_state_every; 0 = never mid-epoch);
+      the step that ends an epoch is left to "epoch", which saves after evaluating.
+    - "stop": training left an epoch early (run.max_steps): save before evaluating, unless "step" just did, so the
+      state holds no evaluation of an unfinished epoch (a resume finishes it and evaluates it then).
+    - "epoch": after an epoch's evaluation and checkpoints: always, at the epoch boundary (`state.epoch` advanced).
+    """
+    mid_epoch = 0 < state.batch_in_epoch < batches_per_epoch
+    periodic = every > 0 and state.step % every == 0
+    if moment == "step":
+        return mid_epoch and periodic
+    if moment == "stop":
+        return mid_epoch and not periodic
+    if moment == "epoch":
+        return state.batch_in_epoch == 0
+    raise ValueError(f"unknown save moment {moment!r}")
+
+
+def save_state_if_due(run: Run, moment: str, loss_sum: torch.Tensor | float = 0.0, loss_n: int = 0) -> None:
+    """Save the training state if `state_save_due` says so; `loss_sum/loss_n`: the unfinished epoch's train loss."""
+    if state_save_due(run.state, run.cfg.run.save_state_every, len(run.train_loader), moment):
+        save_run_state(run.accelerator, run.cfg, run.run_dir, run.state, run.model, run.ema, loss_sum, loss_n)
+
+
+def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: int = 0, saved: bool = False) -> None:
+    """After SIGTERM (vit/train/preemption.py), on every process at the same point: save the state at this step
+    unless it was just saved (`saved`, or the save policy's "step" moment did), then raise Preempted naming it."""
+    if not preemption_requested(run.accelerator):
+        return
+    s = run.state
+    if not saved and not state_save_due(s, run.cfg.run.save_state_every, len(run.train_loader), "step"):
+        save_run_state(run.accelerator, run.cfg, run.run_dir, s, run.model, run.ema, loss_sum, loss_n)
+    raise Preempted(f"saved {run.run_dir / 'state' / state_dir_name(s.step)} at step {s.step} (epoch {s.epoch}); "
+                    "continue with --resume=auto")
+
+
+# --- one epoch --------------------------------------------------------------------------------------------
+
+
+def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoothing: float):
+    """timm's Mixup needs an even batch; an odd last sample keeps its own (smoothed) one-hot target."""
+    from timm.data.mixup import mixup_target
+
+    if mixup_fn is None:
+        return x, y
+    if x.shape[0] % 2 == 0:
+        return mixup_fn(x, y)
+    xm, ym = mixup_fn(x[:-1], y[:-1])
+    y_last = mixup_target(y[-1:], num_classes, lam=1.0, smoothing=smoothing)
+    return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
+
+
+def _loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    smoothing = run.cfg.aug.label_smoothing
+    xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing)
+    with run.accelerator.autocast():
+        logits = run.model(xm)  # (B, num_classes)
+    if run.mixup is not None:  # soft targets (B, num_classes)
+        return torch.sum(-ym * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+    return F.cross_entropy(logits.float(), ym, label_smoothing=smoothing)
+
+
+def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
+    """Clip, check and apply the accumulated gradients; False when the step was not finite (and not applied).
+    One host sync per optimizer step (`.item()` on the norm), none per micro-batch."""
+    acc, cfg = run.accelerator, run.cfg
+    # the total norm, clipped to optim.clip_grad if set (inf: only measured; grads times 1.0 are unchanged)
+    norm = acc.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad or math.inf)
+    if acc.scaler is not None:
+        # fp16: GradScaler skips a step whose gradients overflowed and lowers its scale (normal while it finds
+        # the scale), and must see every step; only a non-finite loss is ours to count or stop on
+        finite = acc.reduce(torch.isfinite(step_losses).float(), "min").item() > 0
+        run.optimizer.step()
+    else:
+        finite = bool(torch.isfinite(norm))
+        if finite:
+            run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    if not finite and cfg.run.on_nonfinite == "stop":
+        s = run.state
+        raise FloatingPointError(
+            f"the loss became non-finite at step {s.step} (epoch {s.epoch}); {kept_note(run.run_dir)}. "
+            "Lower optim.lr, enable optim.clip_grad, or set run.on_nonfinite=skip.")
+    return finite
+
+
+def train_one_epoch(run: Run) -> EpochStats:
+    """Optimizer steps until the epoch ends or run.max_steps is reached, saving mid-epoch states as due. A resumed
+    epoch skips the batches it already consumed (same permutation: EpochSampler depends on (seed, epoch) only)."""
+    acc, cfg, state, model = run.accelerator, run.cfg, run.state, run.model
+    model.train()
+    set_epoch = getattr(run.train_loader.dataset, "set_epoch", None)  # augmentation seeded per (seed, epoch, index)
+    if set_epoch is not None:
+        set_epoch(state.epoch)
+    loader = run.train_loader
+    if state.batch_in_epoch:  # a shard loader (vit/data/shard_loader.py) skips its finished shards unread
+        own_skip = getattr(loader, "skip_first_batches", None)
+        loader = own_skip(state.batch_in_epoch) if own_skip else acc.skip_first_batches(loader, state.batch_in_epoch)
+    # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
+    # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
+    loader.set_epoch(state.epoch)
+    # this process's own sum (the mean over processes, as states before loss_sums hold, rounds differently)
+    own = state.loss_sums[acc.process_index] if len(state.loss_sums) == acc.num_processes else state.loss_sum
+    loss_sum, loss_n = torch.full((), own, device=acc.device), state.loss_n
+    step_losses, step_n = torch.zeros((), device=acc.device), 0  # micro-batch losses of the step being built
+    seen, t0 = 0, time.perf_counter()
+    lr = run.lr()
+    for x, y in loader:
+        with acc.accumulate(model):
+            lr = run.lr()
+            set_lr(run.optimizer, lr)
+            topk_warmup(model, state.step / run.total_steps)  # EViT's keep-rate warm-up; no-op without topk
+            loss = poison_loss(_loss(run, x, y), state.step)  # the test hook makes a known step's loss NaN
+            acc.backward(loss)
+            step_losses, step_n = step_losses + loss.detach(), step_n + 1
+            if acc.sync_gradients:
+                if _optimizer_step(run, step_losses):
+                    loss_sum, loss_n = loss_sum + step_losses, loss_n + step_n
+                else:
+                    state.skipped += 1
+                step_losses, step_n = torch.zeros((), device=acc.device), 0
+        state.batch_in_epoch += 1
+        seen += x.shape[0] * acc.num_processes
+        if acc.sync_gradients:
+            state.step += 1
+            fault_point("step", state.step)
+            if run.ema is not None:
+                run.ema.update(acc.unwrap_model(model), step=state.step)
+            if state.step % cfg.run.log_every == 0:
+                acc.log({"train/loss": loss.item(), "train/lr": lr}, step=state.step)
+                run.console.step(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
+                                 img_s=f"{seen / (time.perf_counter() - t0):.0f}")
+            else:
+                run.console.step()
+            save_state_if_due(run, "step", loss_sum, loss_n)
+            if 0 < state.batch_in_epoch < len(run.train_loader):  # an epoch's last step: after its evaluation
+                stop_if_preempted(run, loss_sum, loss_n)
+            if _max_steps_reached(run):
+                break
+    ips = seen / max(1e-9, time.perf_counter() - t0)
+    train_loss = acc.reduce(loss_sum / max(1, loss_n), "mean").item()
+    if state.batch_in_epoch >= len(run.train_loader):
+        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+    else:
+        save_state_if_due(run, "stop", loss_sum, loss_n)
+    return EpochStats(lr=lr, train_loss=train_loss, images_per_s=ips)
+
+
+# --- evaluation, checkpoints, metrics ------------------------------------------------------------------------
+
+
+def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
+    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row."""
+    acc, cfg, state = run.accelerator, run.cfg, run.state
+    if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
+        return
+    eval_model = run.ema.module if run.ema is not None else run.model
+    check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
+    out = predict(eval_model, run.val_loader, acc)
+    m = summarize_logits(out["logits"], out["labels"])
+    skipped = f"; skipped {out['skipped']} unreadable" if out.get("skipped") else ""
+    shards = getattr(run.val_loader, "dataset", None)
+    if hasattr(shards, "check_seen"):  # shards given with a count (after '|') that may be wrong
+        shards.check_seen(m["n"] + out.get("skipped", 0))
+    acc.log({"val/loss": m["loss"], "val/acc1": m["acc1"], "train/images_per_s": stats.images_per_s},
+            step=state.step)
+    run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
+                      f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images{skipped})  "
+                      f"{stats.images_per_s:.0f} img/s")
+    weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
+    if acc.is_main_process:
+        row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
+                   val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=stats.images_per_s,
+                   skipped_steps=state.skipped)
+        meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
+        unwrapped = acc.unwrap_model(eval_model)
+        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
+        _keep_best(run, unwrapped, meta, weights)
+        append_metrics(run.run_dir / "metrics.csv", row)
+
+
+def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
+    """`best/` holds the best checkpoint; with run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
+    k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
+    acc, epoch = meta["val_acc1"], meta["epoch"]
+    ranked = sorted(state.best + [[acc, epoch]], key=lambda t: (-t[0], t[1]))
+    if [acc, epoch] not in ranked[:k]:
+        return
+    if ranked[0] == [acc, epoch]:
+        save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta, weights)
+    if k > 1:
+        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta, weights)
+        for _, e in ranked[k:]:
+            shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
+    state.best = ranked[:k]
+
+
+def _read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def append_metrics(path: Path, row: dict) -> None:
+    """Add one row to the run's metrics.csv (rewritten atomically: a kill never leaves half a row)."""
+    rows = _read_metrics(path) + [{k: row.get(k, "") for k in METRIC_FIELDS}]
+    atomic_write_csv(path, METRIC_FIELDS, rows)
+
+
+def trim_metrics(path: Path, step: int) -> None:
+    """On resume, forget rows written after the state we resumed from (they will be written again)."""
+    rows = _read_metrics(path)
+    kept = [r for r in rows if int(r["step"]) <= step]
+    if len(kept) != len(rows) or (not kept and path.is_file()):
+        atomic_write_csv(path, METRIC_FIELDS, kept)
