@@ -131,7 +131,7 @@ def train(model, numbers: list[int], test: list[int], steps: int, batch_size: in
         for group in opt.param_groups:
             group["lr"] = lr * frac
         model.train()
-        ids, mask, tgt = encode(rng.sample(numbers, batch_size))
+        ids, mask, tgt = encode(rng.sample(numbers, min(batch_size, len(numbers))))
         loss = model.loss(ids, tgt, mask, label_smoothing=0.05)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -187,7 +187,7 @@ def run(max_number: int, steps: int, batch_size: int, lr: float, dim: int, depth
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("runs/numerals"), help="folder for the weights and results")
-    ap.add_argument("--max-number", type=int, default=99_999, help="numbers 1 .. this (at most 99999)")
+    ap.add_argument("--max-number", type=int, default=99_999, help="numbers 1 .. this (10 .. 99999)")
     ap.add_argument("--steps", type=int, default=800, help="training steps (default: 800)")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -198,8 +198,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = ap.parse_args()
-    if not 1 <= args.max_number <= 99_999:
-        ap.error(f"--max-number must be in 1 .. 99999, got {args.max_number}.")
+    if not 10 <= args.max_number <= 99_999:
+        ap.error(f"--max-number must be in 10 .. 99999 (a tenth is held out), got {args.max_number}.")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, acc, train_s, n = run(args.max_number, args.steps, args.batch_size, args.lr, args.dim, args.depth,
