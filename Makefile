@@ -9,7 +9,10 @@ PYTEST_ARGS ?=
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export,wds,hf]'
+	@# tests/test_demo.py drives demo.py in Debian's chromium; as root without it, install it (~1 min)
+	if [ ! -x /usr/bin/chromedriver ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export,wds,hf,track]'
 	touch $(STAMP)
 
 setup: $(STAMP)

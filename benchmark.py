@@ -5,6 +5,7 @@
     python benchmark.py --data                                                   # the input pipeline
     python benchmark.py --model vit_tiny_patch16_224 --scaling 224 448 672 896 --out bench.json
     python benchmark.py --model vit_small_patch16_224 --batch-size 8 --no-model --runtime onnxruntime
+    python benchmark.py --edge --edge-models vit_tiny_patch16_224 vit_small_patch16_224 --out edge.json
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
@@ -24,6 +25,7 @@ import statistics
 import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 
 def count(least: int):
@@ -62,10 +64,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-large", type=count(0), default=20, help="2000x1500 JPEGs to time too (0: none)")
     ap.add_argument("--runtime", choices=("onnxruntime",), default=None,
                     help="also time our model in ONNX Runtime (CPU) against PyTorch eager")
+    ap.add_argument("--edge", action="store_true",
+                    help="the deployment table: PyTorch eager fp32, ONNX Runtime fp32, INT8 dynamic and static, and "
+                         "token merging, per model, batch and thread count (skips the ours-vs-timm comparison)")
+    ap.add_argument("--edge-models", nargs="+", help="--edge: models (random weights)",
+                    default=["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
+    ap.add_argument("--edge-batches", type=int, nargs="+", default=[1, 16], help="--edge: batch sizes")
+    ap.add_argument("--edge-threads", type=int, nargs="+", default=[1, 2], help="--edge: thread counts")
+    ap.add_argument("--edge-merge", default="merge:8", help="--edge: the token-merging setting ('' for none)")
     ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
                     help="instead of the ours-vs-timm comparison, a token-reduction table for these settings, "
                          "e.g. merge:8 merge:16 topk:0.7")
-    ap.add_argument("--checkpoint", default=None, help="with --token-reduction: a train.py checkpoint (adds top-1)")
+    ap.add_argument("--checkpoint", default=None,
+                    help="with --token-reduction or --edge: a train.py checkpoint (its model; adds top-1)")
     ap.add_argument("--out", default=None, help="write the results as JSON to this file")
     return ap
 
@@ -485,6 +496,116 @@ def bench_token_reduction(args, device) -> dict:
                 threads=torch.get_num_threads(), checkpoint=args.checkpoint, rows=rows)
 
 
+def bench_edge(args) -> dict:
+    """The deployment table (issue 28): for each model, PyTorch eager fp32 against ONNX Runtime fp32, INT8
+    dynamic and static (vit.deploy.quantize, no fallback: the raw methods), and with --edge-merge the merged
+    model in eager, ONNX Runtime fp32 and INT8 dynamic; every variant of one (model, threads, batch) timed in
+    one interleaved run, ratios against eager from its paired repeats. Sizes are the files' bytes; top-1 on the
+    checkpoint's validation split with --checkpoint (its model then replaces --edge-models)."""
+    import contextlib
+    import copy
+    import io
+    import tempfile
+    import warnings
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from vit.deploy.export import ExportableClassifier, export_model, require_onnx
+    from vit.deploy.quantize import OnnxModel, quantize
+
+    require_onnx()
+    data = None
+    if args.checkpoint:
+        from vit.data import build_datasets
+        from vit.data.transforms import build_transform
+        from vit.models.checkpoint import load_checkpoint
+
+        base, cfg, classes, _ = load_checkpoint(args.checkpoint)
+        base.set_token_reduction(None)
+        t = build_transform(cfg.aug, cfg.model.img_size, train=False)
+        train, val, _ = build_datasets(cfg, check_images=False, classes=classes)
+        train.transform = val.transform = t
+        data = dict(x=torch.stack([val[i][0] for i in range(len(val))]).numpy(),
+                    y=np.array([int(val[i][1]) for i in range(len(val))]),
+                    calib=torch.stack([train[i][0] for i in range(min(64, len(train)))]).numpy())
+        models = [(cfg.model.name + f" ({args.checkpoint})", base)]
+    else:
+        models = [(name, None) for name in args.edge_models]
+    out = []
+    for name, model in models:
+        torch.manual_seed(0)
+        model = (model or vit.create_model(name)).eval()
+        chans, img = model.patch_embed.proj.in_channels, model.patch_embed.img_size[0]
+        calib = data["calib"] if data else np.random.default_rng(0).normal(0, 1, (16, chans, img, img)).astype(
+            np.float32)
+        eager = {"eager fp32": model}
+        if args.edge_merge:
+            merged = copy.deepcopy(model)
+            merged.set_token_reduction(args.edge_merge)
+            eager[f"eager fp32 {args.edge_merge}"] = merged
+        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), \
+                contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            example = torch.randn(2, chans, img, img)
+            files = {"ort fp32": export_model(ExportableClassifier(model), "onnx", Path(tmp) / "plain", example)}
+            files["ort int8 dynamic"] = quantize(files["ort fp32"], Path(tmp) / "dyn.onnx", "dynamic")
+            files["ort int8 static"] = quantize(files["ort fp32"], Path(tmp) / "static.onnx", "static", calib=calib)
+            if args.edge_merge:
+                m = export_model(ExportableClassifier(eager[f"eager fp32 {args.edge_merge}"]), "onnx",
+                                 Path(tmp) / "merged", example)
+                files[f"ort fp32 {args.edge_merge}"] = m
+                files[f"ort int8 dynamic {args.edge_merge}"] = quantize(m, Path(tmp) / "mdyn.onnx", "dynamic")
+            sizes = {k: p.stat().st_size for k, p in files.items()}
+            top1 = {}
+            if data:
+                for k, mdl in eager.items():
+                    with torch.inference_mode():
+                        logits = torch.cat([mdl(torch.from_numpy(data["x"][i:i + 64]))
+                                            for i in range(0, len(data["x"]), 64)])
+                    top1[k] = float((logits.argmax(-1).numpy() == data["y"]).mean())
+                for k, p in files.items():
+                    top1[k] = float((OnnxModel(p)(data["x"]).argmax(-1) == data["y"]).mean())
+            for threads in args.edge_threads:
+                torch.set_num_threads(threads)
+                sessions = {k: OnnxModel(p, threads) for k, p in files.items()}
+                for batch in args.edge_batches:
+                    x = torch.randn(batch, chans, img, img)
+                    xn = x.numpy()
+
+                    def run_eager(mdl, x=x):
+                        def call():
+                            with torch.inference_mode():
+                                mdl(x)
+                        return call
+
+                    calls = {**{k: run_eager(m) for k, m in eager.items()},
+                             **{k: (lambda s=s, xn=xn, b=batch: s(xn, b)) for k, s in sessions.items()}}
+                    sides = [SimpleNamespace(name=k) for k in calls]
+                    times = interleaved(sides, lambda s, c=calls: c[s.name], torch.device("cpu"), args.warmup,
+                                        args.repeats, args.iters)
+                    for k in calls:
+                        out.append(dict(model=name, threads=threads, batch=batch, variant=k,
+                                        images_per_s=batch / statistics.median(times[k]),
+                                        x_eager=ratio_stats(times[k], times["eager fp32"]),
+                                        mib=sizes.get(k, sizes["ort fp32"] if "merge" not in k else None),
+                                        top1=top1.get(k)))
+                    print_edge_rows(out[-len(calls):], file=sys.__stdout__)
+    return dict(rows=out, ort_version=__import__("onnxruntime").__version__, load_average=os.getloadavg(),
+                checkpoint=args.checkpoint, repeats=args.repeats)
+
+
+def print_edge_rows(rows: list[dict], file=None) -> None:
+    for r in rows:
+        sp, top1 = r["x_eager"], r["top1"]
+        size = "" if r["mib"] is None else f"{r['mib'] / 2**20:.1f}"
+        if r["variant"].startswith("eager"):
+            size = ""
+        print(f"{r['model'][:28]:<29}{r['threads']:>3}{r['batch']:>4}  {r['variant']:<26}{r['images_per_s']:>9.1f}"
+              f"{sp['median']:>7.2f} ({sp['min']:.2f}-{sp['max']:.2f}){size:>8}"
+              f"{'' if top1 is None else f'{100 * top1:.2f}':>8}", file=file)
+
+
 def print_token_reduction(res: dict) -> None:
     ckpt = f"  checkpoint {res['checkpoint']}" if res["checkpoint"] else ""
     print(f"\ntoken reduction: {res['model']}  {res['img_size']} px  batch {res['batch_size']}  {res['precision']}  "
@@ -557,6 +678,17 @@ def main(argv=None) -> int:
         print(f"error: unknown model {args.model!r}; known: {', '.join(vit.list_models())}", file=sys.stderr)
         return 2
     res: dict = {}
+    if args.edge:
+        print(f"{'model':<29}{'thr':>3}{'bs':>4}  {'variant':<26}{'img/s':>9}{'x eager (min-max)':>19}{'MiB':>8}"
+              f"{'top-1':>8}")
+        try:
+            res["edge"] = bench_edge(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"load average {' '.join(f'{v:.1f}' for v in res['edge']['load_average'])}; ONNX Runtime "
+              f"{res['edge']['ort_version']}; medians of {args.repeats} interleaved repeats")
+        args.no_model = True
     if args.token_reduction:
         try:
             for spec in args.token_reduction:

@@ -59,8 +59,8 @@ from vit.cli.runtime import check_options, make_accelerator, resolve_workers, ru
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
 from vit.eval.inference import load_model_and_config  # shared with predict.py
-from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
-from vit.eval.plots import plot_confusion, plot_reliability
+from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits, worst_mistakes
+from vit.eval.plots import plot_confusion, plot_mistakes, plot_reliability, to_display
 from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
 
@@ -166,6 +166,7 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
+    gallery = plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
 
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
@@ -183,8 +184,31 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     for name in ("macro", "weighted"):
         a = avgs[name]
         print(f"{name + ' avg':<{width}}{a['precision']:>10.4f}{a['recall']:>10.4f}{a['f1']:>10.4f}{n:>10d}")
-    print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv confusion.png reliability.png")
+    print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv confusion.png reliability.png"
+          + (" mistakes.png" if gallery else ""))
     return 0
+
+
+MISTAKES = 16  # images in mistakes.png
+
+
+def plot_gallery(val_ds, cfg, classes, probs, labels, index, path: Path) -> bool:
+    """mistakes.png: the MISTAKES most confident misclassified images as the model saw them, each with its true
+    class, the prediction and its probability. Data read as a stream (shards) cannot be revisited: none."""
+    images, titles = [], []
+    for j in worst_mistakes(probs, labels, MISTAKES):
+        i = int(index[j])
+        try:
+            x = val_ds[i][0]
+        except (TypeError, NotImplementedError):  # an IterableDataset
+            return False
+        p, y = probs[j].max(0), int(labels[j])
+        name = Path(val_ds.describe(i)).name
+        images.append(to_display(x, cfg.aug.mean, cfg.aug.std))
+        titles.append(f"{name[:22]}\ntrue {classes[y]}\npredicted {classes[int(p.indices)]} "
+                      f"{100 * float(p.values):.0f}%")
+    plot_mistakes(images, titles, path)
+    return True
 
 
 if __name__ == "__main__":

@@ -43,11 +43,27 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--img-size", type=int, default=None, help="input size for --model (default: 224)")
     ap.add_argument("--dynamic-img-size", action="store_true",
                     help="--model: accept any height and width (positions resampled), exported as dynamic")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="export with token merging at a fixed r, e.g. merge:8 (static token counts)")
     ap.add_argument("--format", nargs="+", choices=(*EXPORT_FORMATS, "all"), default=["onnx"],
                     help="what to write")
     ap.add_argument("--images", nargs="*", default=None,
                     help="images to verify on (default: the checkpoint's validation split)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
+    q = ap.add_argument_group("INT8 (ONNX Runtime; docs in vit/deploy/quantize.py)")
+    q.add_argument("--quantize", choices=("int8",), default=None,
+                   help="also write model.int8.onnx, quantized within --max-top1-drop (implies --format onnx)")
+    q.add_argument("--int8-method", choices=("auto", "dynamic", "static"), default="auto",
+                   help="dynamic: weights only; static: QDQ with activations calibrated on training images; "
+                        "auto: both, the faster one that keeps the budget")
+    q.add_argument("--max-top1-drop", type=float, default=0.5,
+                   help="top-1 points INT8 may lose against the fp32 export on the evaluation images")
+    q.add_argument("--eval-images", default=None,
+                   help="a folder of <class>/<image> to measure top-1 on (default: the checkpoint's validation "
+                        "split); with --model also the calibration images")
+    q.add_argument("--calibration-images", type=int, default=64,
+                   help="training images that calibrate static INT8 (and rank the layers' sensitivity)")
+    q.add_argument("--threads", type=int, default=1, help="ONNX Runtime and torch threads for the speed check")
     return ap
 
 
@@ -57,9 +73,15 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
     exit_if_help(build_parser)
 
 
+import itertools
+import shutil
+import tempfile
+
 import numpy as np
 import torch
 
+from vit.cli.images import collect_images
+from vit.cli.outputs import check_writable
 from vit.cli.runtime import check_options, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError, build_datasets
@@ -68,15 +90,19 @@ from vit.data.transforms import build_transform
 from vit.deploy.export import (
     FORMATS,
     ExportableClassifier,
+    ExportError,
     export_model,
+    fingerprint,
     load_exported,
     preprocessing,
     require_onnx,
     verify,
     write_preprocessing,
 )
-from vit.eval.inference import ImageFiles, collect_images, label_names, load_model_and_config
+from vit.eval.inference import ImageFiles, label_names, load_model_and_config
 from vit.utils.atomic import atomic_write_text
+
+INT8_FILE = "model.int8.onnx"
 
 
 def parse_args(argv):
@@ -85,9 +111,25 @@ def parse_args(argv):
     bad = [k for k in overrides if not k.startswith("aug.")]
     if bad:
         raise ConfigError(f"export.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("img_size",))
+    check_options(args, ("img_size", "calibration_images", "threads"))
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
+    if args.quantize and "onnx" not in args.format:
+        args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file
+    if not 0 <= args.max_top1_drop <= 100 or args.max_top1_drop != args.max_top1_drop:
+        raise ConfigError(f"--max-top1-drop is in top-1 points, between 0 and 100; got {args.max_top1_drop}.")
+    if args.quantize and not (args.checkpoint or args.eval_images):
+        raise ConfigError("--quantize needs labelled images to keep its top-1 budget: pass --checkpoint (its "
+                          "validation split) or --eval-images FOLDER (class subfolders).")
     return args, overrides
+
+
+def samples(ds, n: int | None = None):
+    """(image, label) pairs of a dataset, map-style or a shard stream (`data.dataset: wds`, which cannot be
+    indexed), without the padding and unreadable samples a shard reader marks with a negative index."""
+    items = (ds[i] for i in range(len(ds))) if hasattr(ds, "__getitem__") and not isinstance(
+        ds, torch.utils.data.IterableDataset) else iter(ds)
+    good = (item[:2] for item in items if len(item) < 3 or item[2] >= 0)
+    return itertools.islice(good, n)
 
 
 def verification_images(args, cfg, classes, size: int, n: int = 5) -> tuple[torch.Tensor, str]:
@@ -103,21 +145,84 @@ def verification_images(args, cfg, classes, size: int, n: int = 5) -> tuple[torc
     if args.checkpoint:
         _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
         val.transform = transform  # the same split at `size`: evaluation preprocessing has no randomness
-        xs = [val[i][0] for i in range(min(n, len(val)))]
+        xs = [x for x, _ in samples(val, n)]
         return torch.stack(xs), f"{len(xs)} image(s) of the checkpoint's {cfg.data.dataset} validation split"
     rng = np.random.default_rng(0)  # a model by name and no images: photo-like generated ones
     xs = [transform(photo_like(rng, 320, 240)) for _ in range(n)]
     return torch.stack(xs), f"{n} generated photo-like image(s) (pass --images for real ones)"
 
 
+def labelled_images(args, cfg, classes) -> tuple[dict, str]:
+    """Evaluation and calibration arrays for INT8: {'eval': (x, y), 'calib': x} as float32 numpy."""
+    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    if args.eval_images:
+        root = Path(args.eval_images)
+        missing = [c for c in classes if not (root / c).is_dir()]
+        if not root.is_dir() or len(missing) == len(classes):
+            raise DataError(f"--eval-images {root} has no class folders named as the model's classes "
+                            f"({', '.join(classes[:3])}, ...); put each image in <folder>/<class>/.")
+        paths, labels = [], []
+        for k, c in enumerate(classes):
+            found, _ = collect_images([str(root / c)]) if (root / c).is_dir() else ([], [])
+            paths += found
+            labels += [k] * len(found)
+        ds = ImageFiles(paths, transform, cfg.model.in_chans)
+        pairs = [(x, y) for (x, ok, _), y in zip((ds[i] for i in range(len(ds))), labels) if ok]
+        source = f"{len(pairs)} image(s) of {root}"
+    else:
+        _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
+        val.transform = transform
+        pairs = list(samples(val))
+        source = f"the checkpoint's {cfg.data.dataset} validation split ({len(pairs)} images)"
+    if not pairs:
+        raise DataError(f"no readable labelled image in {source}; INT8 needs images to measure top-1 on.")
+    x = torch.stack([p[0] for p in pairs]).numpy()
+    y = np.array([int(p[1]) for p in pairs])
+    if args.checkpoint and not args.eval_images:  # calibration: the training split, as the model saw it
+        train, _, _ = build_datasets(cfg, check_images=False, splits=("train",), classes=classes)
+        train.transform = transform
+        calib = torch.stack([p[0] for p in samples(train, args.calibration_images)]).numpy()
+    else:
+        calib = x[np.random.default_rng(0).permutation(len(x))[:args.calibration_images]]
+        source += " (also the calibration images)"
+    return {"eval": (x, y), "calib": calib}, source
+
+
+def previous_results(out: Path, model_id: str, exported: list[str]) -> dict:
+    """Entries of an earlier verification.json that still hold: formats not exported now whose file is there
+    and was verified for this same model. A file left by another model is renamed <name>.stale, since the new
+    preprocessing.json would no longer describe it."""
+    try:
+        old = json.loads((out / "verification.json").read_text())
+    except (OSError, ValueError):
+        old = {}
+    names = {**FORMATS, "int8": INT8_FILE}
+    kept = {}
+    for fmt, name in names.items():
+        if fmt in exported or not (out / name).is_file():
+            continue
+        entry = old.get("results", {}).get(fmt) if isinstance(old, dict) else None
+        if isinstance(entry, dict) and entry.get("model_fingerprint") == model_id:
+            kept[fmt] = entry
+        else:
+            (out / name).replace(out / f"{name}.stale")
+            print(f"{out / name} was made from another model: renamed {name}.stale")
+    return kept
+
+
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    if "onnx" in args.format:
-        require_onnx()  # before anything slow
-    model, cfg, classes = load_model_and_config(args, overrides)
-    classes = classes or label_names(model, model.num_classes)
     out = Path(args.out) if args.out else (Path(args.checkpoint) / "export" if args.checkpoint
                                            else Path("runs") / f"export-{args.model}")
+    check_writable(out, "the --out folder", "pass --out with a writable folder")  # before any slow work
+    if "onnx" in args.format:
+        require_onnx()
+    model, cfg, classes = load_model_and_config(args, overrides)
+    classes = classes or label_names(model, model.num_classes)
+    if args.token_reduction:
+        if model.dynamic_img_size:  # the merge count r depends on the token count, fixed only at a fixed size
+            raise ConfigError("--token-reduction needs a fixed input size; drop --dynamic-img-size.")
+        model.set_token_reduction(args.token_reduction)
     size = cfg.model.img_size
     x, source = verification_images(args, cfg, classes, size)
     batches = [x[:1], x]
@@ -125,24 +230,95 @@ def main(argv=None) -> int:
         x2, _ = verification_images(args, cfg, classes, size + 2 * model.patch_embed.patch_size[0])
         batches += [x2[:1], x2]
     wrapper = ExportableClassifier(model)
+    model_id = fingerprint(model)
     out.mkdir(parents=True, exist_ok=True)
-    write_preprocessing(out, preprocessing(model, cfg.aug, classes))
     print(f"verifying on {source}, batches {', '.join('x'.join(map(str, b.shape)) for b in batches)}")
-    results = {}
-    for fmt in args.format:
-        t0 = time.perf_counter()
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
-            warnings.simplefilter("ignore")
-            path = export_model(wrapper, fmt, out, x)
-        seconds = time.perf_counter() - t0
-        check = verify(model, load_exported(path, fmt), batches)  # raises ExportError on a mismatch
-        results[fmt] = dict(file=str(path), export_seconds=seconds, **check)
-        print(f"{fmt:<17} {path}  ({seconds:.1f} s)  max |p - p_torch| = {check['max_abs_prob_diff']:.1e} "
-              f"(<= {check['atol']:g}), same top-1 on all {check['images']} rows: ok")
-    atomic_write_text(out / "verification.json", json.dumps(dict(images=source, results=results), indent=1))
-    print(f"wrote {out}/: {', '.join(Path(r['file']).name for r in results.values())}, preprocessing.json, "
-          "verification.json")
+    # Every file is written and checked in a staging folder; only when all pass do they take their names and
+    # the sidecars follow, so a failed or interrupted export leaves the folder as it was.
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        results, staged = {}, {}
+        for fmt in args.format:
+            t0 = time.perf_counter()
+            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
+                warnings.simplefilter("ignore")
+                path = export_model(wrapper, fmt, staging, x)
+            seconds = time.perf_counter() - t0
+            try:
+                check = verify(model, load_exported(path, fmt), batches)
+            except ExportError as e:
+                rejected = out / f"{path.name}.rejected"
+                path.replace(rejected)
+                raise ExportError(f"{e} Nothing in {out} was replaced; the file is kept as {rejected}.") from None
+            staged[fmt] = path
+            results[fmt] = dict(file=str(out / path.name), export_seconds=seconds, model_fingerprint=model_id,
+                                **check)
+            print(f"{fmt:<17} {out / path.name}  ({seconds:.1f} s)  max |p - p_torch| = "
+                  f"{check['max_abs_prob_diff']:.1e} (<= {check['atol']:g}), same top-1 on all {check['images']} "
+                  "rows: ok")
+        if args.quantize:
+            results["int8"] = quantize_int8(args, model, cfg, classes, staged["onnx"], staging, out)
+            results["int8"]["model_fingerprint"] = model_id
+            staged["int8"] = staging / INT8_FILE
+        results = {**previous_results(out, model_id, list(results)), **results}
+        for path in staged.values():
+            path.replace(out / path.name)
+        write_preprocessing(out, preprocessing(model, cfg.aug, classes))
+        atomic_write_text(out / "verification.json", json.dumps(dict(images=source, model_fingerprint=model_id,
+                                                                     results=results), indent=1))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {out}/: {', '.join(p.name for p in staged.values())}, preprocessing.json, verification.json")
     return 0
+
+
+def quantize_int8(args, model, cfg, classes, fp32: Path, staging: Path, out: Path) -> dict:
+    """model.int8.onnx in `staging`, within the top-1 budget, and its numbers; QuantizeError (exit 2) when no
+    INT8 model keeps the budget, the rejected best attempt kept as model.int8.onnx.rejected in `out`."""
+    from vit.deploy.quantize import QuantizeError, quantize_within_budget, speed_ratios
+
+    data, source = labelled_images(args, cfg, classes)
+    x_eval, y_eval = data["eval"]
+    with torch.no_grad():
+        p_torch = torch.cat([model(torch.from_numpy(x_eval[i:i + 64])).softmax(-1)
+                             for i in range(0, len(x_eval), 64)]).numpy()
+    methods = ("dynamic", "static") if args.int8_method == "auto" else (args.int8_method,)
+    print(f"INT8 ({', '.join(methods)}): top-1 on {source}, budget {args.max_top1_drop:g} points")
+    candidates, failures = {}, []
+    for method in methods:
+        try:
+            candidates[method] = quantize_within_budget(
+                fp32, staging / f"{method}-{INT8_FILE}", method, data["calib"], x_eval, y_eval,
+                args.max_top1_drop, p_torch, log=print)
+        except QuantizeError as e:
+            failures.append(str(e))
+    if not candidates:
+        for method in methods:  # the best attempt, for inspection, never under the loadable name
+            tried = staging / f"{method}-{INT8_FILE}"
+            if tried.is_file():
+                tried.replace(out / f"{INT8_FILE}.rejected")
+        raise QuantizeError(f"{' '.join(failures)} Nothing in {out} was replaced (the last attempt is "
+                            f"{out / INT8_FILE}.rejected); raise --max-top1-drop or keep the fp32 model.onnx.")
+    x1 = torch.from_numpy(x_eval[:1])
+    speeds = speed_ratios(model, fp32, {m: c["file"] for m, c in candidates.items()}, x1, args.threads)
+    best = max(candidates, key=lambda m: speeds[m]["int8_over_eager_fp32"]["median"])
+    for m, c in candidates.items():
+        c["speed"] = speeds[m]
+    Path(candidates[best]["file"]).replace(staging / INT8_FILE)
+    res = dict(candidates[best], method=best, file=str(out / INT8_FILE), evaluated_on=source,
+               max_top1_drop=args.max_top1_drop, calibration_images=int(len(data["calib"])),
+               alternatives={m: {k: v for k, v in c.items() if k != "file"} for m, c in candidates.items()
+                             if m != best}, rejected=failures)
+    res["bytes_fp32"], res["bytes_int8"] = fp32.stat().st_size, (staging / INT8_FILE).stat().st_size
+    res["size_ratio"] = res["bytes_fp32"] / res["bytes_int8"]
+    sp = speeds[best]
+    print(f"int8 ({best})       top-1 {100 * res['top1_fp32']:.2f}% -> {100 * res['top1_int8']:.2f}% "
+          f"(budget {args.max_top1_drop:g} pt), agrees with PyTorch on {100 * res['agreement_with_torch']:.1f}%, "
+          f"{len(res['float_groups'])} layer group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> "
+          f"{res['bytes_int8'] / 2**20:.1f} MiB ({res['size_ratio']:.1f}x smaller); batch 1, {args.threads} "
+          f"thread(s): {sp['int8_over_eager_fp32']['median']:.2f}x PyTorch eager, "
+          f"{sp['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32")
+    return res
 
 
 if __name__ == "__main__":

@@ -4,12 +4,17 @@
     python predict.py --model vit_base_patch16_224 --weights vit_b16.safetensors img.jpg --topk 5
     python predict.py --checkpoint runs/x/best photos/ --format jsonl --cam --out preds/
     accelerate launch --multi_gpu --num_processes 2 predict.py --checkpoint ... photos/  # one row per image
+    python predict.py --onnx exported/model.onnx photos/        # ONNX Runtime, no PyTorch needed (see below)
 
 IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
 Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
 Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), skipped.csv (every input passed
 over, with the reason; a broken file never stops the run) and, with --cam, cam/<input index>_<name>.png: the
 attention-rollout overlay of each image, named in its row.
+
+--onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
+from the preprocessing.json beside the model) and writes the same files; it never imports torch, timm or
+accelerate, so it runs where only numpy, Pillow, OpenCV and onnxruntime are installed.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import os
 import sys
 import time
 from pathlib import Path
+
+# what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
+OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
     src.add_argument("--model", help="a model name, with --weights FILE or --pretrained")
+    src.add_argument("--onnx", help="a model.onnx written by export.py (preprocessing.json beside it); no torch")
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
     ap.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
     ap.add_argument("--pretrained", action="store_true", help="--model's pretrained weights by name (hub)")
@@ -47,58 +56,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli.help import exit_if_help
+def rows_for(paths, probs, classes: list[str], topk: int) -> list[dict]:
+    """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv.
+    `probs`: (N, C) softmax probabilities, a numpy array (both predictors, torch and ONNX, give one)."""
+    import numpy as np
 
-    exit_if_help(build_parser)
-
-
-import torch
-
-from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
-from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.config import ConfigError, parse_overrides
-from vit.data import DataError
-from vit.data.transforms import build_transform
-from vit.eval.inference import (
-    ImageFiles,
-    collect_images,
-    decode_error,
-    label_names,
-    load_model_and_config,
-    predict_files,
-)
-from vit.utils.atomic import atomic_write_csv, atomic_write_text
-from vit.utils.untrusted_text import printable
-
-# what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
-OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
-
-
-def parse_args(argv):
-    args, rest = build_parser().parse_known_args(argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not k.startswith("aug.")]
-    if bad:
-        raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("topk", "batch_size", "img_size"))
-    return args, overrides
-
-
-def rows_for(paths, logits, classes: list[str], topk: int) -> list[dict]:
-    """One row per image: path, then pred1, pred1_name, prob1, ... as evaluate.py's predictions.csv."""
-    probs = logits.softmax(1)
-    p_top, i_top = probs.topk(min(topk, len(classes)), dim=1)
+    probs = np.asarray(probs, dtype=np.float32)
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :min(topk, len(classes))]  # ties: the lower index first
     rows = []
-    for path, ps, idx in zip(paths, p_top.tolist(), i_top.tolist()):
+    for path, p, idx in zip(paths, probs, order):
         row: dict = {"path": str(path)}
-        for r, (p, i) in enumerate(zip(ps, idx), 1):
-            row.update({f"pred{r}": i, f"pred{r}_name": classes[i], f"prob{r}": p})
+        for r, i in enumerate(idx.tolist(), 1):
+            row.update({f"pred{r}": i, f"pred{r}_name": classes[i], f"prob{r}": float(p[i])})
         rows.append(row)
     return rows
 
 
 def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
+    from vit.utils.atomic import atomic_write_csv, atomic_write_text
+
     path = out / f"predictions.{fmt}"
     if fmt == "csv":  # probabilities with 6 decimals, as evaluate.py writes them
         text_rows = [{k: f"{v:.6f}" if k.startswith("prob") else v for k, v in r.items()} for r in rows]
@@ -113,6 +89,98 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     text = json.dumps(nested, indent=1) if fmt == "json" else "".join(json.dumps(n) + "\n" for n in nested)
     atomic_write_text(path, text)
     return path
+
+
+def main_onnx(args) -> int:
+    """--onnx: ONNX Runtime and the reference preprocessing, the same files as main(); no torch imported."""
+    from vit.cli.images import collect_images
+    from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
+    from vit.deploy.onnx_predict import OnnxClassifier
+    from vit.utils.atomic import atomic_write_csv
+    from vit.utils.untrusted_text import printable
+
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
+                   if getattr(args, k)]
+    if unsupported:
+        raise ValueError(f"{unsupported[0]} does not apply to --onnx (the export fixes model and preprocessing); "
+                         "drop it, or use --checkpoint.")
+    for name in ("topk", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
+    if not args.images:
+        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
+    check_writable(args.out)
+    with OutputLock(args.out):
+        paths, skipped = collect_images(args.images)
+        if not paths:
+            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
+                             "or a .txt list of paths.")
+        t0 = time.perf_counter()
+        probs, ok, reasons = clf.predict(paths, args.batch_size or 32)
+        seconds = time.perf_counter() - t0
+        skipped += [(str(p), r) for p, r, good in zip(paths, reasons, ok) if not good]
+        dest = Path(args.out)
+        staging = new_staging(dest, "predict")
+        atomic_write_csv(staging / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
+        if not ok.any():
+            publish(staging, dest, OWNED)
+            raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
+                             f"{dest}/skipped.csv.")
+        rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok], clf.classes, args.topk)
+        written = dest / write_rows(staging, args.format, rows).name
+        publish(staging, dest, OWNED)
+    print(f"{len(rows)} image(s), ONNX Runtime, {len(paths) / max(seconds, 1e-9):.0f} images/s; skipped "
+          f"{len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
+    print(printable(f"wrote {written}"))
+    return 0
+
+
+def run_onnx(argv: list[str]) -> int:
+    """main_onnx with run_cli's contract (one line and exit 2 for a user's mistake), without vit.cli.runtime's torch."""
+    try:
+        args, rest = build_parser().parse_known_args(argv)
+        if rest:
+            raise ValueError(f"--onnx takes no config overrides ({rest[0]}): the export's preprocessing.json "
+                             "fixes the preprocessing.")
+        return main_onnx(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C); files already written are complete.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
+    from vit.cli.help import exit_if_help
+
+    exit_if_help(build_parser)
+    if any(a == "--onnx" or a.startswith("--onnx=") for a in sys.argv[1:]):  # before torch is imported
+        sys.exit(run_onnx(sys.argv[1:]))
+
+
+import torch
+
+from vit.cli.images import collect_images
+from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
+from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
+from vit.config import ConfigError, parse_overrides
+from vit.data import DataError
+from vit.data.transforms import build_transform
+from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
+from vit.utils.atomic import atomic_write_csv
+from vit.utils.untrusted_text import printable
+
+
+def parse_args(argv):
+    args, rest = build_parser().parse_known_args(argv)
+    overrides = parse_overrides(rest)
+    bad = [k for k in overrides if not k.startswith("aug.")]
+    if bad:
+        raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
+    check_options(args, ("topk", "batch_size", "img_size"))
+    return args, overrides
 
 
 def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int,
@@ -135,6 +203,8 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.onnx:
+        return main_onnx(args)
     check_writable(args.out)  # before the model loads or an image is read
     with OutputLock(args.out, hold=os.environ.get("RANK", "0") == "0"):  # one predict per --out at a time
         return _predict(args, overrides)
@@ -176,7 +246,7 @@ def _predict(args, overrides) -> int:
     if not good:
         publish(staging, dest, OWNED)
         raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
-    rows = rows_for([paths[i] for i in good], out["logits"][ok], classes, args.topk)
+    rows = rows_for([paths[i] for i in good], out["logits"][ok].softmax(1).numpy(), classes, args.topk)
     if args.cam:
         write_cams(model, dataset, rows, good, cfg, staging, batch, dest)
     written = dest / write_rows(staging, args.format, rows).name

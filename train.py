@@ -7,7 +7,8 @@
 
 The story (`main`): config -> accelerator -> data -> model and optimizer -> resume -> for each epoch: train,
 evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/train/engine.py.
-Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png.
+Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png;
+run.log_with adds experiment trackers (wandb, mlflow, ...; vit/train/tracking.py).
 A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
 a resume refuses a config that changes what the run computes (see vit/train/runfolder.py).
 """
@@ -59,6 +60,7 @@ from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported fr
 )
 from vit.train.optim import build_optimizer
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
+from vit.train.tracking import accelerator_trackers, check_trackers, flat_config, tracker_kwargs, tracker_names
 from vit.utils.atomic import atomic_write_text
 
 
@@ -70,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
+    trackers = tracker_names(cfg)  # run.log_with
+    check_trackers(trackers)  # a missing package or an MLflow store that does not open: one sentence, now
 
     # --- accelerator: devices, processes, precision; only the main process prints -----------------------------
     accelerator = make_accelerator(gradient_accumulation_steps=cfg.optim.grad_accum_steps,
-                                   mixed_precision=cfg.run.mixed_precision, log_with="tensorboard",
-                                   project_dir=str(run_dir))
+                                   mixed_precision=cfg.run.mixed_precision,
+                                   log_with=accelerator_trackers(trackers, run_dir), project_dir=str(run_dir))
     console = Console(accelerator)
     cfg.run.mixed_precision = accelerator.mixed_precision  # the precision that runs (not null) is saved and printed
     if accelerator.is_main_process:  # fail before any data is read; the lock itself is taken below
@@ -188,13 +192,14 @@ def make_mixup(cfg: Config, num_classes: int):
 
 def open_run_folder(run: Run) -> None:
     """Create the run folder only now (a bad dataset or model has written nothing): the full config, metrics
-    trimmed to the resumed step, TensorBoard; then the one warning a schedule may deserve."""
+    trimmed to the resumed step, the trackers (run.log_with) with the resolved config; then the one warning a
+    schedule may deserve."""
     cfg, run_dir = run.cfg, run.run_dir
     if run.accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", dump(cfg))
         trim_metrics(run_dir / "metrics.csv", run.state.step)
-    run.accelerator.init_trackers("tensorboard", config=_flat_scalars(cfg))
+    run.accelerator.init_trackers(cfg.run.project, config=flat_config(cfg), init_kwargs=tracker_kwargs(cfg, run_dir))
     warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained),
                                cfg.run.max_steps)
     if warning and not cfg.run.resume:
@@ -217,16 +222,6 @@ _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message
 
 def _interrupt_note() -> str:
     return interrupt_note(_RUN.get("dir"))
-
-
-def _flat_scalars(cfg: Config) -> dict:
-    from vit.config import to_dict
-
-    out = {}
-    for section, values in to_dict(cfg).items():
-        for k, v in values.items():
-            out[f"{section}.{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
-    return out
 
 
 if __name__ == "__main__":

@@ -1,14 +1,21 @@
-"""Who did what to whom? The shared encoder on text, and why positions matter.
+"""Fine-tune a text model on "who did what to whom?": the shared encoder on text, and why positions matter.
 
-    python examples/text_classification.py [--epochs 30] [--seed 0]     # about 5 minutes on 2 CPU cores
+    python examples/text_classification.py                    # a small BERT from scratch: ~2 min on 2 CPU cores
+    python examples/text_classification.py --model hf-hub:google-bert/bert-base-uncased --epochs 3 --lr 3e-5
+    python examples/text_classification.py --compare-positions      # learned positions vs none (~4 min)
 
 The seed articles' example: "the dog bites the man" and "the man bites the dog" hold the same words, yet mean
 different things. Sentences here are "the [adj] SUBJECT VERB the [adj] OBJECT" over a small generated
 vocabulary; the label says whether the subject is the larger of the two creatures (a fixed size order). Both
-orders of every noun pair appear, so a bag of words cannot beat chance: only word order decides. `vit.TextEncoder`
-(the very Encoder and Block classes of the ViT) is trained twice, with learned positions and without any, and
-the script prints both test accuracies. Optional adjectives make sentences of different lengths, so padding and
-its attention mask are exercised too. A progress bar (on a terminal) and one line per epoch show how it goes.
+orders of every noun pair appear, so a bag of words cannot beat chance: only word order decides. Optional
+adjectives make sentences of different lengths, so padding and its attention mask are exercised too.
+
+With `--model` the model and its tokenizer are loaded by name (`vit.create_text_model`, `vit.load_tokenizer`:
+`hf-hub:org/name` from the Hugging Face cache, fetched once with `hf download org/name`, or `local-dir:/folder`)
+and fine-tuned with a new 2-way head on its pooled output. Without it a BERT-shaped model (the same
+architecture, 2 layers of width 64) is trained from scratch with a WordPiece vocabulary learnt from the
+training sentences. `--compare-positions` trains that small model twice, with learned positions and without
+any, and prints both test accuracies. A progress bar (on a terminal) and one line per epoch show how it goes.
 """
 
 from __future__ import annotations
@@ -28,92 +35,133 @@ import vit
 NOUNS = ["ant", "mouse", "cat", "dog", "child", "man", "woman", "horse", "bear", "whale"]  # small -> large
 VERBS = ["bites", "sees", "chases", "helps", "follows", "ignores", "greets", "finds"]
 ADJECTIVES = ["big", "small", "old", "young", "happy", "angry"]
-PAD, VOCAB = "<pad>", ["<pad>", "the"] + NOUNS + VERBS + ADJECTIVES
-INDEX = {w: i for i, w in enumerate(VOCAB)}
+SMALL_BERT = dict(model_type="bert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def make_sentences(rng: random.Random) -> list[tuple[list[str], int]]:
+def make_sentences(rng: random.Random) -> list[tuple[str, int]]:
     out = []
     for (a, b), verb in itertools.product(itertools.permutations(NOUNS, 2), VERBS):
         for _ in range(2):  # two draws of adjectives per (subject, verb, object)
             words = ["the"] + ([rng.choice(ADJECTIVES)] if rng.random() < 0.5 else []) + [a, verb, "the"]
             words += ([rng.choice(ADJECTIVES)] if rng.random() < 0.5 else []) + [b]
-            out.append((words, int(NOUNS.index(a) > NOUNS.index(b))))
+            out.append((" ".join(words), int(NOUNS.index(a) > NOUNS.index(b))))
     return out
 
 
-def encode(batch: list[tuple[list[str], int]], max_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ids = torch.zeros(len(batch), max_len, dtype=torch.long)
-    mask = torch.zeros(len(batch), max_len, dtype=torch.long)
-    for i, (words, _) in enumerate(batch):
-        ids[i, : len(words)] = torch.tensor([INDEX[w] for w in words])
-        mask[i, : len(words)] = 1
-    return ids, mask, torch.tensor([y for _, y in batch])
+def train_tokenizer(texts: list[str]) -> vit.Tokenizer:
+    """A BERT-style WordPiece tokenizer ([CLS] text [SEP], lower-cased) learnt from `texts` by the tokenizers
+    library: what a tokenizer.json in a BERT repository holds, made here because no model is loaded."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")])
+    return vit.Tokenizer(tok, {"pad_token": "[PAD]", "tokenizer_class": "BertTokenizer"})
 
 
 class Classifier(nn.Module):
-    def __init__(self, pos_embed: str, max_len: int) -> None:
+    """A text encoder and a linear head on its pooled output (BERT's [CLS] through its pooler)."""
+
+    def __init__(self, encoder: vit.TextEncoder, num_classes: int = 2) -> None:
         super().__init__()
-        self.encoder = vit.TextEncoder(len(VOCAB), embed_dim=64, depth=2, num_heads=4, max_len=max_len,
-                                       pos_embed=pos_embed, global_pool="avg")
-        self.head = nn.Linear(64, 2)
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.token_embed.embedding_dim, num_classes)
 
-    def forward(self, ids, mask):
-        return self.head(self.encoder(ids, attention_mask=mask).pooler_output)
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.head(self.encoder(**batch).pooler_output)
 
 
-def accuracy(model: nn.Module, data, max_len: int) -> float:
+def accuracy(model: Classifier, tok: vit.Tokenizer, data: list[tuple[str, int]]) -> float:
     model.eval()
     with torch.no_grad():
-        ids, mask, y = encode(data, max_len)
-        return (model(ids, mask).argmax(1) == y).float().mean().item()
+        batch = tok([t for t, _ in data], padding=True, truncation=True, return_tensors="pt")
+        return (model(batch).argmax(1) == torch.tensor([y for _, y in data])).float().mean().item()
 
 
-def run(pos_embed: str, train, test, epochs: int, seed: int, max_len: int = 8) -> float:
+def run(model: Classifier, tok: vit.Tokenizer, train: list, test: list, epochs: int, seed: int, lr: float,
+        label: str, batch_size: int = 64) -> float:
+    """Fine-tune `model` on `train` with AdamW; one line per epoch (train loss, test accuracy); the final test
+    accuracy."""
     torch.manual_seed(seed)
-    model = Classifier(pos_embed, max_len)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     rng = random.Random(seed)
-    steps = -(-len(train) // 64)
+    steps = -(-len(train) // batch_size)
     # the bar only on a terminal (disable=None); the epoch line always, so a log file shows progress too
-    bar = tqdm(total=epochs * steps, desc=f"pos_embed={pos_embed}", unit="step", leave=False, disable=None)
+    bar = tqdm(total=epochs * steps, desc=label, unit="step", leave=False, disable=None)
     for epoch in range(1, epochs + 1):
         model.train()
         rng.shuffle(train)
         t0, loss_sum = time.perf_counter(), 0.0
-        for s in range(0, len(train), 64):
-            ids, mask, y = encode(train[s : s + 64], max_len)
-            loss = F.cross_entropy(model(ids, mask), y)
+        for s in range(0, len(train), batch_size):
+            chunk = train[s : s + batch_size]
+            batch = tok([t for t, _ in chunk], padding=True, truncation=True, return_tensors="pt")
+            loss = F.cross_entropy(model(batch), torch.tensor([y for _, y in chunk]))
             opt.zero_grad()
             loss.backward()
             opt.step()
             loss_sum += loss.item()
             bar.update()
-        line = (f"pos_embed={pos_embed}  epoch {epoch}/{epochs}  train loss {loss_sum / steps:.4f}  "
-                f"test acc {100 * accuracy(model, test, max_len):.1f}%  ({time.perf_counter() - t0:.1f} s)")
+        line = (f"{label}  epoch {epoch}/{epochs}  train loss {loss_sum / steps:.4f}  "
+                f"test acc {100 * accuracy(model, tok, test):.1f}%  ({time.perf_counter() - t0:.1f} s)")
         if bar.disable:
             print(line, flush=True)
         else:
             bar.write(line)  # above the bar, which stays at the bottom
     bar.close()
-    return accuracy(model, test, max_len)
+    return accuracy(model, tok, test)
 
 
-def main() -> None:
+def small_model(tok: vit.Tokenizer, seed: int, **overrides) -> Classifier:
+    torch.manual_seed(seed)
+    config = {**SMALL_BERT, "vocab_size": tok.vocab_size}
+    return Classifier(vit.text_encoder_from_config(config, **overrides))
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--epochs", type=int, default=30, help="training epochs for each of the two models (default: 30)")
+    ap.add_argument("--model", default=None,
+                    help="a text model to fine-tune, hf-hub:org/name[@revision] or local-dir:/folder (default: a "
+                         "small BERT from scratch)")
+    ap.add_argument("--epochs", type=int, default=None, help="training epochs (default: 15, or 3 with --model)")
+    ap.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default: 1e-3, or 3e-5 with --model)")
+    ap.add_argument("--compare-positions", action="store_true",
+                    help="train the small model with learned positions and without any, and compare")
     ap.add_argument("--seed", type=int, default=0,
                     help="seed for the sentences, the split and the weights (default: 0)")
-    args = ap.parse_args()
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.model and args.compare_positions:
+        ap.error("--compare-positions trains the small model from scratch; leave out --model.")
+    epochs = args.epochs or (3 if args.model else 15)
+    lr = args.lr or (3e-5 if args.model else 1e-3)
     rng = random.Random(args.seed)
     data = make_sentences(rng)
     rng.shuffle(data)
     cut = int(0.8 * len(data))
     train, test = data[:cut], data[cut:]
-    print(f"{len(train)} training and {len(test)} test sentences, vocabulary of {len(VOCAB)} words, "
-          f"e.g. '{' '.join(test[0][0])}' -> {test[0][1]}")
-    for pos in ("learn", "none"):
-        acc = run(pos, list(train), test, args.epochs, args.seed)
+    print(f"{len(train)} training and {len(test)} test sentences, e.g. '{test[0][0]}' -> {test[0][1]}")
+    if args.model:
+        tok = vit.load_tokenizer(args.model)
+        model = Classifier(vit.create_text_model(args.model))
+        print(f"fine-tuning {args.model}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+        acc = run(model, tok, list(train), test, epochs, args.seed, lr, args.model)
+        print(f"test accuracy: {100 * acc:.1f}%")
+        return
+    tok = train_tokenizer([t for t, _ in train])
+    kinds = ("learn", "none") if args.compare_positions else ("learn",)
+    for pos in kinds:
+        model = small_model(tok, args.seed, pos_embed=pos)
+        acc = run(model, tok, list(train), test, epochs, args.seed, lr, f"pos_embed={pos}")
         label = "with learned positions" if pos == "learn" else "without positions (a bag of words)"
         print(f"test accuracy {label}: {100 * acc:.1f}%")
 

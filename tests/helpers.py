@@ -34,6 +34,17 @@ def make_image_folder(root: Path, classes=("cat", "dog", "fox"), n_train=8, n_va
     return root
 
 
+def hub_snapshot(cache: Path, repo_id: str, commit: str = "a" * 40, main: bool = True) -> Path:
+    """The folder of one snapshot of `repo_id` in a Hugging Face hub cache, laid out as huggingface_hub keeps it
+    (models--org--name/snapshots/<commit>/, refs/main holding the commit when `main`); write the files into it."""
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    (repo / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    if main:
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
 # A script run by a test writes into the test's temporary folder, never into the checkout: these options must be
 # given (the suite's end compares runs/ and `git status` with its start, conftest.py).
 OUTPUT_OPTIONS = {"train.py": "--run.output_dir", "visualize_attention.py": "--out"}

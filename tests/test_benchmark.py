@@ -58,3 +58,28 @@ def test_a_grey_checkpoint_is_benchmarked(tmp_path, capsys):
     ck = save_checkpoint(tmp_path / "best", model, cfg, [str(i) for i in range(10)])
     assert bench.main(["--token-reduction", "merge:1", "--checkpoint", str(ck), "--batch-size", "2", "--repeats",
                        "1", "--warmup", "0", "--device", "cpu", "--out", str(tmp_path / "b.json")]) == 0
+
+
+@pytest.mark.slow
+def test_benchmark_edge_table_on_a_checkpoint(tmp_path):
+    """--edge: every variant timed in one interleaved run, eager's own ratio 1, sizes of the files, top-1 of
+    every variant on the checkpoint's validation split (the same number for eager and ORT fp32)."""
+    import torch
+
+    from vit.models.build import build_model
+
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1",
+                                               "--model.num_heads=2", "--model.mlp_ratio=2"])
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ck", build_model(cfg, 10), cfg, [str(i) for i in range(10)])
+    out = tmp_path / "e.json"
+    r = run_script("benchmark.py", "--edge", "--checkpoint", str(tmp_path / "ck"), "--edge-batches", "2",
+                   "--edge-threads", "1", "--edge-merge", "merge:2", "--warmup", "0", "--repeats", "2",
+                   "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["variant"]: row for row in json.loads(out.read_text())["edge"]["rows"]}
+    assert set(rows) == {"eager fp32", "ort fp32", "ort int8 dynamic", "ort int8 static", "eager fp32 merge:2",
+                         "ort fp32 merge:2", "ort int8 dynamic merge:2"}
+    assert rows["eager fp32"]["x_eager"]["median"] == 1.0 and all(v["images_per_s"] > 0 for v in rows.values())
+    assert rows["ort int8 dynamic"]["mib"] < rows["ort fp32"]["mib"]
+    assert rows["eager fp32"]["top1"] == rows["ort fp32"]["top1"] and rows["eager fp32 merge:2"]["top1"] is not None

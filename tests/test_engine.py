@@ -184,7 +184,8 @@ def test_written_files_honour_the_umask(tmp_path, umask):
         os.umask(old)
     expected = 0o666 & ~umask
     files = [tmp_path / "m.csv", *sorted((tmp_path / "ck").iterdir())]
-    assert len(files) == 6 and {f.name: _mode(f) for f in files} == {f.name: expected for f in files}
+    assert len(files) == 7 and (tmp_path / "ck" / "README.md") in files  # m.csv, the checkpoint's six (its card)
+    assert {f.name: _mode(f) for f in files} == {f.name: expected for f in files}
     assert _mode(tmp_path / "a.txt") == 0o600 and (tmp_path / "a.txt").read_text() == "y"
     assert not list(tmp_path.rglob("*.tmp"))
 

@@ -48,8 +48,9 @@ def test_metrics_match_sklearn_and_manual_count(trained, tmp_path):
     assert preds[0]["sample"].endswith(".png")
     table = [ln for ln in r.stdout.splitlines() if ln.startswith(("class", "a ", "macro avg", "weighted avg"))]
     assert len(table) == 4 and len({len(ln) for ln in table}) == 1, table  # every column right-aligned alike
-    for f in ("confusion.png", "reliability.png"):
+    for f in ("confusion.png", "reliability.png", "mistakes.png"):
         assert (tmp_path / f).stat().st_size > 1000
+    assert "mistakes.png" in r.stdout.splitlines()[-1]
     # the reported top-1 is the training run's own final validation accuracy
     meta = json.loads((run / "t/best/meta.json").read_text())
     assert m["top1"] == pytest.approx(meta["val_acc1"])

@@ -11,10 +11,10 @@ import pytest
 from helpers import TINY, import_script, make_image_folder
 from PIL import Image
 
+from vit.cli.images import collect_images
 from vit.config import load_config
 from vit.data import DataError, build_datasets
 from vit.data.shards import write_shards
-from vit.eval.inference import collect_images
 from vit.models.build import build_model
 from vit.models.checkpoint import save_checkpoint
 

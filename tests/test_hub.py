@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import ROOT, TINY, run_script
+from helpers import ROOT, TINY, hub_snapshot, run_script
 from timm.models import save_for_hf
 
 import vit
@@ -31,12 +31,9 @@ IMAGENET = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
 
 def _put(cache, repo_id, model, commit=MAIN, main=True, **kw):
     """One snapshot of a repository, laid out as huggingface_hub's cache keeps it."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    save_for_hf(model, str(repo / "snapshots" / commit), **kw)
-    if main:
-        (repo / "refs").mkdir(parents=True, exist_ok=True)
-        (repo / "refs" / "main").write_text(commit)
-    return repo / "snapshots" / commit
+    folder = hub_snapshot(cache, repo_id, commit, main)
+    save_for_hf(model, str(folder), **kw)
+    return folder
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,9 @@ def test_public_api_is_unchanged_and_lazy():
     assert out.split(" ", 1)[1].strip() == str(sorted([
         "Attention", "Block", "Encoder", "TextEncoder", "TextEncoderOutput", "VARIANTS", "VisionTransformer",
         "attention_maps", "attention_rollout", "create_model", "gradient_rollout", "list_models", "load_pretrained",
-        "raw_attention", "read_state_dict", "resample_abs_pos_embed", "to_grid"]))
+        "raw_attention", "read_state_dict", "resample_abs_pos_embed", "to_grid",
+        # issue 26: text models and their tokenizers by name
+        "Tokenizer", "create_text_model", "load_tokenizer", "text_encoder_from_config"]))
 
 
 # --- the import graph: no cycles, arrows down, nothing private across modules (standard-library ast only) -------

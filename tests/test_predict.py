@@ -192,7 +192,7 @@ def test_bad_counts_and_an_output_file_are_one_sentence_before_anything_is_writt
 def test_pipes_devices_and_empty_folders_are_listed_not_dropped(tmp_path):
     import os
 
-    from vit.eval.inference import collect_images
+    from vit.cli.images import collect_images
 
     d = tmp_path / "in"
     (d / "empty").mkdir(parents=True)

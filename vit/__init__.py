@@ -3,6 +3,9 @@
 Public API:
     create_model, list_models, VisionTransformer   the image model (timm-compatible names and weights)
     TextEncoder                                    the same encoder on token ids
+    create_text_model, load_tokenizer, Tokenizer   BERT / RoBERTa / DistilBERT / CLIP-text weights and their
+                                                   tokenizers by name (hf-hub:org/name, local-dir:/folder);
+    text_encoder_from_config                       the same architectures with random weights
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
     attention_rollout, gradient_rollout, ...       where the model looks (vit.explain.rollout)
@@ -31,6 +34,10 @@ _EXPORTS = {
     "to_grid": "explain.rollout",
     "TextEncoder": "models.text_encoder",
     "TextEncoderOutput": "models.text_encoder",
+    "Tokenizer": "hub.tokenizer",
+    "load_tokenizer": "hub.tokenizer",
+    "create_text_model": "models.text_build",
+    "text_encoder_from_config": "models.text_build",
     "VARIANTS": "models.vision_transformer",
     "VisionTransformer": "models.vision_transformer",
     "create_model": "models.build",
@@ -43,6 +50,7 @@ __all__ = [
     "Encoder",
     "TextEncoder",
     "TextEncoderOutput",
+    "Tokenizer",
     "attention_maps",
     "attention_rollout",
     "gradient_rollout",
@@ -51,10 +59,13 @@ __all__ = [
     "VARIANTS",
     "VisionTransformer",
     "create_model",
+    "create_text_model",
     "list_models",
+    "load_tokenizer",
     "load_pretrained",
     "read_state_dict",
     "resample_abs_pos_embed",
+    "text_encoder_from_config",
 ]
 
 
@@ -78,9 +89,11 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .explain.rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
+    from .hub.tokenizer import Tokenizer, load_tokenizer
     from .hub.weights import load_pretrained, read_state_dict
     from .layers import Attention, resample_abs_pos_embed
     from .models.build import create_model, list_models
     from .models.encoder import Block, Encoder
+    from .models.text_build import create_text_model, text_encoder_from_config
     from .models.text_encoder import TextEncoder, TextEncoderOutput
     from .models.vision_transformer import VARIANTS, VisionTransformer

@@ -197,7 +197,11 @@ class RunConfig:
     keep_best: int = 1  # best checkpoints kept (by val_acc1)
     resume: str | None = None  # 'auto' or a state folder
     overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
-    log_every: int = 10  # steps between TensorBoard points
+    log_every: int = 10  # steps between the trackers' train-loss points
+    # experiment trackers, through Accelerate: tensorboard, csv (metrics.csv, always written), wandb, mlflow,
+    # comet_ml, aim, clearml, dvclive, swanlab, trackio; null: [tensorboard, csv] (see vit/train/tracking.py)
+    log_with: list[str] | None = None
+    project: str = "vit"  # the trackers' project (wandb project, MLflow experiment); each run is named run.name
     on_nonfinite: str = "stop"  # stop | skip
     max_steps: int | None = None  # stop early (smoke runs)
 
@@ -236,6 +240,8 @@ NON_NEGATIVE = {"optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
                 "aug.affine_translate", "aug.affine_rotate", "aug.affine_scale", "aug.rand_augment_ops"}
 AUTO = {"data.num_workers", "run.num_threads"}
+# run.log_with: csv is our metrics.csv; the others are Accelerate's trackers (accelerate.utils.LoggerType)
+TRACKERS = ("tensorboard", "csv", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
         "model.attn_drop_rate", "model.drop_path_rate", "aug.label_smoothing", "optim.layer_decay",
         "optim.ema_decay"}
@@ -324,6 +330,10 @@ def validate(cfg: Config) -> None:
     _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
+    for name in cfg.run.log_with or []:
+        if name not in TRACKERS:
+            raise ConfigError(f"config key 'run.log_with' names an unknown tracker {name!r}; choose from "
+                              f"{', '.join(TRACKERS)}.")
     if cfg.run.overwrite and cfg.run.resume:
         raise ConfigError("config keys 'run.overwrite' and 'run.resume' contradict each other; pass one of them.")
     m = cfg.model

@@ -1,22 +1,51 @@
 """Data: image decoding (`decode`), the augmentation pipelines (`transforms`), the datasets and loaders of
 every `data.dataset` (`datasets`; tar shards in `shards` + `shard_loader`, Hugging Face datasets in
-`hf_datasets`) and generated images (`synthetic`)."""
+`hf_datasets`) and generated images (`synthetic`).
 
-from .datasets import (
-    IMG_EXTENSIONS,
-    ArrayDataset,
-    DataError,
-    EpochSampler,
-    FolderDataset,
-    absolute_root,
-    build_datasets,
-    build_loaders,
-    resolve_data_config,
-)
-from .decode import BadImageError, decode_image
-from .synthetic import colour_coded, photo_like
-from .transforms import Pipeline, build_transform
+The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
+OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {  # public name -> the module of this package that defines it
+    **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "absolute_root", "build_datasets",
+                     "build_loaders", "resolve_data_config"), "datasets"),
+    **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
+    **dict.fromkeys(("colour_coded", "photo_like"), "synthetic"),
+    **dict.fromkeys(("Pipeline", "build_transform"), "transforms"),
+}
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
            "resolve_data_config", "build_loaders", "absolute_root", "BadImageError", "decode_image", "photo_like",
            "colour_coded", "Pipeline", "build_transform"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
+    from .datasets import (
+        ArrayDataset,
+        DataError,
+        EpochSampler,
+        FolderDataset,
+        absolute_root,
+        build_datasets,
+        build_loaders,
+        resolve_data_config,
+    )
+    from .decode import IMG_EXTENSIONS, BadImageError, decode_image
+    from .synthetic import colour_coded, photo_like
+    from .transforms import Pipeline, build_transform

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from .decode import IMG_EXTENSIONS
+
 __all__ = ["DataError", "IMG_EXTENSIONS", "SeededDataset", "class_folders", "image_files", "folder_classes",
            "check_classes"]
-
-IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
 class DataError(ValueError):

@@ -27,10 +27,12 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["BadImageError", "decode_image", "to_rgb_array", "read_bytes", "is_complete_jpeg", "jpeg_size",
-           "jpeg_reduction", "decode_bytes"]
+__all__ = ["IMG_EXTENSIONS", "BadImageError", "decode_image", "to_rgb_array", "read_bytes", "is_complete_jpeg",
+           "jpeg_size", "jpeg_reduction", "decode_bytes"]
 
 Image.MAX_IMAGE_PIXELS = 256_000_000  # very large images are decoded (cheaply, at reduced scale) not refused
+# the suffixes a folder's image files have (a file named directly is decoded whatever its suffix)
+IMG_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 MAX_FILE_BYTES = 256 * 2**20  # an image file larger than this is refused unread
 MAX_SAMPLE_BYTES = 512 * 2**20  # decoded: width * height * BYTES_PER_PIXEL; 8192 x 8192 fits, 16000^2 does not
 BYTES_PER_PIXEL = 8  # PIL's 4-byte pixel, the RGB array (3) and a byte of conversion headroom

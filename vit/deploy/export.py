@@ -19,6 +19,7 @@ would compile the attention layer's error messages, which TorchScript's compiler
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 import warnings
@@ -32,7 +33,7 @@ from ..models.vision_transformer import VisionTransformer
 from ..utils.atomic import atomic_write_text
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",
-           "preprocessing", "require_onnx"]
+           "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
 ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
@@ -151,6 +152,13 @@ def verify(reference: nn.Module, run, batches: list[torch.Tensor], atol: float =
     worst, differ, n, shapes = 0.0, 0, 0, []
     for x in batches:
         p_ref, p_exp = reference(x).softmax(-1), run(x).float().softmax(-1)
+        # NaN compares false, so max() and != alone would certify a NaN model as exact
+        if not torch.isfinite(p_ref).all():
+            raise ExportError("the PyTorch model's outputs are not finite (NaN or inf) on the verification images; "
+                              "its weights are broken: export a checkpoint that evaluates to finite numbers.")
+        if not torch.isfinite(p_exp).all():
+            raise ExportError("the exported model's outputs are not finite (NaN or inf) where PyTorch's are; "
+                              "it must not be used.")
         worst = max(worst, float((p_ref - p_exp).abs().max()))
         differ += int((p_ref.argmax(-1) != p_exp.argmax(-1)).sum())
         n += len(x)
@@ -158,17 +166,55 @@ def verify(reference: nn.Module, run, batches: list[torch.Tensor], atol: float =
     res = dict(max_abs_prob_diff=worst, top1_disagreements=differ, images=n, input_shapes=shapes, atol=atol)
     if worst > atol or differ:
         raise ExportError(f"the exported model differs from the PyTorch model (max |p| difference {worst:.2e}, "
-                          f"{differ} different top-1 of {n}); it was written but should not be used.")
+                          f"{differ} different top-1 of {n}); it must not be used.")
     return res
 
 
+def fingerprint(model: nn.Module) -> str:
+    """sha256 of the weights (names, dtypes, shapes, bytes): which model an exported file was verified for."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
 def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:
-    """What a runtime must do to an image before the exported model sees it, timm's pretrained_cfg keys."""
+    """What a runtime must do to an image before the exported model sees it: timm's pretrained_cfg keys, and
+    `steps`, every step `vit.data.transforms` runs for evaluation, stated so that it can be reproduced without this
+    code (vit/deploy/preprocess.py is such a reproduction, tested equal to ours)."""
+    aug = aug.resolved()
     ph, pw = model.patch_embed.patch_size
+    chans = model.patch_embed.proj.in_channels
+    size = model.patch_embed.img_size[0]
+    resize = int(round(size / aug.eval_crop_pct))
+    flt = "INTER_CUBIC" if aug.interpolation == "bicubic" else "INTER_LINEAR"
+    steps = [
+        dict(step="decode", library="opencv", call="cv2.imdecode (libjpeg-turbo)", applies_to=
+             "a complete JPEG (bytes start FF D8 FF and end FF D9)", exif_orientation="applied", output="RGB uint8",
+             reduced_size_decoding="libjpeg DCT scaling (cv2.IMREAD_REDUCED_COLOR_r; PIL: Image.draft) by r, the "
+             "largest of 8, 4, 2 with floor(w / r) >= w * s and floor(h / r) >= h * s where s = "
+             f"{resize} / min(w, h); else r = 1"),
+        dict(step="decode", library="pillow", applies_to="every other file, and a JPEG OpenCV refuses (decoded "
+             "with Image.draft at the same r)", exif_orientation="applied (ImageOps.exif_transpose)",
+             output="RGB uint8: 16-bit grey x / 65535 * 255 + 0.5 truncated, transparency composited over white, "
+                    "palette and grey converted with Image.convert('RGB')"),
+        dict(step="resize", library="opencv", call="cv2.resize", filter=flt, shorter_side=resize,
+             longer_side=f"int({resize} * longer / shorter), truncated", note="no antialiasing beyond the filter"),
+        dict(step="center_crop", size=[size, size], offset="int(round((side - crop) / 2)), round half to even"),
+        *([dict(step="to_grey", library="opencv", call="cv2.cvtColor(COLOR_RGB2GRAY)",
+                formula="0.299 R + 0.587 G + 0.114 B, rounded to uint8")] if chans == 1 else []),
+        dict(step="normalize", formula="(v - 255 * mean) / (255 * std), float64 then float32", mean=list(aug.mean),
+             std=list(aug.std)),
+        dict(step="layout", channel_order="RGB" if chans == 3 else "grey", layout="NCHW", dtype="float32",
+             input_name="x"),
+    ]
     return dict(
-        input_size=[model.patch_embed.proj.in_channels, *model.patch_embed.img_size],
+        input_size=[chans, *model.patch_embed.img_size],
         mean=list(aug.mean), std=list(aug.std), interpolation=aug.interpolation, crop_pct=aug.eval_crop_pct,
-        crop_mode="center", resize="shorter side to round(input_size / crop_pct), then a center crop",
+        crop_mode="center", resize=f"shorter side to {resize} (round(input_size / crop_pct)), then a center crop",
+        steps=steps, reference="vit/deploy/preprocess.py (NumPy, Pillow, OpenCV; no torch)",
         dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw], input_name="x", output_name="logits",
         output="logits (B, num_classes); softmax gives the probabilities", num_classes=len(classes),
         label_names=list(classes),

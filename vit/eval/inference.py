@@ -1,14 +1,12 @@
 """Classifying images that have no labels: which files to read, which model and preprocessing to use (the same
 as `evaluate.py`), and one prediction per readable image, in input order, on one process or many.
 
-    paths, skipped = collect_images(["photos/", "more/*.jpg", "list.txt"])   # files, folders, globs, lists
+    paths, skipped = collect_images(["photos/", "more/*.jpg", "list.txt"])   # vit.cli.images: what to read
     out = predict_files(model, ImageFiles(paths, transform), 32, 0, accelerator)  # logits, ok, index
 """
 
 from __future__ import annotations
 
-import glob
-import os
 import re
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, apply_overrides, from_dict, to_dict
-from ..data.datasets import IMG_EXTENSIONS, resolve_data_config
+from ..data.datasets import resolve_data_config
 from ..data.decode import BadImageError
 from ..data.transforms import Pipeline
 from ..hub.weights import load_pretrained, read_state_dict
@@ -24,86 +22,8 @@ from ..models.build import create_model
 from ..models.checkpoint import CheckpointError, load_checkpoint
 from .metrics import predict
 
-__all__ = ["LIST_SUFFIXES", "collect_images", "ImageFiles", "predict_files", "load_model_and_config",
+__all__ = ["ImageFiles", "predict_files", "load_model_and_config",
            "label_names", "decode_error"]
-
-LIST_SUFFIXES = {".txt", ".lst"}  # a file named on the command line with these suffixes lists paths, one a line
-
-
-def _list_file(path: Path) -> list[Path]:
-    """Paths listed in a text file, one a line; blank lines and '#' comments ignored; relative paths are
-    relative to the list's own folder (so a list travels with its images)."""
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            p = Path(line).expanduser()
-            out.append(p if p.is_absolute() else path.parent / p)
-    return out
-
-
-def _folder_files(folder: Path, skipped: list[tuple[str, str]]) -> list[Path]:
-    """Every file under `folder` (not inside a hidden folder, nor hidden itself), sorted; a linked subfolder
-    (not followed: it could loop or leave the folder) and an unreadable one are passed over by name."""
-    found: list[Path] = []
-
-    def unreadable(e: OSError) -> None:
-        skipped.append((str(e.filename), f"an unreadable folder ({e.strerror or e})"))
-
-    for top, dirs, files in os.walk(folder, onerror=unreadable):
-        keep = []
-        for d in sorted(dirs):
-            if d.startswith("."):
-                continue
-            if os.path.islink(os.path.join(top, d)):
-                skipped.append((os.path.join(top, d), "a link to a folder, not followed (name the folder itself)"))
-            else:
-                keep.append(d)
-        dirs[:] = keep
-        found += [Path(top) / f for f in files if not f.startswith(".") and not os.path.isdir(os.path.join(top, f))]
-    return sorted(found)
-
-
-def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]:
-    """-> (candidate image files in input order, [(path, reason)] for what was passed over).
-
-    A folder is searched recursively in sorted order; there only files with an image suffix are candidates,
-    other files are passed over by name (hidden files silently). A file named directly, or in a list, is a
-    candidate whatever its suffix: decoding decides. A name that matches nothing is passed over too."""
-    paths: list[Path] = []
-    skipped: list[tuple[str, str]] = []
-
-    def add(p: Path, named: bool) -> None:
-        if p.is_dir():
-            found = _folder_files(p, skipped)
-            if not found:
-                skipped.append((str(p), "an empty folder"))
-            for f in found:
-                add(f, named=False)
-        elif p.exists() and not p.is_file():  # a FIFO or a device (or a link to one) would hang or never end
-            skipped.append((str(p), "not a regular file (a pipe, socket or device)"))
-        elif not p.is_file():
-            skipped.append((str(p), "no such file or folder"))
-        elif named or p.suffix.lower() in IMG_EXTENSIONS:
-            paths.append(p)
-        else:
-            skipped.append((str(p), f"not an image file (suffix {p.suffix or 'none'!r})"))
-
-    for spec in specs:
-        p = Path(spec).expanduser()
-        if p.is_file() and p.suffix.lower() in LIST_SUFFIXES:
-            for q in _list_file(p):
-                add(q, named=True)
-        elif p.exists():
-            add(p, named=True)
-        else:
-            matches = sorted(glob.glob(spec, recursive=True))
-            if not matches:
-                skipped.append((spec, "no such file, folder or glob match"))
-            for m in matches:
-                add(Path(m), named=Path(m).is_file() and Path(m).suffix.lower() in IMG_EXTENSIONS)
-    return paths, skipped
-
 
 class ImageFiles(Dataset):
     """Yields (image (C, S, S), readable 1/0, index). An unreadable file gives a zero image and 0, so a bad

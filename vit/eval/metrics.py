@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error", "per_class_metrics"]
+__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error", "per_class_metrics",
+           "worst_mistakes"]
 
 
 @torch.no_grad()
@@ -93,3 +94,12 @@ def summarize_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
         out["acc5"] = topk_correct(logits, labels, 5) / max(1, n)
     out["ece"] = expected_calibration_error(logits.softmax(dim=1), labels)[0]
     return out
+
+
+def worst_mistakes(probs: torch.Tensor, labels: torch.Tensor, n: int = 16) -> list[int]:
+    """Rows of the misclassified samples, the most confident (highest top-1 probability) first, at most n;
+    ties keep the dataset's order. probs (N, K), labels (N,)."""
+    conf, pred = probs.max(1)
+    wrong = (pred != labels).nonzero().flatten()
+    order = sorted(wrong.tolist(), key=lambda j: (-float(conf[j]), j))
+    return order[:n]

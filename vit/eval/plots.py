@@ -16,7 +16,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 __all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display",
-           "curves_figure", "reliability_figure", "attention_figure", "reliability_bars"]
+           "curves_figure", "reliability_figure", "attention_figure", "reliability_bars", "scaled_heat",
+           "overlay_image", "confusion_figure", "plot_mistakes", "mistakes_figure"]
 
 MARKERS_UP_TO = 30  # epochs: a point marker on each, so that a 2-epoch run shows two points, not a bare line
 
@@ -39,47 +40,86 @@ def plot_curves(metrics_csv: str | Path, out_png: str | Path) -> None:
 
 
 def curves_figure(rows: list[dict]) -> Figure:
-    """metrics.csv rows -> loss | held-out top-1 per epoch; whole-number epoch ticks, markers on short runs."""
-    ep = [float(r["epoch"]) for r in rows]
+    """metrics.csv rows -> loss | held-out top-1 | learning rate per epoch. Every epoch has a row (train loss, lr);
+    the val_* values only those evaluated (run.eval_every), each series drawn through its own points. Whole-number
+    epoch ticks, markers on short runs."""
     marker = "o" if len(rows) <= MARKERS_UP_TO else None
 
-    def col(name):
-        return [float(r[name]) if r.get(name) not in (None, "") else np.nan for r in rows]
+    def series(name, scale=1.0):
+        pts = [(float(r["epoch"]), scale * float(r[name])) for r in rows if r.get(name) not in (None, "")]
+        return [p[0] for p in pts], [p[1] for p in pts]
 
-    fig = Figure(figsize=(10, 4))
-    a1, a2 = fig.subplots(1, 2)
-    a1.plot(ep, col("train_loss"), label="train", marker=marker)
-    a1.plot(ep, col("val_loss"), label="val", marker=marker)
+    fig = Figure(figsize=(13, 4))
+    a1, a2, a3 = fig.subplots(1, 3)
+    a1.plot(*series("train_loss"), label="train (every epoch)", marker=marker)
+    a1.plot(*series("val_loss"), label="val", marker=marker)
     a1.set(xlabel="epoch", ylabel="loss", title="loss")
     a1.legend()
-    a2.plot(ep, [100 * v for v in col("val_acc1")], label="val top-1", marker=marker)
+    a2.plot(*series("val_acc1", 100), label="val top-1", marker=marker)
     a2.set(xlabel="epoch", ylabel="accuracy (%)", title="held-out accuracy")
     a2.legend()
-    a2.grid(alpha=0.3)
-    for a in (a1, a2):
+    a3.plot(*series("lr"), color="tab:green", marker=marker)
+    a3.set(xlabel="epoch", ylabel="learning rate", title="learning rate (at each epoch's end)")
+    a3.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    for a in (a1, a2, a3):
+        a.grid(alpha=0.3)
         a.xaxis.set_major_locator(MaxNLocator(integer=True))  # epoch 1, 2, 3: never 1.5
+    fig.tight_layout()
     return fig
 
 
 def plot_confusion(matrix: np.ndarray, classes: list[str], out_png: str | Path) -> None:
-    """Row-normalized confusion matrix (rows: true class, columns: predicted)."""
+    """The confusion matrix as a PNG (see confusion_figure)."""
+    save_figure(confusion_figure(matrix, classes), Path(out_png))
+
+
+def confusion_figure(matrix: np.ndarray, classes: list[str]) -> Figure:
+    """Confusion matrix (rows: true class, columns: predicted), coloured by the row-normalized rate; each cell
+    (up to 20 classes) shows its rate and its count, each row label its class's number of images. Empty cells
+    off the diagonal are left blank."""
     norm = matrix / np.maximum(1, matrix.sum(axis=1, keepdims=True))
     n = len(classes)
-    size = max(4, min(20, 0.45 * n + 2))
+    size = max(4.5, min(20, 0.6 * n + 2))
     fig = Figure(figsize=(size, size))
     ax = fig.subplots()
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
-    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true", title="confusion (row-normalized)")
-    ax.set_xticklabels(classes, rotation=90 if n > 10 else 0)
-    ax.set_yticklabels(classes)
+    ax.set(xticks=range(n), yticks=range(n), xlabel="predicted", ylabel="true (images)",
+           title="confusion: rate of the true class's images\n(count below)")
+    ax.set_xticklabels(classes, rotation=90 if n > 6 else 0)
+    ax.set_yticklabels([f"{c} ({int(t)})" for c, t in zip(classes, matrix.sum(axis=1))])
     if n <= 20:
         for i in range(n):
             for j in range(n):
-                if norm[i, j] >= 0.005:
-                    ax.text(j, i, f"{norm[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                            color="white" if norm[i, j] > 0.5 else "black")
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    save_figure(fig, Path(out_png))
+                if matrix[i, j] or i == j:
+                    ax.text(j, i, f"{norm[i, j]:.2f}\n({int(matrix[i, j])})", ha="center", va="center",
+                            fontsize=8 if n <= 10 else 6, color="white" if norm[i, j] > 0.5 else "black")
+    fig.colorbar(im, ax=ax, fraction=0.046, label="rate (row-normalized)")
+    return fig
+
+
+def plot_mistakes(images: list[np.ndarray], titles: list[str], out_png: str | Path) -> None:
+    """The gallery of mistakes as a PNG (see mistakes_figure)."""
+    save_figure(mistakes_figure(images, titles), Path(out_png), dpi=100)
+
+
+def mistakes_figure(images: list[np.ndarray], titles: list[str], columns: int = 4) -> Figure:
+    """A grid of images (H, W, 3) in [0, 1], each titled (e.g. 'true cat / predicted dog 97%'), most confident
+    mistake first; an empty list gives a figure that says there were none."""
+    if not images:
+        fig = Figure(figsize=(4, 1.2))
+        fig.text(0.5, 0.5, "no misclassified images", ha="center", va="center", fontsize=11)
+        return fig
+    cols = min(columns, len(images))
+    rows = -(-len(images) // cols)
+    fig = Figure(figsize=(2.6 * cols, 2.9 * rows))
+    axes = np.atleast_1d(fig.subplots(rows, cols)).ravel()
+    for ax in axes:
+        ax.axis("off")
+    for ax, img, title in zip(axes, images, titles):
+        ax.imshow(img, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
+    fig.suptitle("most confident mistakes (what the model saw)", fontsize=11)
+    return fig
 
 
 def reliability_bars(bins: list) -> tuple[np.ndarray, ...]:
@@ -107,21 +147,28 @@ def reliability_figure(bins: list, ece: float) -> Figure:
 
     lo, width, n, acc, conf = reliability_bars(bins)
     total = max(1.0, n.sum())
-    fig = Figure(figsize=(5, 6.2))
+    fig = Figure(figsize=(6, 7))
     ax, hist = fig.subplots(2, 1, sharex=True, gridspec_kw=dict(height_ratios=(3, 1), hspace=0.08))
     shade = colormaps["Blues"](0.25 + 0.75 * np.sqrt(n / max(1.0, n.max())))  # sqrt: small bins stay visible
     ax.bar(lo, acc, width=width, align="edge", color=shade, edgecolor="black", linewidth=0.6, label="accuracy")
     ax.bar(lo, conf - acc, bottom=acc, width=width, align="edge", fill=False, edgecolor="tab:red", hatch="//",
            linewidth=0.6, label="gap to confidence")
     for x, w, a, c, k in zip(lo, width, acc, conf, n):  # above the bar and its gap outline
-        ax.text(x + w / 2, max(a, c) + 0.01, f"{int(k)}", ha="center", va="bottom", fontsize=6)
+        ax.text(x + w / 2, max(a, c) + 0.01, f"{int(k)}", ha="center", va="bottom", fontsize=8)
     ax.plot([0, 1], [0, 1], "k--", linewidth=1, label="perfect calibration")
-    ax.set(ylabel="accuracy", title=f"reliability (ECE {ece:.3f}, {int(total)} samples; numbers: samples per bin)",
-           xlim=(0, 1), ylim=(0, 1.1))
-    ax.title.set_fontsize(9)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set(ylabel="accuracy in the bin (share correct)", xlim=(0, 1), ylim=(0, 1.12),
+           xticks=np.linspace(0, 1, 11), yticks=np.linspace(0, 1, 6))
+    ax.set_title(f"reliability: ECE {ece:.3f} over {int(total)} images\n(number on a bar: images in that bin)",
+                 fontsize=11)
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper left", fontsize=9)
     hist.bar(lo, n, width=width, align="edge", color="grey", edgecolor="black", linewidth=0.6)
-    hist.set(xlabel="confidence", ylabel="samples", yscale="log" if len(n) and n.max() > 10 * n.min() else "linear")
+    hist.set(xlabel="confidence (top-1 probability)", ylabel="images",
+             yscale="log" if len(n) and n.max() > 10 * n.min() else "linear")
+    for a in (ax, hist):
+        a.xaxis.label.set_fontsize(10)
+        a.yaxis.label.set_fontsize(10)
+        a.tick_params(labelsize=9)
     return fig
 
 
@@ -136,16 +183,31 @@ def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, titl
     save_figure(attention_figure(image, grid_map, title), path, dpi=100)
 
 
+def scaled_heat(grid_map: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A patch-grid map (h, w) min-max scaled to [0, 1], and that map upsampled (bicubic) to `size` (H, W)."""
+    import cv2
+
+    m = grid_map - grid_map.min()
+    m = m / m.max() if m.max() > 0 else m
+    heat = cv2.resize(m.astype(np.float32), (size[1], size[0]), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    return m, heat
+
+
+def overlay_image(image: np.ndarray, grid_map: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """The overlay panel of `attention_figure` as pixels: the input (H, W, 3) in [0, 1] blended with the map in
+    the jet colour map at `alpha` -> uint8 (H, W, 3)."""
+    from matplotlib import colormaps
+
+    _, heat = scaled_heat(grid_map, image.shape[:2])
+    colour = colormaps["jet"](heat)[..., :3]  # (H, W, 3) in [0, 1]
+    return (255 * ((1 - alpha) * image[..., :3] + alpha * colour)).round().clip(0, 255).astype(np.uint8)
+
+
 def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Figure:
     """Input (H, W, C) in [0, 1] | patch-grid map (h, w) | map upsampled (bicubic) over the input, with a colour
     bar for the map's scale: the map is shifted and scaled to [0, 1] (its minimum to 0, its maximum to 1), so
     the colours rank patches within one image and are not comparable across images."""
-    import cv2
-
-    h, w = image.shape[:2]
-    m = grid_map - grid_map.min()
-    m = m / m.max() if m.max() > 0 else m
-    heat = cv2.resize(m.astype(np.float32), (w, h), interpolation=cv2.INTER_CUBIC).clip(0, 1)
+    m, heat = scaled_heat(grid_map, image.shape[:2])
     fig = Figure(figsize=(10, 3.5))
     axes = fig.subplots(1, 3)
     axes[0].imshow(image)

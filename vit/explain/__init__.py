@@ -1,2 +1,2 @@
-"""Where the model looks: attention and gradient `rollout`, and token deletion/insertion `faithfulness`.
-Import by module."""
+"""Where the model looks: attention and gradient `rollout`, token deletion/insertion `faithfulness`, and the
+local `demo` page (top-5 and the rollout overlay of an uploaded image). Import by module."""

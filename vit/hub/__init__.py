@@ -1,10 +1,14 @@
 """Pretrained weights by name: `names` turns a model name, tag, `hf-hub:` or `local-dir:` into a `Source`;
 `weights` reads and adapts a state dict without running code; `hub_config` writes timm's config.json for our
-checkpoints."""
+checkpoints. For text models: `text_weights` renames transformers' BERT / DistilBERT / CLIP-text state dicts to
+ours, and `tokenizer` loads a repository's tokenizer.json."""
 
 from .hub_config import split_tag, timm_config
-from .names import WEIGHT_FILES, Source, hub_cache_dir, resolve, resolve_source, weights_file
-from .weights import LoadReport, load_pretrained, read_state_dict
+from .names import WEIGHT_FILES, Source, hub_cache_dir, read_json, repo_file, resolve, resolve_source, weights_file
+from .text_weights import text_state_dict
+from .tokenizer import Tokenizer, load_tokenizer
+from .weights import LoadReport, check_fit, load_pretrained, read_state_dict
 
 __all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "WEIGHT_FILES", "timm_config",
-           "split_tag", "load_pretrained", "read_state_dict", "LoadReport"]
+           "split_tag", "load_pretrained", "read_state_dict", "LoadReport", "check_fit", "repo_file", "read_json",
+           "text_state_dict", "Tokenizer", "load_tokenizer"]

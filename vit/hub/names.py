@@ -16,12 +16,14 @@ makes a train.py checkpoint folder a timm hub folder, is `vit.hub.hub_config`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "WEIGHT_FILES", "regular_file"]
+__all__ = ["Source", "resolve", "resolve_source", "weights_file", "hub_cache_dir", "WEIGHT_FILES", "regular_file",
+           "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
@@ -249,7 +251,7 @@ def _not_cached(what: str, repo_id: str, revision: str | None, cache: Path) -> s
 
 
 def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_dir: str | Path | None,
-              what: str) -> Path:
+              what: str, kind: str = "a timm model repository") -> Path:
     """The first of `names` that the repository has, from the cache (or downloaded into it when online)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
@@ -280,7 +282,48 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
             raise ValueError(f"could not fetch {filename} of {repo_id} ({str(e).splitlines()[0]}).") from None
     if not_cached:
         raise FileNotFoundError(_not_cached(what, repo_id, revision, cache))
-    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not a timm model repository.")
+    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not {kind}.")
+
+
+def read_json(path: Path, name: str, limit: int = MAX_CONFIG_BYTES) -> dict:
+    """A repository's JSON file (a transformers config.json, tokenizer_config.json, ...) as a dict, refused in one
+    sentence when it is not a regular file, is larger than `limit` bytes, or is not a JSON object."""
+    path = regular_file(path, f"{name}:", f"{name}: {path} does not exist.")
+    size = path.stat().st_size
+    if size > limit:
+        raise ValueError(f"{name}: {path} is {size / 2**20:.0f} MB, larger than such a file can be "
+                         f"({limit / 2**20:.0f} MB), so it is not read.")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{name}: {path} is not readable JSON ({type(e).__name__}: {e}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: {path} holds a JSON {type(value).__name__}, not an object; it is not a config.")
+    return value
+
+
+def repo_file(name: str, names: tuple[str, ...], cache_dir: str | Path | None = None, what: str | None = None,
+              kind: str = "a Hugging Face model repository") -> Path:
+    """The first of `names` that the repository `name` holds: `hf-hub:org/repo[@revision]` from huggingface_hub's
+    cache (downloaded into it only when online) or `local-dir:/folder`. For files other than a timm model's,
+    e.g. a transformers model's config.json or tokenizer.json; a repository or file that is not there raises
+    one sentence (for the hub the same one as `resolve`: repository, cache folder and the command that fetches it)."""
+    what = what or f"its {names[0]}"
+    kind_, ident = _split_source(name) if name.startswith(SOURCES) or name.startswith("hf_hub:") else (None, name)
+    if kind_ == "hf-hub":
+        repo_id, _, revision = ident.partition("@")
+        return _hub_file(repo_id, revision or None, names, cache_dir, what, kind)
+    if kind_ == "local-dir":
+        folder = Path(ident)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder laid out like a hub "
+                                    f"repository (e.g. one written by save_pretrained).")
+        for filename in names:
+            if (folder / filename).is_file():
+                return folder / filename
+        raise FileNotFoundError(f"{name}: {folder} holds none of {', '.join(names)}; it is not {kind}.")
+    raise ValueError(f"{name!r} names no repository; write hf-hub:org/name[@revision] (a Hugging Face hub "
+                     "repository, from its cache offline) or local-dir:/path/to/folder.")
 
 
 def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:

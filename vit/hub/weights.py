@@ -26,7 +26,7 @@ from torch import nn
 
 from .names import Source, regular_file, weights_file
 
-__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_weights", "check_finite"]
+__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_fit", "check_weights", "check_finite"]
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
@@ -143,6 +143,28 @@ def adapt_state_dict(
     return state
 
 
+def check_fit(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], where: str,
+              may_miss: tuple[str, ...] = ()) -> None:
+    """Raise one ValueError naming what keeps `state` from loading into a model whose state dict is `own`: shape
+    mismatches, missing keys (other than those starting with a `may_miss` prefix) and unexpected keys."""
+    wrong = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items()
+             if k in own and v.shape != own[k].shape]
+    missing = [k for k in own if k not in state and not k.startswith(may_miss)]
+    unexpected = [k for k in state if k not in own]
+    if wrong or missing or unexpected:
+        parts = []
+        if wrong:
+            parts.append("shape mismatch: " + ", ".join(wrong[:4]))
+        if missing:
+            parts.append("missing: " + ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else ""))
+        if unexpected:
+            parts.append("unexpected: " + ", ".join(unexpected[:4]) + (" ..." if len(unexpected) > 4 else ""))
+        raise ValueError(
+            f"{where} does not fit this model ({'; '.join(parts)}); it is from another architecture: "
+            "create the model it was saved from."
+        )
+
+
 def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = True,
                     cache_dir: str | Path | None = None, new_head: bool = True) -> LoadReport:
     """Load a timm (or HF-timm) checkpoint into `model`, adapting positions, head and input channels.
@@ -162,26 +184,9 @@ def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = 
     check_weights(state, path)
     state = adapt_state_dict(state, model, report, new_head)
     own = model.state_dict()
-    wrong = [
-        f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}"
-        for k, v in state.items()
-        if k in own and v.shape != own[k].shape
-    ]
     dropped_head = any("head" in a for a in report.actions)
-    missing = [k for k in own if k not in state and not (dropped_head and k.startswith("head."))]
-    unexpected = [k for k in state if k not in own]
-    if strict and (wrong or missing or unexpected):
-        parts = []
-        if wrong:
-            parts.append("shape mismatch: " + ", ".join(wrong[:4]))
-        if missing:
-            parts.append("missing: " + ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else ""))
-        if unexpected:
-            parts.append("unexpected: " + ", ".join(unexpected[:4]) + (" ..." if len(unexpected) > 4 else ""))
-        raise ValueError(
-            f"{path} does not fit this model ({'; '.join(parts)}); it is from another architecture: "
-            "create the model it was saved from."
-        )
+    if strict:
+        check_fit(state, own, str(path), may_miss=("head.",) if dropped_head else ())
     state = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(state, strict=False)
     log.info("%s", report)

@@ -3,7 +3,7 @@
 from .attention import Attention, CachedSelfAttention, CrossAttention, expand_mask
 from .drop import DropPath
 from .layer_scale import LayerScale
-from .mlp import MLP_LAYERS, Mlp, SwiGLU, get_mlp_layer
+from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
@@ -14,10 +14,12 @@ __all__ = [
     "CachedSelfAttention",
     "CrossAttention",
     "DropPath",
+    "GELUTanh",
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
     "PatchEmbed",
+    "QuickGELU",
     "SwiGLU",
     "TokenState",
     "build_token_reduction",

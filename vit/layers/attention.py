@@ -187,6 +187,8 @@ class Attention(nn.Module):
         B, N, D = x.shape
         q, k, v = self._qkv(x)
         bias = None if bias is None else bias.to(q.dtype)
+        if bias is not None and torch.compiler.is_exporting():  # (B, 1, 1, N) -> (B, 1, N, N): ONNX Runtime's
+            bias = bias.expand(-1, -1, N, -1)  # Attention kernel does not broadcast the mask's query dimension
         if self.fused_attn and not return_attention:
             p = self.attn_drop.p if self.training else 0.0
             out, attn = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p), None

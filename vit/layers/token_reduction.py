@@ -101,9 +101,14 @@ def bipartite_soft_matching(
         scores[:, : (p + 1) // 2, :] = -math.inf  # prefix tokens in A (even positions) are never sources
         scores[:, :, : p // 2] = -math.inf  # ... and those in B (odd positions) never destinations
         node_max, node_idx = scores.max(dim=-1)  # (B, Na) best partner of each A token
-        order = node_max.argsort(dim=-1, descending=True, stable=True)  # (B, Na) best matches first
+        # ONNX has no stable sort; its TopK breaks ties by the lower index, the same order as a stable argsort
+        if torch.compiler.is_exporting():
+            order = node_max.topk(node_max.shape[-1], dim=-1).indices
+            unm_idx = order[:, r:].topk(order.shape[-1] - r, dim=-1, largest=False).values
+        else:
+            order = node_max.argsort(dim=-1, descending=True, stable=True)  # (B, Na) best matches first
+            unm_idx = order[:, r:].sort(dim=-1).values  # (B, Na - r) A tokens kept, in their original order
         src_idx = order[:, :r]  # (B, r) A tokens merged away
-        unm_idx = order[:, r:].sort(dim=-1).values  # (B, Na - r) A tokens kept, in their original order
         dst_idx = node_idx.gather(1, src_idx)  # (B, r) their partners in B
 
     def merge(t: torch.Tensor, mode: str = "mean") -> torch.Tensor:

@@ -31,6 +31,7 @@ from ..hub.weights import check_finite, check_weights
 from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
 from ..utils.faults import fault_point
 from .build import build_model
+from .model_card import model_card
 from .vision_transformer import VisionTransformer, architecture_defaults
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
         data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
         timm = timm_config(model, arch, classes, data, architecture_defaults(arch))
         atomic_write_text(tmp / "config.json", json.dumps(timm, indent=2))
+        num_params = sum(v.numel() for v in state.values())
+        atomic_write_text(tmp / "README.md", model_card(cfg, classes, meta or {}, num_params))  # the hub's card
         replace_dir(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,3 +1,4 @@
 """Training: `optim` (parameter groups, optimizer, schedule), `engine` (the loop's pieces), `state` (training
 states saved complete or not at all, verified before a resume reads them), `runfolder` (one run folder per
-training: lock, resume), `console` (what the main process prints). Import by module."""
+training: lock, resume), `console` (what the main process prints),
+`tracking` (run.log_with: Accelerate's experiment trackers). Import by module."""

@@ -33,6 +33,7 @@ from .preemption import Preempted
 from .preemption import requested as preemption_requested
 from .runfolder import check_weights, kept_note, save_run_state
 from .state import state_dir_name
+from .tracking import log_row
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
            "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
@@ -260,9 +261,15 @@ def train_one_epoch(run: Run) -> EpochStats:
 
 
 def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
-    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row."""
+    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row.
+    Epochs in between get a row too, without the val_* values: curves.png shows every epoch's train loss and lr."""
     acc, cfg, state = run.accelerator, run.cfg, run.state
     if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
+        if acc.is_main_process:
+            row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss,
+                       images_per_s=stats.images_per_s, skipped_steps=state.skipped)
+            append_metrics(run.run_dir / "metrics.csv", row)
+            log_row(acc, row)
         return
     eval_model = run.ema.module if run.ema is not None else run.model
     check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
@@ -272,8 +279,6 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     shards = getattr(run.val_loader, "dataset", None)
     if hasattr(shards, "check_seen"):  # shards given with a count (after '|') that may be wrong
         shards.check_seen(m["n"] + out.get("skipped", 0))
-    acc.log({"val/loss": m["loss"], "val/acc1": m["acc1"], "train/images_per_s": stats.images_per_s},
-            step=state.step)
     run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
                       f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images{skipped})  "
                       f"{stats.images_per_s:.0f} img/s")
@@ -287,6 +292,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         _keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
+        log_row(acc, row)  # the trackers get this row's numbers (run.log_with)
 
 
 def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:

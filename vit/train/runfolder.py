@@ -33,7 +33,7 @@ __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",
            "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count"]
 
-RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "curves.png",
+RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "wandb", "curves.png",
                "resume.log")
 # What a resume may change: none of them alters what a step computes. run.epochs stretches the learning-rate
 # schedule from the resumed step on (it is recorded); run.name/output_dir differ for a moved run folder;
@@ -42,7 +42,8 @@ RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "te
 SAFE_ON_RESUME = {"run.name", "run.output_dir", "run.epochs", "run.max_steps", "run.resume", "run.overwrite",
                   "run.log_every", "run.eval_every", "run.save_state_every", "run.keep_best", "run.on_nonfinite",
                   "data.num_workers", "run.num_threads", "data.eval_batch_size", "data.download", "data.on_bad_image",
-                  "model.grad_checkpointing"}  # recomputes activations; the same gradients
+                  "model.grad_checkpointing",  # recomputes activations; the same gradients
+                  "run.log_with", "run.project"}  # where the numbers are also sent
 
 
 class RunFolderError(ValueError):

@@ -1,0 +1,182 @@
+"""demo.py: the page's top-5 and rollout overlay against the model run directly, driven in headless chromium."""
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import ROOT
+from PIL import Image
+
+CLASSES = ["cat", "dog", "fox", "owl", "yak", "elk"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """An untrained tiny RGB model saved as train.py saves one: the oracle below runs the same weights."""
+    from vit.config import load_config
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--data.dataset=synthetic", "--model.img_size=32", "--model.patch_size=8",
+                             "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg, len(CLASSES))
+    with torch.no_grad():  # a head that tells the classes apart (an untrained head gives ~uniform probabilities)
+        model.head.weight.mul_(40)
+    folder = tmp_path_factory.mktemp("demo") / "best"
+    save_checkpoint(folder, model, cfg, CLASSES, dict(val_acc1=0.5, epoch=1, step=3))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    """A 48x40 RGB picture: a bright square on a dark, noisy ground."""
+    rng = np.random.default_rng(1)
+    arr = rng.integers(0, 60, size=(40, 48, 3)).astype(np.uint8)
+    arr[8:24, 24:40] = (250, 200, 40)
+    path = tmp_path_factory.mktemp("img") / "square.png"
+    Image.fromarray(arr).save(path)
+    return path
+
+
+def oracle(checkpoint, path):
+    """Top-5 (label, prob) and the rollout map, computed here from the checkpoint with the library's pieces."""
+    from vit.data.transforms import build_transform
+    from vit.explain.rollout import attention_rollout, to_grid
+    from vit.models.checkpoint import load_checkpoint
+
+    model, cfg, classes, _ = load_checkpoint(checkpoint)
+    x = build_transform(cfg.aug, cfg.model.img_size, train=False).load(path)[None]
+    with torch.no_grad():
+        logits = model(x)  # the fused path: the page's numbers come from the explicit one
+        _, attns = model.forward_with_attention(x)
+    grid = to_grid(attention_rollout(attns), model.grid_size((32, 32)))[0].numpy()
+    p, i = logits.softmax(1)[0].topk(5)
+    return [(classes[int(k)], float(v)) for v, k in zip(p, i)], grid
+
+
+def decode_overlay(url):
+    assert url.startswith("data:image/png;base64,")
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
+
+
+def check_overlay(over, grid):
+    """224x224 (32 px x 7), not one colour, and the map's hottest patch redder than its coldest (jet: red high)."""
+    assert over.shape == (224, 224, 3)
+    assert len(np.unique(over.reshape(-1, 3), axis=0)) > 50
+    cell = 224 // grid.shape[0]
+
+    def redness(idx):
+        r, c = np.unravel_index(idx, grid.shape)
+        patch = over[r * cell + cell // 4:(r + 1) * cell - cell // 4, c * cell + cell // 4:(c + 1) * cell - cell // 4]
+        return float(patch[..., 0].mean()) - float(patch[..., 2].mean())
+
+    assert redness(grid.argmax()) > redness(grid.argmin()) + 40
+
+
+def test_predict_gives_the_models_top5_and_the_rollout_overlay(checkpoint, image):
+    from vit.explain.demo import Demo
+
+    answer = Demo(checkpoint).predict(image.read_bytes(), image.name)
+    want, grid = oracle(checkpoint, image)
+    assert [t["label"] for t in answer["top"]] == [c for c, _ in want]
+    np.testing.assert_allclose([t["prob"] for t in answer["top"]], [p for _, p in want], rtol=1e-4, atol=1e-6)
+    assert answer["top"][0]["prob"] > 0.3  # the guard: a near-uniform answer would make the order meaningless
+    assert answer["size"] == [224, 224]
+    check_overlay(decode_overlay(answer["overlay"]), grid)
+
+
+def _post(url, data):
+    req = urllib.request.Request(url, data=data, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_file_that_is_not_an_image_is_one_sentence_and_the_server_keeps_serving(checkpoint, image):
+    from vit.explain.demo import Demo, make_server
+
+    server = make_server(Demo(checkpoint), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        status, answer = _post(url + "/predict", b"this is not a picture")
+        assert status == 400 and answer["error"].startswith("cannot decode image the upload")
+        assert answer["error"].count(". ") == 0 and answer["error"].endswith(".")
+        status, answer = _post(url + "/predict", image.read_bytes())
+        assert status == 200 and len(answer["top"]) == 5
+        with urllib.request.urlopen(url + "/", timeout=30) as r:
+            page = r.read().decode()
+        assert '<input type="file"' in page and "vit_tiny_patch16_224: 6 classes, val top-1 50.0%" in page
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _browser(profile: Path):
+    """Debian's chromium through its chromedriver, headless; Selenium Manager is never asked to download."""
+    if not (shutil.which("chromium") and os.path.exists("/usr/bin/chromedriver")):
+        pytest.skip("no chromium/chromedriver (Debian: apt-get install chromium chromium-driver; `make test` does)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra")
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = shutil.which("chromium")
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--window-size=1024,720"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=opts)
+
+
+@pytest.mark.slow
+def test_the_page_in_a_headless_browser_shows_the_top5_and_the_overlay(checkpoint, image, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "demo.py"), "--checkpoint", str(checkpoint), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    driver = None
+    try:
+        line = proc.stdout.readline()  # "serving ... on http://127.0.0.1:PORT/ (Ctrl-C stops)"
+        assert "http://127.0.0.1:" in line, line + proc.stderr.read()
+        url = line.split(" on ", 1)[1].split()[0]
+        driver = _browser(tmp_path / "profile")
+        driver.get(url)
+        driver.find_element(By.ID, "file").send_keys(str(image))  # what choosing the file in the dialog does
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#top5 li")) == 5)
+        wait.until(lambda d: d.execute_script("const i = document.getElementById('overlay');"
+                                              "return i.complete && i.naturalWidth > 0;"))
+        want, grid = oracle(checkpoint, image)
+        shown = [(li.find_element(By.CLASS_NAME, "label").text, li.find_element(By.CLASS_NAME, "prob").text)
+                 for li in driver.find_elements(By.CSS_SELECTOR, "#top5 li")]
+        assert [c for c, _ in shown] == [c for c, _ in want]
+        for (_, text), (_, p) in zip(shown, want):  # one decimal, as the page rounds it
+            assert text.endswith("%") and abs(float(text[:-1]) - 100 * p) <= 0.05 + 1e-4, (text, p)
+        size = driver.execute_script("const i = document.getElementById('overlay');"
+                                     "return [i.naturalWidth, i.naturalHeight, i.width];")
+        assert size == [224, 224, 256]  # drawn at 256 CSS pixels
+        check_overlay(decode_overlay(driver.find_element(By.ID, "overlay").get_attribute("src")), grid)
+        assert driver.find_element(By.ID, "status").text == ""
+        driver.save_screenshot(str(tmp_path / "demo.png"))
+        assert Image.open(tmp_path / "demo.png").size[0] > 500
+    finally:
+        if driver is not None:
+            driver.quit()
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,0 +1,123 @@
+"""export.py --quantize int8: top-1 kept within the budget on the held-out split (recomputed here with ONNX
+Runtime), the float fallback finds a planted outlier layer, and an impossible budget is exit 2 with no file
+under the loadable name."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from helpers import ROOT, import_script, run_script
+from PIL import Image
+
+from vit.config import load_config
+from vit.data import build_datasets
+from vit.data.transforms import build_transform
+from vit.deploy.quantize import OnnxModel, quantize_within_budget
+from vit.models.build import build_model
+from vit.models.checkpoint import load_checkpoint, save_checkpoint
+
+TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2",
+        "--model.mlp_ratio=2", "--model.in_chans=1", "--aug.mean=[0.5]", "--aug.std=[0.5]"]
+OUTLIER = 300.0
+
+
+def _outlier(model, where=("fc2",)):
+    """Plant one huge activation channel (as LLM.int8() and SmoothQuant describe) in front of the named linear
+    layers, the float model compensating: per-tensor INT8 then rounds every other channel there to zero."""
+    blk = model.blocks[0]
+    with torch.no_grad():
+        if "fc2" in where:  # GELU(300 + ...) = 300 + ...: fc2's input channel 0; fc2 ignores it
+            blk.mlp.fc1.bias[0] += OUTLIER
+            blk.mlp.fc2.weight[:, 0] = 0
+        if "proj" in where:  # the value projection's channel 0: every attention output row carries it
+            d = model.embed_dim
+            blk.attn.qkv.bias[2 * d] += OUTLIER
+            blk.attn.proj.weight[:, 0] = 0
+        for name, norm, lin in (("qkv", blk.norm1, blk.attn.qkv), ("fc1", blk.norm2, blk.mlp.fc1),
+                                ("head", model.norm, model.head)):
+            if name in where:  # LayerNorm's gain on channel 0, undone by the next layer's weight column
+                norm.weight[0] *= OUTLIER
+                norm.bias[0] *= OUTLIER
+                lin.weight[:, 0] /= OUTLIER
+    return model
+
+
+def _checkpoint(path, where, seed=0):
+    cfg = load_config(ROOT / "configs/default.yaml", TINY)
+    torch.manual_seed(seed)
+    model = build_model(cfg, 10)
+    with torch.no_grad():
+        model.head.weight.mul_(20.0)  # peaked, so that top-1 is decided by clear margins
+    save_checkpoint(path, _outlier(model, where), cfg, [str(i) for i in range(10)])
+    return path
+
+
+@pytest.fixture(scope="module")
+def int8_export(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("int8")
+    ck = _checkpoint(tmp / "ck", ("fc2",))
+    assert import_script("export").main(["--checkpoint", str(ck), "--quantize", "int8", "--out", str(tmp / "exp"),
+                                         "--calibration-images", "32"]) == 0
+    return tmp
+
+
+@pytest.mark.slow
+def test_int8_export_keeps_top1_within_budget_on_the_held_out_split(int8_export):
+    out = int8_export / "exp"
+    res = json.loads((out / "verification.json").read_text())["results"]
+    q = res["int8"]
+    assert set(res) == {"onnx", "int8"} and q["method"] in ("dynamic", "static")
+    assert q["top1_fp32"] - q["top1_int8"] <= 0.005 + 1e-9 and q["images"] == 360  # digits' held-out split
+    assert q["bytes_fp32"] == (out / "model.onnx").stat().st_size
+    assert q["bytes_int8"] == (out / "model.int8.onnx").stat().st_size < q["bytes_fp32"]
+    assert q["speed"]["int8_over_eager_fp32"]["median"] > 0 and 0 <= q["agreement_with_torch"] <= 1
+    # the numbers, recomputed here: PyTorch's top-1 on the split, and the INT8 file's own through ONNX Runtime
+    model, cfg, classes, _ = load_checkpoint(int8_export / "ck")
+    _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
+    val.transform = build_transform(cfg.aug, 32, train=False)
+    x = torch.stack([val[i][0] for i in range(len(val))])
+    y = np.array([val[i][1] for i in range(len(val))])
+    with torch.no_grad():
+        p_torch = model(x).softmax(-1).numpy()
+    p_int8 = OnnxModel(out / "model.int8.onnx")(x.numpy())
+    assert abs((p_torch.argmax(-1) == y).mean() - q["top1_fp32"]) <= 1 / 360
+    assert (p_int8.argmax(-1) == y).mean() == pytest.approx(q["top1_int8"])
+    assert (p_int8.argmax(-1) == p_torch.argmax(-1)).mean() == pytest.approx(q["agreement_with_torch"], abs=1e-9)
+
+
+@pytest.mark.slow
+def test_fallback_keeps_the_planted_outlier_layer_float(int8_export, tmp_path):
+    fp32 = int8_export / "exp" / "model.onnx"
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (64, 1, 32, 32)).astype(np.float32)
+    y = OnnxModel(fp32)(x).argmax(-1)  # labels: the float model's own answers, so any change is a loss
+    lines = []
+    res = quantize_within_budget(fp32, tmp_path / "q.onnx", "dynamic", x[:32], x, y, 5.0, log=lines.append)
+    assert float(re.search(r"\(([-+][0-9.]+) pt\)", lines[0]).group(1)) > 5.0  # all INT8: over the budget
+    assert res["top1_drop_points"] <= 5.0 and res["float_groups"][0] == "blocks.0.mlp.fc2"
+    assert res["sensitivity_ranking"][0] == "blocks.0.mlp.fc2"  # found by measuring, not by a list
+    assert len(res["float_groups"]) < len(res["quantized_groups"])
+
+
+@pytest.mark.slow
+def test_impossible_budget_is_exit_2_and_no_loadable_file(tmp_path):
+    ck = _checkpoint(tmp_path / "ck", ("qkv", "proj", "fc1", "fc2", "head"))
+    model, cfg, _, _ = load_checkpoint(ck)
+    t = build_transform(cfg.aug, 32, train=False)
+    rng = np.random.default_rng(1)
+    for i in range(40):  # a folder labelled with the float model's answers: top-1 fp32 is 100%
+        img = np.clip(rng.normal(128, 70, (40, 40, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(img).save(tmp_path / "tmp.png")
+        with torch.no_grad():
+            label = int(model(t.load(tmp_path / "tmp.png")[None]).argmax())
+        (tmp_path / "eval" / str(label)).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tmp.png").replace(tmp_path / "eval" / str(label) / f"{i}.png")
+    out = tmp_path / "exp"
+    r = run_script("export.py", "--checkpoint", str(ck), "--quantize", "int8", "--int8-method", "dynamic",
+                   "--max-top1-drop", "0", "--eval-images", str(tmp_path / "eval"), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "over the budget of 0" in r.stderr and "Traceback" not in r.stderr
+    assert not (out / "model.int8.onnx").exists() and (out / "model.int8.onnx.rejected").is_file()
+    assert not (out / "model.onnx").exists() and not (out / "preprocessing.json").exists()  # nothing installed

@@ -1,0 +1,155 @@
+"""vit.load_tokenizer against transformers' tokenizers loaded from the same folder, on generated multilingual text.
+
+Vocabularies are trained here with the tokenizers library on the generated sentences (WordPiece for BERT and
+DistilBERT, byte-level BPE for RoBERTa and CLIP), handed to transformers' tokenizer classes and saved with
+save_pretrained, so tokenizer.json and tokenizer_config.json are what transformers writes for such models.
+"""
+
+import json
+import random
+
+import pytest
+import torch
+from helpers import hub_snapshot
+
+import vit
+
+transformers = pytest.importorskip("transformers")
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers  # noqa: E402
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "running", "unbelievable", "tokenizer", "Hello", "WORLD", "don't",
+         "it's", "3.14", "2026", "e-mail", "co-operate", "#tag", "@user", "x²"]
+ACCENTED = ["café", "naïve", "Ångström", "São", "Zürich", "résumé", "façade", "Ελληνικά", "Москва", "Łódź",
+            "e\u0301t\u0301e\u0301", "niño", "straße", "ĳssel"]
+CJK = ["我爱AI", "東京タワー", "한국어", "中文分词", "漢字かな", "北京", "「引用」"]
+EMOJI = ["😀", "👍🏽", "🇯🇵", "👨‍👩‍👧", "🤖!", "❤️", "🎉🎉"]
+PUNCT = [",", ".", "!", "?", ";", "…", "—", "(", ")", "\"", "'"]
+
+
+def _sentences(n=300, seed=0):
+    rng = random.Random(seed)
+    pools = [WORDS] * 4 + [ACCENTED] * 2 + [CJK, EMOJI, PUNCT]
+    out = []
+    for _ in range(n):
+        words = [rng.choice(rng.choice(pools)) for _ in range(rng.randint(1, 14))]
+        seps = [rng.choice([" ", " ", " ", "  ", "\t", ""]) for _ in words]
+        out.append("".join(w + s for w, s in zip(words, seps)).strip() or "a")
+    return out
+
+
+SENTENCES = _sentences()
+TRAIN = _sentences(200, seed=1)  # the vocabulary is learnt from other sentences: unknown pieces happen
+
+
+def _wordpiece_vocab(lowercase):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(TRAIN, trainers.WordPieceTrainer(
+        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
+    return tok.get_vocab()
+
+
+def _bpe(specials, **model_kwargs):
+    """A byte-level BPE vocabulary and its merges (pairs), as RoBERTa's and CLIP's files hold them."""
+    tok = Tokenizer(models.BPE(**model_kwargs))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    suffix = {"end_of_word_suffix": model_kwargs["end_of_word_suffix"]} if model_kwargs else {}
+    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), **suffix))
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    return tok.get_vocab(), [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges]
+
+
+def _tokenizers():
+    T = transformers
+    bpe_vocab, bpe_merges = _bpe(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    clip_vocab, clip_merges = _bpe(["<|startoftext|>", "<|endoftext|>"], end_of_word_suffix="</w>")
+    for ch in list(clip_vocab):  # CLIP's vocabulary holds every byte also as a word end
+        if len(ch) == 1 and ch + "</w>" not in clip_vocab:
+            clip_vocab[ch + "</w>"] = len(clip_vocab)
+    return {
+        "bert-uncased": T.BertTokenizer(vocab=_wordpiece_vocab(True)),
+        "bert-cased": T.BertTokenizer(vocab=_wordpiece_vocab(False), do_lower_case=False),
+        "distilbert": T.DistilBertTokenizer(vocab=_wordpiece_vocab(True)),
+        "roberta": T.RobertaTokenizer(vocab=bpe_vocab, merges=bpe_merges),
+        "clip": T.CLIPTokenizer(vocab=clip_vocab, merges=clip_merges),
+    }
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tok")
+    out = {}
+    for name, tok in _tokenizers().items():
+        tok.save_pretrained(root / name)
+        tok.save_pretrained(hub_snapshot(root / "hub", f"org/{name}"))
+        out[name] = root / name
+    return out
+
+
+CALLS = [
+    dict(),
+    dict(padding=True),
+    dict(padding=True, truncation=True, max_length=12),
+    dict(padding="max_length", truncation=True, max_length=16),
+]
+
+
+@pytest.mark.parametrize("name", ["bert-uncased", "bert-cased", "distilbert", "roberta", "clip"])
+def test_same_ids_as_transformers(folders, name):
+    ref = transformers.AutoTokenizer.from_pretrained(folders[name])
+    ours = vit.load_tokenizer(f"local-dir:{folders[name]}")
+    assert ours.vocab_size == len(ref) and ours.pad_token_id == ref.pad_token_id
+    firsts, seconds = SENTENCES[:150], SENTENCES[150:]
+    for kw in CALLS:
+        for args in ((SENTENCES,), (firsts, seconds)):
+            expected, got = dict(ref(*args, **kw)), ours(*args, **kw)
+            assert got.keys() == expected.keys(), (got.keys(), expected.keys())
+            for key in expected:
+                assert got[key] == expected[key], f"{name} {kw} {key}: first difference at row " \
+                    f"{next(i for i, (a, b) in enumerate(zip(got[key], expected[key])) if a != b)}"
+    assert ("token_type_ids" in got) == name.startswith("bert")
+    if name.startswith("bert"):  # pairs really have two segments
+        assert any(1 in row for row in got["token_type_ids"])
+    # tensors, one string, and the text is really split (not one id per character, not all unknown)
+    pt, ref_pt = ours(firsts, seconds, padding=True, return_tensors="pt"), ref(firsts, seconds, padding=True,
+                                                                               return_tensors="pt")
+    for key in ref_pt:
+        assert torch.equal(pt[key], ref_pt[key])
+    assert ours(SENTENCES[0]) == dict(ref(SENTENCES[0]))
+    plain = ours(SENTENCES, add_special_tokens=False)["input_ids"]
+    assert plain == ref(SENTENCES, add_special_tokens=False)["input_ids"]
+    total, unknown = sum(map(len, plain)), sum(ids.count(ref.unk_token_id) for ids in plain)
+    assert len(SENTENCES) * 3 < total < sum(map(len, SENTENCES)) and unknown < total / 10
+
+
+def test_by_hub_name_offline_and_the_errors(folders, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(folders["roberta"].parent / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    ours, local = vit.load_tokenizer("hf-hub:org/roberta"), vit.load_tokenizer(f"local-dir:{folders['roberta']}")
+    assert ours(SENTENCES, padding=True) == local(SENTENCES, padding=True)
+    with pytest.raises(FileNotFoundError, match=r"model org/absent \(its tokenizer.json\) is not in the Hugging Face"):
+        vit.load_tokenizer("hf-hub:org/absent")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    with pytest.raises(FileNotFoundError, match="has no tokenizer.json .*save_pretrained"):
+        vit.load_tokenizer(f"local-dir:{tmp_path / 'old'}")
+    with pytest.raises(ValueError, match="different lengths; pass padding=True"):
+        ours(["a", "a much longer sentence"], return_tensors="pt")
+    with pytest.raises(ValueError, match="unknown padding 'left'"):
+        ours("a", padding="left")
+    with pytest.raises(ValueError, match="2 texts but 1 text pairs"):
+        ours(["a", "b"], ["c"])
+
+
+def test_tokenizer_feeds_the_model(folders):
+    """model(**tok(...)) works as with transformers: the keys are the model's argument names."""
+    tok = vit.load_tokenizer(f"local-dir:{folders['bert-uncased']}")
+    model = vit.TextEncoder(tok.vocab_size, 16, 1, 2, max_len=64, type_vocab_size=2, global_pool="first").eval()
+    batch = tok(SENTENCES[:4], SENTENCES[4:8], padding=True, truncation=True, max_length=32, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**batch)
+    assert out.last_hidden_state.shape[:2] == batch["input_ids"].shape

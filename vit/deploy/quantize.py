@@ -1,0 +1,257 @@
+"""INT8 for ONNX Runtime that keeps a top-1 budget: quantize, measure, fall back to float where it hurts.
+
+    res = quantize_within_budget("model.onnx", "model.int8.onnx", "dynamic", calib, x_val, y_val, 0.5, p_torch)
+
+Two methods (ONNX Runtime's own quantizer, `onnxruntime.quantization`):
+  dynamic  weights int8 per tensor, activations quantized at run time per tensor (`quantize_dynamic`:
+           MatMulInteger / DynamicQuantizeLinear); needs no calibration.
+  static   QDQ: QuantizeLinear/DequantizeLinear pairs around every weight MatMul, activation ranges fixed
+           by MinMax calibration on training images (`quantize_static`, uint8 activations, int8 weights, as
+           ORT recommends for x86 CPUs), which ORT fuses into integer kernels.
+Only linear layers (MatMul/Gemm with a constant weight) and the patch-embedding Conv are candidates;
+LayerNorm, softmax inside the fused Attention node and GELU stay float, as the accuracy studies of INT8 ViTs
+(FQ-ViT, PTQ4ViT) find them the sensitive parts.
+
+The fallback, measured rather than guessed: the weight nodes are grouped by the PyTorch module they came from
+(the exporter records it in each node's `pkg.torch.onnx.name_scopes`: patch_embed.proj, blocks.3.mlp.fc2,
+head, ...). If quantizing everything loses more top-1 than the budget, each group is quantized alone and
+scored by how far its probabilities move from fp32's on the calibration images; the most sensitive groups are
+kept float, the fewest that meet the budget (binary search over that ranking), at most half the groups (beyond
+that the file would hardly be INT8). Top-1 is measured on labelled images: the checkpoint's validation split
+or a folder. Nothing here imports torch except `speed_ratios`, which times the PyTorch model beside them.
+"""
+
+from __future__ import annotations
+
+import ast
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["METHODS", "QuantizeError", "weight_groups", "quantize", "OnnxModel", "softmax", "quantize_within_budget",
+           "speed_ratios"]
+
+METHODS = ("dynamic", "static")
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
+SENSITIVITY_IMAGES = 64  # calibration images that rank the groups
+
+
+class QuantizeError(ValueError):
+    """No INT8 model keeps the top-1 budget, or quantization itself failed; the message says which."""
+
+
+def _scope(node) -> str:
+    """The PyTorch module a node came from ('blocks.3.mlp.fc2'), from the exporter's metadata; else its name."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            try:
+                scopes = [s for s in ast.literal_eval(prop.value) if isinstance(s, str) and s.startswith("model.")]
+            except (ValueError, SyntaxError):
+                break
+            if scopes:
+                return scopes[-1][len("model."):]
+    return node.name
+
+
+def weight_groups(path: str | Path) -> dict[str, list[str]]:
+    """{module name: [node names]} of the nodes that multiply by a constant weight, in graph order."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    groups: dict[str, list[str]] = {}
+    for node in graph.node:
+        if node.op_type in WEIGHT_OPS and len(node.input) > 1 and node.input[1] in consts:
+            groups.setdefault(_scope(node), []).append(node.name)
+    return groups
+
+
+class _Reader:
+    """onnxruntime's CalibrationDataReader protocol over an (N, C, H, W) array, 8 images a batch."""
+
+    def __init__(self, x: np.ndarray, name: str = "x") -> None:
+        self.batches = iter([{name: x[i:i + 8]} for i in range(0, len(x), 8)])
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def quantize(src: str | Path, dst: str | Path, method: str, exclude: list[str] = (), calib: np.ndarray | None = None,
+             cache: str | Path | None = None, only: list[str] | None = None) -> Path:
+    """Write the INT8 model of `src` to `dst`; nodes in `exclude` stay float (`only`: quantize just these).
+    `cache`: a calibration cache file (static), so repeated calls calibrate once."""
+    import logging
+
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    if method not in METHODS:
+        raise QuantizeError(f"unknown INT8 method {method!r}; choose one of {', '.join(METHODS)}.")
+    common = dict(op_types_to_quantize=list(WEIGHT_OPS), nodes_to_exclude=list(exclude) or None,
+                  nodes_to_quantize=list(only) if only else None, weight_type=QuantType.QInt8,
+                  extra_options={"MatMulConstBOnly": True})  # activation x activation products stay float
+    import onnx
+
+    if method == "static" and (calib is None or not len(calib)):
+        raise QuantizeError("static INT8 needs calibration images; pass some (--calibration-images).")
+    logging.getLogger("root").setLevel(logging.ERROR)  # the quantizer's per-node notes
+    # The exporter's recorded intermediate shapes trip the quantizer's strict shape inference (the head's
+    # transposed Gemm weight: "(32) vs (5)"); they are only hints, so the quantizer gets a copy without them.
+    model = onnx.load(str(src))
+    del model.graph.value_info[:]
+    plain = Path(dst).with_name(f".plain-{Path(dst).name}")
+    onnx.save(model, str(plain))
+    try:
+        if method == "dynamic":
+            quantize_dynamic(str(plain), str(dst), **common)
+        else:
+            quantize_static(str(plain), str(dst), _Reader(calib), quant_format=QuantFormat.QDQ,
+                            activation_type=QuantType.QUInt8, calibrate_method=CalibrationMethod.MinMax,
+                            calibration_cache_path=str(cache) if cache else None, **common)
+    except Exception as e:  # the quantizer's own failures (an unsupported graph): one sentence
+        raise QuantizeError(f"ONNX Runtime could not quantize {src} ({method}): {str(e).splitlines()[0]}") from None
+    finally:
+        plain.unlink(missing_ok=True)
+    return Path(dst)
+
+
+class OnnxModel:
+    """An ONNX file on ONNX Runtime's CPU provider, with a fixed thread count: numpy in, logits out."""
+
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+        opts.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def __call__(self, x: np.ndarray, batch: int = 64) -> np.ndarray:
+        out = [self.session.run(None, {self.input: np.ascontiguousarray(x[i:i + batch], dtype=np.float32)})[0]
+               for i in range(0, len(x), batch)]
+        return np.concatenate(out)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(-1, keepdims=True)
+
+
+def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib: np.ndarray, x_eval: np.ndarray,
+                           y_eval: np.ndarray, max_top1_drop: float, p_torch: np.ndarray | None = None,
+                           log=lambda s: None) -> dict:
+    """Quantize `src` into `dst` with the fewest float groups that keep top-1 (on x_eval, y_eval) within
+    `max_top1_drop` points of the fp32 file's. Returns the numbers verification.json records; raises
+    QuantizeError (the last attempt left at `dst`) when no allowed fallback meets the budget."""
+    dst = Path(dst)
+    cache = dst.with_name(dst.name + ".calibration.json")
+    groups = weight_groups(src)
+    if not groups:
+        raise QuantizeError(f"{src} has no linear layer to quantize.")
+    p_fp32 = softmax(OnnxModel(src)(x_eval))
+    top1_fp32 = float((p_fp32.argmax(-1) == y_eval).mean())
+    tried: dict[int, dict] = {}
+
+    def attempt(float_groups: list[str]) -> dict:
+        exclude = [n for g in float_groups for n in groups[g]]
+        quantize(src, dst, method, exclude, calib, cache)
+        p = softmax(OnnxModel(dst)(x_eval))
+        top1 = float((p.argmax(-1) == y_eval).mean())
+        res = dict(top1_fp32=top1_fp32, top1_int8=top1, top1_drop_points=100 * (top1_fp32 - top1),
+                   agreement_with_fp32=float((p.argmax(-1) == p_fp32.argmax(-1)).mean()),
+                   max_abs_prob_diff_fp32=float(np.abs(p - p_fp32).max()), float_groups=list(float_groups),
+                   quantized_groups=[g for g in groups if g not in float_groups], images=int(len(y_eval)))
+        if p_torch is not None:
+            res["agreement_with_torch"] = float((p.argmax(-1) == p_torch.argmax(-1)).mean())
+            res["max_abs_prob_diff_torch"] = float(np.abs(p - p_torch).max())
+        log(f"  {method:<8} {len(float_groups):>2} of {len(groups)} layer group(s) float: top-1 "
+            f"{100 * top1_fp32:.2f}% -> {100 * top1:.2f}% ({res['top1_drop_points']:+.2f} pt)")
+        return res
+
+    def ok(res: dict) -> bool:
+        return res["top1_drop_points"] <= max_top1_drop + 1e-9
+
+    try:
+        res = attempt([])
+        if ok(res):
+            return dict(res, file=str(dst), method=method)
+        p_calib = softmax(OnnxModel(src)(calib[:SENSITIVITY_IMAGES]))
+        ranking = _sensitivity(src, dst, method, groups, calib, cache, p_calib)
+        log(f"  {method:<8} most sensitive first: {', '.join(ranking[:6])}{', ...' if len(ranking) > 6 else ''}")
+        lo, hi = 1, max(1, len(ranking) // 2)  # float groups allowed: at most half
+        best = None
+        while lo <= hi:  # the fewest float groups that keep the budget (top-1 is nearly monotone in this)
+            k = (lo + hi) // 2
+            tried[k] = attempt(ranking[:k])
+            if ok(tried[k]):
+                best, hi = k, k - 1
+            else:
+                lo = k + 1
+        if best is None:
+            raise QuantizeError(f"{method} INT8 loses {tried[max(tried)]['top1_drop_points']:.2f} top-1 points "
+                                f"with the {max(tried)} most sensitive of {len(groups)} layer groups kept float, over "
+                                f"the budget of {max_top1_drop:g}.")
+        res = tried[best]
+        if best != k:  # the file on disk is the last attempt: write the chosen one again
+            attempt(ranking[:best])
+        return dict(res, file=str(dst), method=method, sensitivity_ranking=ranking)
+    finally:
+        cache.unlink(missing_ok=True)
+
+
+def _sensitivity(src, dst, method, groups, calib, cache, p_ref) -> list[str]:
+    """Groups ordered by how far quantizing each alone moves the probabilities (mean |p - p_fp32|)."""
+    scores = {}
+    x = calib[:SENSITIVITY_IMAGES]
+    for g, nodes in groups.items():
+        quantize(src, dst, method, calib=calib, cache=cache, only=nodes)
+        scores[g] = float(np.abs(softmax(OnnxModel(dst)(x)) - p_ref).mean())
+    return sorted(scores, key=scores.get, reverse=True)
+
+
+def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, threads: int = 1, repeats: int = 7,
+                 min_seconds: float = 0.2) -> dict:
+    """Per INT8 file: images/s and ratios against PyTorch eager fp32 (`model`, the caller's torch model) and
+    ONNX Runtime fp32 at the batch of `x`, all timed interleaved (A, B, C, A, B, C, ...) after warm-up, so a
+    shared CPU's load falls on every side alike; medians with min-max over the paired repeats."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        xn = x.numpy()
+        sessions = {"ort_fp32": OnnxModel(fp32, threads), **{m: OnnxModel(p, threads) for m, p in int8.items()}}
+
+        def eager():
+            with torch.inference_mode():
+                model(x)
+
+        calls = {"eager_fp32": eager, **{k: (lambda s=s: s(xn)) for k, s in sessions.items()}}
+        for fn in calls.values():  # warm-up, and how many calls make one timed repeat
+            fn()
+        t0 = time.perf_counter()
+        calls["eager_fp32"]()
+        n = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)))
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for _ in range(repeats):
+            for k, fn in calls.items():
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                times[k].append((time.perf_counter() - t0) / n)
+    finally:
+        torch.set_num_threads(old)
+
+    def ratio(a: str, b: str) -> dict:  # how many times faster a is than b, per paired repeat
+        r = [tb / ta for ta, tb in zip(times[a], times[b])]
+        return dict(median=statistics.median(r), min=min(r), max=max(r))
+
+    batch = len(x)
+    return {m: dict(batch=batch, threads=threads, repeats=repeats,
+                    images_per_s={k: batch / statistics.median(times[k]) for k in ("eager_fp32", "ort_fp32", m)},
+                    int8_over_eager_fp32=ratio(m, "eager_fp32"), int8_over_ort_fp32=ratio(m, "ort_fp32"),
+                    ort_fp32_over_eager_fp32=ratio("ort_fp32", "eager_fp32"))
+            for m in int8}

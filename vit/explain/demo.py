@@ -1,0 +1,174 @@
+"""A local demo page: drop an image, see the model's top-5 and where it looked (attention rollout).
+
+One HTML page of our own (no JavaScript library, no Gradio) served by the standard library's http.server:
+the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
+their probabilities and the overlay as a PNG data URL. The image goes through the checkpoint's own evaluation
+preprocessing (`build_transform(..., train=False)`, as evaluate.py and predict.py), the map is
+`vit.explain.rollout.attention_maps` (the same as visualize_attention.py) and the overlay is the overlay panel of its
+picture (`vit.eval.plots.overlay_image`), drawn at least DISPLAY pixels wide.
+
+A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
+the page shows; the server keeps serving. One request runs the model at a time (a lock): the model and the
+pipeline are not shared between threads.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from PIL import Image
+
+from ..data.decode import BadImageError
+from ..data.transforms import build_transform
+from ..eval.plots import overlay_image, to_display
+from ..models.checkpoint import load_checkpoint
+from .rollout import attention_maps
+
+__all__ = ["Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
+
+MAX_UPLOAD = 20 * 1024 * 1024  # bytes of one uploaded image
+DISPLAY = 224  # the overlay is drawn at least this wide (a 32-pixel model input would be a speck)
+
+
+class Demo:
+    """A checkpoint ready to classify uploaded image bytes: top-5 and the rollout overlay."""
+
+    def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
+        self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
+        self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
+        self.top = min(top, len(self.classes))
+        self.lock = threading.Lock()
+
+    def predict(self, data: bytes, name: str = "the upload") -> dict:
+        """Image bytes -> {top: [{label, prob}], overlay: PNG data URL, size: [w, h]}; BadImageError for bytes
+        that are not a readable image."""
+        with self.lock:
+            x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
+            maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
+            probs = logits.float().softmax(1)[0]
+        p, i = probs.topk(self.top)
+        seen = to_display(x, self.cfg.aug.mean, self.cfg.aug.std)  # what the model saw, (S, S, 3) in [0, 1]
+        scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
+        if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
+            seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
+        over = overlay_image(seen, maps[0].numpy())
+        buf = io.BytesIO()
+        Image.fromarray(over).save(buf, format="PNG")
+        return dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
+                    overlay="data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
+                    size=[over.shape[1], over.shape[0]])
+
+    def title(self) -> str:
+        acc = self.meta.get("val_acc1")
+        scored = f", val top-1 {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
+        return f"{self.cfg.model.name}: {len(self.classes)} classes{scored}"
+
+
+def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860) -> ThreadingHTTPServer:
+    """The page at / and the classifier at POST /predict, bound to host:port (port 0: a free one)."""
+    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            if self.path in ("/", "/index.html"):
+                self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
+            else:
+                self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; open / instead.")
+
+        def do_POST(self):  # noqa: N802
+            if self.path != "/predict":
+                return self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; POST to /predict.")
+            size = int(self.headers.get("Content-Length") or 0)
+            if size > MAX_UPLOAD:
+                return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                   f"the file has {size} bytes; choose an image under {MAX_UPLOAD // 2**20} MB.")
+            if size == 0:
+                return self._error(HTTPStatus.BAD_REQUEST, "the upload was empty; choose an image file.")
+            data = self.rfile.read(size)
+            try:
+                answer = demo.predict(data, self.headers.get("X-Filename") or "the upload")
+            except BadImageError as e:  # its message names the problem; add what to do where it does not
+                text = str(e).rstrip(".")
+                return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
+                                   f"{text}; choose a PNG, JPEG, WebP or BMP image.")
+            self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
+
+        def _error(self, status: HTTPStatus, message: str) -> None:
+            self._send(status, json.dumps(dict(error=message)).encode(), "application/json")
+
+        def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args):  # one quiet line per request is enough for a local page
+            pass
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>vit demo</title>
+<style>
+ body { font: 15px system-ui, sans-serif; margin: 2em auto; max-width: 880px; color: #222; }
+ #drop { border: 2px dashed #888; border-radius: 8px; padding: 1.2em; text-align: center; }
+ #drop.over { background: #eef; }
+ .row { display: flex; gap: 1.5em; margin-top: 1.2em; align-items: flex-start; }
+ img { width: 256px; image-rendering: auto; border: 1px solid #ccc; }
+ ol { padding-left: 1.4em; margin: 0; } li { margin: .2em 0; white-space: nowrap; }
+ #result { min-width: 220px; }
+ .bar { display: inline-block; height: .7em; background: #4a7; margin-left: .4em; vertical-align: middle; }
+ #status { margin-top: 1em; color: #a22; min-height: 1.2em; }
+</style></head>
+<body>
+<h2>{{TITLE}}</h2>
+<div id="drop">Drop an image here, or <input type="file" id="file" accept="image/*"></div>
+<div id="status"></div>
+<div class="row">
+ <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
+ <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
+ <div id="result"><b>top-5</b><ol id="top5"></ol></div>
+</div>
+<script>
+const status = document.getElementById("status");
+async function classify(file) {
+  status.textContent = "classifying " + file.name + " ...";
+  document.getElementById("input").src = URL.createObjectURL(file);
+  const r = await fetch("/predict", {method: "POST", body: file, headers: {"X-Filename": file.name}});
+  const answer = await r.json();
+  const list = document.getElementById("top5");
+  list.replaceChildren();
+  if (!r.ok) { status.textContent = answer.error; document.getElementById("overlay").removeAttribute("src"); return; }
+  for (const t of answer.top) {
+    const li = document.createElement("li");
+    const label = document.createElement("span"); label.className = "label"; label.textContent = t.label;
+    const prob = document.createElement("span"); prob.className = "prob";
+    prob.textContent = (100 * t.prob).toFixed(1) + "%";
+    const bar = document.createElement("span"); bar.className = "bar"; bar.style.width = (80 * t.prob) + "px";
+    li.append(label, " ", prob, bar); list.append(li);
+  }
+  document.getElementById("overlay").src = answer.overlay;
+  status.textContent = "";
+}
+document.getElementById("file").addEventListener("change", e => e.target.files[0] && classify(e.target.files[0]));
+const drop = document.getElementById("drop");
+drop.addEventListener("dragover", e => { e.preventDefault(); drop.classList.add("over"); });
+drop.addEventListener("dragleave", () => drop.classList.remove("over"));
+drop.addEventListener("drop", e => { e.preventDefault(); drop.classList.remove("over");
+  if (e.dataTransfer.files[0]) classify(e.dataTransfer.files[0]); });
+</script></body></html>
+"""

@@ -1,0 +1,91 @@
+"""The model card every checkpoint folder carries: README.md, as the Hugging Face hub reads it.
+
+A YAML metadata header (what `huggingface_hub.ModelCard` parses: library_name, tags, datasets, metrics, and the
+evaluation in model-index form, which the hub shows as the model's results), then Markdown: what the model is,
+how it was trained (the config's essentials), its evaluation numbers, and how to load it with `vit` and with
+`timm` (the folder is a timm hub folder: config.json in timm's format beside model.safetensors).
+Written from the config, classes and meta of `save_checkpoint`; standard library and PyYAML only.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from ..config import Config
+
+__all__ = ["model_card", "LOCAL_DATASETS"]
+
+# data.dataset values that are our own or local data, not a hub dataset id: the card's `datasets` names only
+# the public ones (cifar10 and cifar100 are hub ids too)
+LOCAL_DATASETS = {"imagefolder", "synthetic", "wds", "hf", "digits"}
+HUB_DATASETS = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100"}
+
+
+def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, repo_id: str | None = None) -> str:
+    """README.md text for a checkpoint folder. `meta`: save_checkpoint's (epoch, step, val_acc1, val_loss, n);
+    `repo_id`: the hub repository the load examples name (default: a placeholder, you/<run name>)."""
+    m, d, o, a, r = cfg.model, cfg.data, cfg.optim, cfg.aug, cfg.run
+    repo = repo_id or f"you/{r.name}"
+    dataset = HUB_DATASETS.get(d.dataset, d.dataset)
+    acc, loss, n = meta.get("val_acc1"), meta.get("val_loss"), meta.get("n")
+    header: dict = {
+        "library_name": "timm",
+        "license": "apache-2.0",
+        "pipeline_tag": "image-classification",
+        "tags": ["image-classification", "vision-transformer", "timm", "vit-toolkit"],
+    }
+    if d.dataset not in LOCAL_DATASETS:
+        header["datasets"] = [dataset]
+    if isinstance(acc, (int, float)):
+        header["metrics"] = ["accuracy"]
+        header["model-index"] = [{"name": r.name, "results": [{
+            "task": {"type": "image-classification", "name": "Image Classification"},
+            "dataset": {"name": d.dataset, "type": dataset, "split": "validation"},
+            "metrics": [{"type": "accuracy", "value": round(float(acc), 6), "name": "top-1 accuracy"}]}]}]
+    shown = ", ".join(classes[:20]) + (f", ... ({len(classes)} in all)" if len(classes) > 20 else "")
+    mixing = [f"{name} {alpha:g}" for name, alpha in (("mixup", a.mixup), ("cutmix", a.cutmix)) if alpha]
+    held_out = {"imagefolder": "val/ (or a share of train/)", "digits": f"{d.val_fraction:.0%} held out"}
+    lines = [
+        "---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+        f"# {r.name}", "",
+        f"A Vision Transformer image classifier ({m.name} layout: {m.img_size}x{m.img_size} input"
+        f"{f', {m.patch_size}-pixel patches' if m.patch_size else ''}"
+        f"{f', depth {m.depth}' if m.depth else ''}{f', width {m.embed_dim}' if m.embed_dim else ''}"
+        f"{f', {m.num_heads} heads' if m.num_heads else ''}, {m.in_chans} input channel(s), "
+        f"{num_params / 1e6:.2f}M parameters) for {len(classes)} classes: {shown}.",
+        "",
+        "## Training", "",
+        f"- data: {d.dataset}, {d.batch_size} images per batch and process; validation: "
+        f"{held_out.get(d.dataset, d.val_split)}",
+        f"- from: {m.pretrained if m.pretrained else 'random initialisation'}",
+        f"- {r.epochs} epochs, AdamW lr {o.lr:g} (cosine to {o.min_lr:g}, {o.warmup_epochs:g} warm-up epochs), "
+        f"weight decay {o.weight_decay:g}, gradient clip {o.clip_grad}, label smoothing {a.label_smoothing:g}"
+        + (", " + ", ".join(mixing) if mixing else "") + (", EMA of the weights" if o.ema else ""),
+        f"- preprocessing: mean {a.mean}, std {a.std}, {a.interpolation} resize, centre crop {a.eval_crop_pct:g}",
+        f"- precision {r.mixed_precision or 'no'}, seed {r.seed}; the full config is config.yaml in this folder",
+        "",
+        "## Evaluation", "",
+    ]
+    if isinstance(acc, (int, float)):
+        lines.append(f"Validation top-1 accuracy {100 * acc:.2f}%" + (f", loss {loss:.4f}" if loss is not None else "")
+                     + (f", on {n} images" if n else "") + f" (epoch {meta.get('epoch')}, step {meta.get('step')}).")
+    else:
+        lines.append("Not evaluated yet.")
+    lines += [
+        "",
+        "## How to use", "",
+        "With this toolkit (`vit`), from the hub or from this folder:", "",
+        "```python",
+        "import vit",
+        f'model = vit.create_model("hf-hub:{repo}", pretrained=True).eval()   # or "local-dir:<this folder>"',
+        "```", "",
+        "`python evaluate.py --checkpoint <this folder> ...` and `python predict.py --checkpoint <this folder> "
+        "images/` use the preprocessing above. With timm:", "",
+        "```python",
+        "import timm",
+        f'model = timm.create_model("hf-hub:{repo}", pretrained=True).eval()',
+        "cfg = timm.data.resolve_data_config({}, model=model)   # the preprocessing above",
+        "transform = timm.data.create_transform(**cfg)",
+        "```", "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""Pretrained text models by name: a Hugging Face repository's config.json and weights -> our `TextEncoder`.
+
+    vit.create_text_model("hf-hub:google-bert/bert-base-uncased")     # the hub cache (offline: HF_HUB_OFFLINE=1)
+    vit.create_text_model("hf-hub:FacebookAI/roberta-base@main")      # at a branch, tag or commit
+    vit.create_text_model("local-dir:/models/my-bert")                # a folder written by save_pretrained
+
+Names, files and weights are found and read by the image side's code (`vit.hub.names.repo_file`,
+`vit.hub.weights.read_state_dict`: model.safetensors, else pytorch_model.bin with weights_only=True), renamed by
+`vit.hub.text_weights`; here the config's `model_type` and fields become `TextEncoder` options:
+
+    model_type                           architecture around the shared blocks
+    bert, electra                        post-norm; word + position + token-type embeddings, LayerNorm; [CLS]
+                                         (first token) pooled, through BERT's dense + tanh pooler when the
+                                         weights have one (ELECTRA's have none)
+    roberta, xlm-roberta, camembert      BERT's, with positions counted from the padding id
+    distilbert                           BERT's without token types or pooler
+    clip_text_model, clip (text_config)  pre-norm, causal, final LayerNorm, pooled at the end-of-text token
+
+ELECTRA loads when its embedding width equals the hidden width (the discriminators; small generators project
+their embeddings and are refused). An option these architectures do not have (relative positions, a decoder,
+cross-attention, an activation outside gelu / gelu_new / quick_gelu) is refused in one sentence naming it:
+nothing is approximated. Training dropout differs in one place: timm's Mlp also drops after its activation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..hub.names import WEIGHT_FILES, read_json, repo_file
+from ..hub.text_weights import text_state_dict
+from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
+from .text_encoder import TextEncoder
+
+__all__ = ["FAMILIES", "create_text_model", "text_encoder_from_config", "text_model_args"]
+
+# model_type -> (architecture, weights layout)
+FAMILIES = {
+    "bert": ("bert", "bert"),
+    "electra": ("bert", "bert"),
+    "roberta": ("roberta", "bert"),
+    "xlm-roberta": ("roberta", "bert"),
+    "camembert": ("roberta", "bert"),
+    "distilbert": ("distilbert", "distilbert"),
+    "clip_text_model": ("clip_text", "clip_text"),
+    "clip": ("clip_text", "clip_text"),
+}
+# the defaults of transformers' config classes, for config.json files that leave a field out
+# (tests/test_text_pretrained.py checks them against transformers)
+_BERT = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+             hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, max_position_embeddings=512,
+             type_vocab_size=2, layer_norm_eps=1e-12, pad_token_id=0)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert": _BERT,
+    "roberta": {**_BERT, "vocab_size": 50265, "pad_token_id": 1},
+    "xlm-roberta": {**_BERT, "vocab_size": 30522, "pad_token_id": 1},
+    "camembert": {**_BERT, "pad_token_id": 1},
+    "electra": {**_BERT, "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024,
+                "embedding_size": 128},
+    "distilbert": dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, activation="gelu",
+                       dropout=0.1, attention_dropout=0.1, max_position_embeddings=512),
+    "clip_text_model": dict(vocab_size=49408, hidden_size=512, num_hidden_layers=12, num_attention_heads=8,
+                            intermediate_size=2048, hidden_act="quick_gelu", attention_dropout=0.0,
+                            layer_norm_eps=1e-5, max_position_embeddings=77, eos_token_id=49407),
+}
+ACTIVATIONS = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+               "quick_gelu": "quick_gelu"}
+
+
+def _refuse(name: str, what: str) -> None:
+    raise ValueError(f"{name}: its config.json sets {what}, which this library's TextEncoder does not compute; "
+                     "use transformers for this model.")
+
+
+def _act(value: str, name: str) -> str:
+    if value not in ACTIVATIONS:
+        _refuse(name, f"the activation {value!r} (supported: {', '.join(ACTIVATIONS)})")
+    return ACTIVATIONS[value]
+
+
+def _mlp_ratio(hidden: int, intermediate: int) -> float:
+    """A ratio that `Block` turns back into exactly `intermediate` (int(dim * ratio))."""
+    ratio = intermediate / hidden
+    return ratio if int(hidden * ratio) == intermediate else (intermediate + 0.5) / hidden
+
+
+def text_model_args(config: dict[str, Any], name: str = "the model") -> tuple[str, dict[str, Any]]:
+    """A transformers config.json (as a dict) -> (weights layout, `TextEncoder` keyword arguments); a model_type
+    or option that the TextEncoder does not compute is a ValueError naming it. The pooler is left to the caller
+    (it exists when the weights have one)."""
+    model_type = config.get("model_type")
+    if model_type == "clip":  # a full CLIP repository: its text tower
+        config, model_type = {"model_type": "clip_text_model", **(config.get("text_config") or {})}, "clip_text_model"
+    if model_type not in FAMILIES:
+        raise ValueError(f"{name}: model_type {model_type!r} is not a text family this library loads; supported: "
+                         f"{', '.join(sorted(FAMILIES))}.")
+    arch, layout = FAMILIES[model_type]
+    c = {**DEFAULTS[model_type], **config}
+    for key in ("is_decoder", "add_cross_attention"):
+        if c.get(key):
+            _refuse(name, f"{key}=true")
+    if c.get("position_embedding_type", "absolute") != "absolute":
+        _refuse(name, f"position_embedding_type={c['position_embedding_type']!r}")
+    if arch == "distilbert":
+        return layout, dict(
+            vocab_size=c["vocab_size"], embed_dim=c["dim"], depth=c["n_layers"], num_heads=c["n_heads"],
+            max_len=c["max_position_embeddings"], mlp_ratio=_mlp_ratio(c["dim"], c["hidden_dim"]), norm_first=False,
+            norm_eps=1e-12, mlp_layer=_act(c["activation"], name), drop_rate=c["dropout"],
+            attn_drop_rate=c["attention_dropout"], pre_norm=True, global_pool="first")
+    common = dict(vocab_size=c["vocab_size"], embed_dim=c["hidden_size"], depth=c["num_hidden_layers"],
+                  num_heads=c["num_attention_heads"], max_len=c["max_position_embeddings"],
+                  mlp_ratio=_mlp_ratio(c["hidden_size"], c["intermediate_size"]), norm_eps=c["layer_norm_eps"],
+                  mlp_layer=_act(c["hidden_act"], name))
+    if arch == "clip_text":
+        eos = c.get("eos_token_id")
+        # configs from before transformers' fix (#24773) say 2; their end-of-text is the row's highest id
+        return layout, dict(common, norm_first=True, causal=True, global_pool="eos",
+                            eos_token_id=None if eos == 2 or eos is None else eos,
+                            attn_drop_rate=c["attention_dropout"])
+    if model_type == "electra" and c["embedding_size"] != c["hidden_size"]:
+        _refuse(name, f"embedding_size={c['embedding_size']} != hidden_size={c['hidden_size']} (a projected "
+                      "embedding, as ELECTRA's small generators have)")
+    out = dict(common, norm_first=False, pre_norm=True, type_vocab_size=c["type_vocab_size"], global_pool="first",
+               drop_rate=c["hidden_dropout_prob"], attn_drop_rate=c["attention_probs_dropout_prob"])
+    if arch == "roberta":
+        out["position_padding_idx"] = c["pad_token_id"]
+    return layout, out
+
+
+def text_encoder_from_config(config: dict[str, Any], pooler: bool | None = None, **overrides: Any) -> TextEncoder:
+    """A `TextEncoder` with random weights shaped as `config` (a transformers config.json as a dict) says, e.g.
+    a small BERT to train from scratch. `pooler`: BERT's dense + tanh (default: for BERT and RoBERTa)."""
+    _, kwargs = text_model_args(config)
+    if pooler is None:
+        pooler = config.get("model_type") in ("bert", "roberta", "xlm-roberta", "camembert")
+    return TextEncoder(**{**kwargs, "pooler": pooler, **overrides})
+
+
+def create_text_model(name: str, cache_dir: str | Path | None = None, **overrides: Any) -> TextEncoder:
+    """The text model `name` names (`hf-hub:org/repo[@revision]` or `local-dir:/folder`) as a `TextEncoder` with
+    its weights, in eval mode (as transformers' from_pretrained): `model(input_ids, attention_mask=...,
+    token_type_ids=...)` gives `last_hidden_state` and `pooler_output` as transformers' model does.
+    `overrides`: TextEncoder options that leave the weights' shapes alone (drop rates, fused_attn).
+    A model that is not cached while offline (HF_HUB_OFFLINE=1) raises one sentence saying how to fetch it."""
+    config = read_json(repo_file(name, ("config.json",), cache_dir), name)
+    layout, kwargs = text_model_args(config, name)
+    weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
+    report = LoadReport(f"{name} ({weights})")
+    state = text_state_dict(read_state_dict(weights), layout, report)
+    check_weights(state, weights)  # floating point and finite (after the integer position_ids buffer is dropped)
+    model = TextEncoder(**{**kwargs, "pooler": "pooler.fc.weight" in state, **overrides})
+    check_fit(state, model.state_dict(), f"{name} ({weights.name})")
+    model.load_state_dict(state)
+    model.load_report = report
+    return model.eval()
