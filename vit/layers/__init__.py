@@ -1,6 +1,6 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
-from .attention import Attention, expand_mask
+from .attention import Attention, CachedSelfAttention, CrossAttention, expand_mask
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
@@ -12,6 +12,8 @@ from .token_reduction import TokenState, build_token_reduction, parse_token_redu
 
 __all__ = [
     "Attention",
+    "CachedSelfAttention",
+    "CrossAttention",
     "DropPath",
     "GELUTanh",
     "LayerScale",

@@ -9,6 +9,10 @@ materializes the (N, N) score matrix. The explicit path computes softmax(QK^T/sq
 used only when a caller asks for the attention probabilities, for inspection and attention rollout.
 With `sparse_attention="dsa" | "moba"` each query attends only to the top-k key blocks a scorer picks
 (vit.layers.sparse_attention, which holds the scorers and kernels; this module only dispatches to it).
+
+For a decoder (section 3.2.3): `CachedSelfAttention` is `Attention` run step by step over cached keys and values,
+and `CrossAttention` takes its queries from the decoder and its keys and values from an encoder's memory; both
+go through `attend`, the same fused-or-explicit softmax(QK^T/sqrt(d))V with `expand_mask`'s convention.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from torch import nn
 
 from .sparse_attention import SparseAttention
 
-__all__ = ["Attention", "expand_mask", "sdpa_mask", "masked_scores"]
+__all__ = ["Attention", "CachedSelfAttention", "CrossAttention", "attend", "expand_mask", "masked_scores",
+           "merge_heads", "sdpa_mask", "split_heads"]
 
 
 def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
@@ -250,3 +255,125 @@ class Attention(nn.Module):
         p = self.attn_drop.p if self.training else 0.0
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
         return self.proj_drop(self.proj(out.transpose(1, 2).reshape(B, q, D)))  # (B, q, D)
+
+
+# --- decoder attention: cached causal self-attention and cross-attention (vit/models/decoder.py) --------------
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+    return_attention: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T / sqrt(d) + mask) v for q (B, H, Nq, d) and k, v (B, H, Nk, d): the fused SDPA call, or the
+    explicit path when the probabilities (B, H, Nq, Nk) are asked for. `mask` is already in `expand_mask`'s
+    broadcast form; `is_causal` is SDPA's (top-left aligned). Returns (out (B, H, Nq, d), probabilities or None)."""
+    if not return_attention:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal), None
+    scores = masked_scores((q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1), mask, is_causal)  # (B, H, Nq, Nk)
+    attn = scores.softmax(dim=-1)
+    out = F.dropout(attn, dropout_p) @ v if dropout_p > 0 else attn @ v
+    return out, attn
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H*d) -> (B, H, N, d)."""
+    B, N, D = x.shape
+    return x.reshape(B, N, num_heads, D // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) -> (B, N, H*d): heads side by side again."""
+    B, H, N, d = x.shape
+    return x.transpose(1, 2).reshape(B, N, H * d)
+
+
+class CachedSelfAttention(Attention):
+    """`Attention` (the same `qkv`/`proj` weights and names) run incrementally for a decoder: the new tokens
+    x (B, t, D) attend to the `past` keys and values of the T tokens before them and to themselves, causally.
+    Training and full forwards use `Attention.forward(x, is_causal=True)` unchanged; this path is for decoding:
+
+        step(x, past) -> out (B, t, D), (K, V) (B, H, T + t, d) to keep for the next step, probabilities or None
+
+    A chunk of t > 1 new tokens after T > 0 cached ones needs a causal mask aligned bottom-right (new token i sees
+    keys <= T + i), which SDPA's `is_causal` (top-left) is not, so it is built explicitly then."""
+
+    def step(
+        self,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor], torch.Tensor | None]:
+        B, t, D = x.shape
+        q, k, v = self.qkv(x).reshape(B, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        T = 0 if past is None else past[0].shape[2]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)  # (B, H, T + t, d)
+        mask, is_causal = None, False
+        if t > 1 and T == 0:
+            is_causal = True
+        elif t > 1:
+            mask = torch.ones(t, T + t, dtype=torch.bool, device=x.device).tril(diagonal=T)  # (t, T + t)
+        p = self.attn_drop.p if self.training else 0.0
+        out, attn = attend(q, k, v, mask, is_causal, p, return_attention or not self.fused_attn)
+        return self.proj_drop(self.proj(merge_heads(out))), (k, v), attn if return_attention else None
+
+
+class CrossAttention(nn.Module):
+    """Encoder-decoder attention (Vaswani et al., 2017, section 3.2.3): queries from the decoder's tokens
+    x (B, Nq, D), keys and values from an encoder's memory (B, M, D), whose padding is masked out with
+    `memory_mask` (B, M) (1 / True = a real token, as a tokenizer's attention_mask). Projections: `q` (D -> D),
+    `kv` (D -> 2D, one matmul for both) and `proj`. The memory's keys and values depend on the source only, so a
+    decoder computes them once per source (`memory_kv`) and passes them to every step (`kv=`).
+    The same math as `Attention`: one `attend` call, the fused SDPA path unless probabilities are asked for."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        fused_attn: bool = True,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim {dim} is not divisible by num_heads {num_heads}; choose a head count that divides it."
+            )
+        self.num_heads = num_heads
+        self.fused_attn = fused_attn
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def memory_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """memory (B, M, D) -> keys, values (B, H, M, d) each."""
+        B, M, D = memory.shape
+        k, v = self.kv(memory).reshape(B, M, 2, self.num_heads, D // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        return k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        return_attention: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, Nq, D); memory (B, M, D) or its precomputed `kv`; memory_mask (B, M). Returns (out (B, Nq, D),
+        probabilities (B, H, Nq, M) or None)."""
+        k, v = self.memory_kv(memory) if kv is None else kv
+        # (B, M) -> (B, 1, 1, M) through expand_mask's per-sample form (B, 1, M): a key-padding mask, never read
+        # as an (Nq, M) one even when B happens to equal Nq
+        mask = None if memory_mask is None else expand_mask(memory_mask[:, None, :], k.shape[2])
+        p = self.attn_drop.p if self.training else 0.0
+        out, attn = attend(split_heads(self.q(x), self.num_heads), k, v, mask, False, p,
+                           return_attention or not self.fused_attn)
+        return self.proj_drop(self.proj(merge_heads(out))), attn if return_attention else None

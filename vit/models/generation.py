@@ -1,0 +1,139 @@
+"""Autoregressive decoding for a `TextDecoder`: greedy search and beam search, with or without the KV cache.
+
+Both start from <bos>, pick tokens from log p(y_t | y_<t, source) and stop a sequence at <eos> (the rows after
+it are <pad>), or after `max_new_tokens`. <pad> and <bos> are never generated. A sequence's score is its
+summed log-probability divided by length**length_penalty (length counting <eos>; 0 = the plain sum, 1 = the
+mean per token, Hugging Face's default).
+
+Beam search keeps the K best hypotheses per source, finished or not, ranked by that same score: at every step
+each unfinished beam is extended by every token and each finished one is carried over unchanged, and the best
+K candidates survive. With K = 1 this is greedy search; with K at least the number of all hypotheses it is
+exhaustive search (both checked in tests). The self-attention cache follows each survivor's parent beam
+(`DecoderCache.reorder`); the memory's keys and values are computed once per source and shared by its beams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .decoder import DecoderCache, TextDecoder
+
+__all__ = ["GenerateOutput", "beam_search", "greedy_search"]
+
+
+@dataclass
+class GenerateOutput:
+    sequences: torch.Tensor  # (B, L) generated ids without <bos>: <eos> ends a sequence, <pad> fills the rest
+    scores: torch.Tensor  # (B,) sum of log-probabilities / length**length_penalty
+
+
+def _log_probs(
+    decoder: TextDecoder, ids: torch.Tensor, memory: torch.Tensor, memory_mask: torch.Tensor | None,
+    cache: DecoderCache | None, banned: list[int],
+) -> torch.Tensor:
+    """log p(next token) (B, V) for prefixes ids (B, t): the last id through the cache, or the whole prefix."""
+    if cache is not None:
+        logits = decoder(ids[:, -1:], None, cache=cache)[:, -1]
+    else:
+        logits = decoder(ids, memory, memory_mask)[:, -1]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    logits[:, banned] = float("-inf")
+    return logits.log_softmax(dim=-1)
+
+
+def _check(max_new_tokens: int, bos_id: int, eos_id: int, pad_id: int) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+    if len({bos_id, eos_id, pad_id}) < 3:
+        raise ValueError(f"bos_id, eos_id and pad_id must differ, got {bos_id}, {eos_id} and {pad_id}.")
+
+
+@torch.no_grad()
+def greedy_search(
+    decoder: TextDecoder,
+    memory: torch.Tensor,
+    memory_mask: torch.Tensor | None,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    length_penalty: float = 1.0,
+    use_cache: bool = True,
+) -> GenerateOutput:
+    """The most likely next token, step by step, for every source in memory (B, M, D)."""
+    _check(max_new_tokens, bos_id, eos_id, pad_id)
+    B = memory.shape[0]
+    ids = torch.full((B, 1), bos_id, dtype=torch.long, device=memory.device)
+    score = torch.zeros(B, dtype=memory.dtype, device=memory.device)
+    length = torch.zeros(B, dtype=torch.long, device=memory.device)
+    done = torch.zeros(B, dtype=torch.bool, device=memory.device)
+    cache = decoder.init_cache(memory, memory_mask) if use_cache else None
+    for _ in range(max_new_tokens):
+        logp = _log_probs(decoder, ids, memory, memory_mask, cache, [pad_id, bos_id])  # (B, V)
+        token = logp.argmax(dim=-1)
+        score = score + torch.where(done, 0.0, logp.gather(1, token[:, None])[:, 0]).to(score.dtype)
+        length = length + (~done).long()
+        token = token.masked_fill(done, pad_id)
+        ids = torch.cat([ids, token[:, None]], dim=1)
+        done = done | (token == eos_id)
+        if done.all():
+            break
+    return GenerateOutput(ids[:, 1:], score / length.to(score.dtype) ** length_penalty)
+
+
+@torch.no_grad()
+def beam_search(
+    decoder: TextDecoder,
+    memory: torch.Tensor,
+    memory_mask: torch.Tensor | None,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
+    use_cache: bool = True,
+) -> GenerateOutput:
+    """The best of `num_beams` hypotheses per source in memory (B, M, D); see the module docstring."""
+    _check(max_new_tokens, bos_id, eos_id, pad_id)
+    B, K, dev = memory.shape[0], num_beams, memory.device
+    cache = None
+    if use_cache:
+        cache = decoder.init_cache(memory, memory_mask)  # the memory's keys and values: once per source
+        cache.repeat_interleave(K)  # ... shared by its K beams (rows b*K .. b*K + K-1)
+    memory = memory.repeat_interleave(K, 0)
+    memory_mask = None if memory_mask is None else memory_mask.repeat_interleave(K, 0)
+    ids = torch.full((B * K, 1), bos_id, dtype=torch.long, device=dev)
+    scores = torch.zeros(B, K, dtype=memory.dtype, device=dev)
+    scores[:, 1:] = float("-inf")  # K copies of one start: only the first may be extended at step 1
+    length = torch.zeros(B, K, dtype=torch.long, device=dev)
+    done = torch.zeros(B, K, dtype=torch.bool, device=dev)
+    offsets = torch.arange(B, device=dev)[:, None] * K  # (B, 1): first row of each source's beams
+    for _ in range(max_new_tokens):
+        logp = _log_probs(decoder, ids, memory, memory_mask, cache, [pad_id, bos_id]).view(B, K, -1)  # (B, K, V)
+        V = logp.shape[-1]
+        # a finished beam has exactly one continuation, itself (+ <pad>), at no cost
+        logp = logp.masked_fill(done[..., None], float("-inf"))
+        logp[..., pad_id] = torch.where(done, 0.0, float("-inf")).to(logp.dtype)
+        cand = scores[..., None] + logp.to(scores.dtype)  # (B, K, V) summed log-probabilities
+        new_length = length + (~done).long()  # (B, K), the same for every token of a beam
+        ranked = cand / new_length[..., None].clamp(min=1).to(cand.dtype) ** length_penalty
+        top = ranked.view(B, K * V).topk(K, dim=-1).indices  # (B, K)
+        parent, token = top // V, top % V
+        scores = cand.view(B, K * V).gather(1, top)
+        length = new_length.gather(1, parent)
+        # a hypothesis at -inf (fewer candidates than beams so far) can never win: treat it as finished
+        done = done.gather(1, parent) | (token == eos_id) | scores.isneginf()
+        rows = (offsets + parent).view(-1)  # (B*K,) each survivor's parent row
+        if cache is not None:
+            cache.reorder(rows)
+        ids = torch.cat([ids[rows], token.view(-1, 1)], dim=1)
+        if done.all():
+            break
+    final = scores / length.clamp(min=1).to(scores.dtype) ** length_penalty  # (B, K)
+    best = final.argmax(dim=-1)  # (B,)
+    seqs = ids.view(B, K, -1)[torch.arange(B, device=dev), best, 1:]
+    return GenerateOutput(seqs, final.gather(1, best[:, None])[:, 0])
