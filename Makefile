@@ -5,17 +5,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: setup train test test-fast lint bench clean
+.PHONY: setup browser train test test-fast lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	@# tests/test_demo.py drives demo.py in Debian's chromium; as root without it, install it (~1 min)
-	if [ ! -x /usr/bin/chromedriver ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export,wds,hf,track]'
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# tests/test_demo.py drives demo.py in Debian's chromium; as root without it, install it (~1 min here). Only the
+# tests need it, so `make train` does not wait for it.
+browser:
+	@if [ ! -x /usr/bin/chromedriver ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 
 # One process needs no launcher: train.py runs under Accelerate on its own and picks the same threads and loader
 # workers as `accelerate launch` would (vit/cli/runtime.py), so the numbers are the same; the launcher's own start
@@ -23,10 +26,10 @@ setup: $(STAMP)
 train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) browser
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
