@@ -36,7 +36,8 @@ def _peaked(model):
 
 @pytest.mark.slow
 def test_export_script_default_digits_checkpoint_every_format(tmp_path, capsys):
-    cfg = load_config(ROOT / "configs/default.yaml")  # digits, 64 px, 4 blocks of width 128
+    # digits, 64 px, 4 blocks of width 128; grey, as train.py resolves the channels of the digits
+    cfg = load_config(ROOT / "configs/default.yaml", ["--model.in_chans=1"])
     torch.manual_seed(0)
     save_checkpoint(tmp_path / "ck", _peaked(build_model(cfg, 10)), cfg, [str(i) for i in range(10)])
     out = tmp_path / "exp"
