@@ -72,7 +72,7 @@ def test_auto_class_weights_are_inverse_frequency_and_weigh_the_loss_as_cross_en
     torch.testing.assert_close(w, torch.tensor([n / (4 * c) for c in COUNTS]))
     assert class_weights(load_config(None), Labelled(labels, 4)) is None
 
-    from vit.train.engine import _loss  # the loss the loop uses, tested without a run
+    from vit.train.engine import _task_loss as _loss  # the loss the loop uses (without DSA's indexer KL), no run
 
     torch.manual_seed(0)
     logits, y = torch.randn(10, 4), torch.randint(0, 4, (10,))
