@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..layers import CachedSelfAttention, CrossAttention, DropPath, get_mlp_layer, get_norm_layer, sincos_1d
+from .encoder import drop_path_rates
 
 __all__ = ["DecoderBlock", "Decoder", "DecoderCache", "LayerCache", "TextDecoder"]
 
@@ -150,7 +151,7 @@ class Decoder(nn.ModuleList):
         drop_path_rate: float = 0.0,
         **block_kwargs,
     ) -> None:
-        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 1 else [drop_path_rate] * depth
+        rates = drop_path_rates(depth, drop_path_rate)
         super().__init__(
             DecoderBlock(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
             for rate in rates

@@ -20,7 +20,12 @@ from torch.utils.checkpoint import checkpoint
 from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
 from ..layers.sparse_attention import retune
 
-__all__ = ["Block", "Encoder"]
+__all__ = ["Block", "Encoder", "drop_path_rates"]
+
+
+def drop_path_rates(depth: int, rate: float) -> list[float]:
+    """Stochastic depth per block, rising linearly from 0 to `rate` (timm's schedule; one block gets `rate`)."""
+    return torch.linspace(0, rate, depth).tolist() if depth > 1 else [rate] * depth
 
 
 class Block(nn.Module):
@@ -134,7 +139,7 @@ class Encoder(nn.ModuleList):
         drop_path_rate: float = 0.0,
         **block_kwargs,
     ) -> None:
-        rates = torch.linspace(0, drop_path_rate, depth).tolist() if depth > 1 else [drop_path_rate] * depth
+        rates = drop_path_rates(depth, drop_path_rate)
         super().__init__(
             Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
             for rate in rates
