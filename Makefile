@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# The suite runs in one pytest-xdist worker per core (at most 4), each pinned to its core (tests/conftest.py), a
+# whole test file per worker so that a file's fixtures are made once. JOBS=0 runs it in this one process.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 4 ? n : 4)))
+XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 .PHONY: setup browser train test test-fast lint bench clean
 
@@ -27,10 +31,10 @@ train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) browser
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

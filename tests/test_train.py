@@ -130,7 +130,7 @@ def test_absolute_root_keeps_urls_and_missing_paths(tmp_path, monkeypatch):
 def test_ddp_with_one_image_per_process_prints_no_grad_strides_warning(tmp_path):
     launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                "29533"]
+                "29535"]
     r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=8",
                    "--data.synthetic_val_size=4", "--run.epochs=1", "--run.max_steps=2", f"--run.output_dir={tmp_path}",
                    *TINY, "--data.batch_size=1", launcher=launcher, env={"CUDA_VISIBLE_DEVICES": ""})

@@ -20,14 +20,17 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import albumentations as A
 import cv2
 import numpy as np
 import torch
 
 from ..config import AugConfig
 from .decode import decode_bytes, is_complete_jpeg, jpeg_reduction, jpeg_size, read_bytes
+
+if TYPE_CHECKING:
+    import albumentations as A
 
 __all__ = ["build_transform", "Pipeline"]
 
@@ -36,6 +39,8 @@ GRAY = (0.299, 0.587, 0.114)  # ITU-R 601 luma, as torchvision's rgb_to_grayscal
 
 def _rand_augment(n: int) -> A.BaseCompose:
     """A RandAugment-like policy (Cubuk et al., 2020): `n` ops drawn from a fixed list, each at magnitude ~9."""
+    import albumentations as A
+
     ops = [
         A.Affine(rotate=(-30, 30), p=1.0),
         A.Affine(shear={"x": (-17, 17)}, p=1.0),
@@ -193,6 +198,8 @@ class _Albumentations:
     """Consecutive albumentations transforms, run as one Compose on the pipeline's generators."""
 
     def __init__(self, transforms: list) -> None:
+        import albumentations as A
+
         self.compose = A.Compose(transforms, seed=0, is_check_shapes=False)
 
     def __call__(self, img: np.ndarray, rng: random.Random) -> np.ndarray:
@@ -296,6 +303,8 @@ def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
         geometry: _Geometry = _RandomResizedCrop(img_size, aug.scale, aug.ratio, interp)
     else:
         geometry = _Geometry(img_size, interp)
+    import albumentations as A  # training only: evaluate, predict and export never pay its ~1 s import
+
     steps: list = []
     albu: list = []
 

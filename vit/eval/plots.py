@@ -3,6 +3,7 @@
 Each picture is a `matplotlib.figure.Figure` drawn and saved without pyplot: importing this module changes no
 global state (no backend switch, no rcParams), so a notebook or an application that embeds us keeps its own, and
 nothing is left open in pyplot's figure registry. `Figure.savefig` renders through the Agg canvas by itself.
+matplotlib is imported when a picture is drawn, not with this module: a script that stops early never pays it.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display",
            "curves_figure", "reliability_figure", "attention_figure", "reliability_bars", "scaled_heat",
@@ -43,6 +46,9 @@ def curves_figure(rows: list[dict]) -> Figure:
     """metrics.csv rows -> loss | held-out top-1 | learning rate per epoch. Every epoch has a row (train loss, lr);
     the val_* values only those evaluated (run.eval_every), each series drawn through its own points. Whole-number
     epoch ticks, markers on short runs."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     marker = "o" if len(rows) <= MARKERS_UP_TO else None
 
     def series(name, scale=1.0):
@@ -77,6 +83,8 @@ def confusion_figure(matrix: np.ndarray, classes: list[str]) -> Figure:
     """Confusion matrix (rows: true class, columns: predicted), coloured by the row-normalized rate; each cell
     (up to 20 classes) shows its rate and its count, each row label its class's number of images. Empty cells
     off the diagonal are left blank."""
+    from matplotlib.figure import Figure
+
     norm = matrix / np.maximum(1, matrix.sum(axis=1, keepdims=True))
     n = len(classes)
     size = max(4.5, min(20, 0.6 * n + 2))
@@ -105,6 +113,8 @@ def plot_mistakes(images: list[np.ndarray], titles: list[str], out_png: str | Pa
 def mistakes_figure(images: list[np.ndarray], titles: list[str], columns: int = 4) -> Figure:
     """A grid of images (H, W, 3) in [0, 1], each titled (e.g. 'true cat / predicted dog 97%'), most confident
     mistake first; an empty list gives a figure that says there were none."""
+    from matplotlib.figure import Figure
+
     if not images:
         fig = Figure(figsize=(4, 1.2))
         fig.text(0.5, 0.5, "no misclassified images", ha="center", va="center", fontsize=11)
@@ -144,6 +154,7 @@ def reliability_figure(bins: list, ece: float) -> Figure:
     (samples per bin, log scale) says which bars carry weight. The diagonal is perfect calibration; the red
     outline is each bin's gap from it (ECE is the count-weighted mean gap)."""
     from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
     lo, width, n, acc, conf = reliability_bars(bins)
     total = max(1.0, n.sum())
@@ -207,6 +218,8 @@ def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Fig
     """Input (H, W, C) in [0, 1] | patch-grid map (h, w) | map upsampled (bicubic) over the input, with a colour
     bar for the map's scale: the map is shifted and scaled to [0, 1] (its minimum to 0, its maximum to 1), so
     the colours rank patches within one image and are not comparable across images."""
+    from matplotlib.figure import Figure
+
     m, heat = scaled_heat(grid_map, image.shape[:2])
     fig = Figure(figsize=(10, 3.5))
     axes = fig.subplots(1, 3)
