@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,7 +53,9 @@ OUTPUT_OPTIONS = {"train.py": "--run.output_dir", "visualize_attention.py": "--o
 
 def run_script(script: str, *args: str, timeout: float = 600, env: dict | None = None,
                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run a root script of this tree in a fresh interpreter (cwd: the repository), output captured."""
+    """Run a root script of this tree in a process of its own (cwd: the repository), output captured: forked
+    from tests/script_server.py where that gives what a fresh interpreter would (no launcher, no environment
+    change that a library reads when it is imported), a fresh interpreter otherwise."""
     option = OUTPUT_OPTIONS.get(script)
     if option and not any(a == option or a.startswith(option + "=") for a in args):
         raise AssertionError(f"run_script({script!r}) without {option}: give it a folder under tmp_path, or it "
@@ -60,7 +63,61 @@ def run_script(script: str, *args: str, timeout: float = 600, env: dict | None =
     target = [script] if script.startswith("-") else [str(ROOT / script)]
     cmd = (launcher or [sys.executable]) + target + list(args)
     e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
+    if launcher is None and not script.startswith("-") and _server.fits(e):
+        return _server.run(cmd, e, timeout)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+
+
+# Variables that scripts (and the libraries under them) read when they run, not when they are imported: a child of
+# the script server sees them as a fresh interpreter would. Any other difference from the server's environment
+# (OMP_NUM_THREADS, HF_HOME, PYTHONPATH, ...) takes a fresh interpreter.
+FORKABLE_ENV = {"VIT_FAULT_INJECT", "VIT_SHARD_TRACE", "TQDM_DISABLE", "CUDA_VISIBLE_DEVICES",
+                "PYTEST_CURRENT_TEST"}
+
+
+class _ScriptServer:
+    """This test process's tests/script_server.py, started on first use (VIT_TEST_FORK=0: never)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.env: dict | None = None
+
+    def fits(self, env: dict) -> bool:
+        if os.environ.get("VIT_TEST_FORK", "1") == "0" or not hasattr(os, "fork"):
+            return False
+        base = self.env or {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+        return all(k in FORKABLE_ENV for k in set(env) ^ set(base) | {k for k in env if env.get(k) != base.get(k)})
+
+    def _start(self) -> None:
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py")], cwd=ROOT,
+                                     env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+
+    def run(self, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+        import select
+        import signal
+        import tempfile
+
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        with tempfile.TemporaryDirectory(prefix="vit-script-") as tmp:
+            out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+            request = {"script": cmd[1], "args": cmd[2:], "cwd": str(ROOT), "env": env, "stdout": out, "stderr": err}
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+            code = json.loads(self.proc.stdout.readline())["returncode"]
+            read = lambda p: open(p, encoding="utf-8", errors="replace").read()  # noqa: E731
+            if not ready:
+                raise subprocess.TimeoutExpired(cmd, timeout, read(out), read(err))
+            return subprocess.CompletedProcess(cmd, code, read(out), read(err))
+
+
+_server = _ScriptServer()
 
 
 def import_script(name: str):
