@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -116,8 +117,14 @@ class _ScriptServer:
                 raise subprocess.TimeoutExpired(cmd, timeout, read(out), read(err))
             return subprocess.CompletedProcess(cmd, code, read(out), read(err))
 
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.stdin.close()  # end of requests: the server's loop ends
+            self.proc.wait(timeout=60)
+
 
 _server = _ScriptServer()
+atexit.register(_server.stop)
 
 
 def import_script(name: str):
