@@ -92,11 +92,28 @@ class _ScriptServer:
     def _start(self) -> None:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py")], cwd=ROOT,
-                                     env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert json.loads(self.proc.stdout.readline()) == {"ready": True}
+                                     env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.pending = b""
+        assert self._reply(600) == {"ready": True}
+
+    def _reply(self, timeout: float) -> dict | None:
+        """The server's next line, or None when none came within `timeout` seconds."""
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.proc.stdout], [], [], left)[0]:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError("tests/script_server.py ended; run with VIT_TEST_FORK=0 to see the script itself")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
 
     def run(self, cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
-        import select
         import signal
         import tempfile
 
@@ -105,17 +122,16 @@ class _ScriptServer:
         with tempfile.TemporaryDirectory(prefix="vit-script-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             request = {"script": cmd[1], "args": cmd[2:], "cwd": str(ROOT), "env": env, "stdout": out, "stderr": err}
-            self.proc.stdin.write(json.dumps(request) + "\n")
-            self.proc.stdin.flush()
-            pid = json.loads(self.proc.stdout.readline())["pid"]
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-            code = json.loads(self.proc.stdout.readline())["returncode"]
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            pid = self._reply(60)["pid"]
+            done = self._reply(timeout)
+            if done is None:
+                os.killpg(pid, signal.SIGKILL)  # the script and what it started
+                self._reply(60)
             read = lambda p: open(p, encoding="utf-8", errors="replace").read()  # noqa: E731
-            if not ready:
+            if done is None:
                 raise subprocess.TimeoutExpired(cmd, timeout, read(out), read(err))
-            return subprocess.CompletedProcess(cmd, code, read(out), read(err))
+            return subprocess.CompletedProcess(cmd, done["returncode"], read(out), read(err))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -57,6 +57,7 @@ def _child(request: dict) -> int:
 def main() -> None:
     import importlib
 
+    _become_subreaper()
     for name in PRELOAD:
         try:
             importlib.import_module(name)
@@ -72,12 +73,41 @@ def main() -> None:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            os.setpgid(0, 0)
             for fd in fds:
                 os.close(fd)
             sys.exit(_child(request))  # the interpreter's own exit: atexit handlers, threads joined, files flushed
+        try:
+            os.setpgid(pid, pid)
+        except OSError:  # the child did it first
+            pass
         print(json.dumps({"pid": pid}), file=replies, flush=True)
         _, status = os.waitpid(pid, 0)
+        _reap_group(pid)
         print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), file=replies, flush=True)
+
+
+def _reap_group(pgid: int) -> None:
+    """Wait for what the script started (loader workers, say) to end too, as subprocess.run does by reading the
+    pipes they inherited until they close: a killed training's workers still hold its run folder's lock for a
+    moment. This process is their subreaper, so they are its children once the script is gone."""
+    import time
+
+    while True:
+        try:
+            if os.waitpid(-pgid, os.WNOHANG) == (0, 0):
+                time.sleep(0.02)  # alive: not yet
+        except ChildProcessError:
+            return
+
+
+def _become_subreaper() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come here
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
