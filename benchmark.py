@@ -598,11 +598,11 @@ def bench_edge(args) -> dict:
                              **{k: (lambda s=s, xn=xn, b=batch: s(xn, b)) for k, s in sessions.items()}}
                     cpu = {k: [] for k in calls}  # this thread's CPU seconds per call, beside the wall clock
 
-                    def counted(k, fn):
+                    def counted(k, fn, log=cpu):
                         def call():
                             c0 = time.thread_time()
                             fn()
-                            cpu[k].append(time.thread_time() - c0)
+                            log[k].append(time.thread_time() - c0)
                         return call
 
                     calls = {k: counted(k, fn) for k, fn in calls.items()}
@@ -782,7 +782,8 @@ def main(argv=None) -> int:
         return 2
     res: dict = {}
     if args.edge:
-        print(f"{'model':<29}{'thr':>3}{'bs':>4}  {'variant':<26}{'img/s':>9}{'x eager (min-max)':>19}{'cpu x eager':>19}{'MiB':>8}"
+        print(f"{'model':<29}{'thr':>3}{'bs':>4}  {'variant':<26}{'img/s':>9}{'x eager (min-max)':>19}"
+              f"{'cpu x eager':>19}{'MiB':>8}"
               f"{'top-1':>8}")
         try:
             res["edge"] = bench_edge(args)

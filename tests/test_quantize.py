@@ -11,10 +11,10 @@ import torch
 from helpers import ROOT, import_script, run_script
 from PIL import Image
 
+import vit
 from vit.config import load_config
 from vit.data import build_datasets
 from vit.data.transforms import build_transform
-import vit
 from vit.deploy.quantize import OnnxModel, quantize_within_budget, softmax
 from vit.models.build import build_model
 from vit.models.checkpoint import load_checkpoint, save_checkpoint
@@ -74,6 +74,7 @@ def test_int8_export_keeps_top1_within_budget_on_the_held_out_split(int8_export)
     assert q["bytes_fp32"] == (out / "model.onnx").stat().st_size
     assert q["bytes_int8"] == (out / "model.int8.onnx").stat().st_size < q["bytes_fp32"]
     assert q["speed"]["int8_over_eager_fp32"]["median"] > 0 and 0 <= q["agreement_with_torch"] <= 1
+    assert q["speed"]["cpu_int8_over_eager_fp32"]["median"] > 0  # 1 thread: also in CPU time
     # the numbers, recomputed here: PyTorch's top-1 on the split, and the INT8 file's own through ONNX Runtime
     model, cfg, classes, _ = load_checkpoint(int8_export / "ck")
     _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
@@ -129,7 +130,6 @@ def test_prepared_graph_is_exact_and_int8_keeps_no_linear_weight_float(tmp_path)
     """The quantizer's input (constants folded) computes what the export does, and every linear layer's weight,
     the last block's key and value included (Slice/Transpose of its qkv weight in the export), is INT8."""
     import onnx
-    from onnx import numpy_helper
 
     from vit.deploy.export import ExportableClassifier, export_model
     from vit.deploy.quantize import prepare, quantize, weight_groups

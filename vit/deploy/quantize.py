@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["METHODS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax", "quantize_within_budget",
-           "speed_ratios"]
+__all__ = ["METHODS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
+           "quantize_within_budget", "speed_ratios"]
 
 METHODS = ("dynamic", "static")
 WEIGHT_OPS = ("MatMul", "Gemm")  # not Conv: see the module docstring
@@ -253,7 +253,8 @@ def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, thread
                  min_seconds: float = 0.2) -> dict:
     """Per INT8 file: images/s and ratios against PyTorch eager fp32 (`model`, the caller's torch model) and
     ONNX Runtime fp32 at the batch of `x`, all timed interleaved (A, B, C, A, B, C, ...) after warm-up, so a
-    shared CPU's load falls on every side alike; medians with min-max over the paired repeats."""
+    shared CPU's load falls on every side alike; medians with min-max over the paired repeats. At one thread
+    also the same ratios in the calling thread's CPU time (`cpu_*`), the steadier ones on a loaded machine."""
     import torch
 
     old = torch.get_num_threads()
@@ -273,22 +274,29 @@ def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, thread
         calls["eager_fp32"]()
         n = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)))
         times: dict[str, list[float]] = {k: [] for k in calls}
+        cpu: dict[str, list[float]] = {k: [] for k in calls}  # the calling thread's CPU seconds per call
         for _ in range(repeats):
             for k, fn in calls.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 for _ in range(n):
                     fn()
                 times[k].append((time.perf_counter() - t0) / n)
+                cpu[k].append((time.thread_time() - c0) / n)
     finally:
         torch.set_num_threads(old)
 
-    def ratio(a: str, b: str) -> dict:  # how many times faster a is than b, per paired repeat
-        r = [tb / ta for ta, tb in zip(times[a], times[b])]
+    def ratio(a: str, b: str, t: dict) -> dict:  # how many times faster a is than b, per paired repeat
+        r = [tb / max(ta, 1e-9) for ta, tb in zip(t[a], t[b])]
         return dict(median=statistics.median(r), min=min(r), max=max(r))
 
     batch = len(x)
-    return {m: dict(batch=batch, threads=threads, repeats=repeats,
-                    images_per_s={k: batch / statistics.median(times[k]) for k in ("eager_fp32", "ort_fp32", m)},
-                    int8_over_eager_fp32=ratio(m, "eager_fp32"), int8_over_ort_fp32=ratio(m, "ort_fp32"),
-                    ort_fp32_over_eager_fp32=ratio("ort_fp32", "eager_fp32"))
-            for m in int8}
+    res = {m: dict(batch=batch, threads=threads, repeats=repeats,
+                   images_per_s={k: batch / statistics.median(times[k]) for k in ("eager_fp32", "ort_fp32", m)},
+                   int8_over_eager_fp32=ratio(m, "eager_fp32", times), int8_over_ort_fp32=ratio(m, "ort_fp32", times),
+                   ort_fp32_over_eager_fp32=ratio("ort_fp32", "eager_fp32", times))
+           for m in int8}
+    if threads == 1:  # one thread computes in the caller's thread: its CPU time leaves out the waits for a core
+        for m in int8:  # that a shared machine's load adds (the wall clock's ratios swing 2-50x there)
+            res[m]["cpu_int8_over_eager_fp32"] = ratio(m, "eager_fp32", cpu)
+            res[m]["cpu_int8_over_ort_fp32"] = ratio(m, "ort_fp32", cpu)
+    return res
