@@ -596,13 +596,29 @@ def bench_edge(args) -> dict:
 
                     calls = {**{k: run_eager(m) for k, m in eager.items()},
                              **{k: (lambda s=s, xn=xn, b=batch: s(xn, b)) for k, s in sessions.items()}}
+                    cpu = {k: [] for k in calls}  # this thread's CPU seconds per call, beside the wall clock
+
+                    def counted(k, fn, log=cpu):
+                        def call():
+                            c0 = time.thread_time()
+                            fn()
+                            log[k].append(time.thread_time() - c0)
+                        return call
+
+                    calls = {k: counted(k, fn) for k, fn in calls.items()}
                     sides = [SimpleNamespace(name=k) for k in calls]
                     times = interleaved(sides, lambda s, c=calls: c[s.name], torch.device("cpu"), args.warmup,
                                         args.repeats, args.iters)
+                    # With one thread, everything runs on the calling thread, so its CPU time is the time the
+                    # model computed, without the waits for a core of a shared machine (load > cores): the
+                    # steadier ratio there. With more threads the CPU time sums the threads: not recorded.
+                    cpu = {k: [sum(v[args.warmup + i * args.iters:args.warmup + (i + 1) * args.iters]) / args.iters
+                               for i in range(args.repeats)] for k, v in cpu.items()}
                     for k in calls:
                         out.append(dict(model=name, threads=threads, batch=batch, variant=k,
                                         images_per_s=batch / statistics.median(times[k]),
                                         x_eager=ratio_stats(times[k], times["eager fp32"]),
+                                        cpu_x_eager=ratio_stats(cpu[k], cpu["eager fp32"]) if threads == 1 else None,
                                         mib=sizes.get(k, sizes["ort fp32"] if "merge" not in k else None),
                                         top1=top1.get(k)))
                     print_edge_rows(out[-len(calls):], file=sys.__stdout__)
@@ -616,8 +632,11 @@ def print_edge_rows(rows: list[dict], file=None) -> None:
         size = "" if r["mib"] is None else f"{r['mib'] / 2**20:.1f}"
         if r["variant"].startswith("eager"):
             size = ""
+        cpu = r.get("cpu_x_eager")
+        cpu = "" if cpu is None else f"{cpu['median']:.2f} ({cpu['min']:.2f}-{cpu['max']:.2f})"
         print(f"{r['model'][:28]:<29}{r['threads']:>3}{r['batch']:>4}  {r['variant']:<26}{r['images_per_s']:>9.1f}"
-              f"{sp['median']:>7.2f} ({sp['min']:.2f}-{sp['max']:.2f}){size:>8}"
+              f"{sp['median']:>7.2f} ({sp['min']:.2f}-{sp['max']:.2f})"
+              f"{cpu:>19}{size:>8}"
               f"{'' if top1 is None else f'{100 * top1:.2f}':>8}", file=file)
 
 
@@ -763,7 +782,8 @@ def main(argv=None) -> int:
         return 2
     res: dict = {}
     if args.edge:
-        print(f"{'model':<29}{'thr':>3}{'bs':>4}  {'variant':<26}{'img/s':>9}{'x eager (min-max)':>19}{'MiB':>8}"
+        print(f"{'model':<29}{'thr':>3}{'bs':>4}  {'variant':<26}{'img/s':>9}{'x eager (min-max)':>19}"
+              f"{'cpu x eager':>19}{'MiB':>8}"
               f"{'top-1':>8}")
         try:
             res["edge"] = bench_edge(args)
@@ -771,7 +791,8 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(f"load average {' '.join(f'{v:.1f}' for v in res['edge']['load_average'])}; ONNX Runtime "
-              f"{res['edge']['ort_version']}; medians of {args.repeats} interleaved repeats")
+              f"{res['edge']['ort_version']}; medians of {args.repeats} interleaved repeats; cpu x eager: "
+              "the same ratio in the calling thread's CPU time (1 thread only)")
         args.no_model = True
     if args.token_reduction:
         try:

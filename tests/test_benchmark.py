@@ -81,5 +81,7 @@ def test_benchmark_edge_table_on_a_checkpoint(tmp_path):
     assert set(rows) == {"eager fp32", "ort fp32", "ort int8 dynamic", "ort int8 static", "eager fp32 merge:2",
                          "ort fp32 merge:2", "ort int8 dynamic merge:2"}
     assert rows["eager fp32"]["x_eager"]["median"] == 1.0 and all(v["images_per_s"] > 0 for v in rows.values())
+    assert rows["eager fp32"]["cpu_x_eager"]["median"] == 1.0
+    assert all(v["cpu_x_eager"]["median"] > 0 for v in rows.values())
     assert rows["ort int8 dynamic"]["mib"] < rows["ort fp32"]["mib"]
     assert rows["eager fp32"]["top1"] == rows["ort fp32"]["top1"] and rows["eager fp32 merge:2"]["top1"] is not None

@@ -11,10 +11,11 @@ import torch
 from helpers import ROOT, import_script, run_script
 from PIL import Image
 
+import vit
 from vit.config import load_config
 from vit.data import build_datasets
 from vit.data.transforms import build_transform
-from vit.deploy.quantize import OnnxModel, quantize_within_budget
+from vit.deploy.quantize import OnnxModel, quantize_within_budget, softmax
 from vit.models.build import build_model
 from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
@@ -73,6 +74,7 @@ def test_int8_export_keeps_top1_within_budget_on_the_held_out_split(int8_export)
     assert q["bytes_fp32"] == (out / "model.onnx").stat().st_size
     assert q["bytes_int8"] == (out / "model.int8.onnx").stat().st_size < q["bytes_fp32"]
     assert q["speed"]["int8_over_eager_fp32"]["median"] > 0 and 0 <= q["agreement_with_torch"] <= 1
+    assert q["speed"]["cpu_int8_over_eager_fp32"]["median"] > 0  # 1 thread: also in CPU time
     # the numbers, recomputed here: PyTorch's top-1 on the split, and the INT8 file's own through ONNX Runtime
     model, cfg, classes, _ = load_checkpoint(int8_export / "ck")
     _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
@@ -121,3 +123,39 @@ def test_impossible_budget_is_exit_2_and_no_loadable_file(tmp_path):
     assert r.stderr.count("\n") == 1 and "over the budget of 0" in r.stderr and "Traceback" not in r.stderr
     assert not (out / "model.int8.onnx").exists() and (out / "model.int8.onnx.rejected").is_file()
     assert not (out / "model.onnx").exists() and not (out / "preprocessing.json").exists()  # nothing installed
+
+
+@pytest.mark.slow
+def test_prepared_graph_is_exact_and_int8_keeps_no_linear_weight_float(tmp_path):
+    """The quantizer's input (constants folded) computes what the export does, and every linear layer's weight,
+    the last block's key and value included (Slice/Transpose of its qkv weight in the export), is INT8."""
+    import onnx
+
+    from vit.deploy.export import ExportableClassifier, export_model
+    from vit.deploy.quantize import prepare, quantize, weight_groups
+
+    torch.manual_seed(0)
+    model = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                             num_classes=5).eval()
+    with torch.no_grad():
+        model.head.weight.mul_(20.0)  # peaked, so that top-1 is decided by clear margins
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    src = export_model(ExportableClassifier(model), "onnx", tmp_path, x[:2])
+    with torch.no_grad():
+        ref = model(x).numpy()
+    prepared = prepare(src, tmp_path / "prepared.onnx")
+    assert np.abs(OnnxModel(prepared)(x.numpy()) - OnnxModel(src)(x.numpy())).max() <= 1e-5
+    # the modules PyTorch has, by their names; the last block's query and key-value products slice its qkv
+    # weight inside the attention module ([CLS] queries only), so they are named after that module
+    linear = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)} - {"blocks.1.attn.qkv"}
+    groups = weight_groups(prepared, scopes_from=src)
+    assert set(groups) == linear | {"blocks.1.attn"} and len(groups["blocks.1.attn"]) == 2
+    q = quantize(src, tmp_path / "int8.onnx", "dynamic")
+    floats = {tuple(t.dims) for t in onnx.load(str(q)).graph.initializer
+              if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 2}
+    d = model.embed_dim
+    assert not floats & {(d, d), (d, 3 * d), (d, 2 * d), (d, 64), (64, d), (d, 5)}  # no linear weight left float
+    logits = OnnxModel(q)(x.numpy())
+    assert np.abs(logits - ref).max() > 1e-4  # it is quantized: not the float model under another name
+    # per-tensor INT8 of random weights: probabilities within 0.15 of PyTorch's, the same top-1 on >= 90%
+    assert np.abs(softmax(logits) - softmax(ref)).max() <= 0.15 and (logits.argmax(-1) == ref.argmax(-1)).mean() >= 0.9

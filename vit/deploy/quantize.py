@@ -5,12 +5,18 @@
 Two methods (ONNX Runtime's own quantizer, `onnxruntime.quantization`):
   dynamic  weights int8 per tensor, activations quantized at run time per tensor (`quantize_dynamic`:
            MatMulInteger / DynamicQuantizeLinear); needs no calibration.
-  static   QDQ: QuantizeLinear/DequantizeLinear pairs around every weight MatMul, activation ranges fixed
-           by MinMax calibration on training images (`quantize_static`, uint8 activations, int8 weights, as
-           ORT recommends for x86 CPUs), which ORT fuses into integer kernels.
-Only linear layers (MatMul/Gemm with a constant weight) and the patch-embedding Conv are candidates;
-LayerNorm, softmax inside the fused Attention node and GELU stay float, as the accuracy studies of INT8 ViTs
-(FQ-ViT, PTQ4ViT) find them the sensitive parts.
+  static   QDQ: QuantizeLinear/DequantizeLinear pairs on the inputs of every weight MatMul (outputs stay
+           float), activation ranges fixed by MinMax calibration on training images (`quantize_static`, uint8
+           activations, int8 weights, as ORT recommends for x86 CPUs), which ORT fuses into integer kernels
+           (MatMulIntegerToFloat).
+Only linear layers (MatMul/Gemm with a constant weight) are candidates; LayerNorm, softmax inside the fused
+Attention node and GELU stay float, as the accuracy studies of INT8 ViTs (FQ-ViT, PTQ4ViT) find them the
+sensitive parts. The patch-embedding Conv stays float too: ONNX Runtime's ConvInteger and QLinearConv are
+slower on x86 than its float Conv (ViT-S/16, 1 thread: 4.7 ms against 2.4 ms), for 2% of the weights.
+Before quantizing, the graph's constant subexpressions are folded (ONNX Runtime's basic optimizations, what
+its `quant_pre_process` runs): the exporter leaves some weights as Slice/Transpose of an initializer (the
+last block's key and value, whose query is the [CLS] token's alone), which the quantizer would otherwise
+take for activations and leave float.
 
 The fallback, measured rather than guessed: the weight nodes are grouped by the PyTorch module they came from
 (the exporter records it in each node's `pkg.torch.onnx.name_scopes`: patch_embed.proj, blocks.3.mlp.fc2,
@@ -30,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["METHODS", "QuantizeError", "weight_groups", "quantize", "OnnxModel", "softmax", "quantize_within_budget",
-           "speed_ratios"]
+__all__ = ["METHODS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
+           "quantize_within_budget", "speed_ratios"]
 
 METHODS = ("dynamic", "static")
-WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
+WEIGHT_OPS = ("MatMul", "Gemm")  # not Conv: see the module docstring
 SENSITIVITY_IMAGES = 64  # calibration images that rank the groups
 
 
@@ -55,16 +61,44 @@ def _scope(node) -> str:
     return node.name
 
 
-def weight_groups(path: str | Path) -> dict[str, list[str]]:
-    """{module name: [node names]} of the nodes that multiply by a constant weight, in graph order."""
+def prepare(src: str | Path, dst: str | Path) -> Path:
+    """Write the quantizer's input: `src` with its constant subexpressions folded (ONNX Runtime's basic,
+    hardware-independent optimizations: exact) and without the exporter's recorded intermediate shapes, which
+    trip the quantizer's strict shape inference (the head's transposed Gemm weight: "(32) vs (5)"); they are
+    only hints. Node names are kept, so `weight_groups(dst, scopes_from=src)` names the groups."""
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(src))
+    del model.graph.value_info[:]
+    dst = Path(dst)
+    bare = dst.with_name(f".bare-{dst.name}")
+    onnx.save(model, str(bare))
+    try:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        opts.optimized_model_filepath = str(dst)
+        opts.log_severity_level = 3
+        ort.InferenceSession(str(bare), opts, providers=["CPUExecutionProvider"])
+    finally:
+        bare.unlink(missing_ok=True)
+    return dst
+
+
+def weight_groups(path: str | Path, scopes_from: str | Path | None = None) -> dict[str, list[str]]:
+    """{module name: [node names]} of the nodes that multiply by a constant weight, in graph order. The
+    module names come from `scopes_from` (the exported file, when `path` is its `prepare`d copy, which has
+    lost the exporter's metadata), matched by node name."""
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
+    named = graph if scopes_from is None else onnx.load(str(scopes_from), load_external_data=False).graph
+    scope = {n.name: _scope(n) for n in named.node}
     consts = {i.name for i in graph.initializer} | {o for n in graph.node if n.op_type == "Constant" for o in n.output}
     groups: dict[str, list[str]] = {}
     for node in graph.node:
         if node.op_type in WEIGHT_OPS and len(node.input) > 1 and node.input[1] in consts:
-            groups.setdefault(_scope(node), []).append(node.name)
+            groups.setdefault(scope.get(node.name, node.name), []).append(node.name)
     return groups
 
 
@@ -79,9 +113,10 @@ class _Reader:
 
 
 def quantize(src: str | Path, dst: str | Path, method: str, exclude: list[str] = (), calib: np.ndarray | None = None,
-             cache: str | Path | None = None, only: list[str] | None = None) -> Path:
+             cache: str | Path | None = None, only: list[str] | None = None, prepared: bool = False) -> Path:
     """Write the INT8 model of `src` to `dst`; nodes in `exclude` stay float (`only`: quantize just these).
-    `cache`: a calibration cache file (static), so repeated calls calibrate once."""
+    `cache`: a calibration cache file (static), so repeated calls calibrate once. `prepared`: `src` already
+    went through `prepare` (the budget search prepares once for its many calls)."""
     import logging
 
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
@@ -91,28 +126,27 @@ def quantize(src: str | Path, dst: str | Path, method: str, exclude: list[str] =
     common = dict(op_types_to_quantize=list(WEIGHT_OPS), nodes_to_exclude=list(exclude) or None,
                   nodes_to_quantize=list(only) if only else None, weight_type=QuantType.QInt8,
                   extra_options={"MatMulConstBOnly": True})  # activation x activation products stay float
-    import onnx
-
     if method == "static" and (calib is None or not len(calib)):
         raise QuantizeError("static INT8 needs calibration images; pass some (--calibration-images).")
     logging.getLogger("root").setLevel(logging.ERROR)  # the quantizer's per-node notes
-    # The exporter's recorded intermediate shapes trip the quantizer's strict shape inference (the head's
-    # transposed Gemm weight: "(32) vs (5)"); they are only hints, so the quantizer gets a copy without them.
-    model = onnx.load(str(src))
-    del model.graph.value_info[:]
-    plain = Path(dst).with_name(f".plain-{Path(dst).name}")
-    onnx.save(model, str(plain))
+    plain = Path(src) if prepared else prepare(src, Path(dst).with_name(f".plain-{Path(dst).name}"))
     try:
         if method == "dynamic":
             quantize_dynamic(str(plain), str(dst), **common)
         else:
+            # outputs left float: a QDQ pair on a product's output only feeds the float ops after it (bias Add,
+            # GELU, residual Add) through a DequantizeLinear; without it ONNX Runtime fuses each product into
+            # MatMulIntegerToFloat, one rounding fewer (ViT-S/16 profile: QuantizeLinear, DequantizeLinear and
+            # Add took 18% of the static model's time, 6% after)
+            common["extra_options"]["OpTypesToExcludeOutputQuantization"] = list(WEIGHT_OPS)
             quantize_static(str(plain), str(dst), _Reader(calib), quant_format=QuantFormat.QDQ,
                             activation_type=QuantType.QUInt8, calibrate_method=CalibrationMethod.MinMax,
                             calibration_cache_path=str(cache) if cache else None, **common)
     except Exception as e:  # the quantizer's own failures (an unsupported graph): one sentence
         raise QuantizeError(f"ONNX Runtime could not quantize {src} ({method}): {str(e).splitlines()[0]}") from None
     finally:
-        plain.unlink(missing_ok=True)
+        if not prepared:
+            plain.unlink(missing_ok=True)
     return Path(dst)
 
 
@@ -148,8 +182,10 @@ def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib:
     QuantizeError (the last attempt left at `dst`) when no allowed fallback meets the budget."""
     dst = Path(dst)
     cache = dst.with_name(dst.name + ".calibration.json")
-    groups = weight_groups(src)
+    plain = prepare(src, dst.with_name(f".plain-{dst.name}"))  # once, for every attempt below
+    groups = weight_groups(plain, scopes_from=src)
     if not groups:
+        plain.unlink()
         raise QuantizeError(f"{src} has no linear layer to quantize.")
     p_fp32 = softmax(OnnxModel(src)(x_eval))
     top1_fp32 = float((p_fp32.argmax(-1) == y_eval).mean())
@@ -157,7 +193,7 @@ def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib:
 
     def attempt(float_groups: list[str]) -> dict:
         exclude = [n for g in float_groups for n in groups[g]]
-        quantize(src, dst, method, exclude, calib, cache)
+        quantize(plain, dst, method, exclude, calib, cache, prepared=True)
         p = softmax(OnnxModel(dst)(x_eval))
         top1 = float((p.argmax(-1) == y_eval).mean())
         res = dict(top1_fp32=top1_fp32, top1_int8=top1, top1_drop_points=100 * (top1_fp32 - top1),
@@ -179,7 +215,7 @@ def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib:
         if ok(res):
             return dict(res, file=str(dst), method=method)
         p_calib = softmax(OnnxModel(src)(calib[:SENSITIVITY_IMAGES]))
-        ranking = _sensitivity(src, dst, method, groups, calib, cache, p_calib)
+        ranking = _sensitivity(plain, dst, method, groups, calib, cache, p_calib)
         log(f"  {method:<8} most sensitive first: {', '.join(ranking[:6])}{', ...' if len(ranking) > 6 else ''}")
         lo, hi = 1, max(1, len(ranking) // 2)  # float groups allowed: at most half
         best = None
@@ -200,6 +236,7 @@ def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib:
         return dict(res, file=str(dst), method=method, sensitivity_ranking=ranking)
     finally:
         cache.unlink(missing_ok=True)
+        plain.unlink(missing_ok=True)
 
 
 def _sensitivity(src, dst, method, groups, calib, cache, p_ref) -> list[str]:
@@ -207,7 +244,7 @@ def _sensitivity(src, dst, method, groups, calib, cache, p_ref) -> list[str]:
     scores = {}
     x = calib[:SENSITIVITY_IMAGES]
     for g, nodes in groups.items():
-        quantize(src, dst, method, calib=calib, cache=cache, only=nodes)
+        quantize(src, dst, method, calib=calib, cache=cache, only=nodes, prepared=True)
         scores[g] = float(np.abs(softmax(OnnxModel(dst)(x)) - p_ref).mean())
     return sorted(scores, key=scores.get, reverse=True)
 
@@ -216,7 +253,8 @@ def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, thread
                  min_seconds: float = 0.2) -> dict:
     """Per INT8 file: images/s and ratios against PyTorch eager fp32 (`model`, the caller's torch model) and
     ONNX Runtime fp32 at the batch of `x`, all timed interleaved (A, B, C, A, B, C, ...) after warm-up, so a
-    shared CPU's load falls on every side alike; medians with min-max over the paired repeats."""
+    shared CPU's load falls on every side alike; medians with min-max over the paired repeats. At one thread
+    also the same ratios in the calling thread's CPU time (`cpu_*`), the steadier ones on a loaded machine."""
     import torch
 
     old = torch.get_num_threads()
@@ -236,22 +274,29 @@ def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, thread
         calls["eager_fp32"]()
         n = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)))
         times: dict[str, list[float]] = {k: [] for k in calls}
+        cpu: dict[str, list[float]] = {k: [] for k in calls}  # the calling thread's CPU seconds per call
         for _ in range(repeats):
             for k, fn in calls.items():
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 for _ in range(n):
                     fn()
                 times[k].append((time.perf_counter() - t0) / n)
+                cpu[k].append((time.thread_time() - c0) / n)
     finally:
         torch.set_num_threads(old)
 
-    def ratio(a: str, b: str) -> dict:  # how many times faster a is than b, per paired repeat
-        r = [tb / ta for ta, tb in zip(times[a], times[b])]
+    def ratio(a: str, b: str, t: dict) -> dict:  # how many times faster a is than b, per paired repeat
+        r = [tb / max(ta, 1e-9) for ta, tb in zip(t[a], t[b])]
         return dict(median=statistics.median(r), min=min(r), max=max(r))
 
     batch = len(x)
-    return {m: dict(batch=batch, threads=threads, repeats=repeats,
-                    images_per_s={k: batch / statistics.median(times[k]) for k in ("eager_fp32", "ort_fp32", m)},
-                    int8_over_eager_fp32=ratio(m, "eager_fp32"), int8_over_ort_fp32=ratio(m, "ort_fp32"),
-                    ort_fp32_over_eager_fp32=ratio("ort_fp32", "eager_fp32"))
-            for m in int8}
+    res = {m: dict(batch=batch, threads=threads, repeats=repeats,
+                   images_per_s={k: batch / statistics.median(times[k]) for k in ("eager_fp32", "ort_fp32", m)},
+                   int8_over_eager_fp32=ratio(m, "eager_fp32", times), int8_over_ort_fp32=ratio(m, "ort_fp32", times),
+                   ort_fp32_over_eager_fp32=ratio("ort_fp32", "eager_fp32", times))
+           for m in int8}
+    if threads == 1:  # one thread computes in the caller's thread: its CPU time leaves out the waits for a core
+        for m in int8:  # that a shared machine's load adds (the wall clock's ratios swing 2-50x there)
+            res[m]["cpu_int8_over_eager_fp32"] = ratio(m, "eager_fp32", cpu)
+            res[m]["cpu_int8_over_ort_fp32"] = ratio(m, "ort_fp32", cpu)
+    return res
