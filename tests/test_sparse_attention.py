@@ -181,28 +181,69 @@ def test_indexer_scores_match_transformers_deepseek_v32():
     mine = ours(x)
     assert (mine - cap.scores).abs().max() <= 1e-5 and mine.abs().max() > 0.1
     assert torch.equal(mine.topk(8, -1).indices.sort(-1).values, picks.long().sort(-1).values)
+    assert (ours.block_scores(x, 1) - cap.scores).abs().max() <= 1e-5  # blocks of one token: the token scores
+
+
+def _pooled_indexer_reference(ix, x, S, pad=None):
+    """The pooled DSA score written out in float64: sum_h w[t,h] ReLU(q[t,h] . mean_{s in block j, real} k[s])."""
+    B, N, _ = x.shape
+    q = (x @ ix.wq.weight.T).view(B, N, ix.heads, ix.head_dim) / math.sqrt(ix.head_dim)
+    k = F.layer_norm(x @ ix.wk.weight.T, (ix.head_dim,), ix.k_norm.weight, ix.k_norm.bias, 1e-6)
+    w = (x @ ix.weights_proj.weight.T) / math.sqrt(ix.heads)
+    nb = math.ceil(N / S)
+    out = torch.full((B, N, nb), float("-inf"), dtype=x.dtype)
+    for b in range(B):
+        for j in range(nb):
+            real = [s for s in range(j * S, min(N, (j + 1) * S)) if pad is None or pad[b, s]]
+            if real:
+                kbar = k[b, real].mean(0)
+                out[b, :, j] = (w[b] * torch.relu(q[b] @ kbar)).sum(-1)
+    return out
+
+
+def test_indexer_block_scores_are_the_formula_against_mean_keys():
+    """The selection's DSA score is DeepSeek's formula against each block's mean indexer key (N x N / S work),
+    padding keys left out and a block of padding never chosen; per query block, the mean over its queries."""
+    torch.manual_seed(4)
+    ix = LightningIndexer(D, heads=4, head_dim=16).double()
+    x = torch.randn(2, 75, D, dtype=torch.float64)
+    pad = torch.ones(2, 75, dtype=torch.bool)
+    pad[1, 30:] = False  # sample 1: blocks 2..4 hold padding only
+    ref = _pooled_indexer_reference(ix, x, S, pad)
+    got = ix.block_scores(x, S, pad)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.isinf(ref[1, :, 2:]).all()
+    fin = torch.isfinite(ref)
+    assert (got[fin] - ref[fin]).abs().max() <= 1e-10
+    core = Attention(D, H, sparse_attention="dsa", block_size=S, sparse_select="block", min_tokens=0).double().sparse
+    core.indexer = ix
+    blocks = core.block_scores(x, None, None, None)[:, 0]  # (B, nq, nb)
+    ref = _pooled_indexer_reference(ix, x, S)
+    want = torch.stack([ref[:, i * S:(i + 1) * S].mean(1) for i in range(5)], 1)
+    assert (blocks - want).abs().max() <= 1e-6  # selection scores in float32
 
 
 def test_indexer_kl_is_deepseeks_loss_and_trains_the_indexer_only():
-    """The warm-up loss equals KL(p || softmax(I)) written with F.kl_div, p the dense attention summed over heads;
-    its gradient reaches the indexer and nothing else, and attention stays dense in the warm-up."""
+    """The warm-up loss is DeepSeek's KL per query row at the block level selection reads: KL(P_t || softmax_j
+    I[t, j]) with P_t[j] the dense attention of query t on block j summed over heads (F.kl_div on the written-out
+    pooled score); its gradient reaches the indexer and nothing else, and attention stays dense in the warm-up."""
     att, dense = _pair("dsa", topk_blocks=2)
     set_indexer_stage(att, "warmup")
-    x = torch.randn(2, 48, D, dtype=torch.float64)
+    x = torch.randn(2, 56, D, dtype=torch.float64)  # 4 blocks, the last partial
     out, _ = att(x)
     assert (out - dense(x)[0]).abs().max() <= 1e-6
     q, k, _ = att._qkv(x)
     p = ((q @ k.transpose(-2, -1)) / math.sqrt(D // H)).softmax(-1).sum(1)
-    p = p / p.sum(-1, keepdim=True)
-    want = F.kl_div(att.sparse.indexer(x).log_softmax(-1), p, reduction="none").sum(-1).mean()
+    p = F.pad(p / p.sum(-1, keepdim=True), (0, 8)).view(2, 56, 4, S).sum(-1)  # (B, N, blocks)
+    score = _pooled_indexer_reference(att.sparse.indexer, x, S)
+    want = F.kl_div(score.log_softmax(-1), p, reduction="none").sum(-1).mean()
     loss = indexer_loss(att)
-    assert abs(loss.item() - want.item()) <= 1e-5
+    assert abs(loss.item() - want.item()) <= 1e-8 and loss.item() > 1e-3
     loss.backward()
     assert all(p.grad is not None for p in att.sparse.indexer.parameters())
     assert att.qkv.weight.grad is None
     set_indexer_stage(att, "sparse")
     att(x)
-    assert indexer_loss(att) is not None and indexer_loss(att).item() < loss.item()  # restricted: fewer keys
+    assert indexer_loss(att) is not None and indexer_loss(att).item() < loss.item()  # restricted: fewer blocks
     set_indexer_stage(att, None)
     att(x)
     assert indexer_loss(att) is None
@@ -287,18 +328,36 @@ def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
         m.set_sparse_attention("moba:x")
 
 
-def test_indexer_schedule_freezes_all_but_the_indexer_then_restores():
+def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad():
+    """The warm-up step updates the indexers alone (no weight decay or moment elsewhere) and toggles no
+    requires_grad (DDP fixes the parameters it reduces when it wraps the model); the sparse stage moves all."""
     import vit
 
+    torch.manual_seed(0)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
-                         sparse_attention="dsa")
-    m.cls_token.requires_grad_(False)  # frozen by the user: stays frozen
-    assert sa.indexer_schedule(m, 0, 2) == "warmup"
-    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
-    assert trainable and all(".indexer." in n for n in trainable)
-    assert sa.indexer_schedule(m, 2, 2) == "sparse"
-    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
-    assert frozen == {"cls_token"}
+                         sparse_attention="dsa", sparse_block_size=4, sparse_min_tokens=0)
+    m.prune_last_block = False  # a [CLS]-only last block attends densely and would leave its indexer unused
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    flags = {n: p.requires_grad for n, p in m.named_parameters()}
+    x = torch.randn(2, 3, 32, 32)
+    for step in range(2):
+        stage = sa.indexer_schedule(m, step, 1)
+        assert stage == ("warmup", "sparse")[step]
+        task = m(x).logsumexp(-1).mean()
+        loss = indexer_loss(m) + (0.0 * task if stage == "warmup" else task)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        assert all(p.grad is not None for p in m.parameters())  # every parameter takes part (DDP)
+        if stage == "warmup":
+            sa.indexer_only_grads(m)
+        opt.step()
+        assert {n: p.requires_grad for n, p in m.named_parameters()} == flags
+        moved = {n for n, p in m.named_parameters() if not torch.equal(p, before[n])}
+        if stage == "warmup":
+            assert moved and all(".indexer." in n for n in moved)
+        else:
+            assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
     assert sa.indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
 
 
