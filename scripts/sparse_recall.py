@@ -28,7 +28,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.layers import indexer_loss, indexer_schedule  # noqa: E402
+from vit.layers import indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
 from vit.layers.sparse_attention import sparse_modules  # noqa: E402
 from vit.models import TextEncoder  # noqa: E402
 
@@ -82,6 +82,8 @@ def train(model: nn.Module, args, steps: int, tokens: int, gen: torch.Generator,
             loss = aux if stage == "warmup" else loss + aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if stage == "warmup":
+            indexer_only_grads(model)
         opt.step()
     return kl
 

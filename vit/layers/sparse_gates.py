@@ -68,11 +68,12 @@ class LightningIndexer(nn.Module):
         self.weights_proj = nn.Linear(dim, heads, bias=False)
 
     def _project(self, x: torch.Tensor):
-        x = x.to(self.wq.weight.dtype)
-        q = self.wq(x).unflatten(-1, (self.heads, self.head_dim)) * self.head_dim**-0.5  # (B, N, h, d_I)
-        k = self.k_norm(self.wk(x))  # (B, N, d_I): one key per token, shared by the heads
-        w = self.weights_proj(x) * self.heads**-0.5  # (B, N, h)
-        return q, k, w
+        """The three projections as one matmul (one pass over x): q (B, N, h, d_I), k (B, N, d_I), w (B, N, h)."""
+        h, d = self.heads, self.head_dim
+        weight = torch.cat([self.wq.weight, self.wk.weight, self.weights_proj.weight])  # (h d + d + h, D)
+        q, k, w = (x.to(weight.dtype) @ weight.T).split([h * d, d, h], -1)
+        q = q.unflatten(-1, (h, d)) * d**-0.5
+        return q, self.k_norm(k), w * h**-0.5  # one key per token, shared by the heads; per-token head weights
 
     @staticmethod
     def _score(q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
