@@ -113,6 +113,26 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
     assert (ref - _pair(method, topk_blocks=100)[1](x, mask, causal)[0]).abs().max() > 1e-3  # not dense
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method,padded", [("moba", False), ("dsa", True)])
+def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padded):
+    """The compiled FlexAttention kernel (what inference runs): without any mask inside the kept blocks it skips
+    the mask function (SKIP_MASK_SCORE), with padding it applies it; both equal the float64 formula."""
+    seen = _record(monkeypatch)
+    att, _ = _pair(method, topk_blocks=2, sparse_select="block")
+    torch.manual_seed(1)
+    x = torch.randn(2, 64, D, dtype=torch.float64)  # 4 blocks
+    pad = torch.ones(2, 64, dtype=torch.bool)
+    pad[1, 40:] = False
+    mask = pad if padded else None
+    att.sparse.kernel, att.sparse.compile_flex = "flex", True
+    with torch.no_grad():
+        out, _ = att(x, mask)
+        ref, _ = _reference(att, x, seen[-1], "block", False, mask)
+    assert (out - ref).abs().max() <= 1e-6
+    assert (ref - _pair(method, topk_blocks=100)[1](x, mask)[0]).abs().max() > 1e-3  # not dense
+
+
 def _moba_naive_rewrite(q, k, v, chunk, topk):
     """MoBA's reference semantics (moba_naive.py), rewritten: q, k, v (S, H, d) of one causal sequence. The gate
     is q . mean(keys of a chunk); chunks after the query's own are excluded, its own is always chosen; the top-k
@@ -185,7 +205,8 @@ def test_indexer_scores_match_transformers_deepseek_v32():
 
 
 def _pooled_indexer_reference(ix, x, S, pad=None):
-    """The pooled DSA score written out in float64: sum_h w[t,h] ReLU(q[t,h] . mean_{s in block j, real} k[s])."""
+    """The pooled DSA score written out in float64: sum_h w[t,h] ReLU(sum_i max(q[t,h,i] hi[j,i], q[t,h,i] lo[j,i]))
+    with hi, lo the elementwise max and min of the block's real keys (Quest's bound on q . k)."""
     B, N, _ = x.shape
     q = (x @ ix.wq.weight.T).view(B, N, ix.heads, ix.head_dim) / math.sqrt(ix.head_dim)
     k = F.layer_norm(x @ ix.wk.weight.T, (ix.head_dim,), ix.k_norm.weight, ix.k_norm.bias, 1e-6)
@@ -196,13 +217,14 @@ def _pooled_indexer_reference(ix, x, S, pad=None):
         for j in range(nb):
             real = [s for s in range(j * S, min(N, (j + 1) * S)) if pad is None or pad[b, s]]
             if real:
-                kbar = k[b, real].mean(0)
-                out[b, :, j] = (w[b] * torch.relu(q[b] @ kbar)).sum(-1)
+                hi, lo = k[b, real].amax(0), k[b, real].amin(0)
+                bound = torch.maximum(q[b] * hi, q[b] * lo).sum(-1)  # (N, heads)
+                out[b, :, j] = (w[b] * torch.relu(bound)).sum(-1)
     return out
 
 
-def test_indexer_block_scores_are_the_formula_against_mean_keys():
-    """The selection's DSA score is DeepSeek's formula against each block's mean indexer key (N x N / S work),
+def test_indexer_block_scores_are_the_bound_over_the_block():
+    """The selection's DSA score is DeepSeek's formula with q . k bounded over the block's keys (N x N / S work),
     padding keys left out and a block of padding never chosen; per query block, the mean over its queries."""
     torch.manual_seed(4)
     ix = LightningIndexer(D, heads=4, head_dim=16).double()

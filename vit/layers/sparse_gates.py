@@ -1,12 +1,13 @@
 """The scorers of dynamic sparse attention and the top-k block selection (vit.layers.sparse_attention runs them).
 
-Both scorers rate a (query, key block) pair against the block's mean-pooled key, so that scoring costs
+Both scorers rate a (query, key block) pair against pooled keys of the block, so that scoring costs
 N x N / block_size, never N x N:
   "moba"  MoBA (Lu et al., 2025, eq. 5-6): per head, s[t, j] = q_t . mean_{s in block j} k_s.
   "dsa"   DeepSeek-V3.2-Exp's lightning indexer (DeepSeek-AI, 2025, eq. 1), token scores
               I[t, s] = sum_h w[t, h] * ReLU(q_I[t, h] . k_I[s] / sqrt(d_I)),
-          pooled to key blocks by putting the block's mean indexer key in place of k_I[s] (one key per block,
-          shared by the heads, as DeepSeek's key is shared); at block_size 1 the two are the same.
+          pooled to key blocks by putting in place of q_I . k_I[s] its upper bound over the block's keys from
+          their elementwise max and min (Quest, Tang et al., 2024): a cheap stand-in for the block's best token
+          score, not diluted by the block's other keys; at block_size 1 it is the token score.
 With `select="block"` a query block's scores are the mean of its queries' scores (NSA shares a selection in a
 group the same way); a block-sparse kernel then skips whole tiles.
 """
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LightningIndexer", "pool_blocks", "moba_block_scores", "select_blocks", "selection_mask",
+__all__ = ["LightningIndexer", "pool_blocks", "minmax_blocks", "moba_block_scores", "select_blocks", "selection_mask",
            "rows_of", "query_block_mean"]
 
 
@@ -39,6 +40,27 @@ def pool_blocks(t: torch.Tensor, block_size: int, key_valid: torch.Tensor | None
     pooled = (F.pad(t, (0, 0, 0, pad)).unflatten(-2, (nb, block_size)) * valid).sum(-2) / count.clamp(min=1)
     empty = (count == 0).reshape(t.shape[0], nb)
     return pooled, (empty if bool(empty.any()) else None)
+
+
+def minmax_blocks(t: torch.Tensor, block_size: int, key_valid: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """t (B, N, d) -> each block's elementwise maximum and minimum over its real tokens (B, nb, d) each, and
+    which blocks hold no real token (B, nb) (None when all do)."""
+    B, N, d = t.shape
+    nb = math.ceil(N / block_size)
+    pad = nb * block_size - N
+    if key_valid is None and pad == 0:
+        blocks = t.unflatten(1, (nb, block_size))
+        return blocks.amax(2), blocks.amin(2), None
+    valid = torch.ones(B, N, dtype=torch.bool, device=t.device) if key_valid is None else key_valid.bool()
+    valid = F.pad(valid, (0, pad)).view(B, nb, block_size, 1)
+    blocks = F.pad(t, (0, 0, 0, pad)).unflatten(1, (nb, block_size))
+    hi = blocks.masked_fill(~valid, float("-inf")).amax(2)
+    lo = blocks.masked_fill(~valid, float("inf")).amin(2)
+    empty = ~valid.any(2).squeeze(-1)
+    if not bool(empty.any()):
+        return hi, lo, None
+    return hi.masked_fill(empty[..., None], 0.0), lo.masked_fill(empty[..., None], 0.0), empty
 
 
 def query_block_mean(s: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -88,11 +110,17 @@ class LightningIndexer(nn.Module):
         return self._score(q, k, w)
 
     def block_scores(self, x: torch.Tensor, block_size: int, key_valid: torch.Tensor | None = None) -> torch.Tensor:
-        """Scores of every query against every key block's mean indexer key: (B, N, nb); blocks of padding only
-        score -inf."""
+        """Scores of every query against every key block: (B, N, nb), N x N / block_size work; blocks of padding
+        only score -inf. Each head's q . k is replaced by its upper bound over the block's keys from their
+        elementwise maximum and minimum (Quest's bound, Tang et al., 2024), sum_i max(q_i max_i, q_i min_i)
+        = ReLU(q) . max - ReLU(-q) . min, so a block holding one key that scores high scores at least as high,
+        however many others it holds (a mean key would dilute it by the block size)."""
         q, k, w = self._project(x)
-        kb, empty = pool_blocks(k, block_size, key_valid)
-        s = self._score(q, kb, w)
+        hi, lo, empty = minmax_blocks(k, block_size, key_valid)
+        B, n, h, d = q.shape
+        qf = q.reshape(B, n * h, d)
+        bound = F.relu(qf) @ hi.transpose(-2, -1) - F.relu(-qf) @ lo.transpose(-2, -1)  # (B, n h, nb)
+        s = (w.unsqueeze(-2) @ F.relu(bound).view(B, n, h, -1)).squeeze(-2)
         return s if empty is None else s.masked_fill(empty[:, None, :], float("-inf"))
 
 
