@@ -116,21 +116,25 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
 @pytest.mark.slow
 @pytest.mark.parametrize("method,padded", [("moba", False), ("dsa", True)])
 def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padded):
-    """The compiled FlexAttention kernel (what inference runs): without any mask inside the kept blocks it skips
-    the mask function (SKIP_MASK_SCORE), with padding it applies it; both equal the float64 formula."""
+    """The compiled FlexAttention kernel (what inference runs; float32 only on CPU): without any mask inside the
+    kept blocks it skips the mask function (SKIP_MASK_SCORE), with padding it applies it; both equal the float64
+    formula with the same selection to float32's rounding."""
+    import copy
+
     seen = _record(monkeypatch)
-    att, _ = _pair(method, topk_blocks=2, sparse_select="block")
+    att, dense = _pair(method, torch.float32, topk_blocks=2, sparse_select="block")
     torch.manual_seed(1)
-    x = torch.randn(2, 64, D, dtype=torch.float64)  # 4 blocks
+    x = torch.randn(2, 64, D)  # 4 blocks
     pad = torch.ones(2, 64, dtype=torch.bool)
     pad[1, 40:] = False
     mask = pad if padded else None
     att.sparse.kernel, att.sparse.compile_flex = "flex", True
     with torch.no_grad():
         out, _ = att(x, mask)
-        ref, _ = _reference(att, x, seen[-1], "block", False, mask)
-    assert (out - ref).abs().max() <= 1e-6
-    assert (ref - _pair(method, topk_blocks=100)[1](x, mask)[0]).abs().max() > 1e-3  # not dense
+        ref, _ = _reference(copy.deepcopy(att).double(), x.double(), seen[-1], "block", False, mask)
+        full, _ = dense.double()(x.double(), mask)
+    assert (out.double() - ref).abs().max() <= 2e-6
+    assert (ref - full).abs().max() > 1e-3  # not dense
 
 
 def _moba_naive_rewrite(q, k, v, chunk, topk):
@@ -401,11 +405,11 @@ def test_config_refuses_unknown_sparse_values():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the goal is not met yet: after 60 warm-up and 20 sparse steps the indexer's KL falls "
-                   "from 0.87 to 0.09 but DSA at 1/4 density keeps 55% of dense accuracy (0.54 vs 0.98)")
-def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
-    """The long-sequence recall task at test size: the dense model learns it, and DSA at 25% density, trained
-    with the two stages, keeps 99% of its accuracy (scripts/sparse_recall.py; the full-size figure is in the docs)."""
+def test_recall_task_trained_indexer_finds_the_needle(tmp_path):
+    """The long-sequence recall task at test size: the dense model learns it, and DeepSeek's two stages teach the
+    indexer to keep the needle's block (DSA at 25% density: 0.34 with the untrained indexer, 0.94 after 200
+    warm-up steps of 256 tokens); the goal, 99% of dense accuracy, is reported as an expected failure while
+    unmet (scripts/sparse_recall.py; the figures and the reason are in docs/sparse-attention.md)."""
     import importlib.util
 
     from tests.helpers import ROOT
@@ -414,12 +418,15 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
     args = recall.build_parser().parse_args([
-        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "60",
-        "--sparse-steps", "20", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "100",
+        "--sparse-steps", "10", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
         "--dim", "32", "--long-batch", "16", "--eval", "128"])
     out = recall.run(args)
+    got = out["sparse"]["0.25"]
     assert out["dense_acc"] > 0.8  # chance: 1/8
-    assert out["sparse"]["0.25"]["of_dense"] >= 0.99
+    assert got["untrained_indexer_acc"] < 0.6 and got["acc"] >= 0.8  # the trained indexer keeps the needle
+    if got["of_dense"] < 0.99:
+        pytest.xfail(f"goal unmet: DSA at 1/4 density keeps {got['of_dense']:.1%} of dense accuracy")
 
 
 def test_dense_weights_load_into_a_dsa_model(tmp_path):
