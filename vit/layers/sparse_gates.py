@@ -119,8 +119,9 @@ class LightningIndexer(nn.Module):
         hi, lo, empty = minmax_blocks(k, block_size, key_valid)
         B, n, h, d = q.shape
         qf = q.reshape(B, n * h, d)
-        bound = F.relu(qf) @ hi.transpose(-2, -1) - F.relu(-qf) @ lo.transpose(-2, -1)  # (B, n h, nb)
-        s = (w.unsqueeze(-2) @ F.relu(bound).view(B, n, h, -1)).squeeze(-2)
+        # max(q hi, q lo) = q (hi + lo) / 2 + |q| (hi - lo) / 2, summed over the coordinates: two small matmuls
+        bound = torch.baddbmm(qf @ ((hi + lo) / 2).transpose(-2, -1), qf.abs(), ((hi - lo) / 2).transpose(-2, -1))
+        s = (bound.relu_().view(B, n, h, -1) * w.unsqueeze(-1)).sum(2)  # (B, n, nb)
         return s if empty is None else s.masked_fill(empty[:, None, :], float("-inf"))
 
 
