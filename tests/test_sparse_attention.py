@@ -362,7 +362,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
     torch.manual_seed(0)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
                          sparse_attention="dsa", sparse_block_size=4, sparse_min_tokens=0)
-    m.prune_last_block = False  # a [CLS]-only last block attends densely and would leave its indexer unused
+    assert m.training and m.prune_last_block  # a DSA last block runs every token in training: its indexer learns
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
     flags = {n: p.requires_grad for n, p in m.named_parameters()}
@@ -447,3 +447,26 @@ def test_dense_weights_load_into_a_dsa_model(tmp_path):
         state = {k: v for k, v in dense.state_dict().items() if k != "blocks.0.attn.qkv.weight"}
         save_file(state, tmp_path / "cut.safetensors")
         load_pretrained(m, tmp_path / "cut.safetensors")
+
+
+@pytest.mark.slow
+def test_indexer_warmup_trains_under_ddp(tmp_path):
+    """train.py with DSA and the indexer warm-up under 2 CPU DDP processes: no parameter goes without a gradient
+    (DDP refuses a step otherwise), and the indexer's KL is logged."""
+    import csv
+    import sys
+
+    from tests.helpers import TINY, run_script
+
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                "29541"]
+    r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=16",
+                   "--data.synthetic_val_size=4", "--run.epochs=1", "--run.max_steps=3", f"--run.output_dir={tmp_path}",
+                   *TINY, "--data.batch_size=2", "--model.sparse_attention=dsa", "--model.sparse_min_tokens=0",
+                   "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2", launcher=launcher,
+                   env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    assert float(rows[-1]["indexer_loss"]) > 0
+
