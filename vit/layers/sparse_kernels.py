@@ -55,6 +55,10 @@ def _flex_fn(compiled: bool):
     if not compiled:
         return flex_attention
     if "flex" not in _COMPILED:
+        # one kernel per shape, selection layout (per head or shared) and mask: a process that meets more than
+        # dynamo's default 8 (a benchmark of several models and lengths) would silently fall back to eager
+        # FlexAttention, which materialises every score
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
     return _COMPILED["flex"]
 
