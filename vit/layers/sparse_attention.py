@@ -37,8 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .sparse_gates import (LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks,
-                           selection_mask)
+from .sparse_gates import LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks, selection_mask
 from .sparse_kernels import flex, masked_attention
 
 __all__ = [
