@@ -28,7 +28,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.layers import indexer_loss, indexer_schedule  # noqa: E402
+from vit.layers import indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
 from vit.layers.sparse_attention import sparse_modules  # noqa: E402
 from vit.models import TextEncoder  # noqa: E402
 
@@ -82,6 +82,8 @@ def train(model: nn.Module, args, steps: int, tokens: int, gen: torch.Generator,
             loss = aux if stage == "warmup" else loss + aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if stage == "warmup":
+            indexer_only_grads(model)
         opt.step()
     return kl
 
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--short", type=int, default=128, help="sequence length of the first dense phase")
     ap.add_argument("--short-steps", type=int, default=800, help="dense steps at --short tokens")
     ap.add_argument("--steps", type=int, default=20, help="dense steps at N")
-    ap.add_argument("--warmup", type=int, default=20, help="indexer warm-up steps (the rest frozen)")
+    ap.add_argument("--warmup", type=int, default=150, help="indexer warm-up steps (only the indexers learn)")
     ap.add_argument("--sparse-steps", type=int, default=20, help="sparse training steps after the warm-up")
     ap.add_argument("--density", type=float, nargs="+", default=[0.25, 0.125], help="kept share of key blocks")
     ap.add_argument("--select", choices=("token", "block"), default="token", help="selection granularity")

@@ -113,6 +113,30 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
     assert (ref - _pair(method, topk_blocks=100)[1](x, mask, causal)[0]).abs().max() > 1e-3  # not dense
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("method,padded", [("moba", False), ("dsa", True)])
+def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padded):
+    """The compiled FlexAttention kernel (what inference runs; float32 only on CPU): without any mask inside the
+    kept blocks it skips the mask function (SKIP_MASK_SCORE), with padding it applies it; both equal the float64
+    formula with the same selection to float32's rounding."""
+    import copy
+
+    seen = _record(monkeypatch)
+    att, dense = _pair(method, torch.float32, topk_blocks=2, sparse_select="block")
+    torch.manual_seed(1)
+    x = torch.randn(2, 64, D)  # 4 blocks
+    pad = torch.ones(2, 64, dtype=torch.bool)
+    pad[1, 40:] = False
+    mask = pad if padded else None
+    att.sparse.kernel, att.sparse.compile_flex = "flex", True
+    with torch.no_grad():
+        out, _ = att(x, mask)
+        ref, _ = _reference(copy.deepcopy(att).double(), x.double(), seen[-1], "block", False, mask)
+        full, _ = dense.double()(x.double(), mask)
+    assert (out.double() - ref).abs().max() <= 2e-6
+    assert (ref - full).abs().max() > 1e-3  # not dense
+
+
 def _moba_naive_rewrite(q, k, v, chunk, topk):
     """MoBA's reference semantics (moba_naive.py), rewritten: q, k, v (S, H, d) of one causal sequence. The gate
     is q . mean(keys of a chunk); chunks after the query's own are excluded, its own is always chosen; the top-k
@@ -181,28 +205,71 @@ def test_indexer_scores_match_transformers_deepseek_v32():
     mine = ours(x)
     assert (mine - cap.scores).abs().max() <= 1e-5 and mine.abs().max() > 0.1
     assert torch.equal(mine.topk(8, -1).indices.sort(-1).values, picks.long().sort(-1).values)
+    assert (ours.block_scores(x, 1) - cap.scores).abs().max() <= 1e-5  # blocks of one token: the token scores
+
+
+def _pooled_indexer_reference(ix, x, S, pad=None):
+    """The pooled DSA score written out in float64: sum_h w[t,h] ReLU(sum_i max(q[t,h,i] hi[j,i], q[t,h,i] lo[j,i]))
+    with hi, lo the elementwise max and min of the block's real keys (Quest's bound on q . k)."""
+    B, N, _ = x.shape
+    q = (x @ ix.wq.weight.T).view(B, N, ix.heads, ix.head_dim) / math.sqrt(ix.head_dim)
+    k = F.layer_norm(x @ ix.wk.weight.T, (ix.head_dim,), ix.k_norm.weight, ix.k_norm.bias, 1e-6)
+    w = (x @ ix.weights_proj.weight.T) / math.sqrt(ix.heads)
+    nb = math.ceil(N / S)
+    out = torch.full((B, N, nb), float("-inf"), dtype=x.dtype)
+    for b in range(B):
+        for j in range(nb):
+            real = [s for s in range(j * S, min(N, (j + 1) * S)) if pad is None or pad[b, s]]
+            if real:
+                hi, lo = k[b, real].amax(0), k[b, real].amin(0)
+                bound = torch.maximum(q[b] * hi, q[b] * lo).sum(-1)  # (N, heads)
+                out[b, :, j] = (w[b] * torch.relu(bound)).sum(-1)
+    return out
+
+
+def test_indexer_block_scores_are_the_bound_over_the_block():
+    """The selection's DSA score is DeepSeek's formula with q . k bounded over the block's keys (N x N / S work),
+    padding keys left out and a block of padding never chosen; per query block, the mean over its queries."""
+    torch.manual_seed(4)
+    ix = LightningIndexer(D, heads=4, head_dim=16).double()
+    x = torch.randn(2, 75, D, dtype=torch.float64)
+    pad = torch.ones(2, 75, dtype=torch.bool)
+    pad[1, 30:] = False  # sample 1: blocks 2..4 hold padding only
+    ref = _pooled_indexer_reference(ix, x, S, pad)
+    got = ix.block_scores(x, S, pad)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.isinf(ref[1, :, 2:]).all()
+    fin = torch.isfinite(ref)
+    assert (got[fin] - ref[fin]).abs().max() <= 1e-10
+    core = Attention(D, H, sparse_attention="dsa", block_size=S, sparse_select="block", min_tokens=0).double().sparse
+    core.indexer = ix
+    blocks = core.block_scores(x, None, None, None)[:, 0]  # (B, nq, nb)
+    ref = _pooled_indexer_reference(ix, x, S)
+    want = torch.stack([ref[:, i * S:(i + 1) * S].mean(1) for i in range(5)], 1)
+    assert (blocks - want).abs().max() <= 1e-6  # selection scores in float32
 
 
 def test_indexer_kl_is_deepseeks_loss_and_trains_the_indexer_only():
-    """The warm-up loss equals KL(p || softmax(I)) written with F.kl_div, p the dense attention summed over heads;
-    its gradient reaches the indexer and nothing else, and attention stays dense in the warm-up."""
+    """The warm-up loss is DeepSeek's KL per query row at the block level selection reads: KL(P_t || softmax_j
+    I[t, j]) with P_t[j] the dense attention of query t on block j summed over heads (F.kl_div on the written-out
+    pooled score); its gradient reaches the indexer and nothing else, and attention stays dense in the warm-up."""
     att, dense = _pair("dsa", topk_blocks=2)
     set_indexer_stage(att, "warmup")
-    x = torch.randn(2, 48, D, dtype=torch.float64)
+    x = torch.randn(2, 56, D, dtype=torch.float64)  # 4 blocks, the last partial
     out, _ = att(x)
     assert (out - dense(x)[0]).abs().max() <= 1e-6
     q, k, _ = att._qkv(x)
     p = ((q @ k.transpose(-2, -1)) / math.sqrt(D // H)).softmax(-1).sum(1)
-    p = p / p.sum(-1, keepdim=True)
-    want = F.kl_div(att.sparse.indexer(x).log_softmax(-1), p, reduction="none").sum(-1).mean()
+    p = F.pad(p / p.sum(-1, keepdim=True), (0, 8)).view(2, 56, 4, S).sum(-1)  # (B, N, blocks)
+    score = _pooled_indexer_reference(att.sparse.indexer, x, S)
+    want = F.kl_div(score.log_softmax(-1), p, reduction="none").sum(-1).mean()
     loss = indexer_loss(att)
-    assert abs(loss.item() - want.item()) <= 1e-5
+    assert abs(loss.item() - want.item()) <= 1e-8 and loss.item() > 1e-3
     loss.backward()
     assert all(p.grad is not None for p in att.sparse.indexer.parameters())
     assert att.qkv.weight.grad is None
     set_indexer_stage(att, "sparse")
     att(x)
-    assert indexer_loss(att) is not None and indexer_loss(att).item() < loss.item()  # restricted: fewer keys
+    assert indexer_loss(att) is not None and indexer_loss(att).item() < loss.item()  # restricted: fewer blocks
     set_indexer_stage(att, None)
     att(x)
     assert indexer_loss(att) is None
@@ -287,18 +354,36 @@ def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
         m.set_sparse_attention("moba:x")
 
 
-def test_indexer_schedule_freezes_all_but_the_indexer_then_restores():
+def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad():
+    """The warm-up step updates the indexers alone (no weight decay or moment elsewhere) and toggles no
+    requires_grad (DDP fixes the parameters it reduces when it wraps the model); the sparse stage moves all."""
     import vit
 
+    torch.manual_seed(0)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
-                         sparse_attention="dsa")
-    m.cls_token.requires_grad_(False)  # frozen by the user: stays frozen
-    assert sa.indexer_schedule(m, 0, 2) == "warmup"
-    trainable = {n for n, p in m.named_parameters() if p.requires_grad}
-    assert trainable and all(".indexer." in n for n in trainable)
-    assert sa.indexer_schedule(m, 2, 2) == "sparse"
-    frozen = {n for n, p in m.named_parameters() if not p.requires_grad}
-    assert frozen == {"cls_token"}
+                         sparse_attention="dsa", sparse_block_size=4, sparse_min_tokens=0)
+    assert m.training and m.prune_last_block  # a DSA last block runs every token in training: its indexer learns
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    flags = {n: p.requires_grad for n, p in m.named_parameters()}
+    x = torch.randn(2, 3, 32, 32)
+    for step in range(2):
+        stage = sa.indexer_schedule(m, step, 1)
+        assert stage == ("warmup", "sparse")[step]
+        task = m(x).logsumexp(-1).mean()
+        loss = indexer_loss(m) + (0.0 * task if stage == "warmup" else task)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        assert all(p.grad is not None for p in m.parameters())  # every parameter takes part (DDP)
+        if stage == "warmup":
+            sa.indexer_only_grads(m)
+        opt.step()
+        assert {n: p.requires_grad for n, p in m.named_parameters()} == flags
+        moved = {n for n, p in m.named_parameters() if not torch.equal(p, before[n])}
+        if stage == "warmup":
+            assert moved and all(".indexer." in n for n in moved)
+        else:
+            assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
     assert sa.indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
 
 
@@ -320,11 +405,11 @@ def test_config_refuses_unknown_sparse_values():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the goal is not met yet: after 60 warm-up and 20 sparse steps the indexer's KL falls "
-                   "from 0.87 to 0.09 but DSA at 1/4 density keeps 55% of dense accuracy (0.54 vs 0.98)")
-def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
-    """The long-sequence recall task at test size: the dense model learns it, and DSA at 25% density, trained
-    with the two stages, keeps 99% of its accuracy (scripts/sparse_recall.py; the full-size figure is in the docs)."""
+def test_recall_task_trained_indexer_finds_the_needle(tmp_path):
+    """The long-sequence recall task at test size: the dense model learns it, and DeepSeek's two stages teach the
+    indexer to keep the needle's block (DSA at 25% density: 0.34 with the untrained indexer, 0.94 after 200
+    warm-up steps of 256 tokens); the goal, 99% of dense accuracy, is reported as an expected failure while
+    unmet (scripts/sparse_recall.py; the figures and the reason are in docs/sparse-attention.md)."""
     import importlib.util
 
     from tests.helpers import ROOT
@@ -333,12 +418,15 @@ def test_recall_task_sparse_holds_dense_accuracy(tmp_path):
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
     args = recall.build_parser().parse_args([
-        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "60",
-        "--sparse-steps", "20", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "100",
+        "--sparse-steps", "10", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
         "--dim", "32", "--long-batch", "16", "--eval", "128"])
     out = recall.run(args)
+    got = out["sparse"]["0.25"]
     assert out["dense_acc"] > 0.8  # chance: 1/8
-    assert out["sparse"]["0.25"]["of_dense"] >= 0.99
+    assert got["untrained_indexer_acc"] < 0.6 and got["acc"] >= 0.8  # the trained indexer keeps the needle
+    if got["of_dense"] < 0.99:
+        pytest.xfail(f"goal unmet: DSA at 1/4 density keeps {got['of_dense']:.1%} of dense accuracy")
 
 
 def test_dense_weights_load_into_a_dsa_model(tmp_path):
@@ -359,3 +447,26 @@ def test_dense_weights_load_into_a_dsa_model(tmp_path):
         state = {k: v for k, v in dense.state_dict().items() if k != "blocks.0.attn.qkv.weight"}
         save_file(state, tmp_path / "cut.safetensors")
         load_pretrained(m, tmp_path / "cut.safetensors")
+
+
+@pytest.mark.slow
+def test_indexer_warmup_trains_under_ddp(tmp_path):
+    """train.py with DSA and the indexer warm-up under 2 CPU DDP processes: no parameter goes without a gradient
+    (DDP refuses a step otherwise), and the indexer's KL is logged."""
+    import csv
+    import sys
+
+    from tests.helpers import TINY, run_script
+
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                "29541"]
+    r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=16",
+                   "--data.synthetic_val_size=4", "--run.epochs=1", "--run.max_steps=3", f"--run.output_dir={tmp_path}",
+                   *TINY, "--data.batch_size=2", "--model.sparse_attention=dsa", "--model.sparse_min_tokens=0",
+                   "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2", launcher=launcher,
+                   env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    assert float(rows[-1]["indexer_loss"]) > 0
+

@@ -4,28 +4,28 @@ Keys are cut into blocks of `block_size` tokens. A scorer rates every (query, ke
 `topk_blocks` blocks are kept (the query's own block and, optionally, the first block as a sink always among
 them), and softmax(Q K^T / sqrt(d)) V runs on the kept blocks only; a kept block is attended exactly.
 
-Scorers:
-  "moba"  MoBA (Lu et al., 2025, "MoBA: Mixture of Block Attention for Long-Context LLMs", eq. 5-6): a
-          parameter-free gate per head, s[t, j] = q_t . mean_{s in block j} k_s.
-  "dsa"   DeepSeek-V3.2-Exp's lightning indexer (DeepSeek-AI, 2025, eq. 1), a learned submodule with a few small
-          heads, one key per token shared by the heads and per-token head weights,
-              I[t, s] = sum_j w[t, j] * ReLU(q_I[t, j] . k_I[s] / sqrt(d_I)),
-          shared by all attention heads and pooled to key blocks by its maximum over the block's keys.
+Scorers (vit.layers.sparse_gates), both against each block's mean-pooled key, so N x N / block_size work:
+  "moba"  MoBA's parameter-free gate per head, s[t, j] = q_t . mean_{s in block j} k_s.
+  "dsa"   DeepSeek-V3.2-Exp's lightning indexer, a learned submodule with a few small heads, one key per token
+          shared by the heads and per-token head weights, I[t, j] = sum_h w[t, h] ReLU(q_I[t, h] . kbar_I[j]),
+          kbar_I[j] the block's mean indexer key; shared by all attention heads.
 Granularity (`select`): "token" gives every query its own blocks (the published semantics of both; run by a
 masked kernel, exact but without a block-kernel speed-up, since the queries of a block together touch nearly
 every block); "block" shares one selection among the `block_size` queries of a block (scores averaged over
 them, as NSA shares its selection in a group), which FlexAttention's block-sparse kernel turns into skipped tiles.
 
-Kernels: FlexAttention with a `BlockMask` made straight from the top-k indices (inference on CPU and GPU,
-training on GPU; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (training on
-CPU, any mask, dropout; the same numbers); the explicit softmax where the probabilities are asked for (a sparse
-map is a map with zeros, so rollout works). Causal and padding masks compose with the selection: a future or
-padded key is never scored nor attended. Below `min_tokens` (the measured crossover) attention stays dense.
+Kernels (vit.layers.sparse_kernels): FlexAttention with a `BlockMask` made straight from the selected block ids
+(inference on CPU and GPU, training on GPU; FlexAttention has no backward on CPU); SDPA with the selection as a
+boolean mask (training on CPU, any mask, dropout; the same numbers); the explicit softmax where the
+probabilities are asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks
+compose with the selection: a future or padded key is never attended, a block of padding never chosen. Below
+`min_tokens` (the measured crossover) attention stays dense, said once.
 
-Training the indexer follows DeepSeek's two stages (`set_indexer_stage`): "warmup" keeps attention dense and
-teaches the indexer the dense attention's distribution, KL(p_t || softmax(I_t)) with p_t the attention summed
-over heads (the caller freezes the rest of the model); "sparse" attends sparsely, the indexer's input detached,
-its KL restricted to the selected keys. The loss of the last forward is `indexer_loss(model)`.
+Training the indexer follows DeepSeek's two stages (`indexer_schedule`): "warmup" keeps attention dense and
+teaches the indexer the dense attention's distribution, per query row, at the level selection uses:
+KL(P_t || softmax_j(I[t, j])) with P_t[j] the attention that query t pays to block j, summed over heads;
+"sparse" attends sparsely, the indexer's input detached, its KL restricted to the selected blocks. The loss of
+the last forward is `indexer_loss(model)`.
 """
 
 from __future__ import annotations
@@ -37,10 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sparse_gates import LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks, selection_mask
+from .sparse_kernels import flex, masked_attention
+
 __all__ = [
     "METHODS", "SELECTS", "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask",
     "moba_block_scores", "indexer_loss", "sparse_kwargs", "parse_sparse_spec", "retune", "set_indexer_stage",
-    "sparse_modules", "indexer_schedule", "check_sparse_options",
+    "sparse_modules", "indexer_schedule", "indexer_only_grads", "check_sparse_options",
 ]
 
 METHODS = ("dsa", "moba")
@@ -52,8 +55,10 @@ STAGES = (None, "warmup", "sparse")
 DEFAULTS = {"moba": dict(select="token", own_block=True, sink=False),
             "dsa": dict(select="block", own_block=True, sink=True)}
 # The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
-# ViT-B width, blocks of 128, 1/8 density): MoBA's layer beat dense from 1024 tokens (1.14x; 1.46x at 2048).
-# DSA's exact token scoring is N^2 and memory-bound, so on that CPU it did not beat dense at any length measured.
+# ViT-B width, blocks of 128, 1/8 density): MoBA's layer beat dense from 1024 tokens (1.14x; 1.46x at 2048),
+# measured before the pooled DSA scoring and the mask-free kernel; with them, at 4096 tokens MoBA's layer ran
+# 2.09x dense and DSA's 1.84x (DSA lost at every length before). Below 4096 neither was measured again, so
+# DSA's crossover is not verified.
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
 
@@ -62,92 +67,6 @@ def _warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         warnings.warn(message, stacklevel=3)
-
-
-class LightningIndexer(nn.Module):
-    """DeepSeek's lightning indexer without RoPE (our encoders add positions to the tokens): x (B, N, D) ->
-    token scores I (B, N, N). Names as in DeepSeek's `Indexer`: `wq` (D -> heads x head_dim, DeepSeek's `wq_b`
-    reads the query's low-rank latent; here the token itself), `wk` (D -> head_dim, one key per token) with
-    `k_norm`, and `weights_proj` (D -> heads, the per-token head weights, scaled by heads^-1/2)."""
-
-    def __init__(self, dim: int, heads: int = 4, head_dim: int = 32) -> None:
-        super().__init__()
-        self.heads, self.head_dim = heads, head_dim
-        self.wq = nn.Linear(dim, heads * head_dim, bias=False)
-        self.wk = nn.Linear(dim, head_dim, bias=False)
-        self.k_norm = nn.LayerNorm(head_dim, eps=1e-6)
-        self.weights_proj = nn.Linear(dim, heads, bias=False)
-
-    def forward(self, x: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
-        """Scores of the query rows `rows` (default all) against every key: (B, n, N). One head at a time, so
-        that no (B, heads, n, N) tensor exists; in place where no gradient is needed."""
-        xq = x if rows is None else x[:, rows]
-        q = self.wq(xq).unflatten(-1, (self.heads, self.head_dim)) * self.head_dim**-0.5  # (B, n, h, d_I)
-        kt = self.k_norm(self.wk(x)).transpose(-2, -1)  # (B, d_I, N): one key per token, shared by the heads
-        w = self.weights_proj(xq) * self.heads**-0.5  # (B, n, h)
-        grad = torch.is_grad_enabled()
-        out = None
-        for j in range(self.heads):
-            s = q[:, :, j] @ kt  # (B, n, N); ReLU(c a) = c ReLU(a) for the scale c > 0
-            if grad:
-                s = F.relu(s) * w[:, :, j, None]
-                out = s if out is None else out + s
-            else:
-                s = s.relu_()
-                out = s.mul_(w[:, :, j, None]) if out is None else out.addcmul_(s, w[:, :, j, None])
-        return out
-
-
-def moba_block_scores(q: torch.Tensor, k: torch.Tensor, block_size: int, key_valid: torch.Tensor | None,
-                      select: str) -> torch.Tensor:
-    """MoBA's gate: q (B, H, N, d), k (B, H, N, d) -> (B, H, R, nb), R = N (per token) or nb (per query block,
-    the block's mean query). A block's key is the mean of its real keys (padding excluded)."""
-    B, H, N, d = k.shape
-    nb = math.ceil(N / block_size)
-    pad = nb * block_size - N
-    valid = torch.ones(B, N, dtype=k.dtype, device=k.device) if key_valid is None else key_valid.to(k.dtype)
-    valid = F.pad(valid, (0, pad)).view(B, 1, nb, block_size, 1)
-    kb = (F.pad(k, (0, 0, 0, pad)).view(B, H, nb, block_size, d) * valid).sum(3)
-    kb = kb / valid.sum(3).clamp(min=1)  # (B, H, nb, d)
-    if select == "block":  # the mean query of each query block
-        counts = (N - torch.arange(nb, device=q.device) * block_size).clamp(max=block_size).to(q.dtype)
-        q = F.pad(q, (0, 0, 0, pad)).view(B, H, nb, block_size, d).sum(3) / counts[:, None]
-    scores = q @ kb.transpose(-2, -1)
-    empty = (valid.sum(3) == 0).view(B, 1, 1, nb)  # a block of padding only is never chosen
-    return scores.masked_fill(empty, float("-inf"))
-
-
-def select_blocks(scores: torch.Tensor, topk: int, block_size: int, select: str, causal: bool,
-                  own_block: bool, sink: bool) -> torch.Tensor:
-    """scores (B, Hs, R, nb) -> which key blocks each row keeps, boolean (B, Hs, R, nb); row r is query token r
-    (`select="token"`) or query block r. The own block (and block 0 with `sink`) always counts among the `topk`;
-    with `causal`, blocks after the row's own are never kept (nor is the own block scored, when MoBA's mean of a
-    block would see the future: the callers mask it then). Blocks scored -inf are never kept."""
-    R, nb = scores.shape[-2:]
-    row = torch.arange(R, device=scores.device)
-    own = row // block_size if select == "token" else row  # (R,) each row's own block
-    col = torch.arange(nb, device=scores.device)
-    s = scores.float()
-    if causal:
-        s = s.masked_fill(col[None, :] > own[:, None], float("-inf"))
-    forced = torch.zeros(R, nb, dtype=torch.bool, device=scores.device)
-    if own_block:
-        forced |= col[None, :] == own[:, None]
-    if sink:
-        forced[:, 0] = True
-    s = s.masked_fill(forced, float("inf"))
-    k = min(topk, nb)
-    val, idx = s.topk(k, dim=-1)
-    keep = torch.zeros_like(s, dtype=torch.bool).scatter_(-1, idx, val > float("-inf"))
-    return keep
-
-
-def selection_mask(keep: torch.Tensor, block_size: int, num_tokens: int, select: str) -> torch.Tensor:
-    """Block selection (B, Hs, R, nb) -> token mask (B, Hs, N, N), True = may attend."""
-    m = keep.repeat_interleave(block_size, dim=-1)[..., :num_tokens]
-    if select == "block":
-        m = m.repeat_interleave(block_size, dim=-2)[..., :num_tokens, :]
-    return m
 
 
 def _split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
@@ -214,49 +133,14 @@ class SparseAttention(nn.Module):
         return True
 
     @torch.no_grad()
-    def block_scores(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None,
-                     causal: bool) -> torch.Tensor:
-        """(B, Hs, R, nb) scores of the key blocks: Hs = H for MoBA (per head), 1 for DSA (shared)."""
+    def block_scores(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None
+                     ) -> torch.Tensor:
+        """(B, Hs, R, nb) scores of the key blocks: Hs = H for MoBA (per head), 1 for DSA (shared); R = N or the
+        number of query blocks (`select="block"`)."""
         if self.method == "moba":
-            s = moba_block_scores(q.float(), k.float(), self.block_size, key_valid, self.select)
-            return s
-        return self._indexer_block_scores(x, key_valid, causal)[:, None]
-
-    def _indexer_block_scores(self, x: torch.Tensor, key_valid: torch.Tensor | None, causal: bool) -> torch.Tensor:
-        """The indexer's token scores pooled to key blocks (max over a block's keys), and for `select="block"` to
-        query blocks (mean over a block's queries); computed a few query blocks at a time: (B, R, nb)."""
-        B, N, _ = x.shape
-        S = self.block_size
-        nb = math.ceil(N / S)
-        step = S * max(1, 1024 // S)  # query rows per chunk: a (B, 1024, N) score slab at most
-        out = []
-        for r0 in range(0, N, step):
-            r1 = min(N, r0 + step)
-            s = self.indexer(x.to(self.indexer.wq.weight.dtype), slice(r0, r1))  # (B, n, N)
-            s = self._mask_token_scores(s, key_valid, causal, r0)
-            if N % S:
-                s = F.pad(s, (0, nb * S - N), value=float("-inf"))
-            s = s.view(B, r1 - r0, nb, S).amax(-1)  # (B, n, nb)
-            if self.select == "block":
-                n = r1 - r0
-                nq = math.ceil(n / S)
-                s = F.pad(s, (0, 0, 0, nq * S - n), value=0.0).view(B, nq, S, nb)
-                counts = torch.clamp(n - torch.arange(nq, device=s.device) * S, max=S).to(s.dtype)
-                fin = torch.isfinite(s)
-                total = s.masked_fill(~fin, 0).sum(2) / counts[:, None]  # mean of the finite scores
-                s = total.masked_fill(~fin.any(2), float("-inf"))
-            out.append(s)
-        return torch.cat(out, dim=1)
-
-    @staticmethod
-    def _mask_token_scores(s: torch.Tensor, key_valid: torch.Tensor | None, causal: bool, r0: int = 0) -> torch.Tensor:
-        """-inf where a query row (r0 + i) may not see a key: padding keys; with `causal`, later keys."""
-        if key_valid is not None:
-            s = s.masked_fill(~key_valid[:, None, :], float("-inf"))
-        if causal:
-            rows = torch.arange(r0, r0 + s.shape[1], device=s.device)[:, None]
-            s = s.masked_fill(torch.arange(s.shape[-1], device=s.device)[None, :] > rows, float("-inf"))
-        return s
+            return moba_block_scores(q.float(), k.float(), self.block_size, key_valid, self.select)
+        s = self.indexer.block_scores(x, self.block_size, key_valid).float()[:, None]  # (B, 1, N, nb)
+        return query_block_mean(s, self.block_size) if self.select == "block" else s
 
     def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None, is_causal: bool, return_attention: bool,
@@ -265,25 +149,25 @@ class SparseAttention(nn.Module):
         form or None. Returns (output (B, H, N, d), probabilities (B, H, N, N) or None)."""
         N = q.shape[2]
         key_valid, allowed, bias = _split_mask(mask)
-        if is_causal:
-            tri = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
-            allowed = tri if allowed is None else allowed & tri
         keep = None  # warm-up: dense attention, the indexer learns its distribution
         if self.stage != "warmup":
-            scores = self.block_scores(x, q, k, key_valid, is_causal)
-            if self.method == "moba" and is_causal and not self.own_block:
+            scores = self.block_scores(x, q, k, key_valid)
+            if is_causal and not self.own_block:
                 scores = self._hide_own(scores)  # a mean over the own block would read the future
             keep = select_blocks(scores, self.topk(N), self.block_size, self.select, is_causal, self.own_block,
                                  self.sink)
         self.last_loss = None
         if self.stage is not None and self.indexer is not None:
-            self.last_loss = self._indexer_kl(x, q, k, allowed, bias, keep)
+            self.last_loss = self._indexer_kl(x, q, k, allowed, bias, is_causal, keep)
         if keep is not None and self._use_flex(q, mask, key_valid, return_attention, dropout_p):
-            return _flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
+            return flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
+        if is_causal:
+            tri = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+            allowed = tri if allowed is None else allowed & tri
         if keep is not None:
             sel = selection_mask(keep, self.block_size, N, self.select)
             allowed = sel if allowed is None else sel & allowed
-        return _masked_attention(q, k, v, allowed, bias, return_attention, dropout_p)
+        return masked_attention(q, k, v, allowed, bias, return_attention, dropout_p)
 
     def _hide_own(self, scores: torch.Tensor) -> torch.Tensor:
         R, nb = scores.shape[-2:]
@@ -302,106 +186,56 @@ class SparseAttention(nn.Module):
         return not (needs_grad and q.device.type == "cpu")  # FlexAttention has no backward on CPU
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
-                    bias: torch.Tensor | None, keep: torch.Tensor | None) -> torch.Tensor:
-        """DeepSeek's indexer loss, the mean over queries of KL(p_t || softmax(I_t)): p the dense attention summed
-        over heads and L1-normalised (a target: no gradient), I the indexer's scores of the detached input. In
-        the sparse stage (`keep` given) both are restricted to the selected keys."""
-        N = x.shape[1]
-        if keep is not None:
-            sel = selection_mask(keep, self.block_size, N, self.select)  # (B, 1, N, N)
-            allowed = sel if allowed is None else sel & allowed
-        with torch.no_grad():
-            logits = (q.float() * q.shape[-1] ** -0.5) @ k.float().transpose(-2, -1)  # (B, H, N, N)
-            if bias is not None:
-                logits = logits + bias.float()
-            if allowed is not None:
-                logits = logits.masked_fill(~allowed, float("-inf"))
-            p = torch.nan_to_num(logits.softmax(-1)).sum(1)  # (B, N, N), summed over heads
-            p = p / p.sum(-1, keepdim=True).clamp(min=1e-12)
-        score = self.indexer(x.detach().to(self.indexer.wq.weight.dtype)).float()  # (B, N, N)
+                    bias: torch.Tensor | None, causal: bool, keep: torch.Tensor | None) -> torch.Tensor:
+        """DeepSeek's indexer loss at the level selection reads, the mean over query rows t of
+        KL(P_t || softmax_j(I[t, j])): P_t[j] the dense attention of query t on key block j, summed over heads
+        and L1-normalised (a target: no gradient), I the indexer's block scores of the detached input. In the
+        sparse stage (`keep` given) both are restricted to the selected blocks. One head at a time, so that no
+        (B, H, N, N) tensor exists."""
+        B, N = x.shape[:2]
+        S = self.block_size
+        nb = math.ceil(N / S)
+        row_blocks = None  # (B|1, N, nb): the blocks a query row may use
         if allowed is not None:
-            rows = allowed.any(1) if allowed.dim() == 4 else allowed  # where any head may attend
-            score = score.masked_fill(~rows, float("-inf"))
-        logq = torch.log_softmax(score, -1)
-        kl = torch.xlogy(p, p) - torch.where(p > 0, p * logq, torch.zeros_like(p))
-        return kl.sum(-1).mean()
+            a = allowed.any(1) if allowed.dim() == 4 else allowed[None]  # (B|1, N, N): any head may attend
+            if causal:
+                a = a & torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+        elif causal:
+            a = torch.ones(1, N, N, dtype=torch.bool, device=x.device).tril()
+        else:
+            a = None
+        if keep is not None:
+            sel = rows_of(keep, S, N, self.select)[:, 0]  # (B, N, nb), shared by the heads (DSA)
+            tok = sel.repeat_interleave(S, dim=-1)[..., :N]
+            a = tok if a is None else a & tok
+        with torch.no_grad():
+            p = torch.zeros(B, N, N, device=x.device)
+            for h in range(q.shape[1]):
+                logits = (q[:, h].float() * q.shape[-1] ** -0.5) @ k[:, h].float().transpose(-2, -1)  # (B, N, N)
+                if bias is not None:
+                    logits = logits + (bias if bias.dim() == 2 else bias[:, h if bias.shape[1] > 1 else 0]).float()
+                if a is not None:
+                    logits = logits.masked_fill(~a, float("-inf"))
+                p += torch.nan_to_num(logits.softmax(-1))
+            if N % S:
+                p = F.pad(p, (0, nb * S - N))
+            p = p.view(B, N, nb, S).sum(-1)  # (B, N, nb): attention on each key block
+            live = p.sum(-1) > 0  # rows that see anything
+            p = p / p.sum(-1, keepdim=True).clamp(min=1e-12)
+            if a is not None:
+                a = F.pad(a, (0, nb * S - N)) if N % S else a
+                row_blocks = a.view(a.shape[0], N, nb, S).any(-1)
+        score = self.indexer.block_scores(x.detach(), S, None if allowed is None else _key_valid(allowed)).float()
+        if row_blocks is not None:  # rows that may see nothing stay finite (their KL is not counted)
+            score = score.masked_fill(~row_blocks, float("-inf")).masked_fill(~row_blocks.any(-1, keepdim=True), 0.0)
+        logq = torch.log_softmax(score, -1).masked_fill(p == 0, 0.0)
+        kl = (torch.xlogy(p, p) - p * logq).sum(-1)
+        return kl[live].mean() if bool(live.any()) else kl.sum() * 0
 
 
-def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
-                      bias: torch.Tensor | None, return_attention: bool,
-                      dropout_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Attention restricted to `allowed` (boolean, broadcast to (B, H, N, N)) with a float `bias` added to the
-    scores; rows that may see nothing (a padding query whose blocks hold only padding) give zeros, as
-    FlexAttention does."""
-    empty = None
-    if allowed is not None:
-        empty = ~allowed.any(-1, keepdim=True)  # (B|1, Hs|1, N, 1)
-        allowed = allowed | empty  # keep those rows finite; zeroed below
-    attn_mask = allowed
-    if bias is not None:
-        attn_mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-    if return_attention:
-        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                else scores + attn_mask
-        attn = scores.softmax(-1)
-        if empty is not None:
-            attn = attn.masked_fill(empty, 0.0)
-        out = F.dropout(attn, dropout_p) @ v
-    else:
-        attn = None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-    return out, attn
-
-
-_COMPILED = {}
-
-
-def _flex_fn(compiled: bool):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if not compiled:
-        return flex_attention
-    if "flex" not in _COMPILED:
-        _COMPILED["flex"] = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED["flex"]
-
-
-def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, key_valid: torch.Tensor | None,
-          causal: bool, block_size: int, compiled: bool) -> torch.Tensor:
-    """Block-sparse FlexAttention for `select="block"`: the kept blocks of each query block, sorted, become the
-    BlockMask's kv indices (`BlockMask.from_kv_blocks`, milliseconds; `create_block_mask` with a Python mask
-    function costs as much as the attention). Every kept block is "partial" (its mask function applied): on this
-    CPU that ran 2.6x faster than marking the unmasked ones "full" (N = 4096, 12 heads, blocks of 128, torch
-    2.14.1), and a mask of full blocks only fails to compile there. Eager FlexAttention evaluates the mask
-    function alone, ignoring the block lists, so there the mask function reads the selection itself."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    B, H, N, _ = q.shape
-    Hs, nb = keep.shape[1], keep.shape[-1]
-    S = block_size
-    valid = None if key_valid is None else F.pad(key_valid, (0, nb * S - N))
-    col = torch.arange(nb, device=q.device)
-
-    def indices(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        order = torch.where(m, col, nb).sort(-1).values.clamp(max=nb - 1)  # kept block ids first, ascending
-        return m.sum(-1, dtype=torch.int32), order.to(torch.int32)
-
-    def mask_mod(b, h, qi, ki):
-        m = ki < N
-        if not compiled:
-            m = m & keep[b, h if Hs > 1 else 0, qi // S, ki // S]
-        if causal:
-            m = m & (qi >= ki)
-        if valid is not None:
-            m = m & valid[b, ki]
-        return m
-
-    bm = BlockMask.from_kv_blocks(*indices(keep), BLOCK_SIZE=S, mask_mod=mask_mod, seq_lengths=(N, N))
-    return _flex_fn(compiled)(q, k, v, block_mask=bm)
+def _key_valid(allowed: torch.Tensor) -> torch.Tensor | None:
+    """A key-padding mask (B, 1, 1, N) -> (B, N); None for other masks."""
+    return allowed[:, 0, 0] if allowed.dim() == 4 and allowed.shape[1] == 1 and allowed.shape[2] == 1 else None
 
 
 def check_sparse_options(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
@@ -499,26 +333,27 @@ def set_indexer_stage(model: nn.Module, stage: str | None) -> None:
 
 
 def indexer_schedule(model: nn.Module, step: int, warmup_steps: int) -> str | None:
-    """DeepSeek's two stages by optimizer step, for a training loop: "warmup" for the first `warmup_steps` (only
-    the indexers learn: every other parameter is frozen, then restored), then "sparse"; None for a model with
-    no DSA layer (nothing changes). Returns the stage, which also says what the loss is (`indexer_loss`)."""
+    """DeepSeek's two stages by optimizer step, for a training loop: "warmup" for the first `warmup_steps`, then
+    "sparse"; None for a model with no DSA layer (nothing changes). Returns the stage, which says what to
+    minimise: in the warm-up only the indexers learn, so the loop minimises `indexer_loss` (plus 0 x the task loss,
+    so that DDP sees every parameter used) and calls `indexer_only_grads` before its optimizer step. No
+    `requires_grad` is toggled: DDP fixes the parameters it reduces when it wraps the model."""
     layers = [m for m in sparse_modules(model) if m.indexer is not None]
     if not layers:
         return None
     stage = "warmup" if step < warmup_steps else "sparse"
     if layers[0].stage != stage:
-        indexer = {id(p) for m in layers for p in m.indexer.parameters()}
-        for p in model.parameters():
-            if id(p) in indexer:
-                continue
-            if stage == "warmup":
-                p._frozen_for_indexer = p.requires_grad  # what to restore
-                p.requires_grad_(False)
-            elif hasattr(p, "_frozen_for_indexer"):
-                p.requires_grad_(p._frozen_for_indexer)
-                del p._frozen_for_indexer
         set_indexer_stage(model, stage)
     return stage
+
+
+def indexer_only_grads(model: nn.Module) -> None:
+    """Drop the gradient of every parameter outside the DSA indexers (set to None, so that the optimizer skips
+    them: no update, no weight decay, no moment change): the warm-up's optimizer step moves the indexers only."""
+    indexer = {id(p) for m in sparse_modules(model) if m.indexer is not None for p in m.indexer.parameters()}
+    for p in model.parameters():
+        if id(p) not in indexer:
+            p.grad = None
 
 
 def indexer_loss(model: nn.Module) -> torch.Tensor | None:

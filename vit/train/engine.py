@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from ..eval.metrics import predict, summarize_logits
 from ..eval.multilabel import summarize_multilabel
-from ..layers import indexer_loss, indexer_schedule, topk_warmup
+from ..layers import indexer_loss, indexer_only_grads, indexer_schedule, topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
 from ..utils.faults import fault_point, poison_loss
@@ -187,12 +187,13 @@ def _task_loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def _loss(run: Run, x: torch.Tensor, y: torch.Tensor, stage: str | None = None
           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The loss to minimise and the DSA indexer's KL within it (None without DSA): in the indexer warm-up the
-    KL alone (the rest of the model is frozen), afterwards the task loss plus the KL (vit.layers.sparse_attention)."""
+    KL (plus 0 x the task loss, so that DDP sees every parameter take part; `indexer_only_grads` then keeps the
+    step to the indexers), afterwards the task loss plus the KL (vit.layers.sparse_attention)."""
     loss = _task_loss(run, x, y)
     aux = indexer_loss(run.model) if stage is not None else None
     if aux is None:
         return loss, None
-    return (aux if stage == "warmup" else loss + aux), aux.detach()
+    return (aux + 0.0 * loss if stage == "warmup" else loss + aux), aux.detach()
 
 
 def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
@@ -254,6 +255,8 @@ def train_one_epoch(run: Run) -> EpochStats:
             acc.backward(loss)
             step_losses, step_n = step_losses + loss.detach(), step_n + 1
             if acc.sync_gradients:
+                if stage == "warmup":
+                    indexer_only_grads(model)  # the indexer warm-up moves the indexers only
                 if _optimizer_step(run, step_losses):
                     loss_sum, loss_n = loss_sum + step_losses, loss_n + step_n
                 else:
