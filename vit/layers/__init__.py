@@ -7,8 +7,14 @@ from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
-from .sparse_attention import (SparseAttention, indexer_loss, indexer_only_grads, indexer_schedule, set_indexer_stage,
-                               sparse_kwargs)
+from .sparse_attention import (
+    SparseAttention,
+    indexer_loss,
+    indexer_only_grads,
+    indexer_schedule,
+    set_indexer_stage,
+    sparse_kwargs,
+)
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
 __all__ = [
