@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # The suite runs in one pytest-xdist worker per core (at most 4), each pinned to its core (tests/conftest.py), a
 # whole test file per worker so that a file's fixtures are made once. JOBS=0 runs it in this one process.
 JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 4 ? n : 4)))
-XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile --no-loadscope-reorder)
+XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 .PHONY: setup browser train test test-fast lint bench clean
 

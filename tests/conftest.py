@@ -80,7 +80,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_collection_modifyitems(config, items):
     """Files that hold slow tests first, each file's tests in their order: pytest-xdist hands out whole files
-    (--dist loadfile keeps a module's fixtures in one worker), and a long file handed out last would leave the
-    other workers idle at the end."""
+    (--dist loadfile keeps a module's fixtures in one worker), sorted by test count (xdist's default; ties keep
+    this order). Handing out the slow files strictly first (--no-loadscope-reorder) measured slower: 699 s against
+    595 and 624 s for the whole suite on 2 workers."""
     heavy = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in heavy)
