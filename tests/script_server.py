@@ -20,11 +20,11 @@ PRELOAD = ("torch", "numpy", "cv2", "PIL.Image", "accelerate", "albumentations",
            "vit.eval.plots", "vit.cli.runtime")
 
 
-def _child(request: dict) -> int:
-    """In the fork: become the script's process and run it; the exit status Python itself would give."""
+def _child(request: dict) -> None:
+    """In the fork: become the script's process and run it. What it raises (SystemExit, an exception) goes up
+    through the server's loop to the interpreter, which exits as a fresh one would."""
     import runpy
     import signal
-    import traceback
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
@@ -40,18 +40,7 @@ def _child(request: dict) -> int:
     script = request["script"]
     sys.argv = [script, *request["args"]]
     sys.path[0] = os.path.dirname(script)  # as `python script.py` sets it
-    try:
-        runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else (print(e.code, file=sys.stderr), 1)[1])
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = 130
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    return code
+    runpy.run_path(script, run_name="__main__")  # SystemExit or an exception: the interpreter's own handling
 
 
 def main() -> None:
@@ -76,7 +65,8 @@ def main() -> None:
             os.setpgid(0, 0)
             for fd in fds:
                 os.close(fd)
-            sys.exit(_child(request))  # the interpreter's own exit: atexit handlers, threads joined, files flushed
+            _child(request)
+            sys.exit(0)  # the interpreter's own exit: atexit handlers, threads joined, files flushed
         try:
             os.setpgid(pid, pid)
         except OSError:  # the child did it first
