@@ -10,8 +10,10 @@ that drops the wrong blocks fails. There are no position embeddings (the task ne
 
 Protocol (DeepSeek-V3.2's, at small scale): train dense (`--short-steps` at `--short` tokens, then `--steps` at N);
 from those weights, the indexer warm-up (`--warmup` steps, only the indexer learns the dense attention by KL),
-then sparse training of everything (`--sparse-steps`, the indexer's input detached). Dense and sparse (at each
-`--density`) are scored on the same held-out sequences at N. Prints one JSON line.
+then sparse training of everything (`--sparse-steps`, the indexer's input detached). The indexer's KL weighs the
+query rows by how concentrated their dense attention is (`--kl-rows peaked`; DeepSeek's plain mean over rows:
+`--kl-rows mean`), since only the query's row is read here. Dense and sparse (at each `--density`) are scored on
+the same held-out sequences at N. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def train(model: nn.Module, args, steps: int, tokens: int, gen: torch.Generator,
     model.train()
     kl = []
     for step in range(steps):
-        stage = indexer_schedule(model, step, warmup_steps)
+        stage = indexer_schedule(model, step, warmup_steps, args.kl_rows)
         batch = args.batch if tokens == args.short else args.long_batch
         ids, y = make_batch(gen, batch, tokens, args.keys, args.values, args.pairs)
         loss = F.cross_entropy(model(ids), y)
@@ -116,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-batch", type=int, default=8, help="sequences per step at N tokens")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--indexer-lr", type=float, default=1e-2, help="the indexers' learning rate")
+    ap.add_argument("--kl-rows", choices=("mean", "peaked"), default="peaked",
+                    help="how the indexer KL weighs query rows: mean (DeepSeek's) or peaked (by concentration)")
     ap.add_argument("--eval", type=int, default=128, help="held-out sequences at N")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (one is fastest on a shared 2-core CPU)")

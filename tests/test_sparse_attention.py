@@ -275,6 +275,28 @@ def test_indexer_kl_is_deepseeks_loss_and_trains_the_indexer_only():
     assert indexer_loss(att) is None
 
 
+def test_peaked_kl_rows_weigh_rows_by_how_concentrated_their_attention_is():
+    """kl_rows="peaked": the same per-row KL, rows weighted by 1 - H(P_t) / log(blocks) (normalised), written out
+    in float64; a row attending evenly weighs nothing, and the mean weighting stays DeepSeek's plain mean."""
+    att, _ = _pair("dsa", topk_blocks=2)
+    x = torch.randn(2, 64, D, dtype=torch.float64)  # 4 full blocks
+    set_indexer_stage(att, "warmup", kl_rows="peaked")
+    att(x)
+    q, k, _ = att._qkv(x)
+    p = ((q @ k.transpose(-2, -1)) / math.sqrt(D // H)).softmax(-1).sum(1)
+    p = (p / p.sum(-1, keepdim=True)).view(2, 64, 4, S).sum(-1)
+    kl = F.kl_div(_pooled_indexer_reference(att.sparse.indexer, x, S).log_softmax(-1), p, reduction="none").sum(-1)
+    weight = 1 - (-(p * p.log()).sum(-1)) / math.log(4)
+    want = ((kl * weight).sum() / weight.sum()).item()  # the target is summed in float32: near-even rows'
+    assert abs(indexer_loss(att).item() / want - 1) <= 1e-5  # small weights carry its rounding
+    assert abs(indexer_loss(att).item() / kl.mean().item() - 1) > 1e-2  # not the plain mean
+    set_indexer_stage(att, "warmup", kl_rows="mean")
+    att(x)
+    assert abs(indexer_loss(att).item() / kl.mean().item() - 1) <= 1e-5
+    with pytest.raises(ValueError, match="choose 'mean' or 'peaked'"):
+        set_indexer_stage(att, "warmup", kl_rows="max")
+
+
 def test_dense_below_crossover_says_so_once():
     torch.manual_seed(0)
     att = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=1, min_tokens=64)
@@ -395,6 +417,8 @@ def test_config_refuses_unknown_sparse_values():
     with pytest.raises(ConfigError, match="set one of them"):
         load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.2",
                            "--model.sparse_topk_blocks=2"])
+    with pytest.raises(ConfigError, match="'optim.indexer_kl_rows' must be one of 'mean', 'peaked', got 'max'"):
+        load_config(None, ["--model.sparse_attention=dsa", "--optim.indexer_kl_rows=max"])
     cfg = load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.25",
                              "--model.sparse_select=token", "--optim.indexer_warmup_steps=5"])
     from vit.models import build_model
@@ -418,9 +442,9 @@ def test_recall_task_trained_indexer_finds_the_needle(tmp_path):
     recall = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recall)
     args = recall.build_parser().parse_args([
-        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "100",
-        "--sparse-steps", "10", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
-        "--dim", "32", "--long-batch", "16", "--eval", "128"])
+        "--tokens", "256", "--short", "128", "--short-steps", "400", "--steps", "10", "--warmup", "200",
+        "--sparse-steps", "40", "--density", "0.25", "--block-size", "16", "--keys", "4", "--pairs", "1",
+        "--dim", "32", "--long-batch", "16", "--eval", "256"])
     out = recall.run(args)
     got = out["sparse"]["0.25"]
     assert out["dense_acc"] > 0.8  # chance: 1/8

@@ -209,6 +209,9 @@ class OptimConfig:
     # model.sparse_attention=dsa: DeepSeek's indexer warm-up, optimizer steps where only the indexer learns the
     # dense attention (KL), the rest frozen; sparse training follows, the indexer still learning on its selection
     indexer_warmup_steps: int = 0
+    # how the indexer's KL weighs query rows: mean (DeepSeek's, every row alike) or peaked (rows weighted by how
+    # concentrated their dense attention is; better where few rows are read, e.g. a [CLS] classifier)
+    indexer_kl_rows: Literal["mean", "peaked"] = "mean"
 
 
 @dataclass
@@ -257,6 +260,7 @@ def _literal_choices(cls: type, prefix: str) -> dict[str, tuple]:
 CHOICES = {
     **_literal_choices(ModelConfig, "model"),
     **_literal_choices(DataConfig, "data"),
+    **_literal_choices(OptimConfig, "optim"),
     "optim.class_weights": ("auto", None),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
     "data.on_bad_image": ("skip", "error"),

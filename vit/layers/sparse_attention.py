@@ -25,7 +25,11 @@ Training the indexer follows DeepSeek's two stages (`indexer_schedule`): "warmup
 teaches the indexer the dense attention's distribution, per query row, at the level selection uses:
 KL(P_t || softmax_j(I[t, j])) with P_t[j] the attention that query t pays to block j, summed over heads;
 "sparse" attends sparsely, the indexer's input detached, its KL restricted to the selected blocks. The loss of
-the last forward is `indexer_loss(model)`.
+the last forward is `indexer_loss(model)`. The rows are averaged alike (`kl_rows="mean"`, DeepSeek's, where every
+row of a language model is a prediction) or weighted by how concentrated their target is (`kl_rows="peaked"`,
+w_t = 1 - H(P_t) / log(blocks), normalised): a row that spreads its attention evenly loses little to any
+selection, and in an encoder read at one token (a classifier's [CLS], the recall task's query) the few rows whose
+attention points somewhere would otherwise weigh 1/N of a loss the even rows drive to nearly zero.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ __all__ = [
 METHODS = ("dsa", "moba")
 SELECTS = ("token", "block")
 STAGES = (None, "warmup", "sparse")
+KL_ROWS = ("mean", "peaked")
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
 # the first block, where [CLS] sits, as a sink.
@@ -111,6 +116,7 @@ class SparseAttention(nn.Module):
         self.kernel = "auto"  # "auto" | "flex" | "sdpa"; auto: flex where it has a backward or none is needed
         self.compile_flex = True  # False: FlexAttention eager (tests; it is a dense reference computation then)
         self.stage: str | None = None  # set_indexer_stage: None, "warmup" or "sparse"
+        self.kl_rows = "mean"  # set_indexer_stage: how the indexer KL weighs query rows (KL_ROWS)
         self.last_loss: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
@@ -230,6 +236,11 @@ class SparseAttention(nn.Module):
             score = score.masked_fill(~row_blocks, float("-inf")).masked_fill(~row_blocks.any(-1, keepdim=True), 0.0)
         logq = torch.log_softmax(score, -1).masked_fill(p == 0, 0.0)
         kl = (torch.xlogy(p, p) - p * logq).sum(-1)
+        if self.kl_rows == "peaked":  # rows weighted by 1 - H(P_t) / log(blocks): see the module docstring
+            with torch.no_grad():
+                weight = (1 + torch.xlogy(p, p).sum(-1) / math.log(max(nb, 2))).clamp(min=0) * live
+                weight = weight / weight.sum().clamp(min=1e-12)
+            return (kl * weight).sum()
         return kl[live].mean() if bool(live.any()) else kl.sum() * 0
 
 
@@ -322,28 +333,34 @@ def sparse_modules(model: nn.Module) -> list[SparseAttention]:
     return [m for m in model.modules() if isinstance(m, SparseAttention)]
 
 
-def set_indexer_stage(model: nn.Module, stage: str | None) -> None:
+def set_indexer_stage(model: nn.Module, stage: str | None, kl_rows: str | None = None) -> None:
     """DeepSeek's indexer training stage for every sparse layer: "warmup" (dense attention, the indexer learns it;
     freeze the rest yourself), "sparse" (sparse attention, the indexer keeps learning on the selection) or None
-    (no indexer loss)."""
+    (no indexer loss); `kl_rows` ("mean" or "peaked", see the module docstring; None: unchanged) how its KL
+    weighs the query rows."""
     if stage not in STAGES:
         raise ValueError(f"unknown indexer stage {stage!r}; choose 'warmup', 'sparse' or None.")
+    if kl_rows is not None and kl_rows not in KL_ROWS:
+        raise ValueError(f"unknown indexer KL row weighting {kl_rows!r}; choose 'mean' or 'peaked'.")
     for m in sparse_modules(model):
         m.stage = stage
+        if kl_rows is not None:
+            m.kl_rows = kl_rows
 
 
-def indexer_schedule(model: nn.Module, step: int, warmup_steps: int) -> str | None:
+def indexer_schedule(model: nn.Module, step: int, warmup_steps: int, kl_rows: str | None = None) -> str | None:
     """DeepSeek's two stages by optimizer step, for a training loop: "warmup" for the first `warmup_steps`, then
     "sparse"; None for a model with no DSA layer (nothing changes). Returns the stage, which says what to
     minimise: in the warm-up only the indexers learn, so the loop minimises `indexer_loss` (plus 0 x the task loss,
     so that DDP sees every parameter used) and calls `indexer_only_grads` before its optimizer step. No
-    `requires_grad` is toggled: DDP fixes the parameters it reduces when it wraps the model."""
+    `requires_grad` is toggled: DDP fixes the parameters it reduces when it wraps the model. `kl_rows`: see
+    `set_indexer_stage`."""
     layers = [m for m in sparse_modules(model) if m.indexer is not None]
     if not layers:
         return None
     stage = "warmup" if step < warmup_steps else "sparse"
-    if layers[0].stage != stage:
-        set_indexer_stage(model, stage)
+    if layers[0].stage != stage or (kl_rows is not None and layers[0].kl_rows != kl_rows):
+        set_indexer_stage(model, stage, kl_rows)
     return stage
 
 

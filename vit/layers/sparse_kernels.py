@@ -102,6 +102,7 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, 
         return m
 
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    q, k, v = (t.contiguous() for t in (q, k, v))
     bm = BlockMask.from_kv_blocks(*block_lists(keep), BLOCK_SIZE=S, mask_mod=mask_mod, seq_lengths=(N, N),
                                   compute_q_blocks=backward)
     options = {"SKIP_MASK_SCORE": True} if compiled and plain and q.device.type == "cpu" else None

@@ -247,7 +247,7 @@ def train_one_epoch(run: Run) -> EpochStats:
             lr = run.lr()
             set_lr(run.optimizer, lr)
             topk_warmup(model, state.step / run.total_steps)  # EViT's keep-rate warm-up; no-op without topk
-            stage = indexer_schedule(model, state.step, cfg.optim.indexer_warmup_steps)  # None without DSA
+            stage = indexer_schedule(model, state.step, cfg.optim.indexer_warmup_steps, cfg.optim.indexer_kl_rows)  # None without DSA
             loss, aux = _loss(run, x, y, stage)
             loss = poison_loss(loss, state.step)  # the test hook makes a known step's loss NaN
             if aux is not None:
