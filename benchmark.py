@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default=["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
     ap.add_argument("--edge-batches", type=int, nargs="+", default=[1, 16], help="--edge: batch sizes")
     ap.add_argument("--edge-threads", type=int, nargs="+", default=[1, 2], help="--edge: thread counts")
-    ap.add_argument("--edge-merge", default="merge:8", help="--edge: the token-merging setting ('' for none)")
+    ap.add_argument("--edge-merge", nargs="*", default=["merge:8"],
+                    help="--edge: token-merging settings, each timed merged in eager, ONNX Runtime fp32 and INT8 "
+                         "dynamic (none given: no merging)")
     ap.add_argument("--token-reduction", nargs="+", default=None, metavar="SPEC",
                     help="instead of the ours-vs-timm comparison, a token-reduction table for these settings, "
                          "e.g. merge:8 merge:16 topk:0.7")
@@ -555,10 +557,10 @@ def bench_edge(args) -> dict:
         calib = data["calib"] if data else np.random.default_rng(0).normal(0, 1, (16, chans, img, img)).astype(
             np.float32)
         eager = {"eager fp32": model}
-        if args.edge_merge:
+        for spec in args.edge_merge:
             merged = copy.deepcopy(model)
-            merged.set_token_reduction(args.edge_merge)
-            eager[f"eager fp32 {args.edge_merge}"] = merged
+            merged.set_token_reduction(spec)
+            eager[f"eager fp32 {spec}"] = merged
         with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), \
                 contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
@@ -566,11 +568,11 @@ def bench_edge(args) -> dict:
             files = {"ort fp32": export_model(ExportableClassifier(model), "onnx", Path(tmp) / "plain", example)}
             files["ort int8 dynamic"] = quantize(files["ort fp32"], Path(tmp) / "dyn.onnx", "dynamic")
             files["ort int8 static"] = quantize(files["ort fp32"], Path(tmp) / "static.onnx", "static", calib=calib)
-            if args.edge_merge:
-                m = export_model(ExportableClassifier(eager[f"eager fp32 {args.edge_merge}"]), "onnx",
-                                 Path(tmp) / "merged", example)
-                files[f"ort fp32 {args.edge_merge}"] = m
-                files[f"ort int8 dynamic {args.edge_merge}"] = quantize(m, Path(tmp) / "mdyn.onnx", "dynamic")
+            for i, spec in enumerate(args.edge_merge):
+                m = export_model(ExportableClassifier(eager[f"eager fp32 {spec}"]), "onnx", Path(tmp) / f"merged{i}",
+                                 example)
+                files[f"ort fp32 {spec}"] = m
+                files[f"ort int8 dynamic {spec}"] = quantize(m, Path(tmp) / f"mdyn{i}.onnx", "dynamic")
             sizes = {k: p.stat().st_size for k, p in files.items()}
             top1 = {}
             if data:
