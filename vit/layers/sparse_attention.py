@@ -60,10 +60,8 @@ KL_ROWS = ("mean", "peaked")
 DEFAULTS = {"moba": dict(select="token", own_block=True, sink=False),
             "dsa": dict(select="block", own_block=True, sink=True)}
 # The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
-# ViT-B width, blocks of 128, 1/8 density): MoBA's layer beat dense from 1024 tokens (1.14x; 1.46x at 2048),
-# measured before the pooled DSA scoring and the mask-free kernel; with them, at 4096 tokens MoBA's layer ran
-# 2.09x dense and DSA's 1.84x (DSA lost at every length before). Below 4096 neither was measured again, so
-# DSA's crossover is not verified.
+# ViT-B width, blocks of 128, selection per query block): both methods' attention layer beat dense from 1024
+# tokens, the shortest measured (MoBA 1.38x, DSA 1.31x at 1/8 density; 1.21x / 1.12x at 1/4).
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
 
