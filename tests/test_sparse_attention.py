@@ -477,7 +477,7 @@ def test_dense_weights_load_into_a_dsa_model(tmp_path):
 @pytest.mark.slow
 def test_indexer_warmup_trains_under_ddp(tmp_path):
     """train.py with DSA and the indexer warm-up under 2 CPU DDP processes: no parameter goes without a gradient
-    (DDP refuses a step otherwise), and the indexer's KL is logged."""
+    (DDP refuses a step otherwise), and the indexer's KL is logged, in epochs without an evaluation too."""
     import csv
     import sys
 
@@ -487,11 +487,12 @@ def test_indexer_warmup_trains_under_ddp(tmp_path):
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                 "29541"]
     r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=16",
-                   "--data.synthetic_val_size=4", "--run.epochs=1", "--run.max_steps=3", f"--run.output_dir={tmp_path}",
-                   *TINY, "--data.batch_size=2", "--model.sparse_attention=dsa", "--model.sparse_min_tokens=0",
+                   "--data.synthetic_val_size=4", "--run.epochs=2", f"--run.output_dir={tmp_path}",
+                   *TINY, "--run.eval_every=2", "--data.batch_size=2", "--model.sparse_attention=dsa", "--model.sparse_min_tokens=0",
                    "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2", launcher=launcher,
                    env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
-    assert float(rows[-1]["indexer_loss"]) > 0
+    assert float(rows[0]["indexer_loss"]) > 0 and rows[0]["val_acc1"] == ""  # an epoch without evaluation too
+    assert rows[-1]["indexer_loss"] != ""
 

@@ -294,6 +294,11 @@ def train_one_epoch(run: Run) -> EpochStats:
 # --- evaluation, checkpoints, metrics ------------------------------------------------------------------------
 
 
+def _indexer_column(stats: EpochStats) -> dict:
+    """metrics.csv's indexer_loss for every row (evaluated or not, single- or multi-label): empty without DSA."""
+    return dict(indexer_loss="" if stats.indexer_loss is None else stats.indexer_loss)
+
+
 def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row.
     Epochs in between get a row too, without the val_* values: curves.png shows every epoch's train loss and lr."""
@@ -301,7 +306,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
         if acc.is_main_process:
             row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss,
-                       images_per_s=stats.images_per_s, skipped_steps=state.skipped)
+                       images_per_s=stats.images_per_s, skipped_steps=state.skipped, **_indexer_column(stats))
             append_metrics(run.run_dir / "metrics.csv", row)
             log_row(acc, row)
         return
@@ -322,8 +327,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     if acc.is_main_process:
         row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
                    val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=stats.images_per_s,
-                   skipped_steps=state.skipped,
-                   indexer_loss="" if stats.indexer_loss is None else stats.indexer_loss)
+                   skipped_steps=state.skipped, **_indexer_column(stats))
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
         unwrapped = acc.unwrap_model(eval_model)
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
@@ -344,7 +348,8 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
     weights = acc.get_state_dict(eval_model)
     if acc.is_main_process:
         row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
-                   val_map=m["map"], images_per_s=stats.images_per_s, skipped_steps=state.skipped)
+                   val_map=m["map"], images_per_s=stats.images_per_s, skipped_steps=state.skipped,
+                   **_indexer_column(stats))
         meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
                     threshold=m["threshold"], val_micro_f1=m["micro_f1"])
         unwrapped = acc.unwrap_model(eval_model)
