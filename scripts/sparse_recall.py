@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vit.layers import indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
-from vit.layers.sparse_attention import sparse_modules  # noqa: E402
+from vit.layers.sparse_attention import KL_ROWS, sparse_modules  # noqa: E402
 from vit.models import TextEncoder  # noqa: E402
 
 FILLER = 64  # filler ids 0..63; query ids follow, then one id per (key, value)
@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--long-batch", type=int, default=8, help="sequences per step at N tokens")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--indexer-lr", type=float, default=1e-2, help="the indexers' learning rate")
-    ap.add_argument("--kl-rows", choices=("mean", "peaked"), default="peaked",
+    ap.add_argument("--kl-rows", choices=KL_ROWS, default="peaked",
                     help="how the indexer KL weighs query rows: mean (DeepSeek's) or peaked (by concentration)")
     ap.add_argument("--eval", type=int, default=128, help="held-out sequences at N")
     ap.add_argument("--seed", type=int, default=0)

@@ -63,10 +63,15 @@ def run_script(script: str, *args: str, timeout: float = 600, env: dict | None =
                              "writes into the checkout's runs/.")
     target = [script] if script.startswith("-") else [str(ROOT / script)]
     cmd = (launcher or [sys.executable]) + target + list(args)
-    e = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(env or {})}
+    e = _script_env(env)
     if launcher is None and not script.startswith("-") and _server.fits(e):
         return _server.run(cmd, e, timeout)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+
+
+def _script_env(extra: dict | None = None) -> dict:
+    """The environment a root script runs in: this process's, the tree importable, tqdm quiet, then `extra`."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1", **(extra or {})}
 
 
 # Variables that scripts (and the libraries under them) read when they run, not when they are imported: a child of
@@ -86,11 +91,11 @@ class _ScriptServer:
     def fits(self, env: dict) -> bool:
         if os.environ.get("VIT_TEST_FORK", "1") == "0" or not hasattr(os, "fork"):
             return False
-        base = self.env or {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+        base = self.env or _script_env()
         return all(k in FORKABLE_ENV for k in set(env) ^ set(base) | {k for k in env if env.get(k) != base.get(k)})
 
     def _start(self) -> None:
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
+        self.env = _script_env()
         self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "script_server.py")], cwd=ROOT,
                                      env=self.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self.pending = b""

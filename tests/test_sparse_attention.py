@@ -488,8 +488,9 @@ def test_indexer_warmup_trains_under_ddp(tmp_path):
                 "29541"]
     r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=16",
                    "--data.synthetic_val_size=4", "--run.epochs=2", f"--run.output_dir={tmp_path}",
-                   *TINY, "--run.eval_every=2", "--data.batch_size=2", "--model.sparse_attention=dsa", "--model.sparse_min_tokens=0",
-                   "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2", launcher=launcher,
+                   *TINY, "--run.eval_every=2", "--data.batch_size=2", "--model.sparse_attention=dsa",
+                   "--model.sparse_min_tokens=0", "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2",
+                   launcher=launcher,
                    env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))

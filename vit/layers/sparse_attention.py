@@ -4,11 +4,12 @@ Keys are cut into blocks of `block_size` tokens. A scorer rates every (query, ke
 `topk_blocks` blocks are kept (the query's own block and, optionally, the first block as a sink always among
 them), and softmax(Q K^T / sqrt(d)) V runs on the kept blocks only; a kept block is attended exactly.
 
-Scorers (vit.layers.sparse_gates), both against each block's mean-pooled key, so N x N / block_size work:
+Scorers (vit.layers.sparse_gates), both against pooled keys of each block, so N x N / block_size work:
   "moba"  MoBA's parameter-free gate per head, s[t, j] = q_t . mean_{s in block j} k_s.
   "dsa"   DeepSeek-V3.2-Exp's lightning indexer, a learned submodule with a few small heads, one key per token
-          shared by the heads and per-token head weights, I[t, j] = sum_h w[t, h] ReLU(q_I[t, h] . kbar_I[j]),
-          kbar_I[j] the block's mean indexer key; shared by all attention heads.
+          shared by the heads and per-token head weights, I[t, j] = sum_h w[t, h] ReLU(b[t, h, j]), b the upper
+          bound of q_I[t, h] . k_I[s] over block j from its keys' elementwise max and min (Quest); shared by all
+          attention heads.
 Granularity (`select`): "token" gives every query its own blocks (the published semantics of both; run by a
 masked kernel, exact but without a block-kernel speed-up, since the queries of a block together touch nearly
 every block); "block" shares one selection among the `block_size` queries of a block (scores averaged over
@@ -162,7 +163,7 @@ class SparseAttention(nn.Module):
                                  self.sink)
         self.last_loss = None
         if self.stage is not None and self.indexer is not None:
-            self.last_loss = self._indexer_kl(x, q, k, allowed, bias, is_causal, keep)
+            self.last_loss = self._indexer_kl(x, q, k, allowed, key_valid, bias, is_causal, keep)
         if keep is not None and self._use_flex(q, mask, key_valid, return_attention, dropout_p):
             return flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
         if is_causal:
@@ -190,12 +191,13 @@ class SparseAttention(nn.Module):
         return not (needs_grad and q.device.type == "cpu")  # FlexAttention has no backward on CPU
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
-                    bias: torch.Tensor | None, causal: bool, keep: torch.Tensor | None) -> torch.Tensor:
-        """DeepSeek's indexer loss at the level selection reads, the mean over query rows t of
-        KL(P_t || softmax_j(I[t, j])): P_t[j] the dense attention of query t on key block j, summed over heads
-        and L1-normalised (a target: no gradient), I the indexer's block scores of the detached input. In the
-        sparse stage (`keep` given) both are restricted to the selected blocks. One head at a time, so that no
-        (B, H, N, N) tensor exists."""
+                    key_valid: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,
+                    keep: torch.Tensor | None) -> torch.Tensor:
+        """DeepSeek's indexer loss at the level selection reads, over query rows t (their mean, or weighted by
+        `kl_rows`) of KL(P_t || softmax_j(I[t, j])): P_t[j] the dense attention of query t on key block j, summed
+        over heads and L1-normalised (a target: no gradient), I the indexer's block scores of the detached input.
+        In the sparse stage (`keep` given) both are restricted to the selected blocks. One head at a time, so
+        that no (B, H, N, N) tensor exists."""
         B, N = x.shape[:2]
         S = self.block_size
         nb = math.ceil(N / S)
@@ -229,22 +231,16 @@ class SparseAttention(nn.Module):
             if a is not None:
                 a = F.pad(a, (0, nb * S - N)) if N % S else a
                 row_blocks = a.view(a.shape[0], N, nb, S).any(-1)
-        score = self.indexer.block_scores(x.detach(), S, None if allowed is None else _key_valid(allowed)).float()
+        score = self.indexer.block_scores(x.detach(), S, key_valid).float()
         if row_blocks is not None:  # rows that may see nothing stay finite (their KL is not counted)
             score = score.masked_fill(~row_blocks, float("-inf")).masked_fill(~row_blocks.any(-1, keepdim=True), 0.0)
         logq = torch.log_softmax(score, -1).masked_fill(p == 0, 0.0)
-        kl = (torch.xlogy(p, p) - p * logq).sum(-1)
+        neg_entropy = torch.xlogy(p, p).sum(-1)  # -H(P_t), no gradient (p is a target)
+        kl = neg_entropy - (p * logq).sum(-1)
         if self.kl_rows == "peaked":  # rows weighted by 1 - H(P_t) / log(blocks): see the module docstring
-            with torch.no_grad():
-                weight = (1 + torch.xlogy(p, p).sum(-1) / math.log(max(nb, 2))).clamp(min=0) * live
-                weight = weight / weight.sum().clamp(min=1e-12)
-            return (kl * weight).sum()
+            weight = (1 + neg_entropy / math.log(max(nb, 2))).clamp(min=0) * live
+            return (kl * weight).sum() / weight.sum().clamp(min=1e-12)
         return kl[live].mean() if bool(live.any()) else kl.sum() * 0
-
-
-def _key_valid(allowed: torch.Tensor) -> torch.Tensor | None:
-    """A key-padding mask (B, 1, 1, N) -> (B, N); None for other masks."""
-    return allowed[:, 0, 0] if allowed.dim() == 4 and allowed.shape[1] == 1 and allowed.shape[2] == 1 else None
 
 
 def check_sparse_options(method: str | None, block_size: int = 128, topk_blocks: int | None = None,

@@ -247,7 +247,8 @@ def train_one_epoch(run: Run) -> EpochStats:
             lr = run.lr()
             set_lr(run.optimizer, lr)
             topk_warmup(model, state.step / run.total_steps)  # EViT's keep-rate warm-up; no-op without topk
-            stage = indexer_schedule(model, state.step, cfg.optim.indexer_warmup_steps, cfg.optim.indexer_kl_rows)  # None without DSA
+            stage = indexer_schedule(model, state.step, cfg.optim.indexer_warmup_steps,  # None without DSA
+                                     cfg.optim.indexer_kl_rows)
             loss, aux = _loss(run, x, y, stage)
             loss = poison_loss(loss, state.step)  # the test hook makes a known step's loss NaN
             if aux is not None:
@@ -294,9 +295,12 @@ def train_one_epoch(run: Run) -> EpochStats:
 # --- evaluation, checkpoints, metrics ------------------------------------------------------------------------
 
 
-def _indexer_column(stats: EpochStats) -> dict:
-    """metrics.csv's indexer_loss for every row (evaluated or not, single- or multi-label): empty without DSA."""
-    return dict(indexer_loss="" if stats.indexer_loss is None else stats.indexer_loss)
+def _train_columns(state: TrainState, stats: EpochStats) -> dict:
+    """The columns of metrics.csv that every row has, evaluated or not, single- or multi-label (indexer_loss
+    empty without DSA); the val_* ones are added where the epoch was evaluated."""
+    return dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss,
+                images_per_s=stats.images_per_s, skipped_steps=state.skipped,
+                indexer_loss="" if stats.indexer_loss is None else stats.indexer_loss)
 
 
 def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
@@ -305,8 +309,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
     acc, cfg, state = run.accelerator, run.cfg, run.state
     if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
         if acc.is_main_process:
-            row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss,
-                       images_per_s=stats.images_per_s, skipped_steps=state.skipped, **_indexer_column(stats))
+            row = _train_columns(state, stats)
             append_metrics(run.run_dir / "metrics.csv", row)
             log_row(acc, row)
         return
@@ -325,9 +328,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
                       f"{stats.images_per_s:.0f} img/s")
     weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
     if acc.is_main_process:
-        row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
-                   val_acc1=m["acc1"], val_acc5=m.get("acc5", ""), images_per_s=stats.images_per_s,
-                   skipped_steps=state.skipped, **_indexer_column(stats))
+        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_acc1=m["acc1"], val_acc5=m.get("acc5", ""))
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
         unwrapped = acc.unwrap_model(eval_model)
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
@@ -347,9 +348,7 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
                       f"{m['threshold']:.2f}  ({m['n']} images)  {stats.images_per_s:.0f} img/s")
     weights = acc.get_state_dict(eval_model)
     if acc.is_main_process:
-        row = dict(step=state.step, epoch=state.epoch, lr=stats.lr, train_loss=stats.train_loss, val_loss=m["loss"],
-                   val_map=m["map"], images_per_s=stats.images_per_s, skipped_steps=state.skipped,
-                   **_indexer_column(stats))
+        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_map=m["map"])
         meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
                     threshold=m["threshold"], val_micro_f1=m["micro_f1"])
         unwrapped = acc.unwrap_model(eval_model)
