@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sparse-attention", nargs="+", default=None, metavar="SPEC",
                     help="instead of the ours-vs-timm comparison, dense SDPA against sparse attention "
                          "METHOD[:DENSITY][:SELECT] (e.g. moba:0.125:block dsa:0.25:block), for one attention layer "
-                         "(768 wide, 12 heads, blocks of 128) and whole models, inference, interleaved")
+                         "(768 wide, 12 heads) and whole models, inference, interleaved")
     ap.add_argument("--sparse-tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192],
                     help="--sparse-attention: sequence lengths of the attention and text-encoder rows")
     ap.add_argument("--sparse-img-sizes", type=int, nargs="*", default=[512, 1024],
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sparse-rows", nargs="+", default=["kernel", "attention", "text"],
                     choices=("kernel", "attention", "text"),
                     help="--sparse-attention: which rows per length (kernel: q, k, v given, scoring included)")
+    ap.add_argument("--sparse-block-size", type=count(1), default=128,
+                    help="--sparse-attention: tokens per key block (and per query block that shares a selection)")
     ap.add_argument("--sparse-depth", type=int, default=2,
                     help="--sparse-attention: blocks of the whole models (each block costs the same, so the ratio "
                          "is that of any depth up to the embedding and head)")
@@ -672,9 +674,9 @@ def bench_sparse(args, device) -> dict:
     specs = [(s, parse_sparse_spec(s)) for s in args.sparse_attention]
     # the same options in a model's spelling (create_model, TextEncoder) and in Attention's
     models = [dict(sparse_attention=o["method"], sparse_density=o["density"], sparse_select=o["select"] or "block",
-                   sparse_block_size=128, sparse_min_tokens=0) for _, o in specs]
+                   sparse_block_size=args.sparse_block_size, sparse_min_tokens=0) for _, o in specs]
     layers = [dict(sparse_attention=o["method"], density=o["density"], sparse_select=o["select"] or "block",
-                   block_size=128, min_tokens=0) for _, o in specs]
+                   block_size=args.sparse_block_size, min_tokens=0) for _, o in specs]
 
     def build(make, options):  # dense first, then each spec with the dense weights (an indexer keeps its own)
         torch.manual_seed(0)
@@ -722,7 +724,8 @@ def bench_sparse(args, device) -> dict:
     first = specs[0][0]
     level = "attention" if "attention" in args.sparse_rows else "kernel"  # what `min_tokens` decides
     faster = [r["tokens"] for r in rows if r["what"] == level and r[first]["median"] > 1]
-    return dict(device=str(device), threads=torch.get_num_threads(), depth=args.sparse_depth, rows=rows,
+    return dict(device=str(device), threads=torch.get_num_threads(), depth=args.sparse_depth,
+                block_size=args.sparse_block_size, rows=rows,
                 crossover_tokens=min(faster) if faster else None, crossover_spec=first)
 
 

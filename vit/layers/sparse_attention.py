@@ -15,10 +15,12 @@ masked kernel, exact but without a block-kernel speed-up, since the queries of a
 every block); "block" shares one selection among the `block_size` queries of a block (scores averaged over
 them, as NSA shares its selection in a group), which FlexAttention's block-sparse kernel turns into skipped tiles.
 
-Kernels (vit.layers.sparse_kernels): FlexAttention with a `BlockMask` made straight from the selected block ids
-(inference on CPU and GPU, training on GPU; FlexAttention has no backward on CPU); SDPA with the selection as a
-boolean mask (training on CPU, any mask, dropout; the same numbers); the explicit softmax where the
-probabilities are asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks
+Kernels (vit.layers.sparse_kernels): on CPU, where nothing is masked inside a kept block (no causal or padding
+mask, N a multiple of the block), SDPA on the kept blocks gathered side by side (inference and training);
+FlexAttention with a `BlockMask` made straight from the selected block ids (the GPU's kernel, and CPU inference
+under a mask; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (CPU training
+under a mask, per-token selection, dropout; the same numbers); the explicit softmax where the probabilities are
+asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks
 compose with the selection: a future or padded key is never attended, a block of padding never chosen. Below
 `min_tokens` (the measured crossover) attention stays dense, said once.
 
@@ -43,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .sparse_gates import LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks, selection_mask
-from .sparse_kernels import flex, masked_attention
+from .sparse_kernels import can_gather, flex, gathered, masked_attention
 
 __all__ = [
     "METHODS", "SELECTS", "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask",
@@ -55,6 +57,7 @@ METHODS = ("dsa", "moba")
 SELECTS = ("token", "block")
 STAGES = (None, "warmup", "sparse")
 KL_ROWS = ("mean", "peaked")
+KERNELS = ("auto", "flex", "gather", "sdpa")
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
 # the first block, where [CLS] sits, as a sink.
@@ -112,7 +115,7 @@ class SparseAttention(nn.Module):
         self.sink = d["sink"] if sink is None else sink
         self.min_tokens = CROSSOVER_TOKENS if min_tokens is None else min_tokens
         self.indexer = LightningIndexer(dim, heads=4, head_dim=min(32, dim)) if method == "dsa" else None
-        self.kernel = "auto"  # "auto" | "flex" | "sdpa"; auto: flex where it has a backward or none is needed
+        self.kernel = "auto"  # "auto" | "flex" | "gather" | "sdpa" (KERNELS); auto: see `_kernel`
         self.compile_flex = True  # False: FlexAttention eager (tests; it is a dense reference computation then)
         self.stage: str | None = None  # set_indexer_stage: None, "warmup" or "sparse"
         self.kl_rows = "mean"  # set_indexer_stage: how the indexer KL weighs query rows (KL_ROWS)
@@ -164,7 +167,11 @@ class SparseAttention(nn.Module):
         self.last_loss = None
         if self.stage is not None and self.indexer is not None:
             self.last_loss = self._indexer_kl(x, q, k, allowed, key_valid, bias, is_causal, keep)
-        if keep is not None and self._use_flex(q, mask, key_valid, return_attention, dropout_p):
+        kernel = None if keep is None else self._kernel(q, keep, mask, key_valid, is_causal, return_attention,
+                                                       dropout_p)
+        if kernel == "gather":
+            return gathered(q, k, v, keep, self.block_size), None
+        if kernel == "flex":
             return flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
         if is_causal:
             tri = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
@@ -179,16 +186,26 @@ class SparseAttention(nn.Module):
         own = torch.arange(R, device=scores.device) // (self.block_size if self.select == "token" else 1)
         return scores.masked_fill(own[:, None] == torch.arange(nb, device=scores.device)[None, :], float("-inf"))
 
-    def _use_flex(self, q: torch.Tensor, mask: torch.Tensor | None, key_valid: torch.Tensor | None,
-                  return_attention: bool, dropout_p: float) -> bool:
+    def _kernel(self, q: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None,
+                key_valid: torch.Tensor | None, causal: bool, return_attention: bool, dropout_p: float) -> str:
+        """Which kernel runs a selection. auto: on CPU the gathered SDPA wherever nothing is masked inside a kept
+        block (faster than FlexAttention there, and it has a backward), else FlexAttention for inference and the
+        masked SDPA for training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path,
+        dropout, per-token selection and masks other than key padding always take the masked SDPA."""
+        plain = not (return_attention or dropout_p > 0 or self.select != "block")
+        gatherable = plain and mask is None and can_gather(keep, q.shape[2], self.block_size, causal, key_valid)
+        if self.kernel == "gather":
+            return "gather" if gatherable else "sdpa"  # a mask inside a kept block: the masked SDPA runs it
         if self.kernel != "auto":
-            return self.kernel == "flex"
-        if return_attention or dropout_p > 0 or self.select != "block":
-            return False
-        if mask is not None and key_valid is None:  # masks other than key padding: composed densely
-            return False
+            return self.kernel
+        if not plain or (mask is not None and key_valid is None):  # masks other than key padding: composed densely
+            return "sdpa"
+        if q.device.type != "cpu":
+            return "flex"
+        if gatherable:
+            return "gather"
         needs_grad = torch.is_grad_enabled() and q.requires_grad
-        return not (needs_grad and q.device.type == "cpu")  # FlexAttention has no backward on CPU
+        return "sdpa" if needs_grad else "flex"
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
                     key_valid: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,
