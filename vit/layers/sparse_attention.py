@@ -64,8 +64,9 @@ KERNELS = ("auto", "flex", "gather", "sdpa")
 DEFAULTS = {"moba": dict(select="token", own_block=True, sink=False),
             "dsa": dict(select="block", own_block=True, sink=True)}
 # The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
-# ViT-B width, blocks of 128, selection per query block): both methods' attention layer beat dense from 1024
-# tokens, the shortest measured (MoBA 1.38x, DSA 1.31x at 1/8 density; 1.21x / 1.12x at 1/4).
+# ViT-B width, blocks of 128, selection per query block): at 1024 tokens, the shortest measured, the attention
+# layer at 1/8 density ran MoBA 1.38x, DSA 1.31x with FlexAttention and 1.18x / 1.00x with the gathered kernel
+# (one sample each; its kernel alone 3.7x / 2.6x), so dense wins below it.
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
 
