@@ -115,24 +115,35 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
 
 @pytest.mark.parametrize("method", ["dsa", "moba"])
 @pytest.mark.parametrize("grad", [False, True])
-def test_gathered_kernel_equals_masked_float64_reference(monkeypatch, method, grad):
-    """The CPU kernel where nothing is masked inside a kept block (SDPA on the gathered blocks) is what `auto`
-    picks there, in inference and in training, and equals the float64 formula with the same selection, gradients
-    included; without autograd it runs a few query blocks at a time (here one or two, as at 8,192 tokens)."""
+@pytest.mark.parametrize("n,padded,topk", [(80, None, 2), (75, None, 2), (80, "right", 4), (75, "right", 1),
+                                            (80, "left", 4)])
+def test_gathered_kernel_equals_masked_float64_reference(monkeypatch, method, grad, n, padded, topk):
+    """The CPU kernel of non-causal block selections (SDPA on the gathered blocks) is what `auto` picks, in
+    inference and in training, and equals the float64 formula with the same selection, gradients included: N a
+    multiple of the block or not (a key mask hides the tail), padded at the end or the start (rows keeping fewer
+    blocks than the others where only blocks of padding are left; with one block, padding queries that may see
+    nothing give zeros).
+    Without autograd it runs a query block or two at a time, groups that span heads and batch items."""
     import vit.layers.sparse_kernels as sk
 
     seen = _record(monkeypatch)
     picked = []
     real = sk.gathered
     monkeypatch.setattr(sa, "gathered", lambda *a: picked.append(a[3].shape) or real(*a))
-    monkeypatch.setattr(sk, "_GATHER_KEYS", 3 * S)  # 3 keys' blocks per call: 1 row of 2 blocks per group
-    att, dense = _pair(method, topk_blocks=2, sparse_select="block")
+    monkeypatch.setattr(sk, "_GATHER_KEYS", 3 * S)
+    att, dense = _pair(method, topk_blocks=topk, sparse_select="block")
     torch.manual_seed(1)
-    x = torch.randn(2, 80, D, dtype=torch.float64, requires_grad=grad)  # 5 blocks
+    x = torch.randn(2, n, D, dtype=torch.float64, requires_grad=grad)  # 5 blocks, the last partial at 75
+    pad = torch.ones(2, n, dtype=torch.bool)
+    if padded == "right":
+        pad[1, 30:] = False  # batch item 1: blocks 0-1 real, 2-4 padding only
+    else:
+        pad[1, :50] = False  # blocks 0-2 padding only, 3-4 real (the slots past a row's count must stay hidden)
+    mask = pad if padded else None
     with torch.set_grad_enabled(grad):
-        out, _ = att(x)
+        out, _ = att(x, mask)
     assert len(picked) == 1  # auto chose the gathered kernel
-    ref, _ = _reference(att, x, seen[-1], "block", False, None)
+    ref, _ = _reference(att, x, seen[-1], "block", False, mask)
     assert (out - ref).abs().max() <= 1e-6
     if grad:
         g = torch.randn_like(out)
@@ -140,9 +151,13 @@ def test_gathered_kernel_equals_masked_float64_reference(monkeypatch, method, gr
         gr = torch.autograd.grad(ref, [x, att.qkv.weight], g)
         for a, b in zip(ga, gr):
             assert (a - b).abs().max() <= 1e-6
-    assert (ref - dense(x)[0]).abs().max() > 1e-3  # not dense
-    for pad, causal, n in [(torch.ones(2, 80, dtype=torch.bool), False, 80), (None, True, 80), (None, False, 75)]:
-        att(x[:, :n], pad, causal)  # a mask inside a kept block, or a partial last block: another kernel
+    assert (ref - dense(x, mask)[0]).abs().max() > 1e-3  # not dense
+    counts = seen[-1].sum(-1)
+    if padded and topk > 1:  # what the case is there for: rows keeping fewer blocks than others
+        assert counts.amin() < counts.amax()
+    if padded == "right" and topk == 1 and method == "moba":  # MoBA keeps only the own block: padding rows see nothing
+        assert (out[1, 32:] - att.proj.bias).abs().max() == 0
+    att(x, mask, True)  # causal: another kernel
     assert len(picked) == 1
 
 

@@ -15,11 +15,11 @@ masked kernel, exact but without a block-kernel speed-up, since the queries of a
 every block); "block" shares one selection among the `block_size` queries of a block (scores averaged over
 them, as NSA shares its selection in a group), which FlexAttention's block-sparse kernel turns into skipped tiles.
 
-Kernels (vit.layers.sparse_kernels): on CPU, where nothing is masked inside a kept block (no causal or padding
-mask, N a multiple of the block), SDPA on the kept blocks gathered side by side (inference and training);
-FlexAttention with a `BlockMask` made straight from the selected block ids (the GPU's kernel, and CPU inference
-under a mask; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (CPU training
-under a mask, per-token selection, dropout; the same numbers); the explicit softmax where the probabilities are
+Kernels (vit.layers.sparse_kernels): on CPU, for any non-causal block selection, SDPA on the kept blocks
+gathered side by side, padding and a partial last block hidden by a key mask (inference and training);
+FlexAttention with a `BlockMask` made straight from the selected block ids (the GPU's kernel, and causal CPU
+inference; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (causal CPU training,
+per-token selection, dropout; the same numbers); the explicit softmax where the probabilities are
 asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks
 compose with the selection: a future or padded key is never attended, a block of padding never chosen. Below
 `min_tokens` (the measured crossover) attention stays dense, said once.
@@ -171,7 +171,7 @@ class SparseAttention(nn.Module):
         kernel = None if keep is None else self._kernel(q, keep, mask, key_valid, is_causal, return_attention,
                                                        dropout_p)
         if kernel == "gather":
-            return gathered(q, k, v, keep, self.block_size), None
+            return gathered(q, k, v, keep, self.block_size, key_valid), None
         if kernel == "flex":
             return flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
         if is_causal:
@@ -189,14 +189,14 @@ class SparseAttention(nn.Module):
 
     def _kernel(self, q: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None,
                 key_valid: torch.Tensor | None, causal: bool, return_attention: bool, dropout_p: float) -> str:
-        """Which kernel runs a selection. auto: on CPU the gathered SDPA wherever nothing is masked inside a kept
-        block (faster than FlexAttention there, and it has a backward), else FlexAttention for inference and the
-        masked SDPA for training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path,
-        dropout, per-token selection and masks other than key padding always take the masked SDPA."""
+        """Which kernel runs a selection. auto: on CPU the gathered SDPA unless the mask is causal (faster than
+        FlexAttention there, and it has a backward), else FlexAttention for inference and the masked SDPA for
+        training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path, dropout, per-token
+        selection and masks other than key padding always take the masked SDPA."""
         plain = not (return_attention or dropout_p > 0 or self.select != "block")
-        gatherable = plain and mask is None and can_gather(keep, q.shape[2], self.block_size, causal, key_valid)
+        gatherable = plain and (mask is None or key_valid is not None) and can_gather(causal)
         if self.kernel == "gather":
-            return "gather" if gatherable else "sdpa"  # a mask inside a kept block: the masked SDPA runs it
+            return "gather" if gatherable else "sdpa"  # causal, or a mask it cannot take: the masked SDPA
         if self.kernel != "auto":
             return self.kernel
         if not plain or (mask is not None and key_valid is None):  # masks other than key padding: composed densely

@@ -2,9 +2,9 @@
 
   FlexAttention block-sparse (`flex`): a `BlockMask` made straight from the selected block ids, the kernel
       compiled once per shape and cached; inference on CPU and GPU, training on GPU (no backward on CPU).
-  gathered SDPA (`gathered`): each query block's kept key blocks copied side by side, then SDPA on them, a
-      cache-sized group of query blocks at a time; the CPU kernel where no mask falls inside a kept block (no
-      causal or padding mask, N a multiple of the block), inference and training (SDPA has a CPU backward).
+  gathered SDPA (`gathered`): each query block's kept key blocks copied side by side, then SDPA on them (a key
+      mask where the last block is partial or keys are padding), a cache-sized group of query blocks at a time;
+      the CPU kernel of any non-causal block selection, inference and training (SDPA has a CPU backward).
   masked SDPA (`masked_attention`): the selection as a boolean mask; CPU training, dropout, any mask; also the
       explicit softmax where the probabilities are asked for (a sparse map is a map with zeros).
 Both give zeros for a query row that may see nothing (a padding query whose blocks hold only padding).
@@ -116,47 +116,76 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, 
 _GATHER_KEYS = 32768
 
 
-def can_gather(keep: torch.Tensor, num_tokens: int, block_size: int, causal: bool,
-               key_valid: torch.Tensor | None) -> bool:
-    """Whether `gathered` runs this selection: nothing masked inside a kept block (no causal or padding mask, N a
-    multiple of the block) and as many kept blocks in every row (true then: every score is finite)."""
-    if causal or key_valid is not None or num_tokens % block_size:
-        return False
-    counts = keep.sum(-1)
-    return bool(counts.amin() == counts.amax())
+def can_gather(causal: bool) -> bool:
+    """Whether `gathered` runs a block selection: any but a causal one (its own block would need a mask per
+    query; the masked SDPA or FlexAttention run that)."""
+    return not causal
 
 
-def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Block-sparse attention by gathering, for `select="block"` where `can_gather` holds: q, k, v (B, H, N, d),
-    `keep` (B, 1 | H, nq, nb) with the same number t of kept blocks in each row. Row (b, h, i) of the output is
-    SDPA of query block i against its t key blocks laid side by side (t * block_size keys, no mask).
+def _key_mask(keep: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, t: int, num_tokens: int, S: int,
+              key_valid: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+    """Which of the t * block_size gathered keys of each row are real, (B * H * nq, t * block_size), or None when
+    all are: a key past N (the last block's tail), a padding key, a slot past the row's own count of kept blocks
+    (rows keep fewer blocks where blocks of padding only are never chosen)."""
+    B, Hs, nq, nb = keep.shape
+    if key_valid is None and num_tokens == nb * S and bool((counts == t).all()):
+        return None
+    real = torch.zeros(B, nb * S, dtype=torch.bool, device=keep.device)
+    real[:, :num_tokens] = True if key_valid is None else key_valid.bool()
+    ids = order[..., :t].long()  # (B, Hs, nq, t)
+    blocks = real.view(B, 1, 1, nb, S).expand(B, Hs, nq, nb, S)
+    ok = torch.gather(blocks, 3, ids[..., None].expand(B, Hs, nq, t, S))  # (B, Hs, nq, t, S)
+    ok = ok & (torch.arange(t, device=keep.device) < counts[..., None])[..., None]
+    return ok.reshape(B, Hs, nq, t * S).expand(B, heads, nq, t * S).reshape(B * heads * nq, t * S)
+
+
+def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, block_size: int,
+             key_valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Block-sparse attention by gathering, for `select="block"` without a causal mask: q, k, v (B, H, N, d),
+    `keep` (B, 1 | H, nq, nb), `key_valid` (B, N) or None. Row (b, h, i) of the output is SDPA of query block i
+    against its kept key blocks laid side by side (t * block_size keys, t the most any row keeps); where a key is
+    not real (past N, padding, or a slot past the row's count) a key mask hides it, and a query row that may see
+    nothing gives zeros, as FlexAttention does.
 
     Why not FlexAttention here: on this AVX2 CPU (torch 2.14.1) its template computes Q K^T with an inductor
     micro-GEMM on block-by-block tiles and ran at about half of dense SDPA's FLOP rate, while SDPA on gathered
     blocks runs near dense SDPA's (at 8,192 tokens, 1/8 density: 0.33 s of SDPA and 0.03 s of gathering per
-    layer, against FlexAttention's 0.50 s and dense SDPA's 2.0 s). Without autograd a group of rows reuses two
-    buffers of about `_GATHER_KEYS` keys, which stay in the cache. With autograd the whole selection is gathered
-    at once (index_select and SDPA both have a CPU backward): t * N keys per head are kept for the backward, where
-    the masked fallback builds an N x N mask."""
+    layer, against FlexAttention's 0.50 s and dense SDPA's 2.0 s; a key mask costs SDPA about 10% more). Without
+    autograd a group of rows reuses two buffers of about `_GATHER_KEYS` keys, which stay in the cache. With
+    autograd the whole selection is gathered at once (index_select and SDPA both have a CPU backward): t * N
+    keys per head are kept for the backward, where the masked fallback builds an N x N mask."""
     B, H, N, d = q.shape
-    S, nb = block_size, N // block_size
+    S, nb = block_size, keep.shape[-1]
     counts, order = block_lists(keep)
-    t = int(counts.reshape(-1)[0])
+    t = int(counts.max())
+    mask = _key_mask(keep, counts, order, t, N, S, key_valid, H)
+    if nb * S != N:  # the last block's tail: zeros, hidden by the mask, its query rows cut off below
+        q, k, v = (F.pad(x, (0, 0, 0, nb * S - N)) for x in (q, k, v))
     heads = torch.arange(B * H, device=q.device).view(B, H, 1, 1) * nb
     flat = (order[..., :t].long().expand(B, H, nb, t) + heads).reshape(B * H * nb, t)  # rows (b, h, i)
     qf = q.reshape(B * H * nb, S, d)
     kf, vf = (x.reshape(B * H * nb, S * d) for x in (k, v))
+
+    def attend(qs, ks, vs, m):  # qs (g, S, d), ks and vs (g, t * S, d), m (g, t * S) or None
+        if m is None:
+            return F.scaled_dot_product_attention(qs[None], ks[None], vs[None])[0]
+        empty = ~m.any(-1)[:, None]  # rows that may see nothing: kept finite (all keys), then zeros
+        o = F.scaled_dot_product_attention(qs[None], ks[None], vs[None], attn_mask=(m | empty)[None, :, None, :])
+        return o[0].masked_fill(empty[..., None], 0.0)
+
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-        ks, vs = (x.index_select(0, flat.reshape(-1)).view(1, -1, t * S, d) for x in (kf, vf))
-        return F.scaled_dot_product_attention(qf[None], ks, vs)[0].view(B, H, N, d)
-    rows = max(1, _GATHER_KEYS // (t * S))
-    out = torch.empty(B * H * nb, S, d, dtype=q.dtype, device=q.device)
-    bk, bv = (torch.empty(min(rows, B * H * nb) * t, S * d, dtype=q.dtype, device=q.device) for _ in range(2))
-    for r in range(0, B * H * nb, rows):
-        ids = flat[r:r + rows].reshape(-1)
-        g = ids.numel() // t
-        torch.index_select(kf, 0, ids, out=bk[:g * t])
-        torch.index_select(vf, 0, ids, out=bv[:g * t])
-        out[r:r + g] = F.scaled_dot_product_attention(qf[None, r:r + g], bk[None, :g * t].view(1, g, t * S, d),
-                                                      bv[None, :g * t].view(1, g, t * S, d))[0]
-    return out.view(B, H, N, d)
+        ks, vs = (x.index_select(0, flat.reshape(-1)).view(-1, t * S, d) for x in (kf, vf))
+        out = attend(qf, ks, vs, mask)
+    else:
+        rows = max(1, _GATHER_KEYS // (t * S))
+        out = torch.empty(B * H * nb, S, d, dtype=q.dtype, device=q.device)
+        bk, bv = (torch.empty(min(rows, B * H * nb) * t, S * d, dtype=q.dtype, device=q.device) for _ in range(2))
+        for r in range(0, B * H * nb, rows):
+            ids = flat[r:r + rows].reshape(-1)
+            g = ids.numel() // t
+            torch.index_select(kf, 0, ids, out=bk[:g * t])
+            torch.index_select(vf, 0, ids, out=bv[:g * t])
+            out[r:r + g] = attend(qf[r:r + g], bk[:g * t].view(g, t * S, d), bv[:g * t].view(g, t * S, d),
+                                  None if mask is None else mask[r:r + g])
+    out = out.view(B, H, nb * S, d)
+    return out if nb * S == N else out[:, :, :N]
