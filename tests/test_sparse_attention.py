@@ -161,6 +161,55 @@ def test_gathered_kernel_equals_masked_float64_reference(monkeypatch, method, gr
     assert len(picked) == 1
 
 
+def test_kernel_choice_reads_no_values_and_survives_the_odd_selection():
+    """Choosing a kernel reads no tensor values (no host sync: a meta tensor stands in for a GPU, reading it
+    raises), so `kernel="sdpa"` runs under torch.func.vmap (per-sample gradients); a typo in `kernel` is refused;
+    float64 inference under a causal mask avoids CPU FlexAttention (float32/16 only); a selection that keeps no
+    block (NaN scores, no forced block) gives the masked kernel's zeros from the gathered kernel too; small blocks
+    stay on the masked kernel in training."""
+    core = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, sparse_select="block",
+                     min_tokens=0).sparse
+    q = torch.empty(1, H, 4 * S, D // H, device="meta")
+    keep = torch.empty(1, H, 4, 4, dtype=torch.bool, device="meta")
+    for kernel, want in [("auto", "flex"), ("flex", "flex"), ("sdpa", "sdpa"), ("gather", "gather")]:
+        core.kernel = kernel
+        assert core._kernel(q, keep, None, None, False, False, 0.0) == want
+    core.kernel = "gathered"
+    with pytest.raises(ValueError, match="use one of auto, flex, gather, sdpa"):
+        core._kernel(q, keep, None, None, False, False, 0.0)
+    core.kernel = "auto"
+    q64 = torch.zeros(1, H, 4 * S, D // H, dtype=torch.float64)
+    assert core._kernel(q64, keep, None, None, True, False, 0.0) == "sdpa"  # causal float64 inference
+    small = Attention(D, H, sparse_attention="moba", block_size=4, topk_blocks=2, sparse_select="block",
+                      min_tokens=0).sparse
+    assert small._kernel(q64.requires_grad_(), keep, None, None, False, False, 0.0) == "sdpa"
+
+    att, _ = _pair("moba", topk_blocks=2, sparse_select="block")
+    att.sparse.kernel = "sdpa"
+    params = {k: v.detach() for k, v in att.named_parameters()}
+    x = torch.randn(2, 4 * S, D, dtype=torch.float64)
+
+    def loss(p, xi):
+        return torch.func.functional_call(att, p, (xi[None],))[0].pow(2).sum()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # vmap's fallback for the selection's in-place scatter_ warns about speed
+        per = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    one = torch.func.grad(loss)(params, x[1])
+    assert (per["qkv.weight"][1] - one["qkv.weight"]).abs().max() <= 1e-10
+
+    for kernel in ("gather", "sdpa"):
+        core = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, sparse_select="block",
+                         keep_own_block=False, sink_block=False, min_tokens=0).sparse
+        core.kernel = kernel
+        nan = torch.full((1, H, 4 * S, D // H), float("nan"))
+        for grad in (False, True):
+            t = nan.clone().requires_grad_(grad)
+            with torch.set_grad_enabled(grad):
+                out, _ = core(None, t, t, t, None, False, False, 0.0)
+            assert torch.equal(out, torch.zeros_like(out))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method,padded", [("moba", False), ("dsa", True)])
 def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padded):

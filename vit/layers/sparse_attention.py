@@ -58,6 +58,9 @@ SELECTS = ("token", "block")
 STAGES = (None, "warmup", "sparse")
 KL_ROWS = ("mean", "peaked")
 KERNELS = ("auto", "flex", "gather", "sdpa")
+# Below this block size `auto` leaves the gathered kernel alone: its backward keeps t * N keys per head, which at
+# blocks of 4 took 10x the masked kernel's memory and 2-3x its time (N = 2,048, 1/8 density; even at 16).
+GATHER_MIN_BLOCK = 16
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
 # the first block, where [CLS] sits, as a sink.
@@ -193,6 +196,8 @@ class SparseAttention(nn.Module):
         FlexAttention there, and it has a backward), else FlexAttention for inference and the masked SDPA for
         training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path, dropout, per-token
         selection and masks other than key padding always take the masked SDPA."""
+        if self.kernel not in KERNELS:
+            raise ValueError(f"SparseAttention.kernel is {self.kernel!r}; use one of {', '.join(KERNELS)}.")
         plain = not (return_attention or dropout_p > 0 or self.select != "block")
         gatherable = plain and (mask is None or key_valid is not None) and can_gather(causal)
         if self.kernel == "gather":
@@ -203,10 +208,11 @@ class SparseAttention(nn.Module):
             return "sdpa"
         if q.device.type != "cpu":
             return "flex"
-        if gatherable:
-            return "gather"
         needs_grad = torch.is_grad_enabled() and q.requires_grad
-        return "sdpa" if needs_grad else "flex"
+        if gatherable and self.block_size >= GATHER_MIN_BLOCK:
+            return "gather"
+        # CPU FlexAttention compiles for float32/16 only and has no backward
+        return "sdpa" if needs_grad or q.dtype not in (torch.float32, torch.float16, torch.bfloat16) else "flex"
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
                     key_valid: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,

@@ -153,11 +153,15 @@ def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tens
     layer, against FlexAttention's 0.50 s and dense SDPA's 2.0 s; a key mask costs SDPA about 10% more). Without
     autograd a group of rows reuses two buffers of about `_GATHER_KEYS` keys, which stay in the cache. With
     autograd the whole selection is gathered at once (index_select and SDPA both have a CPU backward): t * N
-    keys per head are kept for the backward, where the masked fallback builds an N x N mask."""
+    keys and values per head are kept for the backward (and their gradients made), against the masked
+    fallback's N x N mask per selection head: less at blocks of 128 (3-4x faster there too), far more at blocks
+    of 4, so `auto` uses it from `GATHER_MIN_BLOCK` up."""
     B, H, N, d = q.shape
     S, nb = block_size, keep.shape[-1]
     counts, order = block_lists(keep)
     t = int(counts.max())
+    if t == 0:  # nothing kept anywhere (NaN scores, no forced block): every row sees nothing
+        return q.masked_fill(torch.ones((), dtype=torch.bool, device=q.device), 0.0)
     mask = _key_mask(keep, counts, order, t, N, S, key_valid, H)
     if nb * S != N:  # the last block's tail: zeros, hidden by the mask, its query rows cut off below
         q, k, v = (F.pad(x, (0, 0, 0, nb * S - N)) for x in (q, k, v))
