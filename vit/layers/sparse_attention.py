@@ -15,14 +15,14 @@ masked kernel, exact but without a block-kernel speed-up, since the queries of a
 every block); "block" shares one selection among the `block_size` queries of a block (scores averaged over
 them, as NSA shares its selection in a group), which FlexAttention's block-sparse kernel turns into skipped tiles.
 
-Kernels (vit.layers.sparse_kernels): on CPU, for any non-causal block selection, SDPA on the kept blocks
-gathered side by side, padding and a partial last block hidden by a key mask (inference and training);
-FlexAttention with a `BlockMask` made straight from the selected block ids (the GPU's kernel, and causal CPU
-inference; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (causal CPU training,
-per-token selection, dropout; the same numbers); the explicit softmax where the probabilities are
-asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks
-compose with the selection: a future or padded key is never attended, a block of padding never chosen. Below
-`min_tokens` (the measured crossover) attention stays dense, said once.
+Kernels (vit.layers.sparse_kernels): on CPU, for non-causal block selections (blocks of 16 or more), SDPA on
+the kept blocks gathered side by side, padding and a partial last block hidden by a key mask (inference and
+training); FlexAttention with a `BlockMask` made straight from the selected block ids (the GPU's kernel, and the
+rest of CPU inference; FlexAttention has no backward on CPU); SDPA with the selection as a boolean mask (the rest
+of CPU training, per-token selection, dropout; the same numbers); the explicit softmax where the probabilities
+are asked for (a sparse map is a map with zeros, so rollout works). Causal and padding masks compose with the
+selection: a future or padded key is never attended, a block of padding never chosen. Below `min_tokens` (the
+measured crossover) attention stays dense, said once.
 
 Training the indexer follows DeepSeek's two stages (`indexer_schedule`): "warmup" keeps attention dense and
 teaches the indexer the dense attention's distribution, per query row, at the level selection uses:
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .sparse_gates import LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks, selection_mask
-from .sparse_kernels import can_gather, flex, gathered, masked_attention
+from .sparse_kernels import flex, gathered, masked_attention
 
 __all__ = [
     "METHODS", "SELECTS", "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask",
@@ -59,7 +59,7 @@ STAGES = (None, "warmup", "sparse")
 KL_ROWS = ("mean", "peaked")
 KERNELS = ("auto", "flex", "gather", "sdpa")
 # Below this block size `auto` leaves the gathered kernel alone: its backward keeps t * N keys per head, which at
-# blocks of 4 took 10x the masked kernel's memory and 2-3x its time (N = 2,048, 1/8 density; even at 16).
+# blocks of 4 took 10x the masked kernel's memory and 2-3x its time (N = 2,048, 1/8 density; about even at 16).
 GATHER_MIN_BLOCK = 16
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
@@ -199,7 +199,7 @@ class SparseAttention(nn.Module):
         if self.kernel not in KERNELS:
             raise ValueError(f"SparseAttention.kernel is {self.kernel!r}; use one of {', '.join(KERNELS)}.")
         plain = not (return_attention or dropout_p > 0 or self.select != "block")
-        gatherable = plain and (mask is None or key_valid is not None) and can_gather(causal)
+        gatherable = plain and (mask is None or key_valid is not None) and not causal  # causal: a mask per query
         if self.kernel == "gather":
             return "gather" if gatherable else "sdpa"  # causal, or a mask it cannot take: the masked SDPA
         if self.kernel != "auto":

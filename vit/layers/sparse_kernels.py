@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["masked_attention", "flex", "gathered", "can_gather"]
+__all__ = ["masked_attention", "flex", "gathered"]
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None,
@@ -114,12 +114,6 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, 
 
 # keys gathered per SDPA call: 32,768 keys of width 64 are 8 MiB for K and for V, which stay in this CPU's L3
 _GATHER_KEYS = 32768
-
-
-def can_gather(causal: bool) -> bool:
-    """Whether `gathered` runs a block selection: any but a causal one (its own block would need a mask per
-    query; the masked SDPA or FlexAttention run that)."""
-    return not causal
 
 
 def _key_mask(keep: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, t: int, num_tokens: int, S: int,
