@@ -816,7 +816,8 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         c = res["sparse_attention"]["crossover_tokens"]
-        print(f"crossover: {args.sparse_attention[0]} beats dense attention from {c} tokens on (of those measured)")
+        print(f"crossover: {args.sparse_attention[0]} beats dense attention from {c} tokens on (of those measured)"
+              if c is not None else f"crossover: {args.sparse_attention[0]} beat dense at none of the lengths measured")
         args.no_model = True
     if not args.no_model:
         res.update(bench_model(args, device))

@@ -210,6 +210,46 @@ def test_kernel_choice_reads_no_values_and_survives_the_odd_selection():
             assert torch.equal(out, torch.zeros_like(out))
 
 
+def test_forced_flex_runs_only_what_it_computes():
+    """`kernel="flex"` on a per-token selection, a map or dropout would compute something else (FlexAttention
+    shares a selection per query block and returns no map): those take the masked SDPA, so the forced kernel
+    still equals the formula."""
+    torch.manual_seed(0)
+    att = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, min_tokens=0).double()
+    assert att.sparse.select == "token"  # MoBA's default
+    x = torch.randn(2, 128, D, dtype=torch.float64)
+    with torch.no_grad():
+        att.sparse.kernel = "sdpa"
+        ref, pref = att(x, is_causal=True, return_attention=True)
+        att.sparse.kernel, att.sparse.compile_flex = "flex", False
+        out, _ = att(x, is_causal=True)
+        _, p = att(x, is_causal=True, return_attention=True)
+    assert (out - ref).abs().max() <= 1e-12 and p is not None and (p - pref).abs().max() <= 1e-12
+
+
+def test_indexer_loss_is_none_after_a_dense_forward():
+    """A DSA layer that ran dense (below min_tokens, or the [CLS]-only last block) leaves no indexer KL behind: a
+    stale one from the previous step would be summed into this step's loss, and its graph is already freed
+    ("backward through the graph a second time"), so training on mixed lengths crashed."""
+    import vit
+    from vit.layers.sparse_attention import indexer_schedule
+
+    te = vit.TextEncoder(50, D, 1, H, max_len=64, sparse_attention="dsa", sparse_block_size=S, sparse_min_tokens=48)
+    for step, n in enumerate([64, 32, 64]):
+        indexer_schedule(te, step, warmup_steps=0)  # the sparse stage: KL on the selection
+        out = te(torch.randint(0, 50, (2, n)))
+        aux = indexer_loss(te)
+        assert (aux is None) == (n < 48)
+        (out.last_hidden_state.sum() * 0 + (0 if aux is None else aux)).backward()
+
+
+def test_an_empty_sequence_runs_dense():
+    """Zero tokens: nothing to select from, the dense layer's empty output (as dense attention gives)."""
+    att, dense = _pair("moba", topk_blocks=2, sparse_select="block")
+    x = torch.randn(1, 0, D, dtype=torch.float64)
+    assert att(x)[0].shape == (1, 0, D) and torch.equal(att(x)[0], dense(x)[0])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method,padded", [("moba", False), ("dsa", True)])
 def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padded):

@@ -160,6 +160,8 @@ class Attention(nn.Module):
         if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
             if self.sparse is not None and num_queries is None and self.sparse.applies(N):
                 return self._sparse_forward(x, mask, is_causal, return_attention)
+            if self.sparse is not None:
+                self.sparse.last_loss = None  # dense this time: no indexer KL (a stale one would be summed again)
         if num_queries is not None:  # a few queries (the [CLS] of a last block) attend densely: O(N) anyway
             mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
             return self._first_queries(x, num_queries, mask, is_causal), None

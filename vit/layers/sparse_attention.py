@@ -61,6 +61,7 @@ KERNELS = ("auto", "flex", "gather", "sdpa")
 # Below this block size `auto` leaves the gathered kernel alone: its backward keeps t * N keys per head, which at
 # blocks of 4 took 10x the masked kernel's memory and 2-3x its time (N = 2,048, 1/8 density; about even at 16).
 GATHER_MIN_BLOCK = 16
+FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what compiled FlexAttention takes on CPU
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
 # the first block, where [CLS] sits, as a sink.
@@ -138,9 +139,12 @@ class SparseAttention(nn.Module):
         """Whether attention over `num_tokens` runs sparse; dense below the crossover (said once)."""
         if self.stage == "warmup":
             return True  # dense attention, but the indexer must see it
+        if num_tokens == 0:
+            return False  # nothing to select from; dense attention returns the empty output
         if num_tokens < self.min_tokens:
             _warn_once("crossover", f"sparse attention runs dense below {self.min_tokens} tokens (got {num_tokens}), "
-                       "where dense SDPA is faster; pass min_tokens=0 to force it.")
+                       "where dense SDPA is faster; set min_tokens=0 to force it (sparse_min_tokens=0 in "
+                       "create_model or TextEncoder, --model.sparse_min_tokens=0 in train.py).")
             return False
         return True
 
@@ -195,24 +199,25 @@ class SparseAttention(nn.Module):
         """Which kernel runs a selection. auto: on CPU the gathered SDPA unless the mask is causal (faster than
         FlexAttention there, and it has a backward), else FlexAttention for inference and the masked SDPA for
         training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path, dropout, per-token
-        selection and masks other than key padding always take the masked SDPA."""
+        selection and masks other than key padding always take the masked SDPA. A forced kernel (`kernel`) runs
+        where it computes the same formula, the masked SDPA elsewhere."""
         if self.kernel not in KERNELS:
             raise ValueError(f"SparseAttention.kernel is {self.kernel!r}; use one of {', '.join(KERNELS)}.")
-        plain = not (return_attention or dropout_p > 0 or self.select != "block")
-        gatherable = plain and (mask is None or key_valid is not None) and not causal  # causal: a mask per query
-        if self.kernel == "gather":
-            return "gather" if gatherable else "sdpa"  # causal, or a mask it cannot take: the masked SDPA
-        if self.kernel != "auto":
-            return self.kernel
-        if not plain or (mask is not None and key_valid is None):  # masks other than key padding: composed densely
-            return "sdpa"
-        if q.device.type != "cpu":
-            return "flex"
-        needs_grad = torch.is_grad_enabled() and q.requires_grad
+        # block selection, no map, no dropout, key padding at most
+        keyed = not (return_attention or dropout_p > 0 or self.select != "block") and (mask is None
+                                                                                       or key_valid is not None)
+        gatherable = keyed and not causal  # causal: the own block would need a mask per query
+        cpu, needs_grad = q.device.type == "cpu", torch.is_grad_enabled() and q.requires_grad
+        # CPU FlexAttention has no backward, and compiles for float32/16 only
+        flexible = keyed and not (cpu and (needs_grad or (self.compile_flex and q.dtype not in FLEX_CPU_DTYPES)))
+        if self.kernel != "auto":  # a forced kernel where it computes the formula, else the masked SDPA
+            ok = {"gather": gatherable, "flex": flexible, "sdpa": True}[self.kernel]
+            return self.kernel if ok else "sdpa"
+        if not cpu:
+            return "flex" if flexible else "sdpa"
         if gatherable and self.block_size >= GATHER_MIN_BLOCK:
             return "gather"
-        # CPU FlexAttention compiles for float32/16 only and has no backward
-        return "sdpa" if needs_grad or q.dtype not in (torch.float32, torch.float16, torch.bfloat16) else "flex"
+        return "flex" if flexible else "sdpa"
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
                     key_valid: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,
