@@ -452,12 +452,32 @@ def test_dense_below_crossover_says_so_once():
 @pytest.mark.parametrize("bad,match", [
     (dict(sparse_attention="nsa"), "unknown sparse_attention 'nsa'"),
     (dict(sparse_attention="dsa", topk_blocks=2, density=0.5), "either topk_blocks or density"),
-    (dict(sparse_attention="dsa", density=1.5), "density must be in"),
+    (dict(sparse_attention="dsa", density=1.5), "density must be a number in"),
+    (dict(sparse_attention="dsa", density="0.5"), "density must be a number in"),
+    (dict(sparse_attention="dsa", density=True), "density must be a number in"),
+    (dict(sparse_attention="dsa", topk_blocks=True), "topk_blocks must be a positive integer"),
+    (dict(sparse_attention="moba", keep_own_block="no"), "keep_own_block must be True, False or None"),
+    (dict(sparse_attention="moba", min_tokens=-1), "min_tokens must be a non-negative integer"),
     (dict(sparse_attention="moba", sparse_select="tile"), "unknown sparse_select 'tile'"),
 ])
 def test_bad_options_say_what_is_wrong(bad, match):
     with pytest.raises(ValueError, match=match):
         Attention(D, H, **bad)
+
+
+def test_sparse_options_without_a_method_are_refused():
+    """An option of sparse attention without sparse_attention would train dense without a word: refused, in
+    Python (create_model, TextEncoder) and in a config, before a run folder is made."""
+    import vit
+    from vit.config import ConfigError, load_config
+
+    with pytest.raises(ValueError, match="sparse_density set without sparse_attention"):
+        vit.create_model("vit_tiny_patch16_224", sparse_density=0.5)
+    with pytest.raises(ValueError, match="sparse_min_tokens set without sparse_attention"):
+        vit.TextEncoder(50, D, 1, H, sparse_min_tokens=0)
+    with pytest.raises(ConfigError, match="'model.sparse_density' sets sparse attention"):
+        load_config(None, ["--model.sparse_density=0.5"])
+    assert load_config(None, ["--model.sparse_density=0.5", "--model.sparse_attention=moba"]).model.sparse_density
 
 
 def _sdpa_kernel(model):

@@ -373,6 +373,11 @@ def validate(cfg: Config) -> None:
     if m.sparse_topk_blocks is not None and m.sparse_density is not None:
         raise ConfigError("config keys 'model.sparse_topk_blocks' and 'model.sparse_density' both size the sparse "
                           "selection; set one of them.")
+    sparse_set = [f"model.{k}" for k in ("sparse_topk_blocks", "sparse_density", "sparse_select", "sparse_own_block",
+                                         "sparse_sink_block", "sparse_min_tokens") if getattr(m, k) is not None]
+    if m.sparse_attention is None and sparse_set:
+        raise ConfigError(f"config key '{sparse_set[0]}' sets sparse attention, which model.sparse_attention leaves "
+                          "off; set it to dsa or moba, or leave the sparse keys out.")
     if cfg.optim.indexer_warmup_steps and m.sparse_attention != "dsa":
         raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set model.sparse_attention "
                           "to dsa or the warm-up to 0.")

@@ -111,7 +111,7 @@ class SparseAttention(nn.Module):
                  density: float | None = None, select: str | None = None, own_block: bool | None = None,
                  sink: bool | None = None, min_tokens: int | None = None) -> None:
         super().__init__()
-        check_sparse_options(method, block_size, topk_blocks, density, select)
+        check_sparse_options(method, block_size, topk_blocks, density, select, own_block, sink, min_tokens)
         d = DEFAULTS[method]
         self.method, self.block_size = method, block_size
         self.topk_blocks, self.density = topk_blocks, (0.125 if topk_blocks is None and density is None else density)
@@ -272,23 +272,34 @@ class SparseAttention(nn.Module):
         return kl[live].mean() if bool(live.any()) else kl.sum() * 0
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_sparse_options(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
-                         density: float | None = None, select: str | None = None) -> None:
+                         density: float | None = None, select: str | None = None, own_block: bool | None = None,
+                         sink: bool | None = None, min_tokens: int | None = None) -> None:
     """Raise ValueError with one sentence for a bad sparse-attention option."""
     if method is None:
         return
     if method not in METHODS:
         raise ValueError(f"unknown sparse_attention {method!r}; choose 'dsa' or 'moba' (or None for dense).")
-    if not isinstance(block_size, int) or block_size < 1:
+    if not _is_int(block_size) or block_size < 1:
         raise ValueError(f"sparse block_size must be a positive integer, got {block_size!r}.")
     if topk_blocks is not None and density is not None:
         raise ValueError("pass either topk_blocks or density for sparse attention, not both.")
-    if topk_blocks is not None and (not isinstance(topk_blocks, int) or topk_blocks < 1):
+    if topk_blocks is not None and (not _is_int(topk_blocks) or topk_blocks < 1):
         raise ValueError(f"sparse topk_blocks must be a positive integer, got {topk_blocks!r}.")
-    if density is not None and not 0 < density <= 1:
-        raise ValueError(f"sparse density must be in (0, 1], got {density!r}.")
+    if density is not None and (not isinstance(density, (int, float)) or isinstance(density, bool)
+                                or not 0 < density <= 1):
+        raise ValueError(f"sparse density must be a number in (0, 1], got {density!r}.")
     if select is not None and select not in SELECTS:
         raise ValueError(f"unknown sparse_select {select!r}; choose 'token' or 'block'.")
+    for name, flag in (("keep_own_block", own_block), ("sink_block", sink)):
+        if flag is not None and not isinstance(flag, bool):
+            raise ValueError(f"sparse {name} must be True, False or None (the method's default), got {flag!r}.")
+    if min_tokens is not None and (not _is_int(min_tokens) or min_tokens < 0):
+        raise ValueError(f"sparse min_tokens must be a non-negative integer (0: always sparse), got {min_tokens!r}.")
 
 
 def sparse_kwargs(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
@@ -296,8 +307,14 @@ def sparse_kwargs(method: str | None, block_size: int = 128, topk_blocks: int | 
                   sink_block: bool | None = None, min_tokens: int | None = None) -> dict | None:
     """A model's `sparse_*` options -> the keyword arguments of `Attention` (None: dense), checked here so that a
     bad value fails once, with its sentence, before any block is built."""
-    check_sparse_options(method, block_size, topk_blocks, density, select)
+    check_sparse_options(method, block_size, topk_blocks, density, select, own_block, sink_block, min_tokens)
     if method is None:
+        given = [n for n, v in (("sparse_topk_blocks", topk_blocks), ("sparse_density", density),
+                                ("sparse_select", select), ("sparse_own_block", own_block),
+                                ("sparse_sink_block", sink_block), ("sparse_min_tokens", min_tokens)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} set without sparse_attention; pass sparse_attention='dsa' or "
+                             "'moba' as well, or leave them out for dense attention.")
         return None
     return dict(sparse_attention=method, block_size=block_size, topk_blocks=topk_blocks, density=density,
                 sparse_select=select, keep_own_block=own_block, sink_block=sink_block, min_tokens=min_tokens)
