@@ -531,6 +531,10 @@ def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
     assert m.blocks[0].attn.sparse is None
     with pytest.raises(ValueError, match="density 'x' is not a number"):
         m.set_sparse_attention("moba:x")
+    with pytest.raises(ValueError, match="either the spec 'moba:0.25' or keyword options"):
+        m.set_sparse_attention("moba:0.25", density=0.5)  # was: the keyword dropped without a word
+    m.set_sparse_attention("moba", density=0.25, select="block")
+    assert m.blocks[0].attn.sparse.density == 0.25
 
 
 def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad():

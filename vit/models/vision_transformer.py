@@ -376,8 +376,10 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         densely (`None`); a spec string "METHOD[:DENSITY][:SELECT]" works too ("moba:0.25", "dsa:0.125:block",
         "none"). A model built without "dsa" has no indexer, so it may switch to "moba" only."""
         if method is not None and ":" in method or method in ("none", ""):
+            if density is not None or topk_blocks is not None or select is not None:
+                raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
             opts = parse_sparse_spec(method)
-            method, density, select = opts["method"], opts["density"] or density, opts["select"] or select
+            method, density, select = opts["method"], opts["density"], opts["select"]
         check_sparse_options(method, 128, topk_blocks, density, select)
         self.blocks.set_sparse_attention(method, density=density, topk_blocks=topk_blocks, select=select,
                                          min_tokens=min_tokens)
