@@ -204,8 +204,8 @@ class SparseAttention(nn.Module):
         if self.kernel not in KERNELS:
             raise ValueError(f"SparseAttention.kernel is {self.kernel!r}; use one of {', '.join(KERNELS)}.")
         # block selection, no map, no dropout, key padding at most
-        keyed = not (return_attention or dropout_p > 0 or self.select != "block") and (mask is None
-                                                                                       or key_valid is not None)
+        plain = self.select == "block" and not return_attention and dropout_p == 0
+        keyed = plain and (mask is None or key_valid is not None)
         gatherable = keyed and not causal  # causal: the own block would need a mask per query
         cpu, needs_grad = q.device.type == "cpu", torch.is_grad_enabled() and q.requires_grad
         # CPU FlexAttention has no backward, and compiles for float32/16 only

@@ -116,20 +116,20 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, 
 _GATHER_KEYS = 32768
 
 
-def _key_mask(keep: torch.Tensor, counts: torch.Tensor, order: torch.Tensor, t: int, num_tokens: int, S: int,
+def _key_mask(ids: torch.Tensor, counts: torch.Tensor, nb: int, num_tokens: int, S: int,
               key_valid: torch.Tensor | None, heads: int) -> torch.Tensor | None:
     """Which of the t * block_size gathered keys of each row are real, (B * H * nq, t * block_size), or None when
     all are: a key past N (the last block's tail), a padding key, a slot past the row's own count of kept blocks
-    (rows keep fewer blocks where blocks of padding only are never chosen)."""
-    B, Hs, nq, nb = keep.shape
+    (rows keep fewer blocks where blocks of padding only are never chosen). `ids` (B, Hs, nq, t) the kept block
+    ids of each row, first `counts` (B, Hs, nq) of them real."""
+    B, Hs, nq, t = ids.shape
     if key_valid is None and num_tokens == nb * S and bool((counts == t).all()):
         return None
-    real = torch.zeros(B, nb * S, dtype=torch.bool, device=keep.device)
+    real = torch.zeros(B, nb * S, dtype=torch.bool, device=ids.device)
     real[:, :num_tokens] = True if key_valid is None else key_valid.bool()
-    ids = order[..., :t].long()  # (B, Hs, nq, t)
     blocks = real.view(B, 1, 1, nb, S).expand(B, Hs, nq, nb, S)
     ok = torch.gather(blocks, 3, ids[..., None].expand(B, Hs, nq, t, S))  # (B, Hs, nq, t, S)
-    ok = ok & (torch.arange(t, device=keep.device) < counts[..., None])[..., None]
+    ok = ok & (torch.arange(t, device=ids.device) < counts[..., None])[..., None]
     return ok.reshape(B, Hs, nq, t * S).expand(B, heads, nq, t * S).reshape(B * heads * nq, t * S)
 
 
@@ -156,11 +156,12 @@ def gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tens
     t = int(counts.max())
     if t == 0:  # nothing kept anywhere (NaN scores, no forced block): every row sees nothing
         return q.masked_fill(torch.ones((), dtype=torch.bool, device=q.device), 0.0)
-    mask = _key_mask(keep, counts, order, t, N, S, key_valid, H)
+    ids = order[..., :t].long()  # (B, Hs, nq, t): the kept blocks first, ascending
+    mask = _key_mask(ids, counts, nb, N, S, key_valid, H)
     if nb * S != N:  # the last block's tail: zeros, hidden by the mask, its query rows cut off below
         q, k, v = (F.pad(x, (0, 0, 0, nb * S - N)) for x in (q, k, v))
     heads = torch.arange(B * H, device=q.device).view(B, H, 1, 1) * nb
-    flat = (order[..., :t].long().expand(B, H, nb, t) + heads).reshape(B * H * nb, t)  # rows (b, h, i)
+    flat = (ids.expand(B, H, nb, t) + heads).reshape(B * H * nb, t)  # rows (b, h, i)
     qf = q.reshape(B * H * nb, S, d)
     kf, vf = (x.reshape(B * H * nb, S * d) for x in (k, v))
 
