@@ -1,41 +1,143 @@
-"""benchmark.py plumbing on a tiny setting: both sides run, the JSON has its fields (no timing asserted)."""
+"""benchmark.py's modes (vit.bench) on tiny settings: both sides run, the results have their fields and their
+ratios are the paired repeats' (no timing asserted); the script itself only for its parsing and messages."""
 
 import json
+import statistics
+import sys
 
 import pytest
-from helpers import import_script, run_script
+import torch
+from helpers import import_script
 
 import vit
 from vit.config import load_config
 from vit.models.checkpoint import save_checkpoint
+from vit.utils.timing import interleaved, ratio_stats
+
+CPU = torch.device("cpu")
+
+
+# --- the shared interleaved timing
+
+
+def test_interleaved_times_each_call_in_turn_after_its_warmup():
+    log = []
+    calls = {k: (lambda k=k: log.append(k)) for k in "abc"}
+    t = interleaved(calls, warmup=2, repeats=3, iters=2)
+    assert "".join(log) == "aabbcc" + "aabbcc" * 3  # warm-up per call, then A, B, C, A, B, C, ...
+    assert {k: len(v) for k, v in t.wall.items()} == {k: len(v) for k, v in t.cpu.items()} == dict(a=3, b=3, c=3)
+    assert all(s >= 0 for v in (*t.wall.values(), *t.cpu.values()) for s in v)
+
+
+def test_ratio_stats_are_the_paired_repeats_ratios():
+    a, b = [1.0, 2.0, 4.0, 0.5], [3.0, 3.0, 2.0, 2.0]  # ratios b/a: 3, 1.5, 0.5, 4
+    assert ratio_stats(a, b) == dict(median=2.25, min=0.5, max=4.0)
+    assert ratio_stats(a, b)["median"] == statistics.median([y / x for x, y in zip(a, b)])
+
+
+# --- the modes, called as a Python user would
 
 
 @pytest.mark.slow
-def test_benchmark_runs_both_sides_and_writes_json(tmp_path):
-    out = tmp_path / "b.json"
-    r = run_script("benchmark.py", "--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2",
-                   "--warmup", "1", "--repeats", "2", "--peak-size", "256", "--scaling", "32", "48",
-                   "--scaling-repeats", "1", "--data", "--data-images", "2", "--data-repeats", "1",
-                   "--data-large", "1", "--out", str(out))
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(out.read_text())
+def test_ours_against_timm_and_the_scaling_table(capfd):
+    from vit.bench.model import bench_model, bench_scaling, format_model_report
+
+    res = bench_model("vit_tiny_patch16_224", CPU, batch_size=2, img_size=32, warmup=1, repeats=2, peak_size=256)
     for mode in ("inference", "train_step"):
         for side in ("ours", "timm"):
             assert res[mode][side]["images_per_s"] > 0 and len(res[mode][side]["seconds_all"]) == 2
-        assert set(res[mode]["ratio_ours_over_timm"]) == {"median", "min", "max"}
+        t = res[mode]
+        assert res[mode]["ratio_ours_over_timm"] == ratio_stats(t["ours"]["seconds_all"], t["timm"]["seconds_all"])
     # counted FLOPs: at 32 px a tiny ViT has 5 tokens; the [CLS]-only last block makes ours smaller than timm's
     assert 0 < res["flops_per_image"]["inference"] < res["inference"]["timm"]["flops_per_image"]
     assert res["attention_kernels"]["ours"] == ["flash (CPU)"]
     assert res["memory"]["ours"]["saved_activation_mib"] > 0
+    res["scaling"] = bench_scaling("vit_tiny_patch16_224", CPU, [32, 48], repeats=1)
     assert [row["tokens"] for row in res["scaling"]] == [5, 10]
+    assert "ratio" in format_model_report(res)
+    err = capfd.readouterr().err
+    assert "gpuGetDeviceCount" not in err and "profiler_start" not in err  # kineto silenced
+
+
+@pytest.mark.slow
+def test_the_input_pipeline_table():
+    from vit.bench.data import bench_data, format_data_report
+
+    res = bench_data(images=2, repeats=1, large=1)
     for size in ("500x375", "2000x1500"):
-        assert {"decode_only", "ours", "torchvision_v2", "torchvision_v2_tensor"} <= set(res["data"][size])
-        assert res["data"][size]["ours"]["vs_decode_only"]["median"] > 0
-    assert "ratio" in r.stdout
-    assert "gpuGetDeviceCount" not in r.stderr and "profiler_start" not in r.stderr  # kineto silenced
+        assert {"decode_only", "ours", "torchvision_v2", "torchvision_v2_tensor"} <= set(res[size])
+        assert res[size]["ours"]["vs_decode_only"]["median"] > 0
+    assert "x decoding alone (PIL)" in format_data_report(res)
 
 
-# --- benchmark.py's options: counts below 1 get one sentence, and a grey checkpoint is benchmarked on grey images
+def _grey_checkpoint(tmp_path):
+    over = {"model.img_size": 16, "model.patch_size": 8, "model.embed_dim": 32, "model.depth": 2,
+            "model.num_heads": 2, "model.in_chans": 1, "aug.mean": [0.5], "aug.std": [0.5]}
+    cfg = load_config(None, over)
+    model = vit.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                             in_chans=1, num_classes=10)
+    return save_checkpoint(tmp_path / "best", model, cfg, [str(i) for i in range(10)])
+
+
+def test_a_grey_checkpoint_is_benchmarked(tmp_path):
+    from vit.bench.token_reduction import bench_token_reduction, format_token_reduction_report
+
+    res = bench_token_reduction(["merge:1"], CPU, checkpoint=str(_grey_checkpoint(tmp_path)), batch_size=2,
+                                repeats=1, warmup=0)
+    rows = {r["setting"]: r for r in res["rows"]}
+    assert list(rows) == ["ours", "merge:1", "timm"] and res["img_size"] == 16
+    assert rows["ours"]["speedup"]["median"] == 1.0 and rows["ours"]["top1"] is not None
+    assert "merge:1" in format_token_reduction_report(res)
+
+
+def test_a_bad_token_reduction_spec_is_refused_before_anything_runs():
+    from vit.bench.token_reduction import bench_token_reduction
+
+    with pytest.raises(ValueError, match="merge"):
+        bench_token_reduction(["merge:x"], CPU, model="no-such-model")
+
+
+@pytest.mark.slow
+def test_benchmark_edge_table_on_a_checkpoint(tmp_path):
+    """The edge table: every variant timed in one interleaved run, eager's own ratio 1, sizes of the files, top-1
+    of every variant on the checkpoint's validation split (the same number for eager and ORT fp32)."""
+    from vit.bench.edge import bench_edge, format_edge_rows
+    from vit.models.build import build_model
+
+    cfg = load_config("configs/default.yaml", ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1",
+                                               "--model.num_heads=2", "--model.mlp_ratio=2"])
+    torch.manual_seed(0)
+    save_checkpoint(tmp_path / "ck", build_model(cfg, 10), cfg, [str(i) for i in range(10)])
+    seen = []
+    res = bench_edge([], batches=[2], threads=[1], merge=["merge:2"], warmup=0, repeats=2,
+                     checkpoint=str(tmp_path / "ck"), on_rows=seen.append)
+    rows = {row["variant"]: row for row in json.loads(json.dumps(res))["rows"]}
+    assert set(rows) == {"eager fp32", "ort fp32", "ort int8 dynamic", "ort int8 static", "eager fp32 merge:2",
+                         "ort fp32 merge:2", "ort int8 dynamic merge:2"}
+    assert rows["eager fp32"]["x_eager"]["median"] == 1.0 and all(v["images_per_s"] > 0 for v in rows.values())
+    assert rows["eager fp32"]["cpu_x_eager"]["median"] == 1.0
+    assert all(v["cpu_x_eager"]["median"] > 0 for v in rows.values())
+    assert rows["ort int8 dynamic"]["mib"] < rows["ort fp32"]["mib"]
+    assert rows["eager fp32"]["top1"] == rows["ort fp32"]["top1"] and rows["eager fp32 merge:2"]["top1"] is not None
+    assert seen == [res["rows"]] and "ort int8 static" in format_edge_rows(res["rows"])
+
+
+@pytest.mark.slow
+def test_benchmark_onnxruntime_row(monkeypatch):
+    """ONNX Runtime against PyTorch eager on a one-block model (create_model narrowed here to keep the export
+    short): both sides timed, the ratio is PyTorch's seconds over ONNX Runtime's for each paired repeat."""
+    import vit.bench.runtime as runtime
+
+    real = runtime.create_model
+    monkeypatch.setattr(runtime, "create_model",
+                        lambda name, **kw: real(name, depth=1, embed_dim=32, num_heads=2, **kw))
+    res = runtime.bench_onnxruntime("vit_tiny_patch16_224", batch_size=2, img_size=32, warmup=1, repeats=3)
+    assert "ratio onnxruntime/pytorch" in runtime.format_onnxruntime_report(res)
+    ratios = [p / o for p, o in zip(res["pytorch"]["seconds_all"], res["onnxruntime"]["seconds_all"])]
+    assert len(ratios) == 3 and res["ratio_onnxruntime_over_pytorch"]["median"] == pytest.approx(sorted(ratios)[1])
+
+
+# --- benchmark.py itself: its options, its messages, its tables and --out
 
 
 @pytest.mark.parametrize("flag", ["--repeats", "--scaling", "--batch-size", "--iters", "--img-size"])
@@ -48,40 +150,29 @@ def test_counts_below_one_are_refused(flag, capsys):
     assert flag in err and "at least 1" in err
 
 
-def test_a_grey_checkpoint_is_benchmarked(tmp_path, capsys):
+def test_an_unknown_model_or_spec_is_one_sentence(capsys):
     bench = import_script("benchmark")
-    over = {"model.img_size": 16, "model.patch_size": 8, "model.embed_dim": 32, "model.depth": 2,
-            "model.num_heads": 2, "model.in_chans": 1, "aug.mean": [0.5], "aug.std": [0.5]}
-    cfg = load_config(None, over)
-    model = vit.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=2,
-                             in_chans=1, num_classes=10)
-    ck = save_checkpoint(tmp_path / "best", model, cfg, [str(i) for i in range(10)])
-    assert bench.main(["--token-reduction", "merge:1", "--checkpoint", str(ck), "--batch-size", "2", "--repeats",
-                       "1", "--warmup", "0", "--device", "cpu", "--out", str(tmp_path / "b.json")]) == 0
+    assert bench.main(["--model", "vit_nope"]) == 2
+    assert "unknown model 'vit_nope'" in capsys.readouterr().err
+    assert bench.main(["--token-reduction", "merge:x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_benchmark_edge_table_on_a_checkpoint(tmp_path):
-    """--edge: every variant timed in one interleaved run, eager's own ratio 1, sizes of the files, top-1 of
-    every variant on the checkpoint's validation split (the same number for eager and ORT fp32)."""
-    import torch
+def test_benchmark_onnxruntime_without_the_extra(monkeypatch, capsys):
+    bench = import_script("benchmark")
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert bench.main(["--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2", "--no-model",
+                       "--runtime", "onnxruntime", "--warmup", "1", "--repeats", "3"]) == 2
+    assert "pip install -e '.[export]'" in capsys.readouterr().err
 
-    from vit.models.build import build_model
 
-    cfg = load_config("configs/default.yaml", ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1",
-                                               "--model.num_heads=2", "--model.mlp_ratio=2"])
-    torch.manual_seed(0)
-    save_checkpoint(tmp_path / "ck", build_model(cfg, 10), cfg, [str(i) for i in range(10)])
-    out = tmp_path / "e.json"
-    r = run_script("benchmark.py", "--edge", "--checkpoint", str(tmp_path / "ck"), "--edge-batches", "2",
-                   "--edge-threads", "1", "--edge-merge", "merge:2", "--warmup", "0", "--repeats", "2",
-                   "--out", str(out))
-    assert r.returncode == 0, r.stderr[-3000:]
-    rows = {row["variant"]: row for row in json.loads(out.read_text())["edge"]["rows"]}
-    assert set(rows) == {"eager fp32", "ort fp32", "ort int8 dynamic", "ort int8 static", "eager fp32 merge:2",
-                         "ort fp32 merge:2", "ort int8 dynamic merge:2"}
-    assert rows["eager fp32"]["x_eager"]["median"] == 1.0 and all(v["images_per_s"] > 0 for v in rows.values())
-    assert rows["eager fp32"]["cpu_x_eager"]["median"] == 1.0
-    assert all(v["cpu_x_eager"]["median"] > 0 for v in rows.values())
-    assert rows["ort int8 dynamic"]["mib"] < rows["ort fp32"]["mib"]
-    assert rows["eager fp32"]["top1"] == rows["ort fp32"]["top1"] and rows["eager fp32 merge:2"]["top1"] is not None
+def test_the_script_prints_the_table_and_writes_its_json(tmp_path, capsys):
+    bench = import_script("benchmark")
+    out = tmp_path / "b.json"
+    assert bench.main(["--token-reduction", "merge:1", "--checkpoint", str(_grey_checkpoint(tmp_path)),
+                       "--batch-size", "2", "--repeats", "1", "--warmup", "0", "--device", "cpu",
+                       "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(out.read_text())["token_reduction"]
+    assert "token reduction:" in printed and [r["setting"] for r in res["rows"]] == ["ours", "merge:1", "timm"]

@@ -131,30 +131,3 @@ def _load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-
-BENCH_ARGS = ["--model", "vit_tiny_patch16_224", "--img-size", "32", "--batch-size", "2", "--no-model",
-              "--runtime", "onnxruntime", "--warmup", "1", "--repeats", "3"]
-
-
-@pytest.mark.slow
-def test_benchmark_onnxruntime_row(monkeypatch, capsys, tmp_path):
-    """benchmark.py --runtime onnxruntime on a one-block model (create_model narrowed here to keep the export
-    short): both sides timed, the ratio is PyTorch's seconds over ONNX Runtime's for each paired repeat."""
-    bench = _load_script("benchmark.py")
-    real = vit.create_model
-    monkeypatch.setattr(bench.vit, "create_model",
-                        lambda name, **kw: real(name, depth=1, embed_dim=32, num_heads=2, **kw))
-    assert bench.main(BENCH_ARGS + ["--out", str(tmp_path / "b.json")]) == 0
-    assert "ratio onnxruntime/pytorch" in capsys.readouterr().out
-    res = json.loads((tmp_path / "b.json").read_text())["onnxruntime"]
-    ratios = [p / o for p, o in zip(res["pytorch"]["seconds_all"], res["onnxruntime"]["seconds_all"])]
-    assert len(ratios) == 3 and res["ratio_onnxruntime_over_pytorch"]["median"] == pytest.approx(sorted(ratios)[1])
-
-
-def test_benchmark_onnxruntime_without_the_extra(monkeypatch, capsys):
-    bench = _load_script("benchmark.py")
-    monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    assert bench.main(BENCH_ARGS) == 2
-    assert "pip install -e '.[export]'" in capsys.readouterr().err

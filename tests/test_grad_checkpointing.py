@@ -2,8 +2,8 @@
 
 import torch
 
-import benchmark
 import vit.models.encoder
+from vit.bench.sides import Side, checkpointed_activation_bytes, saved_activation_bytes
 from vit.config import load_config
 from vit.models.build import build_model
 
@@ -39,10 +39,10 @@ def test_config_key_checkpoints_every_block_with_the_same_gradients(monkeypatch)
 def test_activation_memory_kept_for_backward_drops_over_3x():
     # vit_tiny's 12 blocks at 64 px (16 patches + [CLS]); vit_base at 224 px, batch 8 is in the note
     model = vit.create_model("vit_tiny_patch16_224", img_size=64)
-    side = benchmark.Side("ours", model, torch.optim.SGD(model.parameters(), lr=0.0), "cpu", "fp32")
+    side = Side("ours", model, torch.optim.SGD(model.parameters(), lr=0.0), "cpu", "fp32")
     x, y = torch.randn(2, 3, 64, 64), torch.tensor([0, 1])
-    full = benchmark.saved_activation_bytes(side, x, y)
-    kept = benchmark.checkpointed_activation_bytes(side, x, y)
+    full = saved_activation_bytes(side, x, y)
+    kept = checkpointed_activation_bytes(side, x, y)
     assert full / kept >= 3, (full, kept)
     # guard against a measure that misses what the checkpoints hold: every block's input (B, N, D) in float32
     assert kept >= 12 * 2 * 17 * 192 * 4

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils.timing import interleaved, ratio_stats
+
 __all__ = ["METHODS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
            "quantize_within_budget", "speed_ratios"]
 
@@ -273,21 +275,13 @@ def speed_ratios(model, fp32: str | Path, int8: dict[str, str | Path], x, thread
         t0 = time.perf_counter()
         calls["eager_fp32"]()
         n = max(1, int(min_seconds / max(time.perf_counter() - t0, 1e-6)))
-        times: dict[str, list[float]] = {k: [] for k in calls}
-        cpu: dict[str, list[float]] = {k: [] for k in calls}  # the calling thread's CPU seconds per call
-        for _ in range(repeats):
-            for k, fn in calls.items():
-                t0, c0 = time.perf_counter(), time.thread_time()
-                for _ in range(n):
-                    fn()
-                times[k].append((time.perf_counter() - t0) / n)
-                cpu[k].append((time.thread_time() - c0) / n)
+        t = interleaved(calls, 0, repeats, n)
+        times, cpu = t.wall, t.cpu
     finally:
         torch.set_num_threads(old)
 
     def ratio(a: str, b: str, t: dict) -> dict:  # how many times faster a is than b, per paired repeat
-        r = [tb / max(ta, 1e-9) for ta, tb in zip(t[a], t[b])]
-        return dict(median=statistics.median(r), min=min(r), max=max(r))
+        return ratio_stats(t[a], t[b])
 
     batch = len(x)
     res = {m: dict(batch=batch, threads=threads, repeats=repeats,
