@@ -122,3 +122,139 @@ def test_multi_process_launches_say_multi_gpu():
     lines = [ln for page in DOCS for ln in page.read_text().splitlines()
              if re.search(r"accelerate launch .*--num_processes [2-9]", ln) and "--config_file" not in ln]
     assert lines and all("--multi_gpu" in ln for ln in lines), lines
+
+
+# --- docs/contributing.md's package tree and the paths the pages name: both follow the files -------------------
+
+TOP = ("vit", "scripts", "configs", "docs", "tests", "examples")
+
+
+def _tree_entries(text: str) -> list[tuple[str, str]]:
+    """(head, description) per entry of the contributing page's tree block: an entry starts at column 0, its
+    head runs up to the first two spaces, and indented lines continue its description (a line of heads alone,
+    as the root scripts', continues the head)."""
+    block = text.split("## The package tree", 1)[1].split("```", 2)[1].split("\n", 1)[1]
+    entries: list[list[str]] = []
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        if line[0].isspace():
+            entries[-1][1] += " " + line.strip()
+        elif entries and not entries[-1][1] and "  " not in line:
+            entries[-1][0] += " " + line.strip()  # a second line of heads
+        else:
+            head, _, desc = line.partition("  ")
+            entries.append([head.strip(), desc.strip()])
+    return [(h, d) for h, d in entries]
+
+
+def tree_problems(root: Path) -> list[str]:
+    """Every file the tree leaves out and every path it names that does not exist, one line each."""
+    entries = _tree_entries((root / "docs" / "contributing.md").read_text())
+    heads = {w for h, _ in entries for w in h.split()}
+    folders = {h: d for h, d in entries if h.endswith("/")}
+    problems = []
+    for w in sorted(heads):  # what an entry is about exists
+        if not (root / w).exists():
+            problems.append(f"the tree has an entry for {w}, which does not exist")
+    expected = {}  # folder entry -> files it must name
+    for p in sorted((root / "vit").rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if p.parent == root / "vit":
+            if rel not in heads:
+                problems.append(f"the tree leaves out {rel}: give it a line of its own")
+        elif p.name != "__init__.py":
+            expected.setdefault(p.parent.relative_to(root).as_posix() + "/", []).append(p.name)
+    for folder, pattern in (("scripts/", "*"), ("examples/", "*.py")):
+        expected[folder] = [p.name for p in sorted((root / folder).glob(pattern)) if p.is_file()]
+    for folder, names in expected.items():
+        if not names:
+            continue
+        if folder not in folders:
+            problems.append(f"the tree leaves out {folder}: give it a line naming {', '.join(names)}")
+            continue
+        words = set(re.findall(r"[\w.-]+", folders[folder]))
+        problems += [f"the tree leaves out {folder}{n}: name it in the {folder} line" for n in names if n not in words]
+    for p in sorted(root.glob("*.py")):
+        if p.name not in heads:
+            problems.append(f"the tree leaves out the root script {p.name}: add it to the scripts' lines")
+    for head, desc in entries:  # each file a line names exists: in its folder, at the root, or as a path
+        for w in re.findall(r"[\w./-]+\.(?:py|sh)\b", desc):
+            here = [root / w] if "/" in w else [root / head / w, root / w] if head.endswith("/") else [root / w]
+            if not any(c.exists() for c in here):
+                problems.append(f"the {head} line names {w}, which does not exist")
+    return problems
+
+
+def test_the_package_tree_names_every_file_and_nothing_else():
+    problems = tree_problems(ROOT)
+    assert not problems, "\n".join(["docs/contributing.md's package tree is out of date:", *problems])
+
+
+def test_the_tree_check_finds_a_missing_module_and_a_dead_name(tmp_path):
+    """The check above can fail: a module left out of its package's line, a maintainer script left out, a name
+    in a line with no file behind it and a root script left out are each reported by name."""
+    tree = ("## The package tree\n\n```\nvit/__init__.py    the face\nvit/utils/         atomic.py: writes; gone.py: "
+            "stale\nscripts/           a.py\ntrain.py\n                   every command\n```\n")
+    files = {"docs/contributing.md": tree, "vit/__init__.py": "", "vit/utils/__init__.py": "",
+             "vit/utils/atomic.py": "", "vit/utils/timing.py": "", "scripts/a.py": "", "scripts/b.sh": "",
+             "train.py": "", "demo.py": ""}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert sorted(tree_problems(tmp_path)) == sorted([
+        "the tree leaves out vit/utils/timing.py: name it in the vit/utils/ line",
+        "the tree leaves out scripts/b.sh: name it in the scripts/ line",
+        "the vit/utils/ line names gone.py, which does not exist",
+        "the tree leaves out the root script demo.py: add it to the scripts' lines",
+    ])
+
+
+def _named_paths(text: str) -> list[str]:
+    """Repo-relative paths a page names: words starting with one of TOP's folders (`vit/layers/attention.py`,
+    `configs/accelerate/`, `vit/layers/*.py`), trailing punctuation dropped."""
+    out = []
+    for w in re.findall(rf"(?<![\w./:-])(?:{'|'.join(TOP)})/[\w./*-]*", text):
+        out.append(w.rstrip(".,;:"))
+    return out
+
+
+def _path_exists(root: Path, path: str) -> bool:
+    if "*" in path:
+        return any(root.glob(path))
+    if (root / path).exists():
+        return True
+    stem, _, name = path.rpartition(".")  # tests/helpers.run_script: a name in tests/helpers.py
+    return bool(stem) and (root / f"{stem}.py").is_file() and name in (root / f"{stem}.py").read_text()
+
+
+NOT_OURS = {"tests/test_models.py"}  # timm's own model tests (docs/library.md), run against ours
+
+
+# the pages, and the comments and docstrings of the configs, the library and the scripts (not tests/: they name
+# the files they plant in temporary folders)
+NAMING = [*DOCS, *sorted((ROOT / "configs").rglob("*.yaml")), *sorted((ROOT / "vit").rglob("*.py")),
+          *sorted(ROOT.glob("*.py")), *sorted((ROOT / "scripts").glob("*")), *sorted((ROOT / "examples").glob("*.py"))]
+
+
+@pytest.mark.parametrize("page", NAMING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_page_names_exists(page):
+    dead = [p for p in _named_paths(page.read_text()) if p not in NOT_OURS and not _path_exists(ROOT, p)]
+    assert not dead, f"{page.relative_to(ROOT)} names paths that do not exist: {', '.join(dead)}"
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_every_module_a_page_names_exists(page):
+    """`vit.a.b` in a page is a module, or a name written in the longest module it starts with."""
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+               for p in (ROOT / "vit").rglob("*.py")}
+    dead = []
+    for ref in re.findall(r"(?<![\w./])vit(?:\.[A-Za-z_]\w*)+", page.read_text()):
+        parts = ref.split(".")
+        k = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in modules)
+        if k < len(parts):
+            mod = ROOT / Path(*parts[:k])
+            src = (mod / "__init__.py" if mod.is_dir() else mod.with_suffix(".py")).read_text()
+            if not re.search(rf"\b{parts[k]}\b", src):
+                dead.append(ref)
+    assert not dead, f"{page.relative_to(ROOT)} names modules or names that do not exist: {', '.join(dead)}"

@@ -56,7 +56,7 @@ def test_public_api_is_unchanged_and_lazy():
 # LAYOUT.md's order, lowest first; packages on one line are peers and may not import each other. Root scripts,
 # scripts/ and examples/ sit above everything; vit/__init__.py is the face, imported by none of the library.
 LAYERS = (("vit.config", "vit.utils"), ("vit.layers",), ("vit.hub",), ("vit.models", "vit.data"), ("vit.eval",),
-          ("vit.train", "vit.explain", "vit.deploy"), ("vit.cli",))
+          ("vit.train", "vit.explain", "vit.deploy"), ("vit.cli", "vit.bench"))
 RANK = {pkg: i for i, peers in enumerate(LAYERS) for pkg in peers}
 
 

@@ -2,11 +2,11 @@
 name a model the same way:
 
     --checkpoint DIR                      a train.py checkpoint folder (best/, last/)
-    --model NAME [--pretrained]           a model by name with its weights by name (hub cache, vit/hub.py)
+    --model NAME [--pretrained]           a model by name with its weights by name (hub cache, vit/hub/names.py)
     --model NAME --weights FILE           a model by name with the weights of a timm / HF-timm file
 
-`--pretrained` is the explicit spelling of what `--model NAME` alone means (evaluate.py's old behaviour, now
-every script's). Standard library only: the scripts build their parsers before torch loads (--help).
+`--pretrained` is the explicit spelling of what `--model NAME` alone means, in every script. Standard library
+only: the scripts build their parsers before torch loads (--help).
 """
 
 from __future__ import annotations
