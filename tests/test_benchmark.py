@@ -176,3 +176,18 @@ def test_the_script_prints_the_table_and_writes_its_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     res = json.loads(out.read_text())["token_reduction"]
     assert "token reduction:" in printed and [r["setting"] for r in res["rows"]] == ["ours", "merge:1", "timm"]
+
+
+def test_dense_against_sparse_attention_rows_and_crossover():
+    from vit.bench.sparse import bench_sparse
+
+    lines = []
+    res = bench_sparse(["moba:0.5:block"], CPU, tokens=[128, 256], img_sizes=[], rows=["kernel", "attention"],
+                       block_size=64, warmup=0, repeats=2, log=lines.append)
+    assert [(r["what"], r["tokens"]) for r in res["rows"]] == [("kernel", 128), ("attention", 128),
+                                                               ("kernel", 256), ("attention", 256)]
+    faster = [r["tokens"] for r in res["rows"] if r["what"] == "attention" and r["moba:0.5:block"]["median"] > 1]
+    assert res["crossover_tokens"] == (min(faster) if faster else None) and res["crossover_spec"] == "moba:0.5:block"
+    assert len(lines) == 5 and "moba:0.5:block" in lines[0]  # the header, then one line per row
+    with pytest.raises(ValueError):
+        bench_sparse(["nope:0.5"], CPU)
