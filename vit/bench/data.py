@@ -35,15 +35,9 @@ def jpeg_files(rng, n: int, width: int, height: int, folder: str) -> list[str]:
     return paths
 
 
-def bench_data(images: int = 100, repeats: int = 5, large: int = 20) -> dict:
-    """Images/s of one worker (one thread) on `images` photo-like JPEGs of 500x375 (an ImageNet-sized photo)
-    and, unless `large` is 0, `large` of 2000x1500 (a phone photo): decoding alone (our decoder, and PIL's), our
-    training pipeline (decode, random resized crop 224, flip, colour jitter 0.4 with p=0.8, normalize), and
-    the same recipe in torchvision-v2, from PIL images (what ImageFolder's loader gives it) and from tensors
-    decoded by torchvision.io. Every pipeline gets a fresh seed per image; the `repeats` passes are interleaved
-    (each pass times every image after one untimed image)."""
-    import tempfile
-
+def _pipelines() -> dict:
+    """name -> f(path, seed): decoding alone (ours, PIL), our training pipeline, and torchvision-v2's same recipe
+    (decode, random resized crop 224, flip, colour jitter 0.4 with p=0.8, normalize) from PIL and from tensors."""
     import numpy as np
     from PIL import Image
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
@@ -60,18 +54,32 @@ def bench_data(images: int = 100, repeats: int = 5, large: int = 20) -> dict:
               v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.4)], p=0.8)]
     tv_pil = v2.Compose([*recipe, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
     tv_tensor = v2.Compose([*recipe, v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cv2 = __import__("cv2")
-    cv2_threads = cv2.getNumThreads()
-    cv2.setNumThreads(1)
-    pipelines = {
+    return {
         "decode_only": lambda p, i: decode_image(p),
         "decode_only_pil": lambda p, i: np.asarray(Image.open(p).convert("RGB")),
         "ours": lambda p, i: ours.load(p, seed=i),
         "torchvision_v2": lambda p, i: tv_pil(Image.open(p).convert("RGB")),
         "torchvision_v2_tensor": lambda p, i: tv_tensor(decode_jpeg(read_file(p), mode=ImageReadMode.RGB)),
     }
+
+
+def bench_data(images: int = 100, repeats: int = 5, large: int = 20) -> dict:
+    """Images/s of one worker (one thread) on `images` photo-like JPEGs of 500x375 (an ImageNet-sized photo)
+    and, unless `large` is 0, `large` of 2000x1500 (a phone photo): decoding alone (our decoder, and PIL's), our
+    training pipeline (decode, random resized crop 224, flip, colour jitter 0.4 with p=0.8, normalize), and
+    the same recipe in torchvision-v2, from PIL images (what ImageFolder's loader gives it) and from tensors
+    decoded by torchvision.io. Every pipeline gets a fresh seed per image; the `repeats` passes are interleaved
+    (each pass times every image after one untimed image)."""
+    import tempfile
+
+    import numpy as np
+
+    pipelines = _pipelines()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cv2 = __import__("cv2")
+    cv2_threads = cv2.getNumThreads()
+    cv2.setNumThreads(1)
 
     def run(fn, paths):  # images/s of one pass, its first image untimed
         fn(paths[0], 0)

@@ -65,8 +65,8 @@ def bench_edge(models: list[str], batches: list[int] = (1, 16), threads: list[in
 
     import numpy as np
 
-    from ..deploy.export import ExportableClassifier, export_model, require_onnx
-    from ..deploy.quantize import OnnxModel, quantize
+    from ..deploy.export import require_onnx
+    from ..deploy.quantize import OnnxModel
 
     require_onnx()
     data = None
@@ -88,27 +88,9 @@ def bench_edge(models: list[str], batches: list[int] = (1, 16), threads: list[in
             merged.set_token_reduction(spec)
             eager[f"eager fp32 {spec}"] = merged
         with tempfile.TemporaryDirectory() as tmp:
-            with _quiet():
-                example = torch.randn(2, chans, img, img)
-                files = {"ort fp32": export_model(ExportableClassifier(model), "onnx", Path(tmp) / "plain", example)}
-                files["ort int8 dynamic"] = quantize(files["ort fp32"], Path(tmp) / "dyn.onnx", "dynamic")
-                files["ort int8 static"] = quantize(files["ort fp32"], Path(tmp) / "static.onnx", "static",
-                                                    calib=calib)
-                for i, spec in enumerate(merge):
-                    m = export_model(ExportableClassifier(eager[f"eager fp32 {spec}"]), "onnx",
-                                     Path(tmp) / f"merged{i}", example)
-                    files[f"ort fp32 {spec}"] = m
-                    files[f"ort int8 dynamic {spec}"] = quantize(m, Path(tmp) / f"mdyn{i}.onnx", "dynamic")
+            files = _onnx_variants(eager, merge, calib, Path(tmp), torch.randn(2, chans, img, img))
             sizes = {k: p.stat().st_size for k, p in files.items()}
-            top1 = {}
-            if data:
-                for k, mdl in eager.items():
-                    with torch.inference_mode():
-                        logits = torch.cat([mdl(torch.from_numpy(data["x"][i:i + 64]))
-                                            for i in range(0, len(data["x"]), 64)])
-                    top1[k] = float((logits.argmax(-1).numpy() == data["y"]).mean())
-                for k, p in files.items():
-                    top1[k] = float((OnnxModel(p)(data["x"]).argmax(-1) == data["y"]).mean())
+            top1 = _top1(eager, files, data) if data else {}
             for n_threads in threads:
                 torch.set_num_threads(n_threads)
                 sessions = {k: OnnxModel(p, n_threads) for k, p in files.items()}
@@ -123,6 +105,38 @@ def bench_edge(models: list[str], batches: list[int] = (1, 16), threads: list[in
                         on_rows(rows)
     return dict(rows=out, ort_version=__import__("onnxruntime").__version__, load_average=os.getloadavg(),
                 checkpoint=checkpoint, repeats=repeats)
+
+
+def _onnx_variants(eager: dict[str, torch.nn.Module], merge: list[str], calib, tmp: Path,
+                   example: torch.Tensor) -> dict[str, Path]:
+    """The ONNX files of the table: the plain model in fp32, INT8 dynamic and static (calibrated on `calib`), and
+    per merge spec the merged model in fp32 and INT8 dynamic, written under `tmp`."""
+    from ..deploy.export import ExportableClassifier, export_model
+    from ..deploy.quantize import quantize
+
+    with _quiet():
+        files = {"ort fp32": export_model(ExportableClassifier(eager["eager fp32"]), "onnx", tmp / "plain", example)}
+        files["ort int8 dynamic"] = quantize(files["ort fp32"], tmp / "dyn.onnx", "dynamic")
+        files["ort int8 static"] = quantize(files["ort fp32"], tmp / "static.onnx", "static", calib=calib)
+        for i, spec in enumerate(merge):
+            m = export_model(ExportableClassifier(eager[f"eager fp32 {spec}"]), "onnx", tmp / f"merged{i}", example)
+            files[f"ort fp32 {spec}"] = m
+            files[f"ort int8 dynamic {spec}"] = quantize(m, tmp / f"mdyn{i}.onnx", "dynamic")
+    return files
+
+
+def _top1(eager: dict[str, torch.nn.Module], files: dict[str, Path], data: dict) -> dict[str, float]:
+    """Every variant's top-1 on the checkpoint's validation images (`data["x"]`, labels `data["y"]`)."""
+    from ..deploy.quantize import OnnxModel
+
+    top1 = {}
+    for k, mdl in eager.items():
+        with torch.inference_mode():
+            logits = torch.cat([mdl(torch.from_numpy(data["x"][i:i + 64])) for i in range(0, len(data["x"]), 64)])
+        top1[k] = float((logits.argmax(-1).numpy() == data["y"]).mean())
+    for k, p in files.items():
+        top1[k] = float((OnnxModel(p)(data["x"]).argmax(-1) == data["y"]).mean())
+    return top1
 
 
 def _time_variants(name, eager, sessions, threads, batch, chans, img, warmup, repeats, iters) -> list[dict]:

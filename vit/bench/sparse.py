@@ -20,6 +20,20 @@ from .sides import device_sync
 __all__ = ["bench_sparse"]
 
 
+def _with_dense_weights(make: Callable[[dict], torch.nn.Module], names: list[str], options: list[dict],
+                        device: torch.device) -> list[SimpleNamespace]:
+    """The dense module (`make({})`) first, then one per spec (`make(options[i])`, named `names[i]`) with the
+    dense weights (an indexer keeps its own), all in eval mode on `device`."""
+    torch.manual_seed(0)
+    dense = make({}).to(device).eval()
+    sides = [SimpleNamespace(name="dense", model=dense)]
+    for name, o in zip(names, options):
+        m = make(o).to(device).eval()
+        m.load_state_dict(dense.state_dict(), strict=False)
+        sides.append(SimpleNamespace(name=name, model=m))
+    return sides
+
+
 def bench_sparse(specs: list[str], device: torch.device, tokens: list[int] = (1024, 2048, 4096, 8192),
                  img_sizes: list[int] = (512, 1024), rows: list[str] = ("kernel", "attention", "text"),
                  block_size: int = 128, depth: int = 2, warmup: int = 2, repeats: int = 5,
@@ -39,15 +53,8 @@ def bench_sparse(specs: list[str], device: torch.device, tokens: list[int] = (10
                    block_size=block_size, min_tokens=0) for _, o in parsed]
     log = log or (lambda line: None)
 
-    def build(make, options):  # dense first, then each spec with the dense weights (an indexer keeps its own)
-        torch.manual_seed(0)
-        dense = make({}).to(device).eval()
-        sides = [SimpleNamespace(name="dense", model=dense)]
-        for (name, _), o in zip(parsed, options):
-            m = make(o).to(device).eval()
-            m.load_state_dict(dense.state_dict(), strict=False)
-            sides.append(SimpleNamespace(name=name, model=m))
-        return sides
+    def build(make, options):
+        return _with_dense_weights(make, [name for name, _ in parsed], options, device)
 
     def table(what, n, sides, inp):
         with torch.no_grad():

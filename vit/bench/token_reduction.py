@@ -13,7 +13,7 @@ from ..train.optim import build_optimizer
 from ..utils.timing import interleaved, ratio_stats
 from .sides import Side, device_sync, side_flops
 
-__all__ = ["bench_token_reduction", "format_token_reduction_report"]
+__all__ = ["bench_token_reduction", "timm_twin", "format_token_reduction_report"]
 
 
 def bench_token_reduction(specs: list[str], device: torch.device, model: str = "vit_small_patch16_224",
@@ -26,7 +26,6 @@ def bench_token_reduction(specs: list[str], device: torch.device, model: str = "
     FileNotFoundError before anything is timed."""
     import copy
 
-    import timm
     import timm.optim
 
     from ..data import build_datasets
@@ -43,12 +42,7 @@ def bench_token_reduction(specs: list[str], device: torch.device, model: str = "
         name, img, cfg = model, img_size, None
         base = create_model(name, img_size=img)
     base = base.to(device)
-    blk = base.blocks[0]
-    ref = timm.create_model(name, pretrained=False, img_size=img, patch_size=base.patch_embed.patch_size,
-                            embed_dim=base.embed_dim, depth=len(base.blocks), num_heads=blk.attn.num_heads,
-                            mlp_ratio=blk.mlp.fc1.out_features / base.embed_dim, num_classes=base.num_classes,
-                            global_pool=base.global_pool, in_chans=base.in_chans).to(device)
-    ref.load_state_dict(base.state_dict())
+    ref = timm_twin(base, name, img).to(device)
     opt = OptimConfig(lr=1e-4, weight_decay=0.05)
     sides = [Side("ours", base, build_optimizer(base, opt), device, precision)]
     for spec in specs:
@@ -57,15 +51,8 @@ def bench_token_reduction(specs: list[str], device: torch.device, model: str = "
         sides.append(Side(spec, m, build_optimizer(m, opt), device, precision))
     sides.append(Side("timm", ref, timm.optim.create_optimizer_v2(ref, "adamw", lr=1e-4, weight_decay=0.05),
                       device, precision))
-    acc = {}  # first: the timed training steps below change the weights
-    if cfg is not None:
-        val = build_datasets(cfg, splits=("val",))[1]
-        loader = torch.utils.data.DataLoader(val, batch_size=64)
-        for s in sides[:-1]:
-            s.model.eval()
-            with torch.inference_mode():
-                hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
-            acc[s.name] = hits / len(val)
+    # first: the timed training steps below change the weights
+    acc = _top1(sides[:-1], build_datasets(cfg, splits=("val",))[1], device) if cfg is not None else {}
     B = batch_size
     x = torch.randn(B, base.in_chans, img, img, device=device)  # a grey checkpoint takes one channel
     y = torch.randint(0, base.num_classes, (B,), device=device)
@@ -86,6 +73,31 @@ def bench_token_reduction(specs: list[str], device: torch.device, model: str = "
         rows.append(row)
     return dict(model=name, img_size=img, batch_size=B, device=str(device), precision=precision,
                 threads=torch.get_num_threads(), checkpoint=checkpoint, rows=rows)
+
+
+def timm_twin(model: torch.nn.Module, name: str, img_size: int) -> torch.nn.Module:
+    """timm's `name` shaped as `model` (a checkpoint's width, depth, classes, channels) with its weights."""
+    import timm
+
+    blk = model.blocks[0]
+    ref = timm.create_model(name, pretrained=False, img_size=img_size, patch_size=model.patch_embed.patch_size,
+                            embed_dim=model.embed_dim, depth=len(model.blocks), num_heads=blk.attn.num_heads,
+                            mlp_ratio=blk.mlp.fc1.out_features / model.embed_dim, num_classes=model.num_classes,
+                            global_pool=model.global_pool, in_chans=model.in_chans)
+    ref.load_state_dict(model.state_dict())
+    return ref
+
+
+def _top1(sides: list[Side], val, device: torch.device) -> dict[str, float]:
+    """Each side's top-1 on the validation set `val`."""
+    loader = torch.utils.data.DataLoader(val, batch_size=64)
+    acc = {}
+    for s in sides:
+        s.model.eval()
+        with torch.inference_mode():
+            hits = sum(int((s.model(xb.to(device)).argmax(1).cpu() == yb).sum()) for xb, yb in loader)
+        acc[s.name] = hits / len(val)
+    return acc
 
 
 def format_token_reduction_report(res: dict) -> str:
