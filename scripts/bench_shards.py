@@ -15,7 +15,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ from vit.data.shard_loader import ShardDataset, ShardLoader
 from vit.data.shards import resolve_split, write_shards
 from vit.data.synthetic import photo_like
 from vit.data.transforms import build_transform
+from vit.utils.timing import interleaved, ratio_stats
 
 
 def make_folder(root: Path, n: int, width: int, height: int, classes: int = 10) -> None:
@@ -40,11 +40,17 @@ def make_folder(root: Path, n: int, width: int, height: int, classes: int = 10) 
             Image.fromarray(photo_like(rng, width, height)).save(d / f"{i:05d}.jpg", quality=90)
 
 
-def timed_pass(loader) -> float:
-    t, n = time.perf_counter(), 0
-    for x, _ in loader:
-        n += x.shape[0]
-    return n / (time.perf_counter() - t)
+def epochs(loader, set_epoch, images: list[int]):
+    """One full pass over `loader` per call, the images it gave appended to `images`; the first call (the warm-up:
+    page cache, worker start-up code paths) at the loader's own epoch, call r + 1 at epoch r."""
+    calls = [0]
+
+    def one_pass():
+        if calls[0]:
+            set_epoch(calls[0] - 1)
+        calls[0] += 1
+        images.append(sum(x.shape[0] for x, _ in loader))
+    return one_pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,16 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         shard_ds = ShardDataset(resolve_split(str(out), "train"), info["classes"], t, train=True,
                                 shuffle_buffer=a.shard_size)
         shards = ShardLoader(shard_ds, a.batch_size, num_workers=1, rank=0, world=1)
-        timed_pass(folder), timed_pass(shards)  # warm-up: page cache, worker start-up code paths
-        res: dict[str, list[float]] = {"folder": [], "shards": []}
-        for r in range(a.repeats):  # interleaved: folder, shards, folder, shards, ...
-            folder_ds.set_epoch(r), shards.set_epoch(r)
-            res["folder"].append(timed_pass(folder))
-            res["shards"].append(timed_pass(shards))
-    ratios = [s / f for s, f in zip(res["shards"], res["folder"])]
+        images: dict[str, list[int]] = {"folder": [], "shards": []}
+        seconds = interleaved({"folder": epochs(folder, folder_ds.set_epoch, images["folder"]),
+                               "shards": epochs(shards, shards.set_epoch, images["shards"])},
+                              warmup=1, repeats=a.repeats).wall  # folder, shards, folder, shards, ...
+    res = {k: [n / t for n, t in zip(images[k][1:], v)] for k, v in seconds.items()}  # images/s per pass
+    r = ratio_stats(res["folder"], res["shards"])
     for k, v in res.items():
         print(f"{k:7s} {statistics.median(v):8.0f} images/s (median of {len(v)}: {', '.join(f'{x:.0f}' for x in v)})")
-    print(f"shards / folder: {statistics.median(ratios):.2f}x (min {min(ratios):.2f}, max {max(ratios):.2f})")
+    print(f"shards / folder: {r['median']:.2f}x (min {r['min']:.2f}, max {r['max']:.2f})")
     return 0
 
 

@@ -1,3 +1,3 @@
 """Standard-library helpers every layer may use: atomic file writing (`atomic`), the test-only crash hooks
-(`faults`), FLOP counting and matmul timing (`perf`). Import them by module: `from vit.utils.atomic import ...`;
-this `__init__` imports nothing, so `vit.utils.atomic` stays free of torch."""
+(`faults`), FLOP counting and matmul timing (`perf`), interleaved timing (`timing`). Import them by module:
+`from vit.utils.atomic import ...`; this `__init__` imports nothing, so `vit.utils.atomic` stays free of torch."""
