@@ -29,6 +29,19 @@ def test_interleaved_times_each_call_in_turn_after_its_warmup():
     assert all(s >= 0 for v in (*t.wall.values(), *t.cpu.values()) for s in v)
 
 
+def test_the_timing_module_imports_nothing_heavy():
+    """vit.utils.timing is standard library only: quantize's ONNX-only path and maintainer scripts use it."""
+    import subprocess
+
+    from helpers import ROOT
+
+    code = ("import sys, vit.utils.timing; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT), "PATH": ""}).stdout
+    assert out.strip() == "[]"
+
+
 def test_ratio_stats_are_the_paired_repeats_ratios():
     a, b = [1.0, 2.0, 4.0, 0.5], [3.0, 3.0, 2.0, 2.0]  # ratios b/a: 3, 1.5, 0.5, 4
     assert ratio_stats(a, b) == dict(median=2.25, min=0.5, max=4.0)
