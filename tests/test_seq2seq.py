@@ -213,6 +213,69 @@ def test_generate_refuses_bad_requests():
         image.generate(torch.zeros(1, 1, 16, 16), torch.ones(1, 5))
 
 
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_new_tokens=4.0), "max_new_tokens must be at least 1 .*got 4.0"),
+    (dict(max_new_tokens=True), "max_new_tokens must be at least 1 .*got True"),
+    (dict(num_beams=2.0), "num_beams must be at least 1 .*got 2.0"),
+    (dict(length_penalty=float("nan")), "length_penalty must be a finite number .*got nan"),
+    (dict(length_penalty="1"), "length_penalty must be a finite number"),
+    (dict(num_beams=10**8), r"beam search with num_beams=100000000 over 3 sources of 7 tokens, up to 16 new tokens "
+                            r"each, needs about \d+ GB, more than the \d+ GB of this cpu device"),
+])
+def test_generate_refuses_bad_arguments_in_one_sentence(kwargs, message):
+    """Floats, NaN and a beam count whose caches cannot fit are refused before anything is allocated (10**8
+    beams asked the allocator for terabytes)."""
+    m = _model()
+    src, mask = _source()
+    with pytest.raises(ValueError, match=message) as e:
+        m.generate(src, mask, **kwargs)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("ids,message", [
+    (dict(eos_id=100), r"eos_id=100 is not a token id of the decoder's vocabulary \(0 .. 12\)"),
+    (dict(pad_id=-1), r"pad_id=-1 is not a token id of the decoder's vocabulary"),
+    (dict(bos_id=1.0), r"bos_id=1.0 is not a token id"),
+])
+def test_special_ids_outside_the_vocabulary_are_refused(ids, message):
+    """An <eos> of 100 on a 13-token vocabulary can never be generated (decoding never stops early); a <pad> of
+    -1 would ban the last real token: refused when the model is made, and by the search functions."""
+    m = _model()
+    with pytest.raises(ValueError, match=message):
+        Seq2Seq.text(11, 13, D, 1, H, **ids)
+    memory = torch.randn(2, 3, D)
+    args = {"bos_id": BOS, "eos_id": EOS, "pad_id": PAD, **ids}
+    with pytest.raises(ValueError, match=message):
+        beam_search(m.decoder, memory, None, args["bos_id"], args["eos_id"], args["pad_id"], 4, num_beams=2)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_an_empty_batch_generates_nothing(num_beams):
+    m = _model()
+    out = m.generate(torch.zeros(0, 7, dtype=torch.long), torch.zeros(0, 7, dtype=torch.long), num_beams=num_beams)
+    assert out.sequences.shape == (0, 0) and out.sequences.dtype == torch.long and out.scores.shape == (0,)
+
+
+def test_loss_is_the_mean_over_real_tokens_and_zero_on_padding_only():
+    """The loss is PyTorch's mean cross-entropy over non-padding labels (label smoothing too); a batch of only
+    padding gives 0 with a graph (zero gradients) where a mean over no tokens is NaN (as transformers' is)."""
+    m = _model().train()
+    src, mask = _source()
+    tgt = torch.randint(3, 13, (3, 6), generator=torch.Generator().manual_seed(3))
+    tgt[1, 4:] = PAD
+    logits = m(src, tgt[:, :-1], mask)
+    for smoothing in (0.0, 0.1):
+        expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD,
+                                                     label_smoothing=smoothing)
+        torch.testing.assert_close(m.loss(src, tgt, mask, label_smoothing=smoothing), expected)
+    tgt[:, 1:] = PAD
+    loss = m.loss(src, tgt, mask, label_smoothing=0.1)
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in m.parameters())
+
+
 def test_image_to_text_reads_patch_tokens():
     """A ViT's tokens as the memory: the decoder's cross-attention spans [CLS] + every patch, and the cache
     gives the full forward's logits there too."""

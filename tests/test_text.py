@@ -193,3 +193,20 @@ def test_example_prints_one_line_per_epoch(capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("pos_embed=learn  epoch")]
     assert [line.split()[2] for line in lines] == ["1/2", "2/2"]
     assert all("train loss" in line and "test acc" in line for line in lines)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(num_heads=0), "num_heads=0 is not a whole number of at least 1"),
+    (dict(embed_dim=0), "embed_dim=0 is not a whole number of at least 1"),
+    (dict(embed_dim=18), "embed_dim=18 is not a multiple of num_heads=4"),
+    (dict(depth=-1), "depth=-1 is not a whole number of at least 0"),
+    (dict(max_len=2.0), "max_len=2.0 is not a whole number"),
+    (dict(norm_eps=float("nan")), "norm_eps=nan is not a finite number between 0 and 1"),
+    (dict(norm_eps=-1.0), "norm_eps=-1.0 is not a finite number between 0 and 1"),
+])
+@pytest.mark.parametrize("cls", ["TextEncoder", "TextDecoder"])
+def test_text_model_sizes_are_one_sentence(cls, kwargs, message):
+    """A NaN or negative eps gave NaN outputs, zero heads or width a ZeroDivisionError from deep in torch."""
+    args = {"vocab_size": 10, "embed_dim": 16, "depth": 1, "num_heads": 4, "max_len": 8, **kwargs}
+    with pytest.raises(ValueError, match=f"{cls}: {message}"):
+        getattr(vit.models, cls)(**args)

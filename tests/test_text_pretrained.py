@@ -271,3 +271,89 @@ def test_unreadable_config_is_one_sentence(tmp_path):
         with pytest.raises(ValueError, match=message) as e:
             vit.create_text_model(f"local-dir:{folder}")
         assert "\n" not in str(e.value)
+
+
+def _bert_folder(hub, tmp_path, change=None, edit=None):
+    """A copy of the BERT folder with its config.json updated by `change` and its weights passed to `edit`."""
+    from safetensors.torch import load_file, save_file
+
+    src, folder = hub[0] / "dirs" / "bert", tmp_path / "m"
+    folder.mkdir()
+    config = json.loads((src / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **(change or {})}))
+    state = load_file(str(src / "model.safetensors"))
+    if edit is not None:
+        edit(state)
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
+
+
+QKV = "encoder.layer.1.attention.self."
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda w: w.to(torch.int8), "blocks.1.attn.k.weight is int8, not a floating-point tensor"),
+    (lambda w: w > 0, "blocks.1.attn.k.weight is bool, not a floating-point tensor"),
+    (lambda w: w.index_fill(0, torch.tensor([3]), float("nan")), "blocks.1.attn.k.weight holds non-finite"),
+    (lambda w: torch.zeros(D, D + 1), r"shape mismatch: blocks\.1\.attn weight query, key, value \(32, 32\), "
+                                      r"\(32, 33\), \(32, 32\)"),
+    (lambda w: torch.zeros(2 * D, D), r"shape mismatch: blocks\.1\.attn weight query, key, value"),
+])
+def test_qkv_are_checked_before_they_are_fused(hub, tmp_path, bad, message):
+    """An int8 or bool key projection would be cast by torch.cat to the query's float without a word, a key of
+    another width would crash in torch.cat (or fuse into a (4D, D) matrix): each is one sentence naming it."""
+    folder = _bert_folder(hub, tmp_path, edit=lambda s: s.update({QKV + "key.weight": bad(s[QKV + "key.weight"])}))
+    with pytest.raises((ValueError, FloatingPointError), match=message) as e:
+        vit.create_text_model(f"local-dir:{folder}")
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(num_attention_heads=0), "num_attention_heads=0, which is not a positive integer"),
+    (dict(hidden_size=0), "hidden_size=0, which is not a positive integer"),
+    (dict(hidden_size=30), "hidden_size=30, which is not a multiple of num_attention_heads=4"),
+    (dict(vocab_size="99"), "vocab_size='99', which is not a positive integer"),
+    (dict(num_hidden_layers=-2), "num_hidden_layers=-2, which is not a positive integer"),
+    (dict(num_hidden_layers=2.0), "num_hidden_layers=2.0, which is not a positive integer"),
+    (dict(max_position_embeddings=True), "max_position_embeddings=True, which is not a positive integer"),
+    (dict(intermediate_size=None), "intermediate_size=None, which is not a positive integer"),
+    (dict(type_vocab_size=-1), "type_vocab_size=-1, which is not a count of token types"),
+    (dict(layer_norm_eps=-1), "layer_norm_eps=-1, which is not a finite number between 0 and 1"),
+    (dict(layer_norm_eps=NAN), "layer_norm_eps=nan, which is not a finite number"),
+    (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob=1.5, which is not a probability"),
+    (dict(hidden_act=["gelu"]), r"the activation \['gelu'\]"),
+    (dict(vocab_size=10**13), r"would have about 3.2e\+14 parameters, more than 1e\+10 \(hidden_size=32"),
+    (dict(num_hidden_layers=10**6, hidden_size=768, num_attention_heads=12), r"would have about 2.4e\+12 parameters"),
+    (dict(vocab_size=10**8), r"shape mismatch: token_embed\.weight \(99, 32\) vs \(100000000, 32\)"),
+    (dict(num_hidden_layers=10**5), r"missing: blocks\.2\.norm1\.weight, blocks\.3\.norm1\.weight"),
+])
+def test_a_hostile_config_is_one_sentence_before_anything_is_built(hub, tmp_path, monkeypatch, change, message):
+    """Wrong types and ranges are named field by field; sizes past the image side's parameter bound are refused
+    from the config alone, and sizes within it that the weights do not have before the model is allocated."""
+    from vit.models import text_build
+
+    folder = _bert_folder(hub, tmp_path, change)
+    monkeypatch.setattr(text_build, "TextEncoder", lambda **kw: pytest.fail(f"a model was built: {kw}"))
+    with pytest.raises(ValueError, match=message) as e:
+        vit.create_text_model(f"local-dir:{folder}")
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+    if "would have" in message:  # the same bound without weights
+        with pytest.raises(ValueError, match="would have about"):
+            vit.models.text_encoder_from_config(json.loads((folder / "config.json").read_text()))
+
+
+def test_a_fifo_or_device_weights_file_is_named_not_missing(hub, tmp_path):
+    import os
+
+    folder = _bert_folder(hub, tmp_path)
+    (folder / "model.safetensors").unlink()
+    os.mkfifo(folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a regular file \(it is a FIFO"):
+        vit.create_text_model(f"local-dir:{folder}")
+    (folder / "model.safetensors").unlink()
+    os.symlink("/dev/zero", folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.safetensors is not a regular file \(it is a device"):
+        vit.create_text_model(f"local-dir:{folder}")

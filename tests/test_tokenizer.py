@@ -153,3 +153,68 @@ def test_tokenizer_feeds_the_model(folders):
     with torch.no_grad():
         out = model(**batch)
     assert out.last_hidden_state.shape[:2] == batch["input_ids"].shape
+
+
+@pytest.mark.parametrize("config,message", [
+    (dict(pad_token=0), "sets pad_token=0, which is not a token string"),
+    (dict(pad_token=["[PAD]"]), r"sets pad_token=\['\[PAD\]'\], which is not a token string"),
+    (dict(pad_token={"content": 5}), "sets pad_token=.*which is not a token string"),
+    (dict(model_input_names=5), "sets model_input_names=5, which is not a list of input names"),
+    (dict(model_input_names=["input_ids", 3]), "sets model_input_names=.*which is not a list of input names"),
+    (dict(model_max_length=-1), "sets model_max_length=-1, which is not a positive number of tokens"),
+    (dict(model_max_length=float("nan")), "sets model_max_length=nan, which is not a positive number"),
+    (dict(model_max_length="512"), "sets model_max_length='512', which is not a positive number"),
+    (dict(model_max_length=1.9e19), "sets model_max_length=1.9e\\+19, which is not at most 1048576 tokens"),
+    (dict(padding_side="up"), "sets padding_side='up', which is not 'left' or 'right'"),
+])
+def test_a_bad_tokenizer_config_is_one_sentence(folders, config, message):
+    backend = vit.load_tokenizer(f"local-dir:{folders['bert-uncased']}").backend
+    with pytest.raises(ValueError, match=message) as e:
+        vit.hub.Tokenizer(backend, {"pad_token": "[PAD]", **config})("a", padding=True, truncation=True)
+    assert "\n" not in str(e.value) and "fix or remove that field" in str(e.value)
+
+
+def test_transformers_no_limit_length_still_means_none(folders):
+    backend = vit.load_tokenizer(f"local-dir:{folders['bert-uncased']}").backend
+    assert vit.hub.Tokenizer(backend, {"model_max_length": 1e30}).model_max_length is None
+    assert vit.hub.Tokenizer(backend, {"model_max_length": 512}).model_max_length == 512
+
+
+def test_a_huge_max_length_is_refused_before_the_rust_tokenizer_aborts(folders):
+    """padding='max_length' with max_length=10**9 makes the Rust tokenizer abort the whole process (SIGABRT);
+    each call runs in a forked child so that an abort fails this test instead of killing pytest."""
+    import os
+
+    tok = vit.load_tokenizer(f"local-dir:{folders['bert-uncased']}")
+    for n in (10**9, 0, -1, 2.5, True):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report the refusal (or nothing) and leave without running pytest's teardown
+            try:
+                tok(["a b", "c"], padding="max_length", truncation=True, max_length=n)
+            except ValueError as e:
+                os.write(write, str(e).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            message = f.read()
+        status = os.waitpid(pid, 0)[1]
+        assert os.WIFEXITED(status), f"max_length={n!r}: the child died of signal {os.WTERMSIG(status)}"
+        assert message == f"max_length={n!r} is not a number of tokens from 1 to 1048576; pass the model's " \
+                          "maximum length (e.g. 512) or leave it out."
+
+
+@pytest.mark.parametrize("filename", ["tokenizer.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_fifo_or_device_tokenizer_file_is_named_not_missing(folders, tmp_path, filename, kind):
+    """A FIFO would hang a read and /dev/zero never ends: each is refused by name, never taken for an absent file
+    ("has no tokenizer.json") nor skipped (then "sets no pad_token")."""
+    import os
+    import shutil
+
+    folder = shutil.copytree(folders["bert-uncased"], tmp_path / "tok")
+    (folder / filename).unlink()
+    os.mkfifo(folder / filename) if kind == "fifo" else os.symlink("/dev/zero", folder / filename)
+    with pytest.raises(ValueError, match=f"{filename} is not a regular file") as e:
+        vit.load_tokenizer(f"local-dir:{folder}")
+    assert "\n" not in str(e.value)

@@ -22,6 +22,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..utils.files import check_regular_file, read_regular_file
+
 __all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "hub_cache_dir",
            "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
 
@@ -305,14 +307,10 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
 def read_json(path: Path, name: str, limit: int = MAX_CONFIG_BYTES) -> dict:
     """A repository's JSON file (a transformers config.json, tokenizer_config.json, ...) as a dict, refused in one
     sentence when it is not a regular file, is larger than `limit` bytes, or is not a JSON object."""
-    path = regular_file(path, f"{name}:", f"{name}: {path} does not exist.")
-    size = path.stat().st_size
-    if size > limit:
-        raise ValueError(f"{name}: {path} is {size / 2**20:.0f} MB, larger than such a file can be "
-                         f"({limit / 2**20:.0f} MB), so it is not read.")
+    data = read_regular_file(path, limit, f"{name}:")
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{name}: {path} is not readable JSON ({type(e).__name__}: {e}).") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name}: {path} holds a JSON {type(value).__name__}, not an object; it is not a config.")
@@ -329,15 +327,17 @@ def repo_file(name: str, names: tuple[str, ...], cache_dir: str | Path | None = 
     kind_, ident = _split_source(name) if name.startswith(SOURCES) or name.startswith("hf_hub:") else (None, name)
     if kind_ == "hf-hub":
         repo_id, _, revision = ident.partition("@")
-        return _hub_file(repo_id, revision or None, names, cache_dir, what, kind)
+        return check_regular_file(_hub_file(repo_id, revision or None, names, cache_dir, what, kind), None,
+                                  f"{name}:")
     if kind_ == "local-dir":
         folder = Path(ident)
         if not folder.is_dir():
             raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder laid out like a hub "
                                     f"repository (e.g. one written by save_pretrained).")
         for filename in names:
-            if (folder / filename).is_file():
-                return folder / filename
+            path = folder / filename
+            if path.exists() or path.is_symlink():  # a FIFO or a link to /dev/zero is named, not skipped
+                return check_regular_file(path, None, f"{name}:")
         raise FileNotFoundError(f"{name}: {folder} holds none of {', '.join(names)}; it is not {kind}.")
     raise ValueError(f"{name!r} names no repository; write hf-hub:org/name[@revision] (a Hugging Face hub "
                      "repository, from its cache offline) or local-dir:/path/to/folder.")

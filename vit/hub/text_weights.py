@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .weights import check_weights
+
 __all__ = ["FAMILIES", "PREFIXES", "text_state_dict"]
 
 _LAYER = r"blocks.\1."
@@ -90,7 +92,8 @@ def text_state_dict(state: dict[str, torch.Tensor], family: str, report: Any) ->
     """A Hugging Face checkpoint of `family` ('bert' | 'distilbert' | 'clip_text') in `TextEncoder`'s names, with
     q/k/v fused into `qkv` (rows in that order, as `Attention` splits them). Keys no rule knows are kept under
     their own names, so that the loader's strict check names them. `report.actions` (a LoadReport) records what
-    was dropped."""
+    was dropped. Every tensor is checked (`check_weights`: floating point, finite) before q/k/v are fused, and
+    q/k/v of unequal shapes are refused in one sentence."""
     state = _strip_prefix(state, family, report)
     out: dict[str, torch.Tensor] = {}
     parts: dict[str, list[torch.Tensor | None]] = {}  # 'blocks.0.attn.qkv.weight' -> [q, k, v]
@@ -110,10 +113,19 @@ def text_state_dict(state: dict[str, torch.Tensor], family: str, report: Any) ->
             out[key] = value[None]  # (P, D) -> (1, P, D)
         else:
             out[key] = value
+    # dtypes and finiteness before fusing: torch.cat would cast a bool or int8 part to the others' float in silence
+    separate = {key.replace(".qkv.", f".{n}."): p for key, qkv in parts.items()
+                for n, p in zip(("q", "k", "v"), qkv) if p is not None}
+    check_weights({**out, **separate}, report.path)
     for key, qkv in parts.items():
         if any(p is None for p in qkv):
             missing = [n for n, p in zip(("query", "key", "value"), qkv) if p is None]
             raise ValueError(f"the checkpoint has {key.replace('.qkv.', ' ')} without its {' and '.join(missing)} "
                              "projection; it is incomplete or from another architecture.")
+        shapes = [tuple(p.shape) for p in qkv]
+        if len(set(shapes)) > 1 or len(shapes[0]) != (2 if key.endswith("weight") else 1):
+            raise ValueError(f"{report.path} does not fit this model (shape mismatch: {key.replace('.qkv.', ' ')} "
+                             f"query, key, value {', '.join(map(str, shapes))}, which must be one (D, D) matrix or "
+                             "(D,) vector each); it is from another architecture: create the model it was saved from.")
         out[key] = torch.cat(qkv, dim=0)  # (3D, D) or (3D,)
     return out

@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .names import read_json, regular_file, repo_file
+from ..utils.files import read_regular_file
+from .names import read_json, repo_file
 
 __all__ = ["Tokenizer", "load_tokenizer"]
 
@@ -27,8 +28,14 @@ __all__ = ["Tokenizer", "load_tokenizer"]
 _NO_TOKEN_TYPES = {"DistilBertTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer", "CamembertTokenizer",
                    "CLIPTokenizer", "GPT2Tokenizer", "BartTokenizer", "LongformerTokenizer", "MPNetTokenizer"}
 _HUGE = 10**20  # transformers' "no limit" model_max_length is 1e30
+MAX_LENGTH = 2**20  # tokens per text at most: past any model's positions, and far below what Rust aborts on
 TOKENIZER_LIMIT = 256 * 2**20  # bytes of a tokenizer.json read at most
 CONFIG_LIMIT = 16 * 2**20  # of tokenizer_config.json (its added-token table can be long)
+
+
+def _bad_config(key: str, value: Any, want: str) -> None:
+    raise ValueError(f"tokenizer_config.json sets {key}={value!r:.60}, which is not {want}; fix or remove that "
+                     "field (transformers' save_pretrained writes a valid one).")
 
 
 def _token(value: Any) -> str | None:
@@ -46,15 +53,27 @@ class Tokenizer:
         config = config or {}
         self.backend = backend
         self.pad_token = _token(config.get("pad_token"))
+        if self.pad_token is not None and not isinstance(self.pad_token, str):
+            _bad_config("pad_token", config.get("pad_token"), "a token string (or an AddedToken with 'content')")
         self.pad_token_id = backend.token_to_id(self.pad_token) if self.pad_token is not None else None
+        for key in ("padding_side", "truncation_side"):
+            if config.get(key, "right") not in ("left", "right"):
+                _bad_config(key, config[key], "'left' or 'right'")
         self.padding_side = config.get("padding_side", "right")
         self.truncation_side = config.get("truncation_side", "right")
         limit = config.get("model_max_length")
-        self.model_max_length = int(limit) if isinstance(limit, (int, float)) and limit < _HUGE else None
+        if limit is not None and (type(limit) not in (int, float) or not limit >= 1):  # `not >=`: NaN too
+            _bad_config("model_max_length", limit, "a positive number of tokens")
+        if limit is not None and MAX_LENGTH < limit < _HUGE:
+            _bad_config("model_max_length", limit, f"at most {MAX_LENGTH} tokens (or transformers' 'no limit', "
+                        "1e30)")
+        self.model_max_length = int(limit) if limit is not None and limit < _HUGE else None
         names = config.get("model_input_names")
         if names is None:
             cls = str(config.get("tokenizer_class") or "").removesuffix("Fast")
             names = ["input_ids", "attention_mask"] + ([] if cls in _NO_TOKEN_TYPES else ["token_type_ids"])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            _bad_config("model_input_names", names, "a list of input names such as ['input_ids', 'attention_mask']")
         self.model_input_names = list(names)
 
     @property
@@ -110,6 +129,10 @@ class Tokenizer:
         if truncation not in (False, True, "longest_first", "only_first", "only_second", "do_not_truncate"):
             raise ValueError(f"unknown truncation {truncation!r}; use False, True ('longest_first'), 'only_first' "
                              "or 'only_second'.")
+        if max_length is not None and (type(max_length) is not int or not 1 <= max_length <= MAX_LENGTH):
+            # the Rust tokenizer aborts the whole process on a padding length it cannot allocate (10**9)
+            raise ValueError(f"max_length={max_length!r} is not a number of tokens from 1 to {MAX_LENGTH}; pass "
+                             "the model's maximum length (e.g. 512) or leave it out.")
         length = max_length if max_length is not None else self.model_max_length
         if truncation not in (False, "do_not_truncate") and length is not None:
             strategy = "longest_first" if truncation is True else truncation
@@ -145,12 +168,9 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None) -> Tokenizer:
         raise FileNotFoundError(f"{name} has no tokenizer.json (only the older vocabulary files); write one with "
                                 "transformers: AutoTokenizer.from_pretrained(...).save_pretrained(folder), then load "
                                 "local-dir:folder.") from None
-    size = regular_file(path, f"{name}:", f"{name}: {path} does not exist.").stat().st_size
-    if size > TOKENIZER_LIMIT:  # the largest published ones (XLM-R, BLOOM) are 15-20 MB
-        raise ValueError(f"{name}: {path} is {size / 2**20:.0f} MB, larger than a tokenizer.json can be "
-                         f"({TOKENIZER_LIMIT // 2**20} MB), so it is not read.")
+    data = read_regular_file(path, TOKENIZER_LIMIT, f"{name}:")  # a FIFO or /dev/zero is named, never read
     try:
-        backend = Backend.from_file(str(path))
+        backend = Backend.from_str(data.decode("utf-8"))
     except Exception as e:
         raise ValueError(f"{name}: {path} is not a tokenizer.json the tokenizers library reads "
                          f"({str(e).splitlines()[0]}).") from None
@@ -158,7 +178,7 @@ def load_tokenizer(name: str, cache_dir: str | Path | None = None) -> Tokenizer:
     for filename in ("special_tokens_map.json", "tokenizer_config.json"):  # the latter wins, as in transformers
         try:
             found = repo_file(name, (filename,), cache_dir)
-        except (FileNotFoundError, ValueError):
+        except FileNotFoundError:  # absent; one that is there but unreadable is refused by name
             continue
         config.update(read_json(found, name, limit=CONFIG_LIMIT))
     return Tokenizer(backend, config)

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..layers import CachedSelfAttention, CrossAttention, DropPath, get_mlp_layer, get_norm_layer, sincos_1d
 from .encoder import drop_path_rates
+from .text_encoder import check_text_sizes
 
 __all__ = ["DecoderBlock", "Decoder", "DecoderCache", "LayerCache", "TextDecoder"]
 
@@ -215,6 +216,7 @@ class TextDecoder(nn.Module):
         fused_attn: bool = True,
     ) -> None:
         super().__init__()
+        check_text_sizes("TextDecoder", vocab_size, embed_dim, depth, num_heads, max_len, norm_eps)
         if pos_embed not in ("learn", "sincos"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn' or 'sincos'.")
         norm = get_norm_layer(norm_layer, norm_eps)

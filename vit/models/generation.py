@@ -14,13 +14,15 @@ exhaustive search (both checked in tests). The self-attention cache follows each
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 
 import torch
 
 from .decoder import DecoderCache, TextDecoder
 
-__all__ = ["GenerateOutput", "beam_search", "greedy_search"]
+__all__ = ["GenerateOutput", "beam_search", "check_generate_args", "check_special_ids", "greedy_search"]
 
 
 @dataclass
@@ -44,11 +46,52 @@ def _log_probs(
     return logits.log_softmax(dim=-1)
 
 
-def _check(max_new_tokens: int, bos_id: int, eos_id: int, pad_id: int) -> None:
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}.")
+def check_special_ids(bos_id: int, eos_id: int, pad_id: int, vocab_size: int) -> None:
+    """Refuse, in one sentence, special ids that are not distinct ids of the decoder's vocabulary: an <eos> past
+    it can never be generated (decoding never stops), a <pad> of -1 would ban the last real token."""
+    for key, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
+        if type(value) is not int or not 0 <= value < vocab_size:
+            raise ValueError(f"{key}={value!r} is not a token id of the decoder's vocabulary (0 .. {vocab_size - 1}); "
+                             "pass the tokenizer's id for it.")
     if len({bos_id, eos_id, pad_id}) < 3:
         raise ValueError(f"bos_id, eos_id and pad_id must differ, got {bos_id}, {eos_id} and {pad_id}.")
+
+
+def check_generate_args(decoder: TextDecoder, bos_id: int, eos_id: int, pad_id: int, max_new_tokens: int,
+                        num_beams: int = 1, length_penalty: float = 1.0) -> None:
+    """Every decoding argument, type and range, before anything is computed (one sentence each)."""
+    for key, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams)):
+        if type(value) is not int or value < 1:
+            raise ValueError(f"{key} must be at least 1 (a whole number of tokens or beams), got {value!r}.")
+    if type(length_penalty) not in (int, float) or not math.isfinite(length_penalty):
+        raise ValueError(f"length_penalty must be a finite number (0: the summed log-probability, 1: per token), "
+                         f"got {length_penalty!r}.")
+    check_special_ids(bos_id, eos_id, pad_id, decoder.head.out_features)
+
+
+def _check_beam_memory(decoder: TextDecoder, memory: torch.Tensor, num_beams: int, max_new_tokens: int) -> None:
+    """Bound what beam search allocates before it allocates it: B*K rows of the memory and its cross-attention
+    keys and values (M tokens), of the self-attention cache and ids (up to max_new_tokens + 1 tokens), and of
+    float32 scores over the vocabulary; more than the device holds is one sentence, not an allocator error."""
+    B, M, D = memory.shape
+    rows, L, V = B * num_beams, max_new_tokens + 1, decoder.head.out_features
+    depth, item = len(decoder.blocks), memory.element_size()
+    need = rows * ((1 + 2 * depth) * M * D * item + 2 * depth * L * D * item + 8 * L + 4 * 4 * V)
+    if memory.device.type == "cuda":
+        have = torch.cuda.get_device_properties(memory.device).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"beam search with num_beams={num_beams} over {B} sources of {M} tokens, up to "
+                         f"{max_new_tokens} new tokens each, needs about {need / 2**30:.0f} GB, more than the "
+                         f"{have / 2**30:.0f} GB of this {memory.device.type} device; use fewer beams, fewer "
+                         "sources per call or fewer new tokens.")
+
+
+def _empty(memory: torch.Tensor) -> GenerateOutput:
+    """No sources (B = 0): no sequences, no scores."""
+    return GenerateOutput(torch.zeros(0, 0, dtype=torch.long, device=memory.device),
+                          torch.zeros(0, dtype=memory.dtype, device=memory.device))
 
 
 @torch.no_grad()
@@ -64,8 +107,10 @@ def greedy_search(
     use_cache: bool = True,
 ) -> GenerateOutput:
     """The most likely next token, step by step, for every source in memory (B, M, D)."""
-    _check(max_new_tokens, bos_id, eos_id, pad_id)
+    check_generate_args(decoder, bos_id, eos_id, pad_id, max_new_tokens, 1, length_penalty)
     B = memory.shape[0]
+    if B == 0:
+        return _empty(memory)
     ids = torch.full((B, 1), bos_id, dtype=torch.long, device=memory.device)
     score = torch.zeros(B, dtype=memory.dtype, device=memory.device)
     length = torch.zeros(B, dtype=torch.long, device=memory.device)
@@ -98,8 +143,11 @@ def beam_search(
     use_cache: bool = True,
 ) -> GenerateOutput:
     """The best of `num_beams` hypotheses per source in memory (B, M, D); see the module docstring."""
-    _check(max_new_tokens, bos_id, eos_id, pad_id)
+    check_generate_args(decoder, bos_id, eos_id, pad_id, max_new_tokens, num_beams, length_penalty)
     B, K, dev = memory.shape[0], num_beams, memory.device
+    if B == 0:
+        return _empty(memory)
+    _check_beam_memory(decoder, memory, K, max_new_tokens)
     cache = None
     if use_cache:
         cache = decoder.init_cache(memory, memory_mask)  # the memory's keys and values: once per source

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..layers import get_norm_layer
 from .decoder import TextDecoder
-from .generation import GenerateOutput, beam_search, greedy_search
+from .generation import GenerateOutput, beam_search, check_generate_args, check_special_ids, greedy_search
 from .text_encoder import TextEncoder
 
 __all__ = ["Seq2Seq"]
@@ -30,8 +30,7 @@ class Seq2Seq(nn.Module):
     def __init__(self, encoder: nn.Module, decoder: TextDecoder, bos_id: int = 1, eos_id: int = 2,
                  pad_id: int = 0) -> None:
         super().__init__()
-        if len({bos_id, eos_id, pad_id}) < 3:
-            raise ValueError(f"bos_id, eos_id and pad_id must differ, got {bos_id}, {eos_id} and {pad_id}.")
+        check_special_ids(bos_id, eos_id, pad_id, decoder.head.out_features)
         if not isinstance(encoder, TextEncoder) and not hasattr(encoder, "forward_features"):
             raise ValueError(f"the encoder is a {type(encoder).__name__}; use a vit.TextEncoder or a model with "
                              "forward_features (a vit.VisionTransformer) whose tokens the decoder reads.")
@@ -92,10 +91,14 @@ class Seq2Seq(nn.Module):
     def loss(self, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
         """Mean cross-entropy of tgt (B, T) = <bos> y1 .. yT <eos> <pad>...: inputs tgt[:, :-1], labels tgt[:, 1:],
-        padding ignored."""
+        padding ignored. A batch whose labels are all padding has loss 0 (still attached to the graph, so
+        backward gives zero gradients): transformers' models return NaN there (a mean over no tokens), which
+        would poison every weight at the next step."""
         logits = self(src, tgt[:, :-1], src_mask)
-        return F.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=self.pad_id,
-                               label_smoothing=label_smoothing)
+        labels = tgt[:, 1:].flatten()
+        total = F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=self.pad_id,
+                                label_smoothing=label_smoothing, reduction="sum")
+        return total / (labels != self.pad_id).sum().clamp(min=1)
 
     @torch.no_grad()
     def generate(
@@ -112,11 +115,11 @@ class Seq2Seq(nn.Module):
         `max_new_tokens` (default: as many as the decoder's positions allow) ids per source, <eos> included."""
         limit = self.decoder.max_len  # fed: <bos> and all but the last new token, one position each
         max_new_tokens = limit if max_new_tokens is None else max_new_tokens
+        check_generate_args(self.decoder, self.bos_id, self.eos_id, self.pad_id, max_new_tokens, num_beams,
+                            length_penalty)
         if max_new_tokens > limit:
             raise ValueError(f"max_new_tokens={max_new_tokens} is more than the decoder's max_len "
                              f"{self.decoder.max_len} allows; ask for at most {limit}.")
-        if num_beams < 1:
-            raise ValueError(f"num_beams must be at least 1, got {num_beams}.")
         memory, memory_mask = self.encode(src, src_mask)
         args = (self.decoder, memory, memory_mask, self.bos_id, self.eos_id, self.pad_id, max_new_tokens)
         if num_beams == 1:

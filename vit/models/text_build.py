@@ -27,9 +27,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..hub.names import WEIGHT_FILES, read_json, repo_file
 from ..hub.text_weights import text_state_dict
-from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
+from ..hub.weights import LoadReport, check_fit, read_state_dict
+from .build import MAX_PARAMS
 from .text_encoder import TextEncoder
 
 __all__ = ["FAMILIES", "create_text_model", "text_encoder_from_config", "text_model_args"]
@@ -73,7 +76,7 @@ def _refuse(name: str, what: str) -> None:
 
 
 def _act(value: str, name: str) -> str:
-    if value not in ACTIVATIONS:
+    if not isinstance(value, str) or value not in ACTIVATIONS:
         _refuse(name, f"the activation {value!r} (supported: {', '.join(ACTIVATIONS)})")
     return ACTIVATIONS[value]
 
@@ -82,6 +85,56 @@ def _mlp_ratio(hidden: int, intermediate: int) -> float:
     """A ratio that `Block` turns back into exactly `intermediate` (int(dim * ratio))."""
     ratio = intermediate / hidden
     return ratio if int(hidden * ratio) == intermediate else (intermediate + 0.5) / hidden
+
+
+# model_type -> (the config's field for width, depth, heads, MLP width); the other size fields are shared
+_SIZE_FIELDS = {"distilbert": ("dim", "n_layers", "n_heads", "hidden_dim")}
+_BERT_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def _bad(name: str, key: str, value: Any, want: str) -> None:
+    raise ValueError(f"{name}: its config.json sets {key}={value!r:.60}, which is not {want}; fix that field "
+                     "(transformers' save_pretrained writes a valid one).")
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int  # not bool (True is an int to isinstance), not 12.0
+
+
+def _check_config(c: dict[str, Any], arch: str, model_type: str, name: str) -> None:
+    """Every field `text_model_args` reads, type and range, in one place, then the parameter count (the image
+    side's bound, vit.models.build.MAX_PARAMS) before anything is allocated: a hostile or mistyped config.json
+    is one sentence, never a TypeError or ZeroDivisionError from torch or a 10**13-row embedding."""
+    width, depth, heads, ff = _SIZE_FIELDS.get(arch, _BERT_SIZES)
+    for key in ("vocab_size", width, depth, heads, ff, "max_position_embeddings"):
+        if not _is_int(c[key]) or c[key] < 1:
+            _bad(name, key, c[key], "a positive integer")
+    if c[width] % c[heads]:
+        _bad(name, width, c[width], f"a multiple of {heads}={c[heads]} (each head takes an equal share)")
+    drops = ("dropout", "attention_dropout") if arch == "distilbert" else (
+        ("attention_dropout",) if arch == "clip_text" else ("hidden_dropout_prob", "attention_probs_dropout_prob"))
+    for key in drops:
+        if type(c[key]) not in (int, float) or not 0 <= c[key] < 1:  # `not`: NaN fails too
+            _bad(name, key, c[key], "a probability in [0, 1)")
+    if arch != "distilbert" and (type(c["layer_norm_eps"]) not in (int, float) or not 0 < c["layer_norm_eps"] < 1):
+        _bad(name, "layer_norm_eps", c["layer_norm_eps"], "a finite number between 0 and 1 (e.g. 1e-12)")
+    types = c.get("type_vocab_size", 0) if arch in ("bert", "roberta") else 0
+    if not _is_int(types) or types < 0:
+        _bad(name, "type_vocab_size", types, "a count of token types (0 or more)")
+    if arch == "roberta" and (not _is_int(c["pad_token_id"]) or c["pad_token_id"] < 0):
+        _bad(name, "pad_token_id", c["pad_token_id"], "a token id (0 or more)")
+    if model_type == "electra" and not _is_int(c["embedding_size"]):
+        _bad(name, "embedding_size", c["embedding_size"], "a positive integer")
+    if arch == "clip_text" and c.get("eos_token_id") is not None and not (
+            _is_int(c["eos_token_id"]) and 0 <= c["eos_token_id"] < c["vocab_size"]):
+        _bad(name, "eos_token_id", c["eos_token_id"], f"a token id below vocab_size={c['vocab_size']}")
+    D, F = c[width], c[ff]
+    n = c[depth] * (4 * D * D + 2 * D * F + 9 * D + F) + (c["vocab_size"] + c["max_position_embeddings"] + types) * D
+    if n > MAX_PARAMS:  # Python ints: exact, no overflow
+        about = f"about {float(n):.2g}" if n < 1e300 else "over 1e+300"
+        raise ValueError(f"{name} would have {about} parameters, more than {MAX_PARAMS:.0e} ({width}={D}, {depth}="
+                         f"{c[depth]}, vocab_size={c['vocab_size']}); its config.json is wrong or hostile: check its "
+                         "size fields.")
 
 
 def text_model_args(config: dict[str, Any], name: str = "the model") -> tuple[str, dict[str, Any]]:
@@ -101,6 +154,7 @@ def text_model_args(config: dict[str, Any], name: str = "the model") -> tuple[st
             _refuse(name, f"{key}=true")
     if c.get("position_embedding_type", "absolute") != "absolute":
         _refuse(name, f"position_embedding_type={c['position_embedding_type']!r}")
+    _check_config(c, arch, model_type, name)
     if arch == "distilbert":
         return layout, dict(
             vocab_size=c["vocab_size"], embed_dim=c["dim"], depth=c["n_layers"], num_heads=c["n_heads"],
@@ -136,6 +190,18 @@ def text_encoder_from_config(config: dict[str, Any], pooler: bool | None = None,
     return TextEncoder(**{**kwargs, "pooler": pooler, **overrides})
 
 
+def _check_sizes(state: dict[str, torch.Tensor], kwargs: dict[str, Any], where: str) -> None:
+    """The config's vocabulary, positions, width and depth held against the weights' own before the model is
+    built: a config.json claiming 10**8 tokens or 10**5 blocks (within the parameter bound at a small width)
+    is check_fit's sentence, not gigabytes allocated and then refused."""
+    V, D, P, T = kwargs["vocab_size"], kwargs["embed_dim"], kwargs["max_len"], kwargs.get("type_vocab_size", 0)
+    own = {"token_embed.weight": (V, D), "pos_embed": (1, P, D), **({"type_embed.weight": (T, D)} if T else {})}
+    held = len({k.split(".")[1] for k in state if k.startswith("blocks.")})
+    own.update({f"blocks.{i}.norm1.weight": (D,) for i in range(min(kwargs["depth"], held + 4))})
+    meta = {k: torch.empty(shape, device="meta") for k, shape in own.items()}  # shapes only: nothing allocated
+    check_fit({k: state[k] for k in own if k in state}, meta, where)
+
+
 def create_text_model(name: str, cache_dir: str | Path | None = None, **overrides: Any) -> TextEncoder:
     """The text model `name` names (`hf-hub:org/repo[@revision]` or `local-dir:/folder`) as a `TextEncoder` with
     its weights, in eval mode (as transformers' from_pretrained): `model(input_ids, attention_mask=...,
@@ -146,8 +212,8 @@ def create_text_model(name: str, cache_dir: str | Path | None = None, **override
     layout, kwargs = text_model_args(config, name)
     weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
     report = LoadReport(f"{name} ({weights})")
-    state = text_state_dict(read_state_dict(weights), layout, report)
-    check_weights(state, weights)  # floating point and finite (after the integer position_ids buffer is dropped)
+    state = text_state_dict(read_state_dict(weights), layout, report)  # checked: floating point and finite
+    _check_sizes(state, kwargs, f"{name} ({weights.name})")
     model = TextEncoder(**{**kwargs, "pooler": "pooler.fc.weight" in state, **overrides})
     check_fit(state, model.state_dict(), f"{name} ({weights.name})")
     model.load_state_dict(state)

@@ -26,7 +26,7 @@ from torch import nn
 from ..layers import Mlp, get_norm_layer, sincos_1d, sparse_kwargs
 from .encoder import Encoder
 
-__all__ = ["POOLS", "TanhPooler", "TextEncoder", "TextEncoderOutput"]
+__all__ = ["POOLS", "TanhPooler", "TextEncoder", "TextEncoderOutput", "check_text_sizes"]
 
 
 @dataclass
@@ -51,6 +51,24 @@ class TanhPooler(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.fc(x))
+
+
+def check_text_sizes(owner: str, vocab_size: int, embed_dim: int, depth: int, num_heads: int, max_len: int,
+                     norm_eps: float) -> None:
+    """A text model's sizes, refused in one sentence before anything is built: whole positive counts (depth may be
+    0), heads that divide the width, and a norm eps that is finite and positive (a NaN or negative one gives NaN
+    outputs). For `TextEncoder` and `TextDecoder` alike."""
+    least = {"vocab_size": 1, "embed_dim": 1, "num_heads": 1, "max_len": 1, "depth": 0}
+    values = {"vocab_size": vocab_size, "embed_dim": embed_dim, "num_heads": num_heads, "max_len": max_len,
+              "depth": depth}
+    for key, value in values.items():
+        if type(value) is not int or value < least[key]:  # not bool, not 4.0
+            raise ValueError(f"{owner}: {key}={value!r} is not a whole number of at least {least[key]}; pass one.")
+    if embed_dim % num_heads:
+        raise ValueError(f"{owner}: embed_dim={embed_dim} is not a multiple of num_heads={num_heads}; each head "
+                         "takes an equal share of the width, so change one of them.")
+    if type(norm_eps) not in (int, float) or not 0 < norm_eps < 1:  # `not`: NaN fails too
+        raise ValueError(f"{owner}: norm_eps={norm_eps!r} is not a finite number between 0 and 1; pass e.g. 1e-6.")
 
 
 # The spellings before timm's vocabulary was adopted; accepted for one release with a DeprecationWarning.
@@ -133,6 +151,7 @@ class TextEncoder(nn.Module):
             warnings.warn(f"global_pool={global_pool!r} is now {_OLD_POOL[global_pool]!r} (timm's name); the old "
                           "value goes in the next release.", DeprecationWarning, stacklevel=2)
             global_pool = _OLD_POOL[global_pool]
+        check_text_sizes("TextEncoder", vocab_size, embed_dim, depth, num_heads, max_len, norm_eps)
         if global_pool not in POOLS:
             raise ValueError(f"unknown global_pool {global_pool!r}; choose one of {', '.join(map(repr, POOLS))}.")
         if global_pool == "token" and not class_token:
