@@ -64,6 +64,38 @@ def test_local_data_is_not_named_as_a_hub_dataset(tmp_path):
     assert str(tmp_path) not in (tmp_path / "c" / "README.md").read_text()  # no local path in the card
 
 
+HOSTILE = ["[click](http://evil.example)", "<img src=x onerror=alert(1)>", "**bold**\n# Heading", "`code`", "a_b&c",
+           "![i](http://evil.example/x.png)"]
+
+
+def test_user_chosen_names_reach_the_card_as_text_never_as_links_or_html(tmp_path):
+    """The card rendered by a CommonMark renderer (markdown-it-py, HTML allowed as the spec does): hostile class,
+    run and split names show as their characters, and no local path of this machine is named."""
+    import dataclasses
+    import html
+    import re
+
+    from markdown_it import MarkdownIt
+
+    from vit.config import load_config
+    from vit.models.model_card import model_card
+
+    cfg = load_config(None, ["--run.name=pets](javascript:alert(1)) <b onmouseover=x>", "--data.dataset=wds",
+                             f"--data.root={tmp_path}", f"--data.val_split={tmp_path}/val_[x](y)-{{0..1}}.tar",
+                             "--model.name=vit_tiny_patch16_224", f"--model.pretrained={tmp_path}/w.safetensors"])
+    cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, 3))  # as save_checkpoint writes it
+    card = model_card(cfg, HOSTILE, META, 1000)
+    rendered = MarkdownIt("commonmark").render(card.split("---\n", 2)[2])  # the body; the header is metadata
+    for tag in ("<a ", "<img", "<b ", "<strong>", "<em>", "<h2>Heading"):
+        assert tag not in rendered, tag
+    assert rendered.count("<h1>") == 1 and "<code>code</code>" not in rendered  # the title only; no code span
+    text = html.unescape(re.sub(r"<[^>]+>", "", rendered))
+    for name in [*HOSTILE, "pets](javascript:alert(1)) <b onmouseover=x>", "val_[x](y)-{0..1}.tar"]:
+        assert name.replace("\n", " ") in text, name
+    assert str(tmp_path) not in card and "from: local weights" in text
+    assert 'create_model("hf-hub:you/pets-javascript-alert-1-b-onmouseover-x"' in card  # a hub-shaped id
+
+
 def test_the_cards_timm_example_loads_the_folder_with_the_same_logits(best):
     import timm
 
