@@ -235,3 +235,38 @@ def test_publish_public_and_the_refusals_are_one_sentence(best, hub, tmp_path, m
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(ConfigError, match=r"the hub refused the upload to me/x \(HTTP 401"):
         publish(best[0], "me/x", token="hf_bad")  # the stand-in refuses this token, as the hub would
+
+
+def test_published_files_name_no_local_path(tmp_path, hub, monkeypatch):
+    """A run trained on /abs/data with an absolute labels file and output folder: what reaches the hub holds no
+    absolute path of this machine; config.yaml keeps each path's last component and every other setting."""
+    import os
+    from pathlib import Path
+
+    import yaml
+    from huggingface_hub import constants
+
+    from vit.deploy.publish import publish
+
+    endpoint, calls = hub
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    data = tmp_path / "home" / "me" / "mydata"
+    folder = tmp_path / "runs" / "pets" / "best"
+    _save(folder, "--data.dataset=imagefolder", f"--data.root={data}", f"--data.labels_file={data}/labels.csv",
+          f"--run.output_dir={tmp_path}/runs")
+    assert str(tmp_path) in (folder / "config.yaml").read_text()  # the folder's own file keeps the paths
+    publish(folder, "me/pets", token="hf_standin")
+    lines = [json.loads(line) for line in calls[-1][2].decode().splitlines()]
+    sent = {v["value"]["path"]: base64.b64decode(v["value"]["content"]) for v in lines[1:]}
+    assert "config.yaml" in sent and "README.md" in sent and len(sent) == 6
+    for name, content in sent.items():
+        for local in {str(tmp_path), str(Path.home()), os.getcwd()}:
+            assert local.encode() not in content, (name, local)
+    ours, theirs = yaml.safe_load((folder / "config.yaml").read_text()), yaml.safe_load(sent["config.yaml"])
+    assert (theirs["data"]["root"], theirs["data"]["labels_file"], theirs["run"]["output_dir"]) == (
+        "mydata", "labels.csv", "runs")
+    for d in (ours, theirs):
+        d["data"].pop("root"), d["data"].pop("labels_file"), d["run"].pop("output_dir")
+    assert theirs == ours  # nothing else changed
+    assert all(sent[n] == (folder / n).read_bytes() for n in sent if n != "config.yaml")
