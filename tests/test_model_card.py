@@ -65,7 +65,7 @@ def test_local_data_is_not_named_as_a_hub_dataset(tmp_path):
 
 
 HOSTILE = ["[click](http://evil.example)", "<img src=x onerror=alert(1)>", "**bold**\n# Heading", "`code`", "a_b&c",
-           "![i](http://evil.example/x.png)"]
+           "![i](http://evil.example/x.png)", "<b>plain tag</b>"]
 
 
 def test_user_chosen_names_reach_the_card_as_text_never_as_links_or_html(tmp_path):
@@ -86,7 +86,7 @@ def test_user_chosen_names_reach_the_card_as_text_never_as_links_or_html(tmp_pat
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, 3))  # as save_checkpoint writes it
     card = model_card(cfg, HOSTILE, META, 1000)
     rendered = MarkdownIt("commonmark").render(card.split("---\n", 2)[2])  # the body; the header is metadata
-    for tag in ("<a ", "<img", "<b ", "<strong>", "<em>", "<h2>Heading"):
+    for tag in ("<a ", "<img", "<b ", "<b>", "<strong>", "<em>", "<h2>Heading"):
         assert tag not in rendered, tag
     assert rendered.count("<h1>") == 1 and "<code>code</code>" not in rendered  # the title only; no code span
     text = html.unescape(re.sub(r"<[^>]+>", "", rendered))
