@@ -23,7 +23,7 @@ from ..data import DataError, build_datasets
 from ..data.base import image_files
 from ..data.transforms import build_transform
 from ..eval.inference import ImageFiles
-from .quantize import METRICS, QuantizeError, probabilities, quantize_within_budget, speed_ratios
+from .quantize import METRICS, QuantizeError, probabilities, quantize_within_budget, signed_points, speed_ratios
 
 __all__ = ["INT8_FILE", "LabelledImages", "samples", "labelled_images", "budget_metric", "describe_change",
            "resolution_warning", "choose_method", "quantize_int8"]
@@ -115,8 +115,8 @@ def describe_change(metric: str, fp32: float, int8: float, max_drop: float, imag
     change = 100 * (int8 - fp32)
     word = "a gain" if change > 5e-5 else "a loss" if change < -5e-5 else "no change"
     step = f", one image = {100 / images:.2f} pt" if metric == "top1" else ""
-    return (f"{METRICS[metric]} {100 * fp32:.2f}% -> {100 * int8:.2f}% ({change:+.2f} pt, {word}; budget: lose at "
-            f"most {max_drop:g} pt; {images} images{step})")
+    return (f"{METRICS[metric]} {100 * fp32:.2f}% -> {100 * int8:.2f}% ({signed_points(change)}, {word}; "
+            f"budget: lose at most {max_drop:g} pt; {images} images{step})")
 
 
 def resolution_warning(metric: str, max_drop: float, images: int) -> str | None:

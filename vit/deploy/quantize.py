@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["METHODS", "METRICS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
-           "probabilities", "score", "decisions", "within_budget", "fewest_float_groups", "quantize_within_budget",
-           "speed_ratios"]
+           "probabilities", "score", "decisions", "signed_points", "within_budget", "fewest_float_groups",
+           "quantize_within_budget", "speed_ratios"]
 
 METHODS = ("dynamic", "static")
 # the budget's metric -> how it is printed; top1 for single-label models, map / micro_f1 for multi-label ones
@@ -213,6 +213,12 @@ def decisions(p: np.ndarray, metric: str, threshold: float = 0.5) -> np.ndarray:
     return p.argmax(-1) if metric == "top1" else p >= threshold
 
 
+def signed_points(change: float) -> str:
+    """A change in points with its sign, '+1.54 pt' / '-1.54 pt'; float noise below 0.00005 is '+0.00 pt', never
+    '-0.00 pt'."""
+    return f"{0.0 if abs(change) < 5e-5 else change:+.2f} pt"
+
+
 def within_budget(drop_points: float, max_drop: float) -> bool:
     """A drop (fp32 minus INT8, in points) keeps the budget when it is at most `max_drop`; a gain always does.
     The 1e-9 absorbs float noise in points computed from equal fractions."""
@@ -273,7 +279,7 @@ def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib:
             res["agreement_with_torch"] = float(same.reshape(len(p), -1).all(-1).mean())
             res["max_abs_prob_diff_torch"] = float(np.abs(p - p_torch).max())
         log(f"  {method:<8} {len(float_groups):>2} of {len(groups)} layer group(s) float: {name} "
-            f"{100 * s_fp32:.2f}% -> {100 * s:.2f}% ({-res['drop_points']:+.2f} pt)")
+            f"{100 * s_fp32:.2f}% -> {100 * s:.2f}% ({signed_points(-res['drop_points'])})")
         tried[tuple(float_groups)] = res
         return res
 
