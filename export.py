@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what the budget measures (default: top1; mAP for a multi-label checkpoint, micro_f1 at "
                         "its threshold on request)")
     q.add_argument("--eval-images", default=None,
-                   help="a folder of <class>/<image> to measure top-1 on (default: the checkpoint's validation "
+                   help="a folder of <class>/<image> to measure the budget on (default: the checkpoint's validation "
                         "split); with --model also the calibration images")
     q.add_argument("--calibration-images", type=int, default=64,
                    help="training images that calibrate static INT8 (and rank the layers' sensitivity)")

@@ -25,12 +25,12 @@ take for activations and leave float.
 
 The fallback, measured rather than guessed: the weight nodes are grouped by the PyTorch module they came from
 (the exporter records it in each node's `pkg.torch.onnx.name_scopes`: patch_embed.proj, blocks.3.mlp.fc2,
-head, ...). If quantizing everything loses more top-1 than the budget, each group is quantized alone and
-scored by how far its probabilities move from fp32's on the calibration images; the most sensitive groups are
-kept float, the fewest that meet the budget (binary search over that ranking), at most half the groups (beyond
-that the file would hardly be INT8). Top-1 is measured on labelled images: the checkpoint's validation split
-or a folder. Nothing here imports torch except `speed_ratios`, which times the PyTorch model beside them, and
-the multi-label metrics (vit/eval/multilabel.py's AP and F1, the project's one definition of each).
+head, ...). If quantizing everything loses more than the budget, each group is quantized alone and scored by
+how far its probabilities move from fp32's on the calibration images; the most sensitive groups are kept float,
+the fewest that meet the budget (binary search over that ranking, `fewest_float_groups`), at most half the
+groups (beyond that the file would hardly be INT8). The metric is measured on labelled images (the checkpoint's
+validation split or a folder). Nothing here imports torch except `speed_ratios`, which times the PyTorch model
+beside them, and the multi-label metrics (vit/eval/multilabel.py's AP and F1, the project's one definition).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ SENSITIVITY_IMAGES = 64  # calibration images that rank the groups
 
 
 class QuantizeError(ValueError):
-    """No INT8 model keeps the top-1 budget, or quantization itself failed; the message says which."""
+    """No INT8 model keeps the budget, or quantization itself failed; the message says which."""
 
 
 def _scope(node) -> str:
