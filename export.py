@@ -48,14 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
     q = ap.add_argument_group("INT8 (ONNX Runtime; docs in vit/deploy/quantize.py)")
     q.add_argument("--quantize", choices=("int8",), default=None,
-                   help="also write model.int8.onnx, quantized within --max-top1-drop (implies --format onnx)")
+                   help="also write model.int8.onnx, quantized within --max-drop (implies --format onnx)")
     q.add_argument("--int8-method", choices=("auto", "dynamic", "static"), default="auto",
                    help="dynamic: weights only; static: QDQ with activations calibrated on training images; "
                         "auto: both, the faster one that keeps the budget")
-    q.add_argument("--max-top1-drop", type=float, default=0.5,
-                   help="top-1 points INT8 may lose against the fp32 export on the evaluation images")
+    q.add_argument("--max-drop", "--max-top1-drop", dest="max_drop", type=float, default=0.5,
+                   help="points of --int8-metric INT8 may lose against the fp32 export on the evaluation images "
+                        "(a gain always passes)")
+    q.add_argument("--int8-metric", choices=("top1", "map", "micro_f1"), default=None,
+                   help="what the budget measures (default: top1; mAP for a multi-label checkpoint, micro_f1 at "
+                        "its threshold on request)")
     q.add_argument("--eval-images", default=None,
-                   help="a folder of <class>/<image> to measure top-1 on (default: the checkpoint's validation "
+                   help="a folder of <class>/<image> to measure the budget on (default: the checkpoint's validation "
                         "split); with --model also the calibration images")
     q.add_argument("--calibration-images", type=int, default=64,
                    help="training images that calibrate static INT8 (and rank the layers' sensitivity)")
@@ -69,7 +73,6 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
     exit_if_help(build_parser)
 
 
-import itertools
 import shutil
 import tempfile
 
@@ -95,10 +98,10 @@ from vit.deploy.export import (
     verify,
     write_preprocessing,
 )
+from vit.deploy.int8 import INT8_FILE, budget_metric, describe_change, labelled_images, quantize_int8, samples
 from vit.eval.inference import ImageFiles, label_names, load_model_and_config
+from vit.eval.multilabel import saved_threshold
 from vit.utils.atomic import atomic_write_text
-
-INT8_FILE = "model.int8.onnx"
 
 
 def parse_args(argv):
@@ -114,21 +117,14 @@ def parse_args(argv):
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
     if args.quantize and "onnx" not in args.format:
         args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file
-    if not 0 <= args.max_top1_drop <= 100 or args.max_top1_drop != args.max_top1_drop:
-        raise ConfigError(f"--max-top1-drop is in top-1 points, between 0 and 100; got {args.max_top1_drop}.")
+    if not 0 <= args.max_drop <= 100 or args.max_drop != args.max_drop:
+        raise ConfigError(f"--max-drop is in points of the metric, between 0 and 100; got {args.max_drop}.")
     if args.quantize and not (args.checkpoint or args.eval_images):
-        raise ConfigError("--quantize needs labelled images to keep its top-1 budget: pass --checkpoint (its "
+        raise ConfigError("--quantize needs labelled images to keep its budget: pass --checkpoint (its "
                           "validation split) or --eval-images FOLDER (class subfolders).")
+    if args.quantize and args.eval_images and not Path(args.eval_images).is_dir():
+        raise ConfigError(f"--eval-images {args.eval_images} is not a folder; pass a folder of <class>/<image>.")
     return args, overrides
-
-
-def samples(ds, n: int | None = None):
-    """(image, label) pairs of a dataset, map-style or a shard stream (`data.dataset: wds`, which cannot be
-    indexed), without the padding and unreadable samples a shard reader marks with a negative index."""
-    items = (ds[i] for i in range(len(ds))) if hasattr(ds, "__getitem__") and not isinstance(
-        ds, torch.utils.data.IterableDataset) else iter(ds)
-    good = (item[:2] for item in items if len(item) < 3 or item[2] >= 0)
-    return itertools.islice(good, n)
 
 
 def verification_images(args, cfg, classes, size: int, n: int = 5) -> tuple[torch.Tensor, str]:
@@ -149,42 +145,6 @@ def verification_images(args, cfg, classes, size: int, n: int = 5) -> tuple[torc
     rng = np.random.default_rng(0)  # a model by name and no images: photo-like generated ones
     xs = [transform(photo_like(rng, 320, 240)) for _ in range(n)]
     return torch.stack(xs), f"{n} generated photo-like image(s) (pass --images for real ones)"
-
-
-def labelled_images(args, cfg, classes) -> tuple[dict, str]:
-    """Evaluation and calibration arrays for INT8: {'eval': (x, y), 'calib': x} as float32 numpy."""
-    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
-    if args.eval_images:
-        root = Path(args.eval_images)
-        missing = [c for c in classes if not (root / c).is_dir()]
-        if not root.is_dir() or len(missing) == len(classes):
-            raise DataError(f"--eval-images {root} has no class folders named as the model's classes "
-                            f"({', '.join(classes[:3])}, ...); put each image in <folder>/<class>/.")
-        paths, labels = [], []
-        for k, c in enumerate(classes):
-            found, _ = collect_images([str(root / c)]) if (root / c).is_dir() else ([], [])
-            paths += found
-            labels += [k] * len(found)
-        ds = ImageFiles(paths, transform, cfg.model.in_chans)
-        pairs = [(x, y) for (x, ok, _), y in zip((ds[i] for i in range(len(ds))), labels) if ok]
-        source = f"{len(pairs)} image(s) of {root}"
-    else:
-        _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
-        val.transform = transform
-        pairs = list(samples(val))
-        source = f"the checkpoint's {cfg.data.dataset} validation split ({len(pairs)} images)"
-    if not pairs:
-        raise DataError(f"no readable labelled image in {source}; INT8 needs images to measure top-1 on.")
-    x = torch.stack([p[0] for p in pairs]).numpy()
-    y = np.array([int(p[1]) for p in pairs])
-    if args.checkpoint and not args.eval_images:  # calibration: the training split, as the model saw it
-        train, _, _ = build_datasets(cfg, check_images=False, splits=("train",), classes=classes)
-        train.transform = transform
-        calib = torch.stack([p[0] for p in samples(train, args.calibration_images)]).numpy()
-    else:
-        calib = x[np.random.default_rng(0).permutation(len(x))[:args.calibration_images]]
-        source += " (also the calibration images)"
-    return {"eval": (x, y), "calib": calib}, source
 
 
 def previous_results(out: Path, model_id: str, exported: list[str]) -> dict:
@@ -223,6 +183,9 @@ def main(argv=None) -> int:
             raise ConfigError("--token-reduction needs a fixed input size; drop --dynamic-img-size.")
         model.set_token_reduction(args.token_reduction)
     size = cfg.model.img_size
+    if args.quantize:  # every input checked before the exports' slow work
+        metric = budget_metric(cfg, args.int8_metric)
+        data = labelled_images(cfg, classes, args.eval_images, args.calibration_images)
     x, source = verification_images(args, cfg, classes, size)
     batches = [x[:1], x]
     if model.dynamic_img_size:  # the same images at a second size, two patches larger
@@ -256,7 +219,7 @@ def main(argv=None) -> int:
                   f"{check['max_abs_prob_diff']:.1e} (<= {check['atol']:g}), same top-1 on all {check['images']} "
                   "rows: ok")
         if args.quantize:
-            results["int8"] = quantize_int8(args, model, cfg, classes, staged["onnx"], staging, out)
+            results["int8"] = int8(args, model, data, metric, staged["onnx"], staging, out)
             results["int8"]["model_fingerprint"] = model_id
             staged["int8"] = staging / INT8_FILE
         results = {**previous_results(out, model_id, list(results)), **results}
@@ -271,50 +234,27 @@ def main(argv=None) -> int:
     return 0
 
 
-def quantize_int8(args, model, cfg, classes, fp32: Path, staging: Path, out: Path) -> dict:
-    """model.int8.onnx in `staging`, within the top-1 budget, and its numbers; QuantizeError (exit 2) when no
-    INT8 model keeps the budget, the rejected best attempt kept as model.int8.onnx.rejected in `out`."""
-    from vit.deploy.quantize import QuantizeError, quantize_within_budget, speed_ratios
+def int8(args, model, data, metric: str, fp32: Path, staging: Path, out: Path) -> dict:
+    """model.int8.onnx in `staging` (vit/deploy/int8.py) and one line of its numbers; QuantizeError (exit 2) when
+    no INT8 model keeps the budget, the best attempt kept as model.int8.onnx.rejected in `out`."""
+    from vit.deploy.quantize import QuantizeError
 
-    data, source = labelled_images(args, cfg, classes)
-    x_eval, y_eval = data["eval"]
-    with torch.no_grad():
-        p_torch = torch.cat([model(torch.from_numpy(x_eval[i:i + 64])).softmax(-1)
-                             for i in range(0, len(x_eval), 64)]).numpy()
     methods = ("dynamic", "static") if args.int8_method == "auto" else (args.int8_method,)
-    print(f"INT8 ({', '.join(methods)}): top-1 on {source}, budget {args.max_top1_drop:g} points")
-    candidates, failures = {}, []
-    for method in methods:
-        try:
-            candidates[method] = quantize_within_budget(
-                fp32, staging / f"{method}-{INT8_FILE}", method, data["calib"], x_eval, y_eval,
-                args.max_top1_drop, p_torch, log=print)
-        except QuantizeError as e:
-            failures.append(str(e))
-    if not candidates:
-        for method in methods:  # the best attempt, for inspection, never under the loadable name
-            tried = staging / f"{method}-{INT8_FILE}"
-            if tried.is_file():
-                tried.replace(out / f"{INT8_FILE}.rejected")
-        raise QuantizeError(f"{' '.join(failures)} Nothing in {out} was replaced (the last attempt is "
-                            f"{out / INT8_FILE}.rejected); raise --max-top1-drop or keep the fp32 model.onnx.")
-    x1 = torch.from_numpy(x_eval[:1])
-    speeds = speed_ratios(model, fp32, {m: c["file"] for m, c in candidates.items()}, x1, args.threads)
-    key = "int8_over_eager_fp32"  # at 1 thread the CPU-time ratio, steadier on a shared machine (speed_ratios)
-    key = f"cpu_{key}" if f"cpu_{key}" in next(iter(speeds.values())) else key
-    best = max(candidates, key=lambda m: speeds[m][key]["median"])
-    for m, c in candidates.items():
-        c["speed"] = speeds[m]
-    Path(candidates[best]["file"]).replace(staging / INT8_FILE)
-    res = dict(candidates[best], method=best, file=str(out / INT8_FILE), evaluated_on=source,
-               max_top1_drop=args.max_top1_drop, calibration_images=int(len(data["calib"])),
-               alternatives={m: {k: v for k, v in c.items() if k != "file"} for m, c in candidates.items()
-                             if m != best}, rejected=failures)
-    res["bytes_fp32"], res["bytes_int8"] = fp32.stat().st_size, (staging / INT8_FILE).stat().st_size
-    res["size_ratio"] = res["bytes_fp32"] / res["bytes_int8"]
-    sp = speeds[best]
-    print(f"int8 ({best})       top-1 {100 * res['top1_fp32']:.2f}% -> {100 * res['top1_int8']:.2f}% "
-          f"(budget {args.max_top1_drop:g} pt), agrees with PyTorch on {100 * res['agreement_with_torch']:.1f}%, "
+    threshold = saved_threshold(args.checkpoint) or 0.5  # micro_f1: the threshold training chose
+    try:
+        res = quantize_int8(fp32, staging / INT8_FILE, model, data, methods, metric, args.max_drop, threshold,
+                            args.threads, log=print)
+    except QuantizeError as e:
+        rejected = staging / f"{INT8_FILE}.rejected"
+        if rejected.is_file():
+            rejected.replace(out / rejected.name)
+        raise QuantizeError(f"{e} Nothing in {out} was replaced (the last attempt is {out / INT8_FILE}.rejected); "
+                            "raise --max-drop or keep the fp32 model.onnx.") from None
+    res["file"] = str(out / INT8_FILE)
+    sp = res["speed"]
+    print(f"int8 ({res['method']})       "
+          + describe_change(metric, res[f"{metric}_fp32"], res[f"{metric}_int8"], args.max_drop, res["images"])
+          + f", agrees with PyTorch on {100 * res['agreement_with_torch']:.1f}% of the images, "
           f"{len(res['float_groups'])} layer group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> "
           f"{res['bytes_int8'] / 2**20:.1f} MiB ({res['size_ratio']:.1f}x smaller); batch 1, {args.threads} "
           f"thread(s): {sp['int8_over_eager_fp32']['median']:.2f}x PyTorch eager, "

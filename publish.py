@@ -5,8 +5,8 @@
 
 Uploads model.safetensors, config.json (timm's hub layout: `timm.create_model("hf-hub:you/name",
 pretrained=True)` loads it), config.yaml, classes.json, meta.json and README.md, the model card, rewritten to
-name the repository. The token: --token, else HF_TOKEN, else the login cached by `hf auth login`. Note that
-config.yaml holds the run's settings as they were, data.root's path included.
+name the repository. The token: --token, else HF_TOKEN, else the login cached by `hf auth login`. The uploaded
+config.yaml has data.root and every other local path reduced to its last component; the folder keeps its own.
 """
 
 from __future__ import annotations

@@ -64,6 +64,38 @@ def test_local_data_is_not_named_as_a_hub_dataset(tmp_path):
     assert str(tmp_path) not in (tmp_path / "c" / "README.md").read_text()  # no local path in the card
 
 
+HOSTILE = ["[click](http://evil.example)", "<img src=x onerror=alert(1)>", "**bold**\n# Heading", "`code`", "a_b&c",
+           "![i](http://evil.example/x.png)", "<b>plain tag</b>"]
+
+
+def test_user_chosen_names_reach_the_card_as_text_never_as_links_or_html(tmp_path):
+    """The card rendered by a CommonMark renderer (markdown-it-py, HTML allowed as the spec does): hostile class,
+    run and split names show as their characters, and no local path of this machine is named."""
+    import dataclasses
+    import html
+    import re
+
+    from markdown_it import MarkdownIt
+
+    from vit.config import load_config
+    from vit.models.model_card import model_card
+
+    cfg = load_config(None, ["--run.name=pets](javascript:alert(1)) <b onmouseover=x>", "--data.dataset=wds",
+                             f"--data.root={tmp_path}", f"--data.val_split={tmp_path}/val_[x](y)-{{0..1}}.tar",
+                             "--model.name=vit_tiny_patch16_224", f"--model.pretrained={tmp_path}/w.safetensors"])
+    cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, 3))  # as save_checkpoint writes it
+    card = model_card(cfg, HOSTILE, META, 1000)
+    rendered = MarkdownIt("commonmark").render(card.split("---\n", 2)[2])  # the body; the header is metadata
+    for tag in ("<a ", "<img", "<b ", "<b>", "<strong>", "<em>", "<h2>Heading"):
+        assert tag not in rendered, tag
+    assert rendered.count("<h1>") == 1 and "<code>code</code>" not in rendered  # the title only; no code span
+    text = html.unescape(re.sub(r"<[^>]+>", "", rendered))
+    for name in [*HOSTILE, "pets](javascript:alert(1)) <b onmouseover=x>", "val_[x](y)-{0..1}.tar"]:
+        assert name.replace("\n", " ") in text, name
+    assert str(tmp_path) not in card and "from: local weights" in text
+    assert 'create_model("hf-hub:you/pets-javascript-alert-1-b-onmouseover-x"' in card  # a hub-shaped id
+
+
 def test_the_cards_timm_example_loads_the_folder_with_the_same_logits(best):
     import timm
 
@@ -203,3 +235,38 @@ def test_publish_public_and_the_refusals_are_one_sentence(best, hub, tmp_path, m
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(ConfigError, match=r"the hub refused the upload to me/x \(HTTP 401"):
         publish(best[0], "me/x", token="hf_bad")  # the stand-in refuses this token, as the hub would
+
+
+def test_published_files_name_no_local_path(tmp_path, hub, monkeypatch):
+    """A run trained on /abs/data with an absolute labels file and output folder: what reaches the hub holds no
+    absolute path of this machine; config.yaml keeps each path's last component and every other setting."""
+    import os
+    from pathlib import Path
+
+    import yaml
+    from huggingface_hub import constants
+
+    from vit.deploy.publish import publish
+
+    endpoint, calls = hub
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    data = tmp_path / "home" / "me" / "mydata"
+    folder = tmp_path / "runs" / "pets" / "best"
+    _save(folder, "--data.dataset=imagefolder", f"--data.root={data}", f"--data.labels_file={data}/labels.csv",
+          f"--run.output_dir={tmp_path}/runs")
+    assert str(tmp_path) in (folder / "config.yaml").read_text()  # the folder's own file keeps the paths
+    publish(folder, "me/pets", token="hf_standin")
+    lines = [json.loads(line) for line in calls[-1][2].decode().splitlines()]
+    sent = {v["value"]["path"]: base64.b64decode(v["value"]["content"]) for v in lines[1:]}
+    assert "config.yaml" in sent and "README.md" in sent and len(sent) == 6
+    for name, content in sent.items():
+        for local in {str(tmp_path), str(Path.home()), os.getcwd()}:
+            assert local.encode() not in content, (name, local)
+    ours, theirs = yaml.safe_load((folder / "config.yaml").read_text()), yaml.safe_load(sent["config.yaml"])
+    assert (theirs["data"]["root"], theirs["data"]["labels_file"], theirs["run"]["output_dir"]) == (
+        "mydata", "labels.csv", "runs")
+    for d in (ours, theirs):
+        d["data"].pop("root"), d["data"].pop("labels_file"), d["run"].pop("output_dir")
+    assert theirs == ours  # nothing else changed
+    assert all(sent[n] == (folder / n).read_bytes() for n in sent if n != "config.yaml")

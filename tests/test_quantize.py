@@ -1,6 +1,6 @@
-"""export.py --quantize int8: top-1 kept within the budget on the held-out split (recomputed here with ONNX
-Runtime), the float fallback finds a planted outlier layer, and an impossible budget is exit 2 with no file
-under the loadable name."""
+"""export.py --quantize int8 and vit.deploy.int8: top-1 (or a multi-label model's mAP) kept within the budget on the
+held-out split (recomputed here with ONNX Runtime), the budget's decisions on made-up figures, the float fallback
+finds a planted outlier layer, and an impossible budget is exit 2 with no file under the loadable name."""
 
 import json
 import re
@@ -15,7 +15,16 @@ import vit
 from vit.config import load_config
 from vit.data import build_datasets
 from vit.data.transforms import build_transform
-from vit.deploy.quantize import OnnxModel, quantize_within_budget, softmax
+from vit.deploy.int8 import budget_metric, choose_method, describe_change, resolution_warning
+from vit.deploy.quantize import (
+    OnnxModel,
+    QuantizeError,
+    fewest_float_groups,
+    quantize_within_budget,
+    score,
+    softmax,
+    within_budget,
+)
 from vit.models.build import build_model
 from vit.models.checkpoint import load_checkpoint, save_checkpoint
 
@@ -53,6 +62,85 @@ def _checkpoint(path, where, seed=0):
         model.head.weight.mul_(20.0)  # peaked, so that top-1 is decided by clear margins
     save_checkpoint(path, _outlier(model, where), cfg, [str(i) for i in range(10)])
     return path
+
+
+def test_the_budget_refuses_a_drop_over_it_and_takes_any_gain():
+    assert within_budget(0.5, 0.5) and within_budget(0.49, 0.5) and not within_budget(0.51, 0.5)
+    assert not within_budget(1.54, 0.5)  # one image of 65 lost: over a 0.5 pt budget
+    assert within_budget(-1.54, 0.5) and within_budget(-1.54, 0.0)  # a gain passes any budget, 0 included
+    assert within_budget(0.0, 0.0) and not within_budget(1e-6, 0.0)
+
+
+def test_the_fallback_keeps_the_fewest_sensitive_groups_float_that_meet_the_budget():
+    ranking = [f"g{i}" for i in range(8)]  # most sensitive first; at most half (4) may stay float
+    drops = {0: 9.0, 1: 3.0, 2: 0.4, 3: 0.2, 4: 0.1}  # made-up drop (points) with the first k kept float
+    calls = []
+
+    def drop_with(float_groups):
+        calls.append(list(float_groups))
+        return drops[len(float_groups)]
+
+    best, tried = fewest_float_groups(ranking, drop_with, 0.5)
+    assert best == 2 and all(c == ranking[:len(c)] for c in calls)  # always a prefix of the ranking
+    assert tried == {2: 0.4, 1: 3.0}  # binary search over 1..4: k=2 passes, then k=1 fails
+    assert fewest_float_groups(ranking, drop_with, 3.0)[0] == 1
+    best, tried = fewest_float_groups(ranking, drop_with, 0.05)  # not even 4 float groups reach it
+    assert best is None and max(tried) == 4 and 5 not in tried
+    assert fewest_float_groups(ranking, lambda fl: -2.0, 0.0)[0] == 1  # a gain with one float group is kept
+
+
+def test_the_fastest_method_within_budget_is_chosen_by_cpu_time_at_one_thread():
+    def speed(wall, cpu=None):
+        s = {"int8_over_eager_fp32": {"median": wall}}
+        return s if cpu is None else {**s, "cpu_int8_over_eager_fp32": {"median": cpu}}
+
+    cands = {"dynamic": {}, "static": {}}
+    assert choose_method(cands, {"dynamic": speed(2.0, 1.5), "static": speed(1.8, 1.7)}) == "static"  # CPU time
+    assert choose_method(cands, {"dynamic": speed(2.0), "static": speed(1.8)}) == "dynamic"  # wall clock
+    assert choose_method({"static": {}}, {"dynamic": speed(9.0, 9.0), "static": speed(1.0, 1.0)}) == "static"
+
+
+def test_the_change_is_printed_with_its_sign_and_the_budgets_resolution():
+    line = describe_change("top1", 41 / 65, 42 / 65, 0.5, 65)  # INT8 got one more image of 65 right
+    assert "top-1 63.08% -> 64.62% (+1.54 pt, a gain; budget: lose at most 0.5 pt; 65 images, one image = 1.54 pt)" \
+        == line
+    assert "(-1.54 pt, a loss;" in describe_change("top1", 42 / 65, 41 / 65, 2, 65)
+    assert "(+0.00 pt, no change;" in describe_change("map", 0.8, 0.8 - 1e-12, 0.5, 6) and "one image" not in \
+        describe_change("map", 0.8, 0.8, 0.5, 6)
+    assert "finer than one of the 65 evaluation images (1.54 pt)" in resolution_warning("top1", 0.5, 65)
+    assert resolution_warning("top1", 0.5, 360) is None and resolution_warning("top1", 0, 65) is None
+    assert resolution_warning("map", 0.5, 65) is None
+
+
+def test_the_budget_metric_follows_the_model_and_matches_scikit_learn():
+    from sklearn.metrics import average_precision_score, f1_score
+
+    single, multi = load_config(None, {}), load_config(None, {"data.dataset": "imagefolder", "data.root": "d",
+                                                              "data.labels_file": "l.csv"})
+    assert (budget_metric(single), budget_metric(multi), budget_metric(multi, "micro_f1")) == ("top1", "map",
+                                                                                                "micro_f1")
+    with pytest.raises(QuantizeError, match="^the INT8 budget metric map does not fit a single-label model; use top1"):
+        budget_metric(single, "map")
+    with pytest.raises(QuantizeError, match="top1 does not fit a multi-label model; use map or micro_f1"):
+        budget_metric(multi, "top1")
+    rng = np.random.default_rng(0)
+    logits, y = rng.normal(0, 2, (40, 4)), (rng.random((40, 4)) > 0.6).astype(np.float32)
+    y[:, 3] = 0  # a class without a positive is left out of mAP
+    ap = [average_precision_score(y[:, c], logits[:, c]) for c in range(3)]
+    assert score(logits, y, "map") == pytest.approx(np.mean(ap), abs=1e-12)
+    assert score(logits, y, "micro_f1", 0.3) == pytest.approx(f1_score(y, 1 / (1 + np.exp(-logits)) >= 0.3,
+                                                                        average="micro"))
+    assert score(logits, np.arange(40) % 4, "top1") == pytest.approx((logits.argmax(-1) == np.arange(40) % 4).mean())
+
+
+def test_a_missing_eval_images_folder_is_refused_before_any_export(tmp_path):
+    from vit.config import ConfigError
+
+    export = import_script("export")
+    with pytest.raises(ConfigError, match=r"^--eval-images .*nonexistent is not a folder; pass a folder of"):
+        export.parse_args(["--model", "vit_tiny_patch16_224", "--quantize", "int8", "--eval-images",
+                           str(tmp_path / "nonexistent"), "--out", str(tmp_path / "exp")])
+    assert not (tmp_path / "exp").exists()
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +185,8 @@ def test_fallback_keeps_the_planted_outlier_layer_float(int8_export, tmp_path):
     y = OnnxModel(fp32)(x).argmax(-1)  # labels: the float model's own answers, so any change is a loss
     lines = []
     res = quantize_within_budget(fp32, tmp_path / "q.onnx", "dynamic", x[:32], x, y, 5.0, log=lines.append)
-    assert float(re.search(r"\(([-+][0-9.]+) pt\)", lines[0]).group(1)) > 5.0  # all INT8: over the budget
-    assert res["top1_drop_points"] <= 5.0 and res["float_groups"][0] == "blocks.0.mlp.fc2"
+    assert float(re.search(r"\(([-+][0-9.]+) pt\)", lines[0]).group(1)) < -5.0  # all INT8: a loss over budget
+    assert res["drop_points"] <= 5.0 and res["float_groups"][0] == "blocks.0.mlp.fc2"
     assert res["sensitivity_ranking"][0] == "blocks.0.mlp.fc2"  # found by measuring, not by a list
     assert len(res["float_groups"]) < len(res["quantized_groups"])
 
@@ -159,3 +247,47 @@ def test_prepared_graph_is_exact_and_int8_keeps_no_linear_weight_float(tmp_path)
     assert np.abs(logits - ref).max() > 1e-4  # it is quantized: not the float model under another name
     # per-tensor INT8 of random weights: probabilities within 0.15 of PyTorch's, the same top-1 on >= 90%
     assert np.abs(softmax(logits) - softmax(ref)).max() <= 0.15 and (logits.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+
+
+@pytest.fixture(scope="module")
+def multilabel_checkpoint(tmp_path_factory):
+    """An untrained multi-label checkpoint (sigmoid per class) on 24 generated shapes images, 6 held out: an
+    untrained ViT already ranks the shapes by colour (test_multilabel.py), so mAP is far from chance."""
+    from test_multilabel import make_shapes_set
+
+    tmp = tmp_path_factory.mktemp("ml")
+    labels = make_shapes_set(tmp / "d", n=24)
+    cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={tmp / 'd'}", f"--data.labels_file={labels}",
+                             "--data.val_fraction=0.25", "--model.img_size=32", "--model.patch_size=8",
+                             "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2", "--model.mlp_ratio=2"])
+    _, _, classes = build_datasets(cfg, check_images=False, splits=("train",))
+    torch.manual_seed(0)
+    save_checkpoint(tmp / "ck", build_model(cfg, len(classes)), cfg, classes, {"threshold": 0.5})
+    return tmp / "ck"
+
+
+@pytest.mark.slow
+def test_int8_export_of_a_multi_label_checkpoint_keeps_its_map_budget(multilabel_checkpoint, tmp_path):
+    from sklearn.metrics import average_precision_score
+
+    out = tmp_path / "exp"
+    r = run_script("export.py", "--checkpoint", str(multilabel_checkpoint), "--quantize", "int8", "--int8-method",
+                   "dynamic", "--max-drop", "5", "--calibration-images", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    q = json.loads((out / "verification.json").read_text())["results"]["int8"]
+    assert q["metric"] == "map" and q["images"] == 6 and q["drop_points"] <= 5 + 1e-9
+    assert "mAP" in r.stdout and "6 images" in r.stdout
+    model, cfg, classes, _ = load_checkpoint(multilabel_checkpoint)
+    _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
+    val.transform = build_transform(cfg.aug, 32, train=False)
+    x = torch.stack([val[i][0] for i in range(len(val))])
+    y = torch.stack([val[i][1] for i in range(len(val))]).numpy()
+    present = [c for c in range(len(classes)) if y[:, c].any()]
+
+    def map_of(scores):  # scikit-learn's AP, the oracle, over the classes with a positive
+        return float(np.mean([average_precision_score(y[:, c], scores[:, c]) for c in present]))
+
+    with torch.no_grad():
+        assert map_of(model(x).numpy()) == pytest.approx(q["map_fp32"], abs=1e-4)
+    assert map_of(OnnxModel(out / "model.int8.onnx")(x.numpy())) == pytest.approx(q["map_int8"], abs=1e-9)
+    assert q["drop_points"] == pytest.approx(100 * (q["map_fp32"] - q["map_int8"]))

@@ -1,6 +1,11 @@
-"""INT8 for ONNX Runtime that keeps a top-1 budget: quantize, measure, fall back to float where it hurts.
+"""INT8 for ONNX Runtime that keeps an accuracy budget: quantize, measure, fall back to float where it hurts.
 
     res = quantize_within_budget("model.onnx", "model.int8.onnx", "dynamic", calib, x_val, y_val, 0.5, p_torch)
+
+The budget is in points of one metric (`METRICS`) measured on labelled images against the fp32 file: top-1
+accuracy for a single-label classifier; for a multi-label one (a sigmoid per class) mAP, the metric training
+selects checkpoints by, or micro-F1 at the decision threshold. A drop larger than the budget is refused; a gain
+is always within it.
 
 Two methods (ONNX Runtime's own quantizer, `onnxruntime.quantization`):
   dynamic  weights int8 per tensor, activations quantized at run time per tensor (`quantize_dynamic`:
@@ -20,11 +25,12 @@ take for activations and leave float.
 
 The fallback, measured rather than guessed: the weight nodes are grouped by the PyTorch module they came from
 (the exporter records it in each node's `pkg.torch.onnx.name_scopes`: patch_embed.proj, blocks.3.mlp.fc2,
-head, ...). If quantizing everything loses more top-1 than the budget, each group is quantized alone and
-scored by how far its probabilities move from fp32's on the calibration images; the most sensitive groups are
-kept float, the fewest that meet the budget (binary search over that ranking), at most half the groups (beyond
-that the file would hardly be INT8). Top-1 is measured on labelled images: the checkpoint's validation split
-or a folder. Nothing here imports torch except `speed_ratios`, which times the PyTorch model beside them.
+head, ...). If quantizing everything loses more than the budget, each group is quantized alone and scored by
+how far its probabilities move from fp32's on the calibration images; the most sensitive groups are kept float,
+the fewest that meet the budget (binary search over that ranking, `fewest_float_groups`), at most half the
+groups (beyond that the file would hardly be INT8). The metric is measured on labelled images (the checkpoint's
+validation split or a folder). Nothing here imports torch except `speed_ratios`, which times the PyTorch model
+beside them, and the multi-label metrics (vit/eval/multilabel.py's AP and F1, the project's one definition).
 """
 
 from __future__ import annotations
@@ -32,22 +38,26 @@ from __future__ import annotations
 import ast
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..utils.timing import interleaved, ratio_stats
 
-__all__ = ["METHODS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
+__all__ = ["METHODS", "METRICS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
+           "probabilities", "score", "decisions", "signed_points", "within_budget", "fewest_float_groups",
            "quantize_within_budget", "speed_ratios"]
 
 METHODS = ("dynamic", "static")
+# the budget's metric -> how it is printed; top1 for single-label models, map / micro_f1 for multi-label ones
+METRICS = {"top1": "top-1", "map": "mAP", "micro_f1": "micro-F1"}
 WEIGHT_OPS = ("MatMul", "Gemm")  # not Conv: see the module docstring
 SENSITIVITY_IMAGES = 64  # calibration images that rank the groups
 
 
 class QuantizeError(ValueError):
-    """No INT8 model keeps the top-1 budget, or quantization itself failed; the message says which."""
+    """No INT8 model keeps the budget, or quantization itself failed; the message says which."""
 
 
 def _scope(node) -> str:
@@ -176,78 +186,132 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(-1, keepdims=True)
 
 
+def probabilities(logits: np.ndarray, metric: str) -> np.ndarray:
+    """(N, C) probabilities: softmax for a single-label metric, a sigmoid per class for a multi-label one."""
+    if metric == "top1":
+        return softmax(logits)
+    return 1 / (1 + np.exp(-logits.astype(np.float64)))
+
+
+def score(logits: np.ndarray, y: np.ndarray, metric: str, threshold: float = 0.5) -> float:
+    """The budget's metric as a fraction: top-1 accuracy (y: (N,) class ids), or mAP over the classes with a
+    positive / micro-F1 at `threshold` (y: (N, C) multi-hot)."""
+    if metric == "top1":
+        return float((logits.argmax(-1) == y).mean())
+    import torch
+
+    from ..eval.multilabel import average_precision, f1_at
+
+    p, t = torch.from_numpy(probabilities(logits, metric)), torch.from_numpy(np.asarray(y, dtype=np.float64))
+    if metric == "map":
+        ap = average_precision(p, t)
+        present = ~ap.isnan()
+        return float(ap[present].mean()) if present.any() else 0.0
+    return float(f1_at(p, t, threshold)["micro_f1"])
+
+
+def decisions(p: np.ndarray, metric: str, threshold: float = 0.5) -> np.ndarray:
+    """What the model answers per image, to count agreements: its top-1 class (N,), or its label set (N, C)."""
+    return p.argmax(-1) if metric == "top1" else p >= threshold
+
+
+def signed_points(change: float) -> str:
+    """A change in points with its sign, '+1.54 pt' / '-1.54 pt'; float noise below 0.00005 is '+0.00 pt', never
+    '-0.00 pt'."""
+    return f"{0.0 if abs(change) < 5e-5 else change:+.2f} pt"
+
+
+def within_budget(drop_points: float, max_drop: float) -> bool:
+    """A drop (fp32 minus INT8, in points) keeps the budget when it is at most `max_drop`; a gain always does.
+    The 1e-9 absorbs float noise in points computed from equal fractions."""
+    return drop_points <= max_drop + 1e-9
+
+
+def fewest_float_groups(ranking: list[str], drop_with: Callable[[list[str]], float], max_drop: float
+                        ) -> tuple[int | None, dict[int, float]]:
+    """The fewest of the most sensitive groups (`ranking[:k]`, k from 1 to half of them) to keep float so that
+    `drop_with(float groups)` keeps the budget, by binary search (the drop is nearly monotone in k). Returns
+    (k or None when even the most allowed does not, {k tried: its drop})."""
+    lo, hi = 1, max(1, len(ranking) // 2)  # float groups allowed: at most half
+    best, tried = None, {}
+    while lo <= hi:
+        k = (lo + hi) // 2
+        tried[k] = drop_with(ranking[:k])
+        if within_budget(tried[k], max_drop):
+            best, hi = k, k - 1
+        else:
+            lo = k + 1
+    return best, tried
+
+
 def quantize_within_budget(src: str | Path, dst: str | Path, method: str, calib: np.ndarray, x_eval: np.ndarray,
-                           y_eval: np.ndarray, max_top1_drop: float, p_torch: np.ndarray | None = None,
-                           log=lambda s: None) -> dict:
-    """Quantize `src` into `dst` with the fewest float groups that keep top-1 (on x_eval, y_eval) within
-    `max_top1_drop` points of the fp32 file's. Returns the numbers verification.json records; raises
-    QuantizeError (the last attempt left at `dst`) when no allowed fallback meets the budget."""
-    dst = Path(dst)
+                           y_eval: np.ndarray, max_drop: float, p_torch: np.ndarray | None = None,
+                           log=lambda s: None, metric: str = "top1", threshold: float = 0.5) -> dict:
+    """Quantize `src` into `dst` with the fewest float groups that keep `metric` (on x_eval, y_eval) within
+    `max_drop` points of the fp32 file's. Returns the numbers verification.json records ({metric}_fp32,
+    {metric}_int8, drop_points, ...); raises QuantizeError (the last attempt left at `dst`) when no allowed
+    fallback meets the budget. `p_torch`: the PyTorch model's probabilities, to count agreements with it."""
+    if metric not in METRICS:
+        raise QuantizeError(f"unknown INT8 budget metric {metric!r}; choose one of {', '.join(METRICS)}.")
+    dst, name = Path(dst), METRICS[metric]
     cache = dst.with_name(dst.name + ".calibration.json")
     plain = prepare(src, dst.with_name(f".plain-{dst.name}"))  # once, for every attempt below
     groups = weight_groups(plain, scopes_from=src)
     if not groups:
         plain.unlink()
         raise QuantizeError(f"{src} has no linear layer to quantize.")
-    p_fp32 = softmax(OnnxModel(src)(x_eval))
-    top1_fp32 = float((p_fp32.argmax(-1) == y_eval).mean())
-    tried: dict[int, dict] = {}
+    logits_fp32 = OnnxModel(src)(x_eval)
+    p_fp32, s_fp32 = probabilities(logits_fp32, metric), score(logits_fp32, y_eval, metric, threshold)
+    tried: dict[tuple, dict] = {}
 
     def attempt(float_groups: list[str]) -> dict:
         exclude = [n for g in float_groups for n in groups[g]]
         quantize(plain, dst, method, exclude, calib, cache, prepared=True)
-        p = softmax(OnnxModel(dst)(x_eval))
-        top1 = float((p.argmax(-1) == y_eval).mean())
-        res = dict(top1_fp32=top1_fp32, top1_int8=top1, top1_drop_points=100 * (top1_fp32 - top1),
-                   agreement_with_fp32=float((p.argmax(-1) == p_fp32.argmax(-1)).mean()),
-                   max_abs_prob_diff_fp32=float(np.abs(p - p_fp32).max()), float_groups=list(float_groups),
-                   quantized_groups=[g for g in groups if g not in float_groups], images=int(len(y_eval)))
+        logits = OnnxModel(dst)(x_eval)
+        p, s = probabilities(logits, metric), score(logits, y_eval, metric, threshold)
+        same = decisions(p, metric, threshold) == decisions(p_fp32, metric, threshold)
+        res = {"metric": metric, f"{metric}_fp32": s_fp32, f"{metric}_int8": s, "drop_points": 100 * (s_fp32 - s),
+               "agreement_with_fp32": float(same.reshape(len(p), -1).all(-1).mean()),
+               "max_abs_prob_diff_fp32": float(np.abs(p - p_fp32).max()), "float_groups": list(float_groups),
+               "quantized_groups": [g for g in groups if g not in float_groups], "images": int(len(y_eval))}
+        if metric != "top1":
+            res["threshold"] = threshold
         if p_torch is not None:
-            res["agreement_with_torch"] = float((p.argmax(-1) == p_torch.argmax(-1)).mean())
+            same = decisions(p, metric, threshold) == decisions(p_torch, metric, threshold)
+            res["agreement_with_torch"] = float(same.reshape(len(p), -1).all(-1).mean())
             res["max_abs_prob_diff_torch"] = float(np.abs(p - p_torch).max())
-        log(f"  {method:<8} {len(float_groups):>2} of {len(groups)} layer group(s) float: top-1 "
-            f"{100 * top1_fp32:.2f}% -> {100 * top1:.2f}% ({res['top1_drop_points']:+.2f} pt)")
+        log(f"  {method:<8} {len(float_groups):>2} of {len(groups)} layer group(s) float: {name} "
+            f"{100 * s_fp32:.2f}% -> {100 * s:.2f}% ({signed_points(-res['drop_points'])})")
+        tried[tuple(float_groups)] = res
         return res
-
-    def ok(res: dict) -> bool:
-        return res["top1_drop_points"] <= max_top1_drop + 1e-9
 
     try:
         res = attempt([])
-        if ok(res):
+        if within_budget(res["drop_points"], max_drop):
             return dict(res, file=str(dst), method=method)
-        p_calib = softmax(OnnxModel(src)(calib[:SENSITIVITY_IMAGES]))
-        ranking = _sensitivity(plain, dst, method, groups, calib, cache, p_calib)
+        p_calib = probabilities(OnnxModel(src)(calib[:SENSITIVITY_IMAGES]), metric)
+        ranking = _sensitivity(plain, dst, method, groups, calib, cache, p_calib, metric)
         log(f"  {method:<8} most sensitive first: {', '.join(ranking[:6])}{', ...' if len(ranking) > 6 else ''}")
-        lo, hi = 1, max(1, len(ranking) // 2)  # float groups allowed: at most half
-        best = None
-        while lo <= hi:  # the fewest float groups that keep the budget (top-1 is nearly monotone in this)
-            k = (lo + hi) // 2
-            tried[k] = attempt(ranking[:k])
-            if ok(tried[k]):
-                best, hi = k, k - 1
-            else:
-                lo = k + 1
+        best, drops = fewest_float_groups(ranking, lambda fl: attempt(fl)["drop_points"], max_drop)
         if best is None:
-            raise QuantizeError(f"{method} INT8 loses {tried[max(tried)]['top1_drop_points']:.2f} top-1 points "
-                                f"with the {max(tried)} most sensitive of {len(groups)} layer groups kept float, over "
-                                f"the budget of {max_top1_drop:g}.")
-        res = tried[best]
-        if best != k:  # the file on disk is the last attempt: write the chosen one again
+            k = max(drops)
+            raise QuantizeError(f"{method} INT8 loses {drops[k]:.2f} {name} points with the {k} most sensitive of "
+                                f"{len(groups)} layer groups kept float, over the budget of {max_drop:g}.")
+        if best != list(drops)[-1]:  # the file on disk is the last attempt: write the chosen one again
             attempt(ranking[:best])
-        return dict(res, file=str(dst), method=method, sensitivity_ranking=ranking)
+        return dict(tried[tuple(ranking[:best])], file=str(dst), method=method, sensitivity_ranking=ranking)
     finally:
         cache.unlink(missing_ok=True)
         plain.unlink(missing_ok=True)
 
 
-def _sensitivity(src, dst, method, groups, calib, cache, p_ref) -> list[str]:
+def _sensitivity(src, dst, method, groups, calib, cache, p_ref, metric) -> list[str]:
     """Groups ordered by how far quantizing each alone moves the probabilities (mean |p - p_fp32|)."""
     scores = {}
     x = calib[:SENSITIVITY_IMAGES]
     for g, nodes in groups.items():
         quantize(src, dst, method, calib=calib, cache=cache, only=nodes, prepared=True)
-        scores[g] = float(np.abs(softmax(OnnxModel(dst)(x)) - p_ref).mean())
+        scores[g] = float(np.abs(probabilities(OnnxModel(dst)(x), metric) - p_ref).mean())
     return sorted(scores, key=scores.get, reverse=True)
 
 
