@@ -13,8 +13,9 @@ over, with the reason; a broken file never stops the run) and, with --cam, cam/<
 attention-rollout overlay of each image, named in its row.
 
 --onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
-from the preprocessing.json beside the model) and writes the same files; it never imports torch, timm or
-accelerate, so it runs where only numpy, Pillow, OpenCV and onnxruntime are installed.
+from the preprocessing.json beside the model) and writes the same files (a multi-label export: its sigmoids and
+the labels at its threshold); it never imports torch, timm, accelerate or PyYAML, so it runs where only numpy,
+Pillow, OpenCV and onnxruntime are installed (docs/predict-export.md).
 """
 
 from __future__ import annotations

@@ -215,7 +215,8 @@ def test_a_file_without_problem_type_is_single_label_and_a_multi_label_one_gives
     (dict(problem_type="multi_label_classification", threshold=1.5), "threshold is 1.5, not a probability"),
     (dict(label_names=list("abcde"), num_classes=5), "model.onnx gives 4 outputs per image but preprocessing.json "
                                                      "names 5 classes"),
-    ({"step:center_crop": dict(size=[40, 40]), "step:resize": dict(shorter_side=46)}, "ONNX Runtime cannot run model.onnx on input \\(2, 3, 40, 40\\)"),
+    ({"step:center_crop": dict(size=[40, 40]), "step:resize": dict(shorter_side=46)},
+     "ONNX Runtime cannot run model.onnx on input \\(2, 3, 40, 40\\)"),
 ])
 def test_a_tampered_preprocessing_json_is_one_sentence(linear, tmp_path, capsys, changes, match):
     if "steps" in changes:  # an unknown step beside the real ones
@@ -282,3 +283,89 @@ def test_one_opening_rule_refuses_the_bomb_on_the_torch_path_and_the_reference(l
     for load in (pre.load, pipeline.load, lambda p: pipeline.load_bytes(p.read_bytes(), p)):
         with pytest.raises(BadImageError, match="16000x16000 pixels would take 1.9 GiB decoded"):
             load(bomb)
+
+
+def _probs(row) -> dict:
+    return {row[f"pred{k}_name"]: float(row[f"prob{k}"]) for k in range(1, 100) if f"prob{k}" in row}
+
+
+def _same_rows(checkpoint, images, out, topk: str = "10") -> list[dict]:
+    """export.py, then predict.py --checkpoint and predict.py --onnx on `images`: the same paths, labels columns and
+    probabilities (every class: --topk covers them) within 1e-4. Returns the --onnx rows."""
+    assert import_script("export").main(["--checkpoint", str(checkpoint), "--out", str(out / "exp")]) == 0
+    predict = import_script("predict")
+    assert predict.main(["--checkpoint", str(checkpoint), str(images), "--out", str(out / "torch"), "--topk", topk,
+                         "--num-workers", "0"]) == 0
+    assert predict.run_onnx(["--onnx", str(out / "exp" / "model.onnx"), str(images), "--out", str(out / "onnx"),
+                             "--topk", topk]) == 0
+    a, b = _rows(out / "torch" / "predictions.csv"), _rows(out / "onnx" / "predictions.csv")
+    assert len(a) > 5 and [x["path"] for x in a] == [x["path"] for x in b]
+    assert [x.get("labels") for x in a] == [x.get("labels") for x in b]
+    assert max(abs(_probs(x)[c] - _probs(y)[c]) for x, y in zip(a, b) for c in _probs(x)) <= 1e-4
+    return b
+
+
+@pytest.fixture(scope="module")
+def tiny_exported(tiny_run, tmp_path_factory):
+    """The session's tiny run exported, its validation images predicted by both predictors: (folder, images)."""
+    run, data = tiny_run
+    out = tmp_path_factory.mktemp("tiny_exported")
+    _same_rows(run / "best", data / "val", out)
+    return out, data / "val"
+
+
+@pytest.mark.slow
+def test_an_exported_single_label_run_predicts_as_its_checkpoint(tiny_exported):
+    out, _ = tiny_exported  # the rows compared in the fixture (_same_rows)
+    rows = _rows(out / "onnx" / "predictions.csv")
+    assert "labels" not in rows[0] and all(abs(sum(_probs(r).values()) - 1) < 1e-5 for r in rows)  # a softmax
+    info = json.loads((out / "exp" / "preprocessing.json").read_text())
+    assert info["problem_type"] == "single_label_classification" and "threshold" not in info
+
+
+# What docs/predict-export.md tells a user of the torch-free predictor to install, at constraints.txt's versions.
+PREDICTOR_PACKAGES = ["onnxruntime", "numpy", "pillow", "opencv-python-headless"]
+
+
+@pytest.mark.slow
+def test_the_predictor_runs_in_a_fresh_virtualenv_with_four_packages(tiny_exported, tmp_path):
+    """A new virtualenv with onnxruntime, NumPy, Pillow and OpenCV only (torch and PyYAML not importable there):
+    the checkout's predict.py --onnx, without PYTHONPATH, gives the rows it gives in the project's environment."""
+    out, images = tiny_exported
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    py = str(venv / "bin" / "python")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "-c",  # this pip, that venv
+                        str(ROOT / "constraints.txt"), *PREDICTOR_PACKAGES], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}  # no PYTHONPATH: the script's folder is on sys.path
+    for name in ("torch", "yaml", "vit"):
+        assert subprocess.run([py, "-c", f"import {name}"], capture_output=True, cwd=tmp_path, env=env).returncode
+    r = subprocess.run([py, str(ROOT / "predict.py"), "--onnx", str(out / "exp" / "model.onnx"), str(images),
+                        "--out", str(tmp_path / "v"), "--topk", "10"], capture_output=True, text=True, cwd=tmp_path,
+                       env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    a, b = _rows(out / "onnx" / "predictions.csv"), _rows(tmp_path / "v" / "predictions.csv")
+    assert len(a) > 5 and [x["path"] for x in a] == [x["path"] for x in b]
+    assert max(abs(_probs(x)[c] - _probs(y)[c]) for x, y in zip(a, b) for c in _probs(x)) <= 1e-6
+
+
+@pytest.mark.slow
+def test_an_exported_multi_label_run_predicts_as_its_checkpoint(tmp_path):
+    """A 2-epoch multi-label run (40 generated images of 1-3 shapes): the export carries problem_type and the
+    threshold training chose, so predict.py --onnx gives sigmoids and the labels column of predict.py --checkpoint."""
+    from test_multilabel import ML, make_shapes_set
+
+    labels = make_shapes_set(tmp_path / "d", n=40)
+    r = run_script("train.py", "--data.dataset=imagefolder", f"--data.root={tmp_path / 'd'}",
+                   f"--data.labels_file={labels}", "--data.val_fraction=0.25", *ML, "--run.epochs=2",
+                   "--run.eval_every=1", f"--run.output_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = tmp_path / "default" / "best"
+    rows = _same_rows(best, tmp_path / "d" / "img", tmp_path)
+    info = json.loads((tmp_path / "exp" / "preprocessing.json").read_text())
+    assert info["problem_type"] == "multi_label_classification"
+    assert info["threshold"] == json.loads((best / "meta.json").read_text())["threshold"]
+    assert any(abs(sum(_probs(r).values()) - 1) > 0.1 for r in rows)  # sigmoids, not a softmax
+    assert all(r["labels"].split() == sorted(c for c, p in _probs(r).items() if p >= info["threshold"])
+               for r in rows)
