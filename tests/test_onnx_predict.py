@@ -241,6 +241,9 @@ def test_a_preprocessing_json_that_is_no_regular_file_or_too_large_is_named_so(l
         make()
         code, err = _onnx(model, img, "--out", tmp_path / "o", capsys=capsys)
         assert code == 2 and err.count("\n") == 1 and match in err, err
+    os.mkfifo(tmp_path / "fifo.onnx")  # the model itself: stat'ed, never opened
+    code, err = _onnx(tmp_path / "fifo.onnx", img, "--out", tmp_path / "o", capsys=capsys)
+    assert code == 2 and err.count("\n") == 1 and "fifo.onnx is not a regular file" in err, err
 
 
 def test_a_decompression_bomb_is_one_line_and_the_other_images_keep_their_rows_under_a_memory_limit(linear, tmp_path):
