@@ -34,7 +34,7 @@ TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--mod
 NO_TORCH = '''import importlib.abc, sys
 class _Refuse(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("torch", "timm", "accelerate", "torchvision"):
+        if name.split(".")[0] in ("torch", "timm", "accelerate", "torchvision", "yaml"):
             raise ImportError(f"{name} is not installed here (test shim)")
 sys.meta_path.insert(0, _Refuse())
 '''
