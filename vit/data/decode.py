@@ -191,23 +191,33 @@ def jpeg_size(data: bytes, path) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)  # a quarter turn swaps the sides
 
 
+def _check_scaled(w: int, h: int, reduction: int, path) -> None:
+    check_decoded_size(math.ceil(w / reduction), math.ceil(h / reduction), path)
+
+
+def _check_opened(img: Image.Image, reduction: int, path) -> None:
+    """The size check on an image PIL has opened (its header read, nothing decoded): only a JPEG is reduced."""
+    _check_scaled(*img.size, reduction if img.format == "JPEG" else 1, path)
+
+
 def check_image(data: bytes, path, reduction: int = 1) -> None:
     """Refuse (BadImageError) image bytes whose header says they would take more than MAX_SAMPLE_BYTES decoded
-    at 1/`reduction` scale (a JPEG's DCT scaling; other formats decode whole), before anything is decoded."""
+    at 1/`reduction` scale (a JPEG's DCT scaling; other formats decode whole), before anything is decoded.
+    `decode_bytes` applies the same check; call this where another decoder follows (the ONNX reference)."""
     head = _jpeg_header(data) if is_complete_jpeg(data) else None
     if head is not None:
-        w, h, r = head[0], head[1], reduction
-    else:
-        with _pil_errors(path):
-            with Image.open(io.BytesIO(data)) as img:  # reads the header only
-                (w, h), r = img.size, reduction if img.format == "JPEG" else 1
-    check_decoded_size(math.ceil(w / r), math.ceil(h / r), path)
+        return _check_scaled(head[0], head[1], reduction, path)
+    with _pil_errors(path):
+        with Image.open(io.BytesIO(data)) as img:  # reads the header only
+            _check_opened(img, reduction, path)
 
 
 def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
-    """Bytes -> RGB uint8 (H, W, 3); a JPEG at 1/`reduction` scale (1, 2, 4 or 8)."""
-    check_image(data, path, reduction)
+    """Bytes -> RGB uint8 (H, W, 3); a JPEG at 1/`reduction` scale (1, 2, 4 or 8); `check_image`'s rule first."""
     if is_complete_jpeg(data):
+        head = _jpeg_header(data)
+        if head is not None:
+            _check_scaled(head[0], head[1], reduction, path)
         try:
             arr = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[reduction])
         except cv2.error:
@@ -216,6 +226,7 @@ def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
             return arr if _RGB_DECODE else np.ascontiguousarray(arr[..., ::-1])
     with _pil_errors(path):  # anything cv2 did not take: PIL names the problem
         img = Image.open(io.BytesIO(data))
+        _check_opened(img, reduction, path)  # PIL has read the header only: nothing decoded yet
         if reduction > 1 and img.format == "JPEG":
             w, h = img.size
             img.draft("RGB", (math.ceil(w / reduction), math.ceil(h / reduction)))
