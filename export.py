@@ -100,7 +100,7 @@ from vit.deploy.export import (
 )
 from vit.deploy.int8 import INT8_FILE, budget_metric, describe_change, labelled_images, quantize_int8, samples
 from vit.eval.inference import ImageFiles, label_names, load_model_and_config
-from vit.eval.multilabel import saved_threshold
+from vit.eval.multilabel import decision_threshold, saved_threshold
 from vit.utils.atomic import atomic_write_text
 
 
@@ -225,7 +225,8 @@ def main(argv=None) -> int:
         results = {**previous_results(out, model_id, list(results)), **results}
         for path in staged.values():
             path.replace(out / path.name)
-        write_preprocessing(out, preprocessing(model, cfg.aug, classes))
+        head = decision_threshold(cfg, args.checkpoint)  # None: single-label; a multi-label model's threshold
+        write_preprocessing(out, preprocessing(model, cfg.aug, classes, threshold=head))
         atomic_write_text(out / "verification.json", json.dumps(dict(images=source, model_fingerprint=model_id,
                                                                      results=results), indent=1))
     finally:

@@ -13,8 +13,9 @@ over, with the reason; a broken file never stops the run) and, with --cam, cam/<
 attention-rollout overlay of each image, named in its row.
 
 --onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
-from the preprocessing.json beside the model) and writes the same files; it never imports torch, timm or
-accelerate, so it runs where only numpy, Pillow, OpenCV and onnxruntime are installed.
+from the preprocessing.json beside the model) and writes the same files (a multi-label export: its sigmoids and
+the labels at its threshold); it never imports torch, timm, accelerate or PyYAML, so it runs where only numpy,
+Pillow, OpenCV and onnxruntime are installed (docs/predict-export.md).
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     return path
 
 
+def check_threshold(threshold: float | None, multi_label: bool) -> None:
+    """--threshold: a probability, and only for a multi-label model (ValueError, one sentence)."""
+    if threshold is not None and not 0 < threshold < 1:
+        raise ValueError(f"--threshold must be between 0 and 1 (a probability), got {threshold}.")
+    if threshold is not None and not multi_label:
+        raise ValueError("--threshold is for multi-label models (trained with data.labels_file); this model picks "
+                         "one class per image: use --topk.")
+
+
 def main_onnx(args) -> int:
     """--onnx: ONNX Runtime and the reference preprocessing, the same files as main(); no torch imported."""
     from vit.cli.images import collect_images
@@ -110,6 +120,8 @@ def main_onnx(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
+    check_threshold(args.threshold, clf.threshold is not None)
+    threshold = args.threshold if args.threshold is not None else clf.threshold  # None: single-label (softmax)
     if not args.images:
         raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
     check_writable(args.out)
@@ -129,7 +141,7 @@ def main_onnx(args) -> int:
             publish(staging, dest, OWNED)
             raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                              f"{dest}/skipped.csv.")
-        rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok], clf.classes, args.topk)
+        rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok], clf.classes, args.topk, threshold)
         written = dest / write_rows(staging, args.format, rows).name
         publish(staging, dest, OWNED)
     print(f"{len(rows)} image(s), ONNX Runtime, {len(paths) / max(seconds, 1e-9):.0f} images/s; skipped "
@@ -208,19 +220,12 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
 def multilabel_threshold(args, cfg) -> float | None:
     """None for a single-label model; for a multi-label one (its config has data.labels_file), --threshold,
     else the threshold training chose on its validation split, else 0.5."""
-    from vit.eval.multilabel import saved_threshold
+    from vit.eval.multilabel import decision_threshold
 
-    if args.threshold is not None and not 0 < args.threshold < 1:
-        raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
+    check_threshold(args.threshold, bool(cfg.data.labels_file))
     if not cfg.data.labels_file:
-        if args.threshold is not None:
-            raise ConfigError("--threshold is for multi-label checkpoints (trained with data.labels_file); this "
-                              "model picks one class per image: use --topk.")
         return None
-    if args.threshold is not None:
-        return args.threshold
-    saved = saved_threshold(args.checkpoint)
-    return saved if saved is not None else 0.5
+    return args.threshold if args.threshold is not None else decision_threshold(cfg, args.checkpoint)
 
 
 def main(argv=None) -> int:

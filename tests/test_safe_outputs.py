@@ -11,7 +11,8 @@ import pytest
 import torch
 from helpers import TINY, import_script, make_image_folder
 
-from vit.config import ConfigError, load_config
+from vit.cli.outputs import OutputError
+from vit.config import load_config
 from vit.models.build import build_model
 from vit.models.checkpoint import save_checkpoint
 from vit.utils.atomic import atomic_write_csv
@@ -90,7 +91,7 @@ def test_an_out_folder_below_a_file_is_refused_before_any_inference(ck, tmp_path
     args = {"predict": [str(images)], "evaluate": [], "visualize_attention": [str(images / "000.png")]}[script]
     if script == "evaluate":
         args = ["--data.dataset=imagefolder", f"--data.root={images.parent.parent}"]
-    with pytest.raises(ConfigError, match=r"cannot write to --out .*below.*Not a directory"):
+    with pytest.raises(OutputError, match=r"cannot write to --out .*below.*Not a directory"):
         module.main(["--checkpoint", str(checkpoint), *args, "--out", bad])
 
 
@@ -105,7 +106,7 @@ def test_a_second_predict_into_a_busy_out_is_refused_and_a_stale_lock_is_taken_o
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         (out / ".vit-out.lock").write_text(f"{alive.pid}\n")
-        with pytest.raises(ConfigError, match=rf"in use by another run \(pid {alive.pid}\)"):
+        with pytest.raises(OutputError, match=rf"in use by another run \(pid {alive.pid}\)"):
             predict.main(["--checkpoint", str(checkpoint), str(images), "--out", str(out)])
     finally:
         alive.kill()

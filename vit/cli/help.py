@@ -23,8 +23,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import config as C
-
 __all__ = ["HelpFormatter", "exit_if_help", "config_schema", "config_help", "field_comments", "format_value"]
 
 HELP_FLAGS = ("-h", "--help")
@@ -70,6 +68,8 @@ def format_value(v: Any) -> str:
 def field_comments(cls: type, source: str | None = None) -> dict[str, str]:
     """{field: meaning} for a dataclass defined in vit/config.py: the comment on the field's own line(s), or
     else the block of comment lines directly above it. Fields without either are missing from the result."""
+    from .. import config as C  # here, not at the top: predict.py --onnx builds its parser without PyYAML
+
     source = source if source is not None else Path(C.__file__).read_text()
     comments: dict[int, str] = {}  # line -> comment text
     code_lines: set[int] = set()
@@ -96,6 +96,8 @@ def field_comments(cls: type, source: str | None = None) -> dict[str, str]:
 
 def config_schema() -> list[dict[str, Any]]:
     """One row per config key, in the dataclasses' order: section, key, type, default, meaning."""
+    from .. import config as C  # here, not at the top: predict.py --onnx builds its parser without PyYAML
+
     rows = []
     for section in dataclasses.fields(C.Config):
         cls = section.default_factory  # every section is a dataclass built by default_factory
@@ -113,6 +115,8 @@ def config_schema() -> list[dict[str, Any]]:
 def config_help(config_path: str | Path | None = "configs/default.yaml") -> str:
     """The schema as text, grouped by section; where the config file sets a key to another value than the
     dataclass default, that value is shown too (it is what a run without overrides uses)."""
+    from .. import config as C  # here, not at the top: predict.py --onnx builds its parser without PyYAML
+
     file_values: dict[str, Any] = {}
     if config_path and Path(config_path).is_file():
         try:

@@ -18,25 +18,28 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..config import ConfigError
-
-__all__ = ["check_writable", "OutputLock", "publish", "LOCK_NAME"]
+__all__ = ["OutputError", "check_writable", "OutputLock", "publish", "LOCK_NAME"]
 
 LOCK_NAME = ".vit-out.lock"
+
+
+class OutputError(ValueError):
+    """An output folder that cannot be used (a file, not writable, held by another run); the scripts print it as
+    one line. Not vit.config's ConfigError: predict.py --onnx writes through this module without PyYAML."""
 
 
 def check_writable(folder: str | Path, what: str = "--out", fix: str = "pass a writable folder") -> None:
     """Fail early, creating nothing, if `folder` could not be made or written."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise ConfigError(f"{what} {folder} is an existing file; pass a folder to write into.")
+        raise OutputError(f"{what} {folder} is an existing file; pass a folder to write into.")
     existing = folder.absolute()
     while not existing.exists() and not existing.is_symlink():
         existing = existing.parent
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".vit-write-test-", dir=existing))
     except OSError as e:
-        raise ConfigError(f"cannot write to {what} {folder} ({existing}: {e.strerror}); {fix}.") from None
+        raise OutputError(f"cannot write to {what} {folder} ({existing}: {e.strerror}); {fix}.") from None
 
 
 def _age(path: Path) -> float:
@@ -80,7 +83,7 @@ class OutputLock:
                     pid = None  # garbage, or being written this instant by its creator
                 fresh = pid is None and _age(self.path) < 10  # an empty lock just made: its pid is coming
                 if fresh or (pid is not None and pid != os.getpid() and _alive(pid)):
-                    raise ConfigError(f"--out {self.path.parent} is in use by another run (pid {pid or 'unknown'}); "
+                    raise OutputError(f"--out {self.path.parent} is in use by another run (pid {pid or 'unknown'}); "
                                       "wait for it to finish or pass another --out.") from None
                 self.path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
@@ -88,7 +91,7 @@ class OutputLock:
                 f.write(f"{os.getpid()}\n")
             self.held = True
             return self
-        raise ConfigError(f"--out {self.path.parent}: could not take its lock {self.path.name}; pass another --out.")
+        raise OutputError(f"--out {self.path.parent}: could not take its lock {self.path.name}; pass another --out.")
 
     def __exit__(self, *exc) -> None:
         if self.held:

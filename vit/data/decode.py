@@ -7,9 +7,11 @@ through OpenCV's libjpeg-turbo decoder (about 25% faster than PIL's here, same p
 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling); everything else, and any JPEG OpenCV refuses, through PIL, whose
 errors name the problem. A JPEG's size and orientation come from a small marker parser (~10 us).
 
-Only regular files are opened (a FIFO would block, a device file never end), at most MAX_FILE_BYTES of them,
-and an image is refused before decoding if it would take more than MAX_SAMPLE_BYTES decoded: PNG's and
-TIFF's compression makes a 500 KB file of 16000 x 16000 16-bit pixels, 7.6 GB and 24 s to decode.
+Opening an image is one rule, whoever decodes it (training, predict.py, predict.py --onnx's reference
+preprocessing, the demo's uploads): `read_bytes` opens only regular files (a FIFO would block, a device file
+never end), at most MAX_FILE_BYTES of them, and `check_image` refuses, from the header alone, an image that
+would take more than MAX_SAMPLE_BYTES decoded: PNG's and TIFF's compression makes a 500 KB file of
+16000 x 16000 16-bit pixels, 7.6 GB and 24 s to decode. NumPy, Pillow and OpenCV only (no torch).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 __all__ = ["IMG_EXTENSIONS", "BadImageError", "decode_image", "to_rgb_array", "read_bytes", "is_complete_jpeg",
-           "jpeg_size", "jpeg_reduction", "decode_bytes"]
+           "jpeg_size", "jpeg_reduction", "decode_bytes", "check_image"]
 
 Image.MAX_IMAGE_PIXELS = 256_000_000  # very large images are decoded (cheaply, at reduced scale) not refused
 # the suffixes a folder's image files have (a file named directly is decoded whatever its suffix)
@@ -189,12 +191,33 @@ def jpeg_size(data: bytes, path) -> tuple[int, int]:
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)  # a quarter turn swaps the sides
 
 
+def _check_scaled(w: int, h: int, reduction: int, path) -> None:
+    check_decoded_size(math.ceil(w / reduction), math.ceil(h / reduction), path)
+
+
+def _check_opened(img: Image.Image, reduction: int, path) -> None:
+    """The size check on an image PIL has opened (its header read, nothing decoded): only a JPEG is reduced."""
+    _check_scaled(*img.size, reduction if img.format == "JPEG" else 1, path)
+
+
+def check_image(data: bytes, path, reduction: int = 1) -> None:
+    """Refuse (BadImageError) image bytes whose header says they would take more than MAX_SAMPLE_BYTES decoded
+    at 1/`reduction` scale (a JPEG's DCT scaling; other formats decode whole), before anything is decoded.
+    `decode_bytes` applies the same check; call this where another decoder follows (the ONNX reference)."""
+    head = _jpeg_header(data) if is_complete_jpeg(data) else None
+    if head is not None:
+        return _check_scaled(head[0], head[1], reduction, path)
+    with _pil_errors(path):
+        with Image.open(io.BytesIO(data)) as img:  # reads the header only
+            _check_opened(img, reduction, path)
+
+
 def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
-    """Bytes -> RGB uint8 (H, W, 3); a JPEG at 1/`reduction` scale (1, 2, 4 or 8)."""
+    """Bytes -> RGB uint8 (H, W, 3); a JPEG at 1/`reduction` scale (1, 2, 4 or 8); `check_image`'s rule first."""
     if is_complete_jpeg(data):
         head = _jpeg_header(data)
         if head is not None:
-            check_decoded_size(math.ceil(head[0] / reduction), math.ceil(head[1] / reduction), path)
+            _check_scaled(head[0], head[1], reduction, path)
         try:
             arr = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[reduction])
         except cv2.error:
@@ -203,10 +226,10 @@ def decode_bytes(data: bytes, path, reduction: int = 1) -> np.ndarray:
             return arr if _RGB_DECODE else np.ascontiguousarray(arr[..., ::-1])
     with _pil_errors(path):  # anything cv2 did not take: PIL names the problem
         img = Image.open(io.BytesIO(data))
+        _check_opened(img, reduction, path)  # PIL has read the header only: nothing decoded yet
         if reduction > 1 and img.format == "JPEG":
             w, h = img.size
             img.draft("RGB", (math.ceil(w / reduction), math.ceil(h / reduction)))
-        check_decoded_size(*img.size, path)  # PIL has read the header only: nothing decoded yet
         arr = to_rgb_array(ImageOps.exif_transpose(img))
     if arr.ndim != 3 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise BadImageError(f"cannot decode image {path}: empty image")

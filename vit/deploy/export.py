@@ -180,10 +180,12 @@ def fingerprint(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:
-    """What a runtime must do to an image before the exported model sees it: timm's pretrained_cfg keys, and
-    `steps`, every step `vit.data.transforms` runs for evaluation, stated so that it can be reproduced without this
-    code (vit/deploy/preprocess.py is such a reproduction, tested equal to ours)."""
+def preprocessing(model: VisionTransformer, aug, classes: list[str], threshold: float | None = None) -> dict:
+    """What a runtime must do to an image before the exported model sees it, and with its logits: timm's
+    pretrained_cfg keys; `steps`, every step `vit.data.transforms` runs for evaluation, stated so that it can be
+    reproduced without this code (vit/deploy/preprocess.py is such a reproduction, tested equal to ours); and the
+    head: `label_names`, `problem_type` (Hugging Face's name) and, for a multi-label model (`threshold` given:
+    `vit.eval.multilabel.decision_threshold`), the probability from which a class is predicted."""
     aug = aug.resolved()
     ph, pw = model.patch_embed.patch_size
     chans = model.patch_embed.proj.in_channels
@@ -216,8 +218,12 @@ def preprocessing(model: VisionTransformer, aug, classes: list[str]) -> dict:
         crop_mode="center", resize=f"shorter side to {resize} (round(input_size / crop_pct)), then a center crop",
         steps=steps, reference="vit/deploy/preprocess.py (NumPy, Pillow, OpenCV; no torch)",
         dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw], input_name="x", output_name="logits",
-        output="logits (B, num_classes); softmax gives the probabilities", num_classes=len(classes),
-        label_names=list(classes),
+        output="logits (B, num_classes); " + ("softmax gives the probabilities" if threshold is None else
+                                               "a sigmoid per class gives the probabilities; a class is predicted "
+                                               "where it is at or above threshold"),
+        num_classes=len(classes), label_names=list(classes),
+        problem_type="single_label_classification" if threshold is None else "multi_label_classification",
+        **({} if threshold is None else {"threshold": float(threshold)}),
     )
 
 

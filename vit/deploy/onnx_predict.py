@@ -2,22 +2,32 @@
 
     clf = OnnxClassifier("exported/model.onnx")            # preprocessing.json beside it
     probs, ok, reasons = clf.predict(paths, batch_size=32)  # (N, C) float32; rows of unreadable files are NaN
+    clf.threshold                                           # None: softmax; a multi-label model: sigmoids, >= it
 
-The label names, input size, mean, std and every preprocessing step come from the preprocessing.json that
-export.py writes next to the model (vit/deploy/preprocess.py reads it). Imports numpy, Pillow, OpenCV and
-onnxruntime only: `predict.py --onnx` runs where torch is not installed.
+The label names, input size, mean, std, every preprocessing step and the problem type come from the
+preprocessing.json that export.py writes next to the model (vit/deploy/preprocess.py reads and checks it):
+`problem_type` "single_label_classification" (softmax; also a file without the key) or
+"multi_label_classification" (a sigmoid per class and `threshold`, the one training chose), Hugging Face's names.
+Imports numpy, Pillow, OpenCV and onnxruntime only (no torch, PyYAML or vit.config): `predict.py --onnx` runs
+where only those four are installed.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import stat
 from pathlib import Path
 
+import cv2
 import numpy as np
 
-from .preprocess import ReferencePreprocessing
+from ..data.decode import BadImageError
+from .preprocess import ReferencePreprocessing, read_preprocessing
 
-__all__ = ["OnnxClassifier", "softmax"]
+__all__ = ["OnnxClassifier", "softmax", "sigmoid", "PROBLEM_TYPES"]
+
+SINGLE, MULTI = "single_label_classification", "multi_label_classification"
+PROBLEM_TYPES = (SINGLE, MULTI)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -27,24 +37,56 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (e / e.sum(-1, keepdims=True)).astype(np.float32)
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Element-wise sigmoid in float64, returned as float32 (a multi-label model's per-class probabilities)."""
+    return (0.5 * (1.0 + np.tanh(0.5 * logits.astype(np.float64)))).astype(np.float32)
+
+
+def _heads(info: dict) -> tuple[list[str], str, float | None]:
+    """(class names, problem type, threshold or None) from preprocessing.json; ValueError naming the field."""
+    names = info.get("label_names")
+    if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
+        raise ValueError(f"label_names is {str(names)[:60]}, not a list of class names")
+    if "num_classes" in info and info["num_classes"] != len(names):
+        raise ValueError(f"num_classes {info['num_classes']!r} differs from the {len(names)} label_names")
+    problem = info.get("problem_type", SINGLE)  # files written before the key: single-label models
+    if problem not in PROBLEM_TYPES:
+        raise ValueError(f"problem_type {problem!r} is not one of {', '.join(PROBLEM_TYPES)}")
+    threshold = info.get("threshold")
+    if problem == SINGLE:
+        if threshold is not None:
+            raise ValueError("a threshold goes with problem_type multi_label_classification, not a single-label one")
+        return names, problem, None
+    if type(threshold) not in (int, float) or not (math.isfinite(threshold) and 0 < threshold < 1):
+        raise ValueError(f"threshold is {threshold!r}, not a probability between 0 and 1")
+    return names, problem, float(threshold)
+
+
+def _regular_file(path: Path, what: str) -> None:
+    """FileNotFoundError or ValueError (one sentence) unless `path` is a regular file (stat: nothing opened)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist; {what}.") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e}); {what}.") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path} is not a regular file (a folder, FIFO or device); {what}.")
+
+
 class OnnxClassifier:
     def __init__(self, model: str | Path, preprocessing: str | Path | None = None, threads: int = 0) -> None:
         import onnxruntime as ort
 
         model = Path(model)
         pre = Path(preprocessing) if preprocessing else model.parent / "preprocessing.json"
-        if not model.is_file():
-            raise FileNotFoundError(f"{model} does not exist; pass the model.onnx export.py wrote.")
-        if not pre.is_file():
-            raise FileNotFoundError(f"{pre} does not exist; keep the preprocessing.json export.py wrote beside "
-                                    f"{model.name} (or pass --preprocessing).")
+        _regular_file(model, "pass the model.onnx export.py wrote")
+        self.info = read_preprocessing(pre)
         try:
-            self.info = json.loads(pre.read_text())
             self.preprocess = ReferencePreprocessing.from_dict(self.info)
-            self.classes = [str(c) for c in self.info["label_names"]]
-        except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"{pre} is not a preprocessing.json export.py wrote ({e!r}); export the model "
-                             "again.") from None
+            self.classes, self.problem_type, self.threshold = _heads(self.info)
+        except ValueError as e:
+            raise ValueError(f"{pre}: {e}; export the model again.") from None
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads
@@ -53,10 +95,24 @@ class OnnxClassifier:
             self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
             raise ValueError(f"ONNX Runtime cannot load {model}: {str(e).splitlines()[0]}") from None
-        self.input = self.session.get_inputs()[0].name
+        self.model, self.pre = model, pre
+        x, logits = self.session.get_inputs()[0], self.session.get_outputs()[0]
+        self.input = x.name
+        want = [len(self.preprocess.mean), self.preprocess.size, self.preprocess.size]  # (C, S, S)
+        fixed = x.shape[1:] if len(x.shape) == 4 else None  # ints where the export fixed a side, else names
+        if fixed is None or any(isinstance(d, int) and d != w for d, w in zip(fixed, want)):
+            raise ValueError(f"{model.name} takes input {x.shape} but {pre.name} makes (N, {want[0]}, {want[1]}, "
+                             f"{want[2]}); keep the preprocessing.json exported with this model.")
+        self._check_outputs(logits.shape[-1] if logits.shape else None)
+
+    def _check_outputs(self, k) -> None:
+        if isinstance(k, int) and k != len(self.classes):
+            raise ValueError(f"{self.model.name} gives {k} outputs per image but {self.pre.name} names "
+                             f"{len(self.classes)} classes; keep the preprocessing.json exported with this model.")
 
     def predict(self, paths: list[Path], batch_size: int = 32) -> tuple[np.ndarray, np.ndarray, list[str]]:
-        """-> probabilities (N, C) float32, readable (N,) bool, and the reason for each unreadable file ('')."""
+        """-> probabilities (N, C) float32 (softmax, or sigmoids for a multi-label model), readable (N,) bool, and
+        the reason for each unreadable file ('')."""
         n = len(paths)
         probs = np.full((n, len(self.classes)), np.nan, dtype=np.float32)
         ok = np.zeros(n, dtype=bool)
@@ -67,15 +123,26 @@ class OnnxClassifier:
                 try:
                     xs.append(self.preprocess.load(paths[i]))
                     idx.append(i)
-                except (OSError, ValueError, SyntaxError, cv2_error()) as e:
-                    reasons[i] = f"cannot decode image {paths[i]}: {e}"
+                except BadImageError as e:  # vit.data.decode's sentence names the file
+                    reasons[i] = str(e)
+                except MemoryError:  # past every size check, the machine still had too little: this file only
+                    reasons[i] = f"cannot decode image {paths[i]}: out of memory while decoding it"
+                except (OSError, ValueError, SyntaxError, cv2.error) as e:
+                    reasons[i] = f"cannot decode image {paths[i]}: {str(e).strip().splitlines()[-1]}"
             if xs:
-                logits = self.session.run(None, {self.input: np.stack(xs)})[0]
-                probs[idx], ok[idx] = softmax(logits), True
+                probs[idx], ok[idx] = self.scores(np.stack(xs)), True
         return probs, ok, reasons
 
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Preprocessed images (B, C, S, S) float32 -> probabilities (B, num_classes) float32."""
+        try:
+            logits = self.session.run(None, {self.input: x})[0]
+        except Exception as e:  # onnxruntime's errors carry a C++ trace: its first line says what
+            raise ValueError(f"ONNX Runtime cannot run {self.model.name} on input {tuple(x.shape)}: "
+                             f"{str(e).strip().splitlines()[0][:300]}") from None
+        if logits.ndim != 2:
+            raise ValueError(f"{self.model.name} gives outputs of shape {logits.shape}, not (N, classes); export "
+                             "the model with export.py.")
+        self._check_outputs(logits.shape[1])
+        return sigmoid(logits) if self.threshold is not None else softmax(logits)
 
-def cv2_error():
-    import cv2
-
-    return cv2.error

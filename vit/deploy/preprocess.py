@@ -18,6 +18,12 @@ pixel for pixel on JPEG, PNG, grey and odd sizes. The steps:
 4. a grey model (one channel): OpenCV's RGB -> grey (0.299 R + 0.587 G + 0.114 B, rounded to uint8).
 5. normalize each channel: (v - 255 mean) / (255 std) in float64, stored as float32; layout C, H, W
    (the model takes N, C, H, W), channels in RGB order.
+
+Before step 1 the file is opened by `vit.data.decode`'s rule, the one training and predict.py follow: a regular
+file of at most MAX_FILE_BYTES (`read_bytes`), refused from its header if it would decode to more than
+MAX_SAMPLE_BYTES (`check_image`: a 250 KB PNG can hold 16000 x 16000 pixels). `read_preprocessing` reads a
+preprocessing.json of at most MAX_JSON_BYTES and `ReferencePreprocessing.from_dict` checks every number it uses,
+so a tampered file (std 0, an unknown step, a size of a million) is one sentence, never NaN probabilities.
 """
 
 from __future__ import annotations
@@ -25,15 +31,22 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-__all__ = ["ReferencePreprocessing", "decode"]
+from ..data.decode import check_image, read_bytes
+
+__all__ = ["ReferencePreprocessing", "decode", "read_preprocessing", "STEPS", "MAX_JSON_BYTES", "MAX_SIDE"]
 
 FILTERS = {"bicubic": cv2.INTER_CUBIC, "bilinear": cv2.INTER_LINEAR}
+STEPS = ("decode", "resize", "center_crop", "to_grey", "normalize", "layout")  # what this reference runs
+MAX_JSON_BYTES = 2**20  # export.py writes ~3 KB; a larger file is not one of its
+MAX_SIDE = 8192  # resize and crop sides; a larger one is a tampered file (the crop alone would be 800 MB)
 _REDUCED_BGR = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
                 8: cv2.IMREAD_REDUCED_COLOR_8}
 
@@ -58,8 +71,9 @@ def _pil_rgb(img: Image.Image) -> np.ndarray:
     return np.asarray(img.convert("RGB"))
 
 
-def decode(data: bytes, resize: int) -> np.ndarray:
-    """Step 1: image bytes -> RGB uint8 (H, W, 3), a JPEG at the reduced size `resize` allows."""
+def decode(data: bytes, resize: int, name: str | Path = "the image") -> np.ndarray:
+    """Step 1: image bytes -> RGB uint8 (H, W, 3), a JPEG at the reduced size `resize` allows; BadImageError
+    (`name` in its sentence) for bytes over the decoded-size limit, checked before decoding."""
     r = 1
     if _complete_jpeg(data):
         with Image.open(io.BytesIO(data)) as probe:
@@ -68,6 +82,8 @@ def decode(data: bytes, resize: int) -> np.ndarray:
                 w, h = h, w
         s = resize / min(w, h)
         r = next((k for k in (8, 4, 2) if w // k >= w * s and h // k >= h * s), 1)
+    check_image(data, name, r)
+    if _complete_jpeg(data):
         bgr = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_BGR[r])
         if bgr is not None and bgr.ndim == 3 and bgr.shape[2] == 3 and bgr.size:
             return np.ascontiguousarray(bgr[..., ::-1])
@@ -77,27 +93,111 @@ def decode(data: bytes, resize: int) -> np.ndarray:
     return _pil_rgb(ImageOps.exif_transpose(img))
 
 
+def read_preprocessing(path: str | Path) -> dict:
+    """preprocessing.json's fields; ValueError (one sentence) for a path that is not a regular file (a FIFO is
+    not waited on, a link to /dev/zero not read), a file over MAX_JSON_BYTES, or text that is not a JSON object."""
+    try:  # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer; no effect on a regular file
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist; keep the preprocessing.json export.py wrote beside the "
+                                "model.") from None
+    except OSError as e:
+        raise ValueError(f"cannot read {path} ({e.strerror or e}); keep the preprocessing.json export.py wrote "
+                         "beside the model.") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path} is not a regular file (a folder, FIFO or device); keep the preprocessing.json "
+                             "export.py wrote beside the model.")
+        if st.st_size > MAX_JSON_BYTES:
+            raise ValueError(f"{path} is {st.st_size} bytes, over the {MAX_JSON_BYTES} a preprocessing.json may "
+                             "have (export.py writes a few KB); export the model again.")
+        data = f.read(MAX_JSON_BYTES + 1)
+    try:
+        info = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({str(e).splitlines()[0]}); export the model again.") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds a JSON {type(info).__name__}, not the object export.py writes; export the "
+                         "model again.")
+    return info
+
+
+def _side(value, what: str, low: int = 1) -> int:
+    """A whole number of pixels in [low, MAX_SIDE], or ValueError naming the field."""
+    if type(value) is not int or not low <= value <= MAX_SIDE:
+        raise ValueError(f"{what} is {value!r}, not a whole number of pixels from {low} to {MAX_SIDE}")
+    return value
+
+
+def _channels(value, what: str) -> list[float]:
+    """One or three finite numbers (grey or RGB), or ValueError naming the field."""
+    if not isinstance(value, list) or len(value) not in (1, 3) or not all(
+            type(v) in (int, float) and math.isfinite(v) for v in value):
+        raise ValueError(f"{what} is {value!r}, not a list of 1 or 3 finite numbers")
+    return [float(v) for v in value]
+
+
 class ReferencePreprocessing:
     """Steps 2-5 with the numbers of one preprocessing.json."""
 
     def __init__(self, size: int, resize: int, interpolation: str, mean, std) -> None:
         if interpolation not in FILTERS:
-            raise ValueError(f"interpolation {interpolation!r} is not one of {', '.join(FILTERS)}.")
-        self.size, self.resize, self.filter = int(size), int(resize), FILTERS[interpolation]
-        self.mean, self.std = [float(m) for m in mean], [float(s) for s in std]
+            raise ValueError(f"interpolation {interpolation!r} is not one of {', '.join(FILTERS)}")
+        self.size = _side(size, "the crop size")
+        self.resize = _side(resize, "the resize (shorter side)", low=self.size)
+        self.filter = FILTERS[interpolation]
+        self.mean, self.std = _channels(mean, "normalize's mean"), _channels(std, "normalize's std")
+        if len(self.mean) != len(self.std):
+            raise ValueError(f"normalize has {len(self.mean)} mean(s) but {len(self.std)} std(s); one per channel")
+        if min(self.std) <= 0:
+            raise ValueError(f"normalize's std {self.std} has a value at or below 0 (dividing by it gives NaN or "
+                             "flips the image)")
 
     @classmethod
     def from_dict(cls, info: dict) -> ReferencePreprocessing:
-        steps = {s["step"]: s for s in info["steps"]}
-        return cls(steps["center_crop"]["size"][0], steps["resize"]["shorter_side"], info["interpolation"],
-                   steps["normalize"]["mean"], steps["normalize"]["std"])
+        """From preprocessing.json's fields; ValueError naming the first field that this reference cannot run
+        as stated (a missing or unknown step, a size out of range, a std of 0, an interpolation it lacks)."""
+        steps = info.get("steps")
+        if not isinstance(steps, list) or not all(isinstance(s, dict) and isinstance(s.get("step"), str)
+                                                  for s in steps):
+            raise ValueError("'steps' is not a list of {\"step\": name, ...} objects")
+        unknown = sorted({s["step"] for s in steps} - set(STEPS))
+        if unknown:
+            raise ValueError(f"step(s) {', '.join(map(repr, unknown))} are not ones this predictor runs "
+                             f"({', '.join(STEPS)}), so it would preprocess differently from the export")
+        by = {s["step"]: s for s in steps}
+        missing = [k for k in ("resize", "center_crop", "normalize") if k not in by]
+        if missing:
+            raise ValueError(f"the {missing[0]} step is missing")
+        crop = by["center_crop"].get("size")
+        if not isinstance(crop, list) or len(crop) != 2 or crop[0] != crop[1]:
+            raise ValueError(f"center_crop's size is {crop!r}, not [S, S]")
+        interpolation = info.get("interpolation")
+        if not isinstance(interpolation, str):
+            raise ValueError(f"interpolation is {interpolation!r}, not one of {', '.join(FILTERS)}")
+        pre = cls(crop[0], by["resize"].get("shorter_side"), interpolation, by["normalize"].get("mean"),
+                  by["normalize"].get("std"))
+        for key in ("mean", "std"):  # timm's keys beside the steps: a runtime may read either, so they must agree
+            if key in info and info[key] != by["normalize"][key]:
+                raise ValueError(f"'{key}' {info[key]!r} differs from normalize's {by['normalize'][key]!r}")
+        if "to_grey" in by and len(pre.mean) != 1:
+            raise ValueError(f"a to_grey step goes with one mean and std (a grey model), not {len(pre.mean)}")
+        if "to_grey" not in by and len(pre.mean) == 1:
+            raise ValueError("one mean and std (a grey model) needs a to_grey step")
+        return pre
 
     @classmethod
     def from_file(cls, path: str | Path) -> ReferencePreprocessing:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        info = read_preprocessing(path)
+        try:
+            return cls.from_dict(info)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}; export the model again.") from None
 
     def load(self, path: str | Path) -> np.ndarray:
-        return self(decode(Path(path).read_bytes(), self.resize))
+        """The image file at `path` opened by vit.data.decode's rule (`read_bytes`, `check_image`) -> (C, S, S)."""
+        return self(decode(read_bytes(path), self.resize, path))
 
     def __call__(self, rgb: np.ndarray) -> np.ndarray:
         """RGB uint8 (H, W, 3) -> (C, S, S) float32."""

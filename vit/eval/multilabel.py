@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["average_precision", "f1_at", "best_threshold", "summarize_multilabel", "saved_threshold",
-           "labels_above"]
+           "decision_threshold", "labels_above"]
 
 
 def average_precision(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -86,6 +86,15 @@ def saved_threshold(checkpoint: str | Path | None) -> float | None:
     except (OSError, ValueError, AttributeError):
         return None
     return float(t) if type(t) in (int, float) and 0 < t < 1 else None
+
+
+def decision_threshold(cfg, checkpoint: str | Path | None) -> float | None:
+    """None for a single-label model; for a multi-label one (its config has data.labels_file) the threshold
+    training chose on its validation split (`saved_threshold`), else 0.5."""
+    if not cfg.data.labels_file:
+        return None
+    saved = saved_threshold(checkpoint)
+    return saved if saved is not None else 0.5
 
 
 def labels_above(probs: torch.Tensor, classes: list[str], threshold: float) -> list[str]:
