@@ -190,6 +190,10 @@ def test_tensorboard_mlflow_and_wandb_get_the_metrics_csv_numbers_and_the_config
         assert found.data.params["optim.lr"] == str(config["optim.lr"])
         assert found.data.params["model.depth"] == "2"
         assert found.data.params["run.log_with"] == str(config["run.log_with"])
+        logged = {a.path for a in client.list_artifacts(found.info.run_id)}
+        assert logged == {"best", "config.yaml", "metrics.csv", "curves.png", "confusion.png"}, logged
+        card = client.download_artifacts(found.info.run_id, "best/README.md", str(tmp_path / "down"))
+        assert open(card).read() == (run / "best" / "README.md").read_text()
 
     # wandb offline: the run folder inside the run, its .wandb log holds the config and each history row
     (folder,) = (run / "wandb").glob("offline-run-*")
