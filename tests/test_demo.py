@@ -213,7 +213,13 @@ def _raw(server, head: bytes, body: bytes = b"", reset: bool = False) -> bytes:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             return b""
         chunks = []
-        while chunk := s.recv(65536):
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:  # a server that answered before reading our whole body may close so
+                break
+            if not chunk:
+                break
             chunks.append(chunk)
         return b"".join(chunks)
 
