@@ -47,16 +47,18 @@ from vit.data import (
     build_datasets,
     build_loaders,
     choose_channels,
+    class_counts,
     class_weights,
     resolve_data_config,
 )
 from vit.eval.plots import plot_curves
 from vit.models.build import build_model, pretrained_cfg_of, resolve_name
 from vit.train import preemption
-from vit.train.console import Console, describe_model, format_settings, processes, schedule_warning
+from vit.train.console import Console, describe_model, format_settings, processes, rare_class_warning, schedule_warning
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
+    describe_best,
     evaluate_and_checkpoint,
     finished,
     mix_batch,
@@ -67,7 +69,14 @@ from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported fr
 )
 from vit.train.optim import build_optimizer
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.train.tracking import accelerator_trackers, check_trackers, flat_config, tracker_kwargs, tracker_names
+from vit.train.tracking import (
+    accelerator_trackers,
+    check_trackers,
+    flat_config,
+    log_artifacts,
+    tracker_kwargs,
+    tracker_names,
+)
 from vit.utils.atomic import atomic_write_text
 
 
@@ -111,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     train_ds, val_ds, classes = build_datasets(cfg)
     train_loader, val_loader = build_loaders(cfg, train_ds, val_ds, accelerator)
     console.print(describe_data(cfg, train_ds, val_ds, classes))
+    listed = not cfg.data.labels_file and getattr(val_ds, "labels", None) is not None  # shards stream unlisted
+    rare = rare_class_warning(class_counts(val_ds).tolist() if listed else None, classes, cfg.run.select_by)
+    if rare:
+        console.print(rare)
 
     # --- model and optimizer ----------------------------------------------------------------------------------
     model = build_model(cfg, len(classes), pretrained=True)  # weights from model.pretrained, if set (one report)
@@ -225,15 +238,14 @@ def open_run_folder(run: Run) -> None:
 
 
 def finish(run: Run) -> None:
-    """Close the trackers, draw the curves, name the best checkpoint."""
-    run.accelerator.end_training()
+    """Draw the curves, give MLflow the run's files, close the trackers, name the best checkpoint."""
     metrics = run.run_dir / "metrics.csv"
     if run.accelerator.is_main_process and metrics.is_file():
         plot_curves(metrics, run.run_dir / "curves.png")
-        if run.state.best:
-            score, epoch = run.state.best[0]
-            what = "mAP" if run.cfg.data.labels_file else "top-1"
-            run.console.print(f"best val {what} {100 * score:.2f}% at epoch {epoch}; checkpoint {run.run_dir / 'best'}")
+    log_artifacts(run.accelerator, run.run_dir)  # before end_training closes the MLflow run
+    run.accelerator.end_training()
+    if run.accelerator.is_main_process and run.state.best:
+        run.console.print(f"{describe_best(run.cfg, run.state.best)}; checkpoint {run.run_dir / 'best'}")
 
 
 _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message

@@ -120,7 +120,7 @@ def test_a_file_that_is_not_an_image_is_one_sentence_and_the_server_keeps_servin
         assert status == 200 and len(answer["top"]) == 5
         with urllib.request.urlopen(url + "/", timeout=30) as r:
             page = r.read().decode()
-        assert '<input type="file"' in page and "vit_tiny_patch16_224: 6 classes, val top-1 50.0%" in page
+        assert '<input type="file"' in page and "best: ViT, 32x32 input, 8-pixel patches, width 32" in page
     finally:
         server.shutdown()
         server.server_close()
@@ -157,6 +157,8 @@ def test_the_page_in_a_headless_browser_shows_the_top5_and_the_overlay(checkpoin
         url = line.split(" on ", 1)[1].split()[0]
         driver = _browser(tmp_path / "profile")
         driver.get(url)
+        for img in ("input", "overlay"):  # no broken-image icons before an upload
+            assert not driver.find_element(By.ID, img).is_displayed()
         driver.find_element(By.ID, "file").send_keys(str(image))  # what choosing the file in the dialog does
         wait = WebDriverWait(driver, 60)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#top5 li")) == 5)
@@ -180,3 +182,122 @@ def test_the_page_in_a_headless_browser_shows_the_top5_and_the_overlay(checkpoin
             driver.quit()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture
+def served(checkpoint):
+    """The demo served in this process on a free port, with a short socket timeout; its request threads are
+    joined on close, so whatever a handler printed has been printed when the test reads stderr."""
+    from vit.explain.demo import Demo, make_server
+
+    server = make_server(Demo(checkpoint), "127.0.0.1", 0, timeout=0.5)
+    server.daemon_threads = False  # server_close() joins the request threads
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=30)
+
+
+def _raw(server, head: bytes, body: bytes = b"", reset: bool = False) -> bytes:
+    """Send `head` and `body` on a raw socket and read the answer until the server closes (b'' after a reset)."""
+    import socket
+    import struct
+
+    with socket.create_connection(server.server_address[:2], timeout=20) as s:
+        s.sendall(head + body)
+        if reset:  # the client vanishes: close with an RST, as a closed browser tab does
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return b""
+        chunks = []
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:  # a server that answered before reading our whole body may close so
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _answer(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _post_head(length: str | None) -> bytes:
+    size = f"Content-Length: {length}\r\n" if length is not None else ""
+    return f"POST /predict HTTP/1.1\r\nHost: x\r\n{size}Connection: close\r\n\r\n".encode()
+
+
+@pytest.mark.parametrize("length, status, words", [
+    ("-1", 400, "Content-Length header must be a whole number of bytes, got '-1'"),
+    ("abc", 400, "Content-Length header must be a whole number of bytes, got 'abc'"),
+    (None, 411, "the upload has no Content-Length header"),
+    (str(21 * 2**20), 413, "choose an image under 20 MB"),
+])
+def test_a_bad_content_length_is_one_sentence_and_nothing_is_read(served, capsys, length, status, words):
+    # the body is longer than the 20 MB cap: a server that read it would hang on the missing rest, not answer
+    got, answer = _answer(_raw(served, _post_head(length), b"x" * 1000))
+    assert got == status and words in answer["error"], answer
+    assert answer["error"].endswith(".") and answer["error"].count(". ") == 0
+    _, image_answer = _answer(_raw(served, _post_head("21"), b"not an image at all..."))
+    assert "cannot decode" in image_answer["error"]  # the server keeps serving
+    served.shutdown()
+    served.server_close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_body_slower_than_the_socket_timeout_is_answered_408_and_closed(served, capsys):
+    # 10 of 100 bytes, then nothing: the server gives up after its timeout (0.5 s here) instead of waiting forever
+    got, answer = _answer(_raw(served, _post_head("100"), b"0123456789", reset=False))
+    assert got == 408 and answer["error"].startswith("the upload stopped arriving"), answer
+    served.shutdown()
+    served.server_close()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_client_that_disconnects_prints_nothing(served, capsys):
+    import socket
+
+    _raw(served, _post_head("100"), b"0123456789", reset=True)  # reset mid-body: the server's read fails
+    _raw(served, _post_head("100"), b"0123456789" * 10, reset=True)  # whole request, gone before the answer
+    _raw(served, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", reset=True)
+    try:  # a write into a closed connection, deterministically: what the handler's wfile.write raises
+        raise BrokenPipeError(32, "Broken pipe")
+    except BrokenPipeError:
+        served.handle_error(socket.socket(), ("127.0.0.1", 1))
+    served.shutdown()
+    served.server_close()  # joins the request threads
+    assert capsys.readouterr().err == ""
+
+
+def test_the_page_names_the_checkpoint_and_its_architecture_and_the_top_k_it_shows(tmp_path):
+    from vit.config import load_config
+    from vit.explain.demo import Demo, make_server
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--data.dataset=synthetic", "--model.img_size=32", "--model.patch_size=8",
+                             "--model.embed_dim=128", "--model.depth=2", "--model.num_heads=2"])
+    folder = tmp_path / "flowers" / "best"
+    save_checkpoint(folder, build_model(cfg, 4), cfg, CLASSES[:4], dict(val_acc1=0.75, epoch=1, step=3))
+    demo = Demo(folder)
+    assert demo.title() == ("flowers/best: ViT, 32x32 input, 8-pixel patches, width 128, depth 2, 2 heads: "
+                            "4 classes, val top-1 75.0%")
+    server = make_server(demo, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=30) as r:
+            page = r.read().decode()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "vit_tiny_patch16_224" not in page and "<b>top-4</b>" in page and "top-5" not in page
+    # no broken-image icon before an upload: an img without a source is not displayed
+    assert "img:not([src]) { display: none; }" in page
+    assert page.count('<img id="input" alt="your image">') == 1 and "src=" not in page.split("<script>")[0]

@@ -241,3 +241,68 @@ def test_make_train_console_is_quiet_and_an_error_is_one_sentence(tmp_path):
     bad = run_script("train.py", "--optim.lr=-1", f"--run.output_dir={tmp_path}", launcher=launcher)
     assert bad.returncode != 0 and "Traceback" not in bad.stderr + bad.stdout
     assert bad.stderr.strip().splitlines() == ["error: config key 'optim.lr' must not be negative, got -1.0."]
+
+
+def _epochs_disagreeing():
+    """Two epochs' validation predictions on 20 + 20 + 2 images: epoch 1 misses both images of the rare class
+    (top-1 40/42), epoch 2 gets them and misses 3 common ones (top-1 39/42). (preds, labels) per epoch."""
+    labels = torch.tensor([0] * 20 + [1] * 20 + [2] * 2)
+    first = labels.clone()
+    first[40:] = 0
+    second = labels.clone()
+    second[:3] = 1
+    return [(first, labels), (second, labels)]
+
+
+@pytest.mark.parametrize("select_by, best_epoch", [(None, 1), ("top1", 1), ("macro_f1", 2),
+                                                   ("balanced_accuracy", 2), ("loss", 2)])
+def test_best_is_chosen_by_run_select_by(tmp_path, select_by, best_epoch):
+    import json
+    from types import SimpleNamespace
+
+    from vit.config import load_config
+    from vit.eval.metrics import class_balanced_scores
+    from vit.models.build import build_model
+    from vit.train.engine import keep_best
+
+    over = ["--data.dataset=synthetic", "--model.img_size=16", "--model.patch_size=8", "--model.embed_dim=16",
+            "--model.depth=1", "--model.num_heads=2", "--run.keep_best=2"]
+    cfg = load_config(None, over + ([f"--run.select_by={select_by}"] if select_by else []))
+    run = SimpleNamespace(cfg=cfg, state=TrainState(), run_dir=tmp_path, classes=["a", "b", "rare"])
+    model = build_model(cfg, 3)
+    for epoch, ((preds, labels), loss) in enumerate(zip(_epochs_disagreeing(), (0.9, 0.7)), start=1):
+        scores = class_balanced_scores(preds, labels, 3)
+        meta = dict(epoch=epoch, step=10 * epoch, val_acc1=float((preds == labels).double().mean()), val_loss=loss,
+                    val_macro_f1=scores["macro_f1"], val_balanced_accuracy=scores["balanced_accuracy"])
+        keep_best(run, model, meta)
+    assert json.loads((tmp_path / "best" / "meta.json").read_text())["epoch"] == best_epoch
+    assert [e for _, e in run.state.best] == [best_epoch, 3 - best_epoch]  # the runner-up kept in top/
+    assert sorted(p.name for p in (tmp_path / "top").iterdir()) == ["epoch-0001", "epoch-0002"]
+
+
+def test_rank_best_keeps_the_earlier_epoch_on_a_tie_and_ranks_loss_lowest_first():
+    from vit.train.engine import rank_best
+
+    assert rank_best([[0.5, 1]], 0.5, 2) == [[0.5, 1], [0.5, 2]]
+    assert rank_best([[0.5, 1]], 0.6, 2) == [[0.6, 2], [0.5, 1]]
+    assert rank_best([[0.5, 1]], 0.4, 2, higher_is_better=False) == [[0.4, 2], [0.5, 1]]
+
+
+def test_a_class_with_few_validation_images_is_one_warning():
+    from vit.train.console import rare_class_warning
+
+    msg = rare_class_warning([20, 20, 2], ["a", "b", "owl"], None)
+    assert msg.startswith("warning: 1 of 3 classes have fewer than 5 validation images (owl: 2)")
+    assert "run.select_by=balanced_accuracy" in msg and msg.count(". ") == 0 and msg.endswith(".")
+    assert "run.select_by" not in rare_class_warning([20, 20, 2], ["a", "b", "owl"], "macro_f1")
+    assert rare_class_warning([5, 5, 5], ["a", "b", "c"], None) is None
+    assert rare_class_warning(None, ["a", "b", "c"], None) is None  # a split that does not list its labels
+
+
+def test_select_by_must_fit_the_kind_of_labels():
+    from vit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"'run.select_by' is map, which needs multi-label data"):
+        load_config(None, ["--run.select_by=map"])
+    with pytest.raises(ConfigError, match=r"'run.select_by' must be one of 'top1', 'macro_f1'"):
+        load_config(None, ["--run.select_by=f1"])

@@ -138,3 +138,22 @@ def test_two_processes_one_prediction_per_sample(trained, tmp_path):
     assert a["top1"] == b["top1"] and a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     rows = _read(tmp_path / "two/predictions.csv")
     assert len({r["sample"] for r in rows}) == 21
+
+
+def test_macro_f1_and_balanced_accuracy_match_scikit_learn():
+    from sklearn.metrics import balanced_accuracy_score, f1_score
+
+    from vit.eval.metrics import class_balanced_scores, per_class_metrics
+
+    rng = np.random.default_rng(0)
+    for trial in range(20):  # 5 classes, one absent from the labels in some trials, one never predicted in others
+        labels = rng.choice(5, size=40, p=[0.4, 0.3, 0.2, 0.1, 0.0] if trial % 2 else [0.3, 0.3, 0.2, 0.15, 0.05])
+        preds = np.where(rng.random(40) < 0.6, labels, rng.choice(4, size=40))
+        got = class_balanced_scores(torch.as_tensor(preds), torch.as_tensor(labels), 5)
+        present = np.unique(labels)
+        want_f1 = f1_score(labels, preds, labels=present, average="macro", zero_division=0)
+        assert got["macro_f1"] == pytest.approx(want_f1, abs=1e-12)
+        assert got["macro_f1"] == pytest.approx(per_class_metrics(labels, preds, 5)[2]["macro"]["f1"], abs=1e-12)
+        assert got["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(labels, preds), abs=1e-12)
+    assert class_balanced_scores(torch.tensor([1, 1]), torch.tensor([0, 0]), 3) == dict(macro_f1=0.0,
+                                                                                        balanced_accuracy=0.0)

@@ -225,3 +225,47 @@ def test_finetune_from_the_cache_writes_a_folder_timm_loads(hub, tmp_path):
     assert ref.pretrained_cfg["label_names"] == json.loads((best / "classes.json").read_text())
     assert ref.pretrained_cfg["mean"] == list(IMAGENET["mean"])  # the statistics the run used, from the weights
     assert load_config(best / "config.yaml").aug.mean == list(IMAGENET["mean"])
+
+
+@pytest.fixture
+def unreachable(cache, monkeypatch):
+    """Online (HF_HUB_OFFLINE unset) with a hub endpoint that refuses connections (a closed local port), and a
+    spy on hf_hub_download: a call that would go to the network raises at once, as the real one does after its
+    5 retries (~30 s), and is counted."""
+    import huggingface_hub
+    import huggingface_hub.constants
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # what HF_ENDPOINT sets
+    real, online = huggingface_hub.hf_hub_download, []
+
+    def download(*args, local_files_only=False, **kwargs):
+        if not local_files_only:
+            online.append(args)
+            raise LocalEntryNotFoundError("connection refused, after retrying (the real call's ~30 s)")
+        return real(*args, local_files_only=True, **kwargs)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    return online
+
+
+def test_an_unreachable_hub_is_found_out_once_and_the_cache_answers_at_once(unreachable, monkeypatch):
+    import huggingface_hub.constants
+
+    from vit.hub.names import hub_reachable
+
+    assert not hub_reachable()
+    with pytest.raises(FileNotFoundError) as e:
+        vit.create_model("hf-hub:org/absent", pretrained=True)
+    msg = str(e.value)
+    assert msg.startswith("model org/absent (its config.json) is not in the Hugging Face cache") and "\n" not in msg
+    assert "the hub could not be reached" in msg and "`hf download org/absent`" in msg
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():  # a cached repository loads without a network call, as it does offline
+        got = vit.create_model("hf-hub:org/tiny", pretrained=True).eval()(x)
+    assert unreachable == []  # no download went to the network: no retry loop
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # the oracle: the same repository offline
+    with torch.no_grad():
+        torch.testing.assert_close(got, vit.create_model("hf-hub:org/tiny", pretrained=True).eval()(x))

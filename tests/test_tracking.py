@@ -23,6 +23,94 @@ def test_the_default_is_tensorboard_and_csv_and_each_tracker_is_started_once():
     assert tracker_names(load_config(None, ["--run.log_with=[]"])) == []
 
 
+def test_one_tracker_name_is_taken_as_trainer_report_to_takes_it(tmp_path):
+    assert tracker_names(load_config(None, ["--run.log_with=mlflow"])) == ["mlflow"]
+    (tmp_path / "c.yaml").write_text("run:\n  log_with: wandb\n")
+    assert load_config(tmp_path / "c.yaml").run.log_with == ["wandb"]  # saved and resumed as a list
+    with pytest.raises(ConfigError, match=r"names an unknown tracker 'mlfow'"):
+        load_config(None, ["--run.log_with=mlfow"])
+
+
+def _fresh_accelerator(**kwargs):
+    from accelerate.state import AcceleratorState, GradientState
+
+    from vit.cli.runtime import make_accelerator
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    return make_accelerator(**kwargs)
+
+
+def test_every_tracked_name_is_a_metrics_csv_column_or_its_step_value_once_per_step(tmp_path, monkeypatch):
+    """A tiny epoch with a point every step: the names the trackers get are one scheme (metrics.csv's; a single
+    step's value of a per-epoch column is <column>_step), and no name gets two points at one step."""
+    import torch
+    from accelerate.state import AcceleratorState, GradientState
+    from helpers import ROOT
+
+    from vit.data import build_datasets, build_loaders
+    from vit.models.build import build_model
+    from vit.train.console import Console
+    from vit.train.engine import METRIC_FIELDS, Run, evaluate_and_checkpoint, train_one_epoch
+
+    cfg = load_config(ROOT / "configs/default.yaml", [
+        "--data.dataset=synthetic", "--data.synthetic_train_size=16", "--data.synthetic_val_size=4", *TINY,
+        "--run.log_every=1", "--run.epochs=1", "--model.in_chans=3", "--data.num_workers=0",
+        f"--run.output_dir={tmp_path}"])
+    try:
+        acc = _fresh_accelerator()
+        train_ds, val_ds, classes = build_datasets(cfg)
+        model = build_model(cfg, len(classes))
+        opt = torch.optim.AdamW(model.parameters())  # which optimizer does not matter here (timm's imports a lot)
+        tl, vl = build_loaders(cfg, train_ds, val_ds)
+        model, opt, tl, vl = acc.prepare(model, opt, tl, vl)
+        (tmp_path / "r").mkdir()
+        run = Run(acc, cfg, tmp_path / "r", model, opt, tl, vl, classes, Console(acc))
+        points = []
+        monkeypatch.setattr(acc, "log", lambda values, step: points.extend((step, k) for k in values))
+        evaluate_and_checkpoint(run, train_one_epoch(run))
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    names = {k for _, k in points}
+    assert {"train_loss_step", "lr", "train_loss", "val_loss", "val_acc1", "val_macro_f1"} <= names
+    assert names <= set(METRIC_FIELDS) | {f"{k}_step" for k in METRIC_FIELDS}, names
+    assert len(points) == len(set(points))  # lr at the epoch's last step: once, though both logs cover it
+
+
+def test_mlflow_gets_the_best_card_the_config_the_curves_and_the_confusion_matrix(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny is in the track extra")
+    from accelerate.state import AcceleratorState, GradientState
+
+    from vit.train.tracking import ARTIFACTS, log_artifacts
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{tmp_path / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)
+    files = {path: f"contents of {path}".encode() for path, _ in ARTIFACTS}
+    for path, data in files.items():
+        (run / path).write_bytes(data)
+    try:
+        acc = _fresh_accelerator(log_with=["mlflow"], project_dir=str(run))
+        acc.init_trackers("proj", init_kwargs={"mlflow": {"run_name": "t"}})
+        assert log_artifacts(acc, run) == [p for p, _ in ARTIFACTS]
+        acc.end_training()
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    client = mlflow.tracking.MlflowClient()
+    (found,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    got = {}
+    for path in ["config.yaml", "metrics.csv", "curves.png", "confusion.png", "best/README.md"]:
+        local = client.download_artifacts(found.info.run_id, path, str(tmp_path / "down"))
+        got[path] = open(local, "rb").read()
+    assert got == files
+    assert log_artifacts(_fresh_accelerator(), run) == []  # no MLflow tracker: nothing to give
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
 def test_a_missing_package_or_a_store_that_does_not_open_is_one_sentence(monkeypatch, tmp_path):
     import accelerate.tracking
 
@@ -58,7 +146,10 @@ def _wandb_records(path):
 
 
 def _same(got, want, rel, name):
-    """(step, value) pairs: the same steps, values equal to `rel` (a tool that stores float32 rounds them)."""
+    """(step, value) pairs: the same steps, values equal to `rel` (a tool that stores float32 rounds them). `lr`
+    also has a point every run.log_every steps: those at the rows' steps are compared."""
+    if name == "lr":
+        got = [(s, v) for s, v in got if s in {s for s, _ in want}]
     assert [s for s, _ in got] == [s for s, _ in want], name
     assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=rel), name
 
@@ -99,6 +190,10 @@ def test_tensorboard_mlflow_and_wandb_get_the_metrics_csv_numbers_and_the_config
         assert found.data.params["optim.lr"] == str(config["optim.lr"])
         assert found.data.params["model.depth"] == "2"
         assert found.data.params["run.log_with"] == str(config["run.log_with"])
+        logged = {a.path for a in client.list_artifacts(found.info.run_id)}
+        assert logged == {"best", "config.yaml", "metrics.csv", "curves.png", "confusion.png"}, logged
+        card = client.download_artifacts(found.info.run_id, "best/README.md", str(tmp_path / "down"))
+        assert open(card).read() == (run / "best" / "README.md").read_text()
 
     # wandb offline: the run folder inside the run, its .wandb log holds the config and each history row
     (folder,) = (run / "wandb").glob("offline-run-*")
@@ -114,7 +209,7 @@ def test_tensorboard_mlflow_and_wandb_get_the_metrics_csv_numbers_and_the_config
     rows_logged = [h for h in history if "epoch" in h]
     for k in FIELDS:
         _same([(h["_step"], h[k]) for h in rows_logged if k in h], expected[k], 1e-12, k)
-    assert any("train/loss" in h for h in history)
+    assert any("train_loss_step" in h for h in history) and not any("/" in k for h in history for k in h)
 
     # TensorBoard, where it always was: the same numbers (stored as float32)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

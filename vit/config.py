@@ -234,11 +234,19 @@ class RunConfig:
     overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
     log_every: int = 10  # steps between the trackers' train-loss points
     # experiment trackers, through Accelerate: tensorboard, csv (metrics.csv, always written), wandb, mlflow,
-    # comet_ml, aim, clearml, dvclive, swanlab, trackio; null: [tensorboard, csv] (see vit/train/tracking.py)
-    log_with: list[str] | None = None
+    # comet_ml, aim, clearml, dvclive, swanlab, trackio; one name or a list; null: [tensorboard, csv]
+    # (see vit/train/tracking.py)
+    log_with: list[str] | str | None = None
     project: str = "vit"  # the trackers' project (wandb project, MLflow experiment); each run is named run.name
     on_nonfinite: str = "stop"  # stop | skip
     max_steps: int | None = None  # stop early (smoke runs)
+    # the validation number that picks best/ and top/: top1, macro_f1, balanced_accuracy (mean per-class recall),
+    # loss (lowest), map (multi-label); null: top1, or map for multi-label data (data.labels_file)
+    select_by: Literal[None, "top1", "macro_f1", "balanced_accuracy", "loss", "map"] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.log_with, str):  # one name, as Trainer(report_to="mlflow") takes it
+            self.log_with = [self.log_with]
 
 
 @dataclass
@@ -267,6 +275,7 @@ CHOICES = {
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", "auto", None),
     "run.on_nonfinite": ("stop", "skip"),
+    **_literal_choices(RunConfig, "run"),
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
@@ -387,6 +396,11 @@ def validate(cfg: Config) -> None:
         if name not in TRACKERS:
             raise ConfigError(f"config key 'run.log_with' names an unknown tracker {name!r}; choose from "
                               f"{', '.join(TRACKERS)}.")
+    multi_label, select_by = bool(cfg.data.labels_file), cfg.run.select_by
+    if select_by is not None and (select_by == "map") != multi_label and select_by != "loss":
+        raise ConfigError(f"config key 'run.select_by' is {select_by}, which " + (
+            "multi-label data (data.labels_file) does not have; choose map or loss." if multi_label else
+            "needs multi-label data (data.labels_file); choose top1, macro_f1, balanced_accuracy or loss."))
     if cfg.run.overwrite and cfg.run.resume:
         raise ConfigError("config keys 'run.overwrite' and 'run.resume' contradict each other; pass one of them.")
     m = cfg.model

@@ -2,8 +2,9 @@
 
 `predict` runs a model over a loader and gathers logits and labels with `accelerator.gather_for_metrics`,
 which drops the samples that distributed samplers duplicate to even out the last batch: every sample is
-counted exactly once. `summarize_logits` turns them into loss, top-1/top-5 and calibration numbers;
-`per_class_metrics` into the confusion matrix and per-class precision/recall/F1, computed by scikit-learn.
+counted exactly once. `summarize_logits` turns them into loss, top-1/top-5, macro F1, balanced accuracy and
+calibration numbers; `per_class_metrics` into the confusion matrix and per-class precision/recall/F1, computed
+by scikit-learn.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error", "per_class_metrics",
-           "worst_mistakes"]
+           "class_balanced_scores", "worst_mistakes"]
 
 
 @torch.no_grad()
@@ -83,6 +84,22 @@ def per_class_metrics(labels: np.ndarray, preds: np.ndarray, num_classes: int
     return conf, rows, avgs
 
 
+def class_balanced_scores(preds: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict[str, float]:
+    """Macro F1 and balanced accuracy (the mean of per-class recall), each averaged over the classes present in
+    `labels` as `per_class_metrics` averages them (scikit-learn's f1_score(labels=present, average='macro',
+    zero_division=0) and balanced_accuracy_score). Unlike top-1, a class with few images weighs as much as any.
+    preds, labels (N,) class indices; 0.0 for an empty split."""
+    c = num_classes
+    conf = torch.bincount(labels.long() * c + preds.long(), minlength=c * c).reshape(c, c).double()  # (true, pred)
+    tp, support, predicted = conf.diag(), conf.sum(1), conf.sum(0)
+    present = support > 0
+    if not present.any():
+        return dict(macro_f1=0.0, balanced_accuracy=0.0)
+    recall = tp / support.clamp(min=1)
+    f1 = 2 * tp / (support + predicted).clamp(min=1)  # 2PR / (P + R); 0 where the class is never right
+    return dict(macro_f1=float(f1[present].mean()), balanced_accuracy=float(recall[present].mean()))
+
+
 def summarize_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     n = len(labels)
     out = {
@@ -92,6 +109,7 @@ def summarize_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, fl
     }
     if logits.shape[1] > 5:
         out["acc5"] = topk_correct(logits, labels, 5) / max(1, n)
+    out.update(class_balanced_scores(logits.argmax(1), labels, logits.shape[1]))
     out["ece"] = expected_calibration_error(logits.softmax(dim=1), labels)[0]
     return out
 

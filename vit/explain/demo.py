@@ -1,4 +1,5 @@
-"""A local demo page: drop an image, see the model's top-5 and where it looked (attention rollout).
+"""A local demo page: drop an image, see the model's top-5 (top-K for K < 5 classes) and where it looked
+(attention rollout).
 
 One HTML page of our own (no JavaScript library, no Gradio) served by the standard library's http.server:
 the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
@@ -8,7 +9,9 @@ preprocessing (`build_transform(..., train=False)`, as evaluate.py and predict.p
 picture (`vit.eval.plots.overlay_image`), drawn at least DISPLAY pixels wide.
 
 A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
-the page shows; the server keeps serving. One request runs the model at a time (a lock): the model and the
+the page shows, as is a request whose Content-Length is missing (411) or not a size (400), before any body is
+read; a body that stops arriving times out (408). A client that goes away is not an error, and prints nothing.
+The server keeps serving. One request runs the model at a time (a lock): the model and the
 pipeline are not shared between threads.
 """
 
@@ -18,6 +21,7 @@ import base64
 import io
 import json
 import math
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,6 +45,7 @@ class Demo:
     """A checkpoint ready to classify uploaded image bytes: top-5 and the rollout overlay."""
 
     def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
+        self.folder = Path(checkpoint).resolve()
         self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
         self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
         self.top = min(top, len(self.classes))
@@ -66,14 +71,22 @@ class Demo:
                     size=[over.shape[1], over.shape[0]])
 
     def title(self) -> str:
+        """The checkpoint's folder (run/best) and the architecture the weights have, read from the model: the
+        config's model.name is only the template its fields override (vit_tiny_patch16_224 with patch_size 8)."""
+        m = self.model
+        (h, w), (ph, pw) = m.patch_embed.img_size, m.patch_embed.patch_size
+        patches = f"{ph}-pixel" if ph == pw else f"{ph}x{pw}-pixel"
+        arch = (f"ViT, {h}x{w} input, {patches} patches, width {m.embed_dim}, depth {len(m.blocks)}, "
+                f"{m.blocks[0].attn.num_heads} heads")
         acc = self.meta.get("val_acc1")
         scored = f", val top-1 {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
-        return f"{self.cfg.model.name}: {len(self.classes)} classes{scored}"
+        return f"{self.folder.parent.name}/{self.folder.name}: {arch}: {len(self.classes)} classes{scored}"
 
 
-def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860) -> ThreadingHTTPServer:
-    """The page at / and the classifier at POST /predict, bound to host:port (port 0: a free one)."""
-    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).encode()
+def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860, timeout: float = 30) -> ThreadingHTTPServer:
+    """The page at / and the classifier at POST /predict, bound to host:port (port 0: a free one). `timeout`:
+    seconds a socket may wait for the next bytes of a request (or for the client to take the answer)."""
+    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).replace("{{TOP}}", str(demo.top)).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -85,13 +98,27 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860) -> Thread
         def do_POST(self):  # noqa: N802
             if self.path != "/predict":
                 return self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; POST to /predict.")
-            size = int(self.headers.get("Content-Length") or 0)
+            length = self.headers.get("Content-Length")
+            if length is None:
+                return self._error(HTTPStatus.LENGTH_REQUIRED, "the upload has no Content-Length header; send the "
+                                   "file as the request's body, as the page's fetch() does.")
+            if not length.strip().isdigit():  # int() would take '-1' and ' +5 '; a size is digits only
+                return self._error(HTTPStatus.BAD_REQUEST, f"the Content-Length header must be a whole number of "
+                                   f"bytes, got {length[:40]!r}; send the file as the request's body.")
+            size = int(length)
             if size > MAX_UPLOAD:
                 return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                    f"the file has {size} bytes; choose an image under {MAX_UPLOAD // 2**20} MB.")
             if size == 0:
                 return self._error(HTTPStatus.BAD_REQUEST, "the upload was empty; choose an image file.")
-            data = self.rfile.read(size)
+            try:
+                data = self.rfile.read(size)  # at most `size` bytes, each read bounded by the socket timeout
+            except TimeoutError:
+                return self._error(HTTPStatus.REQUEST_TIMEOUT, f"the upload stopped arriving for {timeout:g} s; "
+                                   "choose the file again.")
+            if len(data) < size:  # the client closed the connection mid-body: nobody is left to answer
+                self.close_connection = True
+                return None
             try:
                 answer = demo.predict(data, self.headers.get("X-Filename") or "the upload")
             except BadImageError as e:  # its message names the problem; add what to do where it does not
@@ -101,6 +128,7 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860) -> Thread
             self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
 
         def _error(self, status: HTTPStatus, message: str) -> None:
+            self.close_connection = True  # a body left unread must not be taken for the next request
             self._send(status, json.dumps(dict(error=message)).encode(), "application/json")
 
         def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
@@ -114,7 +142,17 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860) -> Thread
         def log_message(self, format, *args):  # one quiet line per request is enough for a local page
             pass
 
-    return ThreadingHTTPServer((host, port), Handler)
+    Handler.timeout = timeout  # StreamRequestHandler sets it on the socket: every read and write is bounded
+    return _Server((host, port), Handler)
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (closed tab, reset, timed out) is routine for a page: nothing to print.
+        Anything else is a bug, printed with its traceback as http.server does."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def _escape(text: str) -> str:
@@ -129,6 +167,7 @@ PAGE = """<!doctype html>
  #drop.over { background: #eef; }
  .row { display: flex; gap: 1.5em; margin-top: 1.2em; align-items: flex-start; }
  img { width: 256px; image-rendering: auto; border: 1px solid #ccc; }
+ img:not([src]) { display: none; }
  ol { padding-left: 1.4em; margin: 0; } li { margin: .2em 0; white-space: nowrap; }
  #result { min-width: 220px; }
  .bar { display: inline-block; height: .7em; background: #4a7; margin-left: .4em; vertical-align: middle; }
@@ -141,7 +180,7 @@ PAGE = """<!doctype html>
 <div class="row">
  <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
  <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
- <div id="result"><b>top-5</b><ol id="top5"></ol></div>
+ <div id="result"><b>top-{{TOP}}</b><ol id="top5"></ol></div>
 </div>
 <script>
 const status = document.getElementById("status");

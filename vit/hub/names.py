@@ -8,9 +8,9 @@
     local-dir:/path/to/folder           a folder holding config.json and model.safetensors (or pytorch_model.bin)
 
 Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights. Offline
-(HF_HUB_OFFLINE=1, or no network at all) files come from the cache; a repository that is not there raises one
-sentence naming it, the cache folder and the command that fetches it. The checkpoint side, the config.json that
-makes a train.py checkpoint folder a timm hub folder, is `vit.hub.hub_config`.
+(HF_HUB_OFFLINE=1, or a hub that does not answer one request) files come from the cache at once; a repository that
+is not there raises one sentence naming it, the cache folder and the command that fetches it. The checkpoint side,
+the config.json that makes a train.py checkpoint folder a timm hub folder, is `vit.hub.hub_config`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from ..utils.files import check_regular_file, read_regular_file
 
 __all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "hub_cache_dir",
-           "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
+           "hub_reachable", "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 SOURCES = ("hf-hub:", "local-dir:")
@@ -78,6 +78,19 @@ def offline() -> bool:
     from huggingface_hub import constants
 
     return _truthy(os.environ.get("HF_HUB_OFFLINE")) or constants.HF_HUB_OFFLINE
+
+
+def hub_reachable() -> bool:
+    """Whether the hub's endpoint (HF_ENDPOINT) answers one HEAD request now, without retries. hf_hub_download
+    retries a refused or timed-out request 5 times (about 30 s) before it falls back to the cache, so an
+    unreachable hub is found out here once and the cache is asked directly."""
+    from huggingface_hub import constants, get_session
+
+    try:
+        get_session().head(constants.ENDPOINT, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except Exception:  # the HTTP client's connect/DNS/timeout/proxy errors: whichever, the hub is not there now
+        return False
+    return True  # any answer, an error status included: hf_hub_download names what it means
 
 
 def hub_cache_dir(cache_dir: str | Path | None = None) -> Path:
@@ -282,10 +295,11 @@ def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_
     )
 
     cache, not_cached = hub_cache_dir(cache_dir), False
+    local_only = offline() or not hub_reachable()  # unreachable: the cache now, not after 30 s of retries
     for filename in names:
         try:
             return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=str(cache),
-                                        local_files_only=offline(), library_name="vit"))
+                                        local_files_only=local_only, library_name="vit"))
         except LocalEntryNotFoundError:  # not cached, and offline or no network (a subclass: caught first)
             not_cached = True
         except EntryNotFoundError:  # the repository has no such file: try the next one

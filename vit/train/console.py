@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Console", "describe_model", "schedule_warning", "quiet_libraries", "MIN_STEPS"]
+__all__ = ["Console", "describe_model", "schedule_warning", "rare_class_warning", "quiet_libraries", "MIN_STEPS",
+           "FEW_VAL_IMAGES"]
 
 PLAIN_EVERY_S = 30.0  # a log file gets a progress line this often (a long epoch shows it is alive)
 # A run from scratch with fewer optimizer steps than this is warned about (a chosen round number): the digits
@@ -91,6 +92,23 @@ def schedule_warning(total_steps: int, warmup_steps: int, epochs: int, pretraine
         return (f"warning: {epochs} epoch(s) are only {total_steps} optimizer steps; a model trained from scratch "
                 f"needs at least ~{MIN_STEPS} to learn (expect chance accuracy); raise run.epochs.")
     return None
+
+
+FEW_VAL_IMAGES = 5  # a class with fewer validation images moves val top-1 by whole images: best/ follows noise
+
+
+def rare_class_warning(counts: list[int] | None, classes: list[str], select_by: str | None) -> str | None:
+    """One sentence when a class has fewer than FEW_VAL_IMAGES validation images (`counts`: images per class,
+    None where the split does not list its labels), else None."""
+    rare = [(name, n) for name, n in zip(classes, counts or []) if n < FEW_VAL_IMAGES]
+    if not rare:
+        return None
+    shown = ", ".join(f"{name}: {n}" for name, n in rare[:5]) + (f", ... ({len(rare)} in all)" if len(rare) > 5 else "")
+    advice = ("" if select_by not in (None, "top1") else
+              ", or set run.select_by=balanced_accuracy (or macro_f1) so that each class counts alike")
+    return (f"warning: {len(rare)} of {len(classes)} classes have fewer than {FEW_VAL_IMAGES} validation images "
+            f"({shown}), so the number that picks best/ moves by whole images and may follow noise; add validation "
+            f"images{advice}.")
 
 
 def _is_terminal() -> bool:

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..eval.metrics import predict, summarize_logits
+from ..eval.metrics import per_class_metrics, predict, summarize_logits
 from ..eval.multilabel import summarize_multilabel
+from ..eval.plots import plot_confusion
 from ..layers import indexer_loss, indexer_only_grads, indexer_schedule, topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
@@ -34,13 +35,20 @@ from .preemption import Preempted
 from .preemption import requested as preemption_requested
 from .runfolder import check_weights, kept_note, save_run_state
 from .state import state_dir_name
-from .tracking import log_row
+from .tracking import log_row, log_step
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
-           "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics"]
+           "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics",
+           "SELECT_BY", "select_by", "rank_best", "keep_best", "describe_best"]
 
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
-                 "skipped_steps", "val_map", "indexer_loss"]  # val_map: multi-label runs, which have no top-1
+                 "skipped_steps", "val_map", "indexer_loss",  # val_map: multi-label runs, which have no top-1
+                 "val_macro_f1", "val_balanced_accuracy"]
+
+# run.select_by -> (the checkpoint meta's key, its name in a sentence, higher is better)
+SELECT_BY = {"top1": ("val_acc1", "top-1", True), "macro_f1": ("val_macro_f1", "macro F1", True),
+             "balanced_accuracy": ("val_balanced_accuracy", "balanced accuracy", True),
+             "loss": ("val_loss", "loss", False), "map": ("val_map", "mAP", True)}
 
 
 @dataclass
@@ -50,7 +58,7 @@ class TrainState:
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # current epoch
     batch_in_epoch: int = 0  # batches of `epoch` already consumed
-    best: list = field(default_factory=list)  # [(val_acc1, epoch)] of kept checkpoints, best first
+    best: list = field(default_factory=list)  # [(score, epoch)] of kept checkpoints by run.select_by, best first
     skipped: int = 0  # optimizer steps skipped for non-finite gradients (run.on_nonfinite=skip)
     loss_sum: float = 0.0  # this epoch's running train-loss sum (mean over processes) and count, so that a
     loss_n: int = 0  # mid-epoch resume reports the loss of the whole epoch, not of the batches after it
@@ -271,8 +279,7 @@ def train_one_epoch(run: Run) -> EpochStats:
             if run.ema is not None:
                 run.ema.update(acc.unwrap_model(model), step=state.step)
             if state.step % cfg.run.log_every == 0:
-                acc.log({"train/loss": loss.item(), "train/lr": lr,
-                         **({"train/indexer_loss": aux.item()} if aux is not None else {})}, step=state.step)
+                log_step(acc, state.step, loss.item(), lr, aux.item() if aux is not None else None)
                 run.console.step(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
                                  img_s=f"{seen / (time.perf_counter() - t0):.0f}")
             else:
@@ -311,7 +318,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         if acc.is_main_process:
             row = _train_columns(state, stats)
             append_metrics(run.run_dir / "metrics.csv", row)
-            log_row(acc, row)
+            log_row(acc, row, cfg.run.log_every)
         return
     eval_model = run.ema.module if run.ema is not None else run.model
     check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
@@ -328,13 +335,18 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
                       f"{stats.images_per_s:.0f} img/s")
     weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
     if acc.is_main_process:
-        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_acc1=m["acc1"], val_acc5=m.get("acc5", ""))
-        meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
+        balanced = dict(val_macro_f1=m["macro_f1"], val_balanced_accuracy=m["balanced_accuracy"])
+        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_acc1=m["acc1"], val_acc5=m.get("acc5", ""),
+                   **balanced)
+        meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"], **balanced)
         unwrapped = acc.unwrap_model(eval_model)
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
-        _keep_best(run, unwrapped, meta, weights)
+        keep_best(run, unwrapped, meta, weights)
+        if state.best and state.best[0][1] == state.epoch:  # best/'s confusion matrix, for a look and for MLflow
+            conf, _, _ = per_class_metrics(out["labels"].numpy(), out["logits"].argmax(1).numpy(), len(run.classes))
+            plot_confusion(conf, run.classes, run.run_dir / "confusion.png")
         append_metrics(run.run_dir / "metrics.csv", row)
-        log_row(acc, row)  # the trackers get this row's numbers (run.log_with)
+        log_row(acc, row, cfg.run.log_every)  # the trackers get this row's numbers (run.log_with)
 
 
 def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: torch.nn.Module) -> None:
@@ -342,7 +354,6 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
     split is saved in meta.json, where predict.py and evaluate.py find it."""
     acc, cfg, state = run.accelerator, run.cfg, run.state
     m = summarize_multilabel(out["logits"], out["labels"])
-    acc.log({"val/loss": m["loss"], "val/map": m["map"], "train/images_per_s": stats.images_per_s}, step=state.step)
     run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
                       f"val loss {m['loss']:.4f}  val mAP {100 * m['map']:.2f}%  F1 {m['micro_f1']:.3f} at "
                       f"{m['threshold']:.2f}  ({m['n']} images)  {stats.images_per_s:.0f} img/s")
@@ -353,19 +364,41 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
                     threshold=m["threshold"], val_micro_f1=m["micro_f1"])
         unwrapped = acc.unwrap_model(eval_model)
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
-        _keep_best(run, unwrapped, meta, weights)
+        keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
+        log_row(acc, row, cfg.run.log_every)
 
 
-def _keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
-    """`best/` holds the best checkpoint (by val_acc1, or val_map for multi-label); with run.keep_best > 1 the
-    runners-up live in top/epoch-XXXX."""
+def select_by(cfg) -> str:
+    """The run.select_by that ranks checkpoints: as set, else top1 (map for multi-label data)."""
+    return cfg.run.select_by or ("map" if cfg.data.labels_file else "top1")
+
+
+def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = True) -> list:
+    """[[score, epoch]] of the kept checkpoints and this epoch's, best first; a tie goes to the earlier epoch
+    (a later epoch must do better to replace best/)."""
+    sign = -1 if higher_is_better else 1
+    return sorted([*best, [score, epoch]], key=lambda t: (sign * t[0], t[1]))
+
+
+def describe_best(cfg, best: list) -> str:
+    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]])."""
+    score, epoch = best[0]
+    _, name, higher = SELECT_BY[select_by(cfg)]
+    return f"best val {name} {100 * score:.2f}% at epoch {epoch}" if higher else \
+        f"best val {name} {score:.4f} at epoch {epoch}"
+
+
+def keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
+    """`best/` holds the best checkpoint by run.select_by (top-1 unless set, mAP for multi-label); with
+    run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
-    acc, epoch = meta["val_map"] if "val_map" in meta else meta["val_acc1"], meta["epoch"]
-    ranked = sorted(state.best + [[acc, epoch]], key=lambda t: (-t[0], t[1]))
-    if [acc, epoch] not in ranked[:k]:
+    key, _, higher = SELECT_BY[select_by(run.cfg)]
+    score, epoch = meta[key], meta["epoch"]
+    ranked = rank_best(state.best, score, epoch, higher)
+    if [score, epoch] not in ranked[:k]:
         return
-    if ranked[0] == [acc, epoch]:
+    if ranked[0] == [score, epoch]:
         save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta, weights)
     if k > 1:
         save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta, weights)

@@ -1,13 +1,17 @@
 """Experiment tracking as Hugging Face users know it: `run.log_with` names Accelerate's trackers.
 
     run:
-      log_with: [tensorboard, csv, mlflow]   # null (the default): [tensorboard, csv]
+      log_with: [tensorboard, csv, mlflow]   # or one name (log_with: mlflow); null (the default): [tensorboard, csv]
 
 train.py builds its Accelerator with `accelerator_trackers(...)`, calls `accelerator.init_trackers(run.project,
-config=flat_config(cfg), init_kwargs=tracker_kwargs(...))` and, after every evaluation, `log_row`: the trackers
-receive the very numbers of that metrics.csv row (same names, same step), plus the train loss and learning rate
-every run.log_every steps. `csv` is our own metrics.csv, which is always written (curves.png and a resume read
-it): naming it only makes the list say so.
+config=flat_config(cfg), init_kwargs=tracker_kwargs(...))` and, after every epoch, `log_row`: the trackers
+receive the very numbers of that metrics.csv row (same names, same step), plus, every run.log_every steps,
+`log_step`'s: one name per quantity, metrics.csv's (`lr`), and for a single step's value of a quantity that
+metrics.csv holds per epoch, its name + `_step` (`train_loss_step`, as Lightning names it). At the end,
+`log_artifacts` gives MLflow the run's files (as the HF Trainer does with HF_MLFLOW_LOG_ARTIFACTS): the best
+checkpoint's model card, config.yaml, metrics.csv, curves.png and confusion.png; the weights stay in the run
+folder. `csv` is our own metrics.csv, which is always written (curves.png and a resume read it): naming it only
+makes the list say so.
 
 Where the files go: TensorBoard into <run>/tensorboard/ (as before this key existed); wandb into <run>/wandb/
 unless WANDB_DIR says otherwise (WANDB_MODE=offline keeps it on this machine; `wandb sync` uploads it later);
@@ -25,7 +29,7 @@ from pathlib import Path
 from ..config import Config, ConfigError, to_dict
 
 __all__ = ["DEFAULT_TRACKERS", "tracker_names", "check_trackers", "accelerator_trackers", "tracker_kwargs",
-           "flat_config", "log_row"]
+           "flat_config", "log_row", "log_step", "log_artifacts", "ARTIFACTS"]
 
 DEFAULT_TRACKERS = ["tensorboard", "csv"]
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny", "comet_ml": "comet_ml",
@@ -83,7 +87,37 @@ def flat_config(cfg: Config) -> dict:
             for section, values in to_dict(cfg).items() for k, v in values.items()}
 
 
-def log_row(accelerator, row: dict) -> None:
-    """One metrics.csv row to every tracker at its step: the same names and the same numbers ('' left out)."""
-    accelerator.log({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))},
-                    step=int(row["step"]))
+def log_row(accelerator, row: dict, log_every: int) -> None:
+    """One metrics.csv row to every tracker at its step: the same names and the same numbers ('' left out). `lr`
+    is left out at a step that `log_step` logged too (run.log_every divides it): one point per step and name."""
+    step = int(row["step"])
+    accelerator.log({k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float))
+                     and not (k == "lr" and step % log_every == 0)}, step=step)
+
+
+def log_step(accelerator, step: int, loss: float, lr: float, indexer_loss: float | None = None) -> None:
+    """One optimizer step's numbers (every run.log_every steps): that step's loss (metrics.csv's train_loss is the
+    epoch's mean), the learning rate, and DSA's indexer KL when it trains."""
+    values = {"train_loss_step": loss, "lr": lr}
+    if indexer_loss is not None:
+        values["indexer_loss_step"] = indexer_loss
+    accelerator.log(values, step=step)
+
+
+# the run's files MLflow receives: (path in the run folder, folder among the MLflow run's artifacts)
+ARTIFACTS = [("best/README.md", "best"), ("config.yaml", None), ("metrics.csv", None), ("curves.png", None),
+             ("confusion.png", None)]
+
+
+def log_artifacts(accelerator, run_dir: Path) -> list[str]:
+    """Give the MLflow run (if run.log_with has one) the ARTIFACTS that exist; call before end_training. Returns
+    the paths logged (none without MLflow or on another process than the main one)."""
+    if not accelerator.is_main_process or "mlflow" not in {t.name for t in accelerator.trackers}:
+        return []
+    tracker = accelerator.get_tracker("mlflow", unwrap=False)
+    logged = []
+    for path, folder in ARTIFACTS:
+        if (run_dir / path).is_file():
+            tracker.log_artifact(str(run_dir / path), artifact_path=folder)
+            logged.append(path)
+    return logged
