@@ -668,15 +668,15 @@ def bench_sparse(args, device) -> dict:
 
     import torch.nn.functional as F
 
-    from vit.layers import Attention
+    from vit.layers import Attention, SparseOptions
     from vit.layers.sparse_attention import parse_sparse_spec
 
     specs = [(s, parse_sparse_spec(s)) for s in args.sparse_attention]
-    # the same options in a model's spelling (create_model, TextEncoder) and in Attention's
-    models = [dict(sparse_attention=o["method"], sparse_density=o["density"], sparse_select=o["select"] or "block",
-                   sparse_block_size=args.sparse_block_size, sparse_min_tokens=0) for _, o in specs]
-    layers = [dict(sparse_attention=o["method"], density=o["density"], sparse_select=o["select"] or "block",
-                   block_size=args.sparse_block_size, min_tokens=0) for _, o in specs]
+    # one options object per spec, taken whole by create_model, TextEncoder and Attention alike
+    models = layers = [dict(sparse_attention=SparseOptions(o["method"], density=o["density"],
+                                                           select=o["select"] or "block",
+                                                           block_size=args.sparse_block_size, min_tokens=0))
+                       for _, o in specs]
 
     def build(make, options):  # dense first, then each spec with the dense weights (an indexer keeps its own)
         torch.manual_seed(0)
