@@ -48,10 +48,11 @@ def _is_int(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SparseOptions:
-    # Dynamic sparse attention, top-k key blocks per query (vit/layers/sparse_attention.py): one object from the
-    # YAML (`model.sparse_attention: {method: dsa, density: 0.25}`) to the layer; None there means dense attention.
-    # dsa: a learned indexer (DeepSeek-V3.2); moba: a parameter-free gate (MoBA)
-    method: Literal["dsa", "moba"]
+    """Dynamic sparse attention, top-k key blocks per query (vit/layers/sparse_attention.py): one object from the
+    YAML (`model.sparse_attention: {method: dsa, density: 0.25}`) through create_model, TextEncoder, Block and
+    Attention to the layer, checked once here; None in its place means dense attention."""
+
+    method: Literal["dsa", "moba"]  # dsa: a learned indexer (DeepSeek-V3.2); moba: a parameter-free gate (MoBA)
     block_size: int = 128  # tokens per key (and query) block; a sequence shorter than a block is one block
     topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
     density: float | None = None  # the kept share of the blocks; both null: 0.125
