@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..layers import CachedSelfAttention, CrossAttention, get_norm_layer, sincos_1d
-from .encoder import Block, drop_path_rates
+from .encoder import Block, block_stack
 
 __all__ = ["DecoderBlock", "Decoder", "DecoderCache", "LayerCache", "TextDecoder"]
 
@@ -130,23 +130,11 @@ class Decoder(nn.ModuleList):
     """A stack of `DecoderBlock`s, as `Encoder` is of `Block`s (blocks named `0`, `1`, ...; stochastic depth
     rising linearly with depth): (B, T, D) and memory (B, M, D) -> (B, T, D), plus per-block maps when asked."""
 
-    def __init__(
-        self,
-        depth: int,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        **block_kwargs,
-    ) -> None:
-        rates = drop_path_rates(depth, drop_path_rate)
-        super().__init__(
-            DecoderBlock(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
-            for rate in rates
-        )
+    def __init__(self, depth: int, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 **block_kwargs) -> None:
+        super().__init__(block_stack(DecoderBlock, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                                     attn_drop_rate, drop_path_rate, **block_kwargs))
 
     def init_cache(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> DecoderCache:
         """A cache for decoding against `memory` (B, M, D): every block's cross-attention keys and values,

@@ -21,12 +21,21 @@ from ..config import SparseOptions
 from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
 from ..layers.sparse_attention import retune
 
-__all__ = ["Block", "Encoder", "drop_path_rates"]
+__all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
 
 
 def drop_path_rates(depth: int, rate: float) -> list[float]:
     """Stochastic depth per block, rising linearly from 0 to `rate` (timm's schedule; one block gets `rate`)."""
     return torch.linspace(0, rate, depth).tolist() if depth > 1 else [rate] * depth
+
+
+def block_stack(block_layer: Callable[..., nn.Module], depth: int, dim: int, num_heads: int, mlp_ratio: float,
+                qkv_bias: bool, drop_rate: float, attn_drop_rate: float, drop_path_rate: float,
+                **block_kwargs) -> list[nn.Module]:
+    """`depth` blocks of `block_layer` (`Block`, the decoder's `DecoderBlock`), stochastic depth rising to
+    `drop_path_rate`: the layers of `Encoder` and `Decoder`."""
+    return [block_layer(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
+            for rate in drop_path_rates(depth, drop_path_rate)]
 
 
 class Block(nn.Module):
@@ -149,11 +158,8 @@ class Encoder(nn.ModuleList):
         drop_path_rate: float = 0.0,
         **block_kwargs,
     ) -> None:
-        rates = drop_path_rates(depth, drop_path_rate)
-        super().__init__(
-            Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
-            for rate in rates
-        )
+        super().__init__(block_stack(Block, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate,
+                                     drop_path_rate, **block_kwargs))
         self.grad_checkpointing = False
         self.reduces_tokens = False  # set by set_token_reduction
 
