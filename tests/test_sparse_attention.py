@@ -456,6 +456,27 @@ def test_a_block_longer_than_the_sequence_is_the_whole_sequence():
                     assert indexer_loss(att).abs().item() <= 1e-12
 
 
+def test_the_warmup_teaches_the_indexer_below_min_tokens_too():
+    """The warm-up's attention is dense at every length and its indexer learns from it at every length (`runs` is
+    True there whatever min_tokens says; `selects` is False); in the sparse stage a short input runs dense with no
+    KL."""
+    torch.manual_seed(0)
+    att = Attention(D, H, sparse_attention=SparseOptions("dsa", block_size=S, min_tokens=64)).double()
+    dense = Attention(D, H).double()
+    dense.load_state_dict({k: v for k, v in att.state_dict().items() if not k.startswith("sparse.")})
+    x = torch.randn(2, 40, D, dtype=torch.float64)
+    set_indexer_stage(att, "warmup")
+    assert att.sparse.runs(40) and not att.sparse.selects
+    out, _ = att(x)
+    assert indexer_loss(att) is not None and indexer_loss(att).item() > 0
+    assert (out - dense(x)[0]).abs().max() <= 1e-12
+    set_indexer_stage(att, "sparse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the crossover's note
+        att(x)
+    assert indexer_loss(att) is None
+
+
 def test_dense_below_crossover_says_so_once():
     torch.manual_seed(0)
     att = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=S, topk_blocks=1, min_tokens=64))
