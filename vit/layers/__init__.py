@@ -7,7 +7,7 @@ from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
-from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
+from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
@@ -33,6 +33,7 @@ __all__ = [
     "SparseOptions",
     "SwiGLU",
     "TokenState",
+    "add_pos_embed_1d",
     "attend",
     "build_token_reduction",
     "expand_mask",

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..layers import CachedSelfAttention, CrossAttention, get_norm_layer, sincos_1d
+from ..layers import CachedSelfAttention, CrossAttention, add_pos_embed_1d, get_norm_layer
 from .encoder import Block, block_stack
 
 __all__ = ["DecoderBlock", "Decoder", "DecoderCache", "LayerCache", "TextDecoder"]
@@ -199,10 +199,7 @@ class TextDecoder(nn.Module):
         norm = get_norm_layer(norm_layer, norm_eps)
         self.max_len = max_len
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.randn(1, max_len, embed_dim) * 0.02)
-        else:
-            self.register_buffer("pos_embed", sincos_1d(max_len, embed_dim)[None], persistent=False)
+        add_pos_embed_1d(self, pos_embed, max_len, embed_dim)
         self.drop = nn.Dropout(drop_rate)
         self.blocks = Decoder(depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate,
                               drop_path_rate, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import SparseOptions
-from ..layers import Mlp, get_norm_layer, sincos_1d
+from ..layers import Mlp, add_pos_embed_1d, get_norm_layer
 from .encoder import Encoder
 
 __all__ = ["POOLS", "TanhPooler", "TextEncoder", "TextEncoderOutput"]
@@ -146,12 +146,7 @@ class TextEncoder(nn.Module):
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
         self.type_embed = nn.Embedding(type_vocab_size, embed_dim) if type_vocab_size else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.randn(1, n_pos, embed_dim) * 0.02)
-        elif pos_embed == "sincos":
-            self.register_buffer("pos_embed", sincos_1d(n_pos, embed_dim)[None], persistent=False)
-        else:
-            self.register_buffer("pos_embed", torch.zeros(1, n_pos, embed_dim), persistent=False)
+        add_pos_embed_1d(self, pos_embed, n_pos, embed_dim)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
         self.drop = nn.Dropout(drop_rate)
         self.blocks = Encoder(
