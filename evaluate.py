@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader, Dataset
 from vit.cli.args import check_model_source
 from vit.cli.outputs import OutputLock, check_writable
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
-from vit.config import ConfigError, check_dataset_keys, parse_overrides
+from vit.config import ConfigError, check_dataset_keys, parse_overrides, to_dict
 from vit.data import DataError, build_eval_split
 from vit.eval.inference import load_model_and_config  # shared with predict.py
 from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits, worst_mistakes
@@ -167,7 +167,7 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
                    images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
                    classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset, data=scored,
                    token_reduction=cfg.model.token_reduction,
-                   sparse_attention=args.sparse_attention or cfg.model.sparse_attention,
+                   sparse_attention=args.sparse_attention or to_dict(cfg.model)["sparse_attention"],
                    num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
 
     out_dir.mkdir(parents=True, exist_ok=True)

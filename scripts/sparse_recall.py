@@ -30,7 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.layers import indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
+from vit.layers import SparseOptions, indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
 from vit.layers.sparse_attention import KL_ROWS, sparse_modules  # noqa: E402
 from vit.models import TextEncoder  # noqa: E402
 
@@ -143,8 +143,8 @@ def run(args) -> dict:
     print(f"dense accuracy {out['dense_acc']:.4f} at {args.tokens} tokens ({time.perf_counter() - t0:.0f} s)",
           file=sys.stderr, flush=True)
     for density in args.density:
-        sparse = Recall(*shape, sparse_attention="dsa", sparse_density=density, sparse_select=args.select,
-                        sparse_block_size=args.block_size, sparse_min_tokens=0)
+        sparse = Recall(*shape, sparse_attention=SparseOptions("dsa", density=density, select=args.select,
+                                                               block_size=args.block_size, min_tokens=0))
         sparse.load_state_dict(dense.state_dict(), strict=False)  # everything but the new indexers
         for m in sparse_modules(sparse):
             m.kernel = "gather"  # SDPA on the kept blocks: a CPU backward, no compiling; masked SDPA where it can't

@@ -50,7 +50,7 @@ def test_fused_and_explicit_paths_match_float64_formula(name, causal):
         fused, none = attn(x, mask, is_causal=causal)
         explicit, probs = attn(x, mask, is_causal=causal, return_attention=True)
     assert none is None
-    from vit.layers.attention import expand_mask
+    from vit.layers import expand_mask
 
     ref, ref_p = _reference(x, attn, expand_mask(mask, N), causal)
     torch.testing.assert_close(fused.double(), ref, atol=1e-5, rtol=0)

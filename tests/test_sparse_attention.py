@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import vit.layers.sparse_attention as sa
-from vit.layers import Attention
+from vit.layers import Attention, SparseOptions
 from vit.layers.sparse_attention import LightningIndexer, indexer_loss, set_indexer_stage
 
 D, H, S = 32, 4, 16  # width, heads, block size
@@ -19,7 +19,7 @@ D, H, S = 32, 4, 16  # width, heads, block size
 def _pair(method, dtype=torch.float64, **opts):
     """A sparse Attention and a dense one with the same weights."""
     torch.manual_seed(0)
-    sparse = Attention(D, H, sparse_attention=method, block_size=S, min_tokens=0, **opts).to(dtype)
+    sparse = Attention(D, H, sparse_attention=SparseOptions(method, block_size=S, min_tokens=0, **opts)).to(dtype)
     dense = Attention(D, H).to(dtype)
     dense.load_state_dict({k: v for k, v in sparse.state_dict().items() if not k.startswith("sparse.")})
     return sparse, dense
@@ -62,7 +62,7 @@ def _reference(att, x, keep, select, causal, pad):
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_block_selected_is_dense(method, select, causal):
     """topk_blocks covering every block is dense attention, output and gradients (also the map path)."""
-    sparse, dense = _pair(method, topk_blocks=100, sparse_select=select)
+    sparse, dense = _pair(method, topk_blocks=100, select=select)
     x = torch.randn(2, 70, D, dtype=torch.float64, requires_grad=True)  # 5 blocks, the last partial
     out, _ = sparse(x, is_causal=causal)
     ref, _ = dense(x, is_causal=causal)
@@ -75,7 +75,7 @@ def test_every_block_selected_is_dense(method, select, causal):
     _, p = sparse(x, is_causal=causal, return_attention=True)
     _, pd = dense(x, is_causal=causal, return_attention=True)
     assert (p - pd).abs().max() <= 1e-6
-    few, _ = _pair(method, topk_blocks=2, sparse_select=select)[0](x, is_causal=causal)
+    few, _ = _pair(method, topk_blocks=2, select=select)[0](x, is_causal=causal)
     assert (few - ref).abs().max() > 1e-3  # the guard: fewer blocks do change the output
 
 
@@ -85,7 +85,7 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
     """Each kernel (masked SDPA in training, the explicit map path, FlexAttention) equals the float64 formula with
     the module's own selection turned into a mask, with causal and padding masks; gradients of the training path."""
     seen = _record(monkeypatch)
-    att, _ = _pair(method, topk_blocks=2, sparse_select=select)
+    att, _ = _pair(method, topk_blocks=2, select=select)
     torch.manual_seed(1)
     x = torch.randn(2, 75, D, dtype=torch.float64, requires_grad=True)
     pad = torch.ones(2, 75, dtype=torch.bool)
@@ -94,7 +94,7 @@ def test_equals_masked_float64_reference(monkeypatch, method, select, causal, pa
 
     att.sparse.kernel = "sdpa"
     out, _ = att(x, mask, causal)
-    ref, pref = _reference(att, x, seen[-1], att.sparse.select, causal, mask)
+    ref, pref = _reference(att, x, seen[-1], att.sparse.options.select, causal, mask)
     assert (out - ref).abs().max() <= 1e-6
     g = torch.randn_like(out)
     ga = torch.autograd.grad(out, [x, att.qkv.weight], g)
@@ -131,7 +131,7 @@ def test_gathered_kernel_equals_masked_float64_reference(monkeypatch, method, gr
     real = sk.gathered
     monkeypatch.setattr(sa, "gathered", lambda *a: picked.append(a[3].shape) or real(*a))
     monkeypatch.setattr(sk, "_GATHER_KEYS", 3 * S)
-    att, dense = _pair(method, topk_blocks=topk, sparse_select="block")
+    att, dense = _pair(method, topk_blocks=topk, select="block")
     torch.manual_seed(1)
     x = torch.randn(2, n, D, dtype=torch.float64, requires_grad=grad)  # 5 blocks, the last partial at 75
     pad = torch.ones(2, n, dtype=torch.bool)
@@ -167,24 +167,24 @@ def test_kernel_choice_reads_no_values_and_survives_the_odd_selection():
     float64 inference under a causal mask avoids CPU FlexAttention (float32/16 only); a selection that keeps no
     block (NaN scores, no forced block) gives the masked kernel's zeros from the gathered kernel too; small blocks
     stay on the masked kernel in training."""
-    core = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, sparse_select="block",
-                     min_tokens=0).sparse
+    core = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=S, topk_blocks=2, select="block",
+                     min_tokens=0)).sparse
     q = torch.empty(1, H, 4 * S, D // H, device="meta")
     keep = torch.empty(1, H, 4, 4, dtype=torch.bool, device="meta")
     for kernel, want in [("auto", "flex"), ("flex", "flex"), ("sdpa", "sdpa"), ("gather", "gather")]:
         core.kernel = kernel
-        assert core._kernel(q, keep, None, None, False, False, 0.0) == want
+        assert core._kernel(q, keep, None, None, False, False, 0.0, S) == want
     core.kernel = "gathered"
     with pytest.raises(ValueError, match="use one of auto, flex, gather, sdpa"):
-        core._kernel(q, keep, None, None, False, False, 0.0)
+        core._kernel(q, keep, None, None, False, False, 0.0, S)
     core.kernel = "auto"
     q64 = torch.zeros(1, H, 4 * S, D // H, dtype=torch.float64)
-    assert core._kernel(q64, keep, None, None, True, False, 0.0) == "sdpa"  # causal float64 inference
-    small = Attention(D, H, sparse_attention="moba", block_size=4, topk_blocks=2, sparse_select="block",
-                      min_tokens=0).sparse
-    assert small._kernel(q64.requires_grad_(), keep, None, None, False, False, 0.0) == "sdpa"
+    assert core._kernel(q64, keep, None, None, True, False, 0.0, S) == "sdpa"  # causal float64 inference
+    small = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=4, topk_blocks=2, select="block",
+                      min_tokens=0)).sparse
+    assert small._kernel(q64.requires_grad_(), keep, None, None, False, False, 0.0, 4) == "sdpa"
 
-    att, _ = _pair("moba", topk_blocks=2, sparse_select="block")
+    att, _ = _pair("moba", topk_blocks=2, select="block")
     att.sparse.kernel = "sdpa"
     params = {k: v.detach() for k, v in att.named_parameters()}
     x = torch.randn(2, 4 * S, D, dtype=torch.float64)
@@ -199,8 +199,8 @@ def test_kernel_choice_reads_no_values_and_survives_the_odd_selection():
     assert (per["qkv.weight"][1] - one["qkv.weight"]).abs().max() <= 1e-10
 
     for kernel in ("gather", "sdpa"):
-        core = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, sparse_select="block",
-                         keep_own_block=False, sink_block=False, min_tokens=0).sparse
+        core = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=S, topk_blocks=2, select="block",
+                         own_block=False, sink_block=False, min_tokens=0)).sparse
         core.kernel = kernel
         nan = torch.full((1, H, 4 * S, D // H), float("nan"))
         for grad in (False, True):
@@ -215,8 +215,8 @@ def test_forced_flex_runs_only_what_it_computes():
     shares a selection per query block and returns no map): those take the masked SDPA, so the forced kernel
     still equals the formula."""
     torch.manual_seed(0)
-    att = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=2, min_tokens=0).double()
-    assert att.sparse.select == "token"  # MoBA's default
+    att = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=S, topk_blocks=2, min_tokens=0)).double()
+    assert att.sparse.options.select == "token"  # MoBA's default
     x = torch.randn(2, 128, D, dtype=torch.float64)
     with torch.no_grad():
         att.sparse.kernel = "sdpa"
@@ -234,7 +234,7 @@ def test_indexer_loss_is_none_after_a_dense_forward():
     import vit
     from vit.layers.sparse_attention import indexer_schedule
 
-    te = vit.TextEncoder(50, D, 1, H, max_len=64, sparse_attention="dsa", sparse_block_size=S, sparse_min_tokens=48)
+    te = vit.TextEncoder(50, D, 1, H, max_len=64, sparse_attention=SparseOptions("dsa", block_size=S, min_tokens=48))
     for step, n in enumerate([64, 32, 64]):
         indexer_schedule(te, step, warmup_steps=0)  # the sparse stage: KL on the selection
         out = te(torch.randint(0, 50, (2, n)))
@@ -245,7 +245,7 @@ def test_indexer_loss_is_none_after_a_dense_forward():
 
 def test_an_empty_sequence_runs_dense():
     """Zero tokens: nothing to select from, the dense layer's empty output (as dense attention gives)."""
-    att, dense = _pair("moba", topk_blocks=2, sparse_select="block")
+    att, dense = _pair("moba", topk_blocks=2, select="block")
     x = torch.randn(1, 0, D, dtype=torch.float64)
     assert att(x)[0].shape == (1, 0, D) and torch.equal(att(x)[0], dense(x)[0])
 
@@ -259,7 +259,7 @@ def test_compiled_flex_equals_masked_float64_reference(monkeypatch, method, padd
     import copy
 
     seen = _record(monkeypatch)
-    att, dense = _pair(method, torch.float32, topk_blocks=2, sparse_select="block")
+    att, dense = _pair(method, torch.float32, topk_blocks=2, select="block")
     torch.manual_seed(1)
     x = torch.randn(2, 64, D)  # 4 blocks
     pad = torch.ones(2, 64, dtype=torch.bool)
@@ -296,8 +296,9 @@ def test_moba_gate_matches_moba_naive_semantics():
     torch.manual_seed(2)
     n, chunk, topk = 150, 16, 3
     q, k, v = (torch.randn(n, H, 8, dtype=torch.float64) for _ in range(3))
-    core = Attention(D, H, sparse_attention="moba", block_size=chunk, topk_blocks=topk, min_tokens=0).sparse
-    assert (core.select, core.own_block, core.sink) == ("token", True, False)
+    opts = SparseOptions("moba", block_size=chunk, topk_blocks=topk, min_tokens=0)
+    core = Attention(D, H, sparse_attention=opts).sparse
+    assert (core.options.select, core.options.own_block, core.options.sink_block) == ("token", True, False)
     core.kernel = "sdpa"
     out, _ = core(None, *(t.permute(1, 0, 2)[None] for t in (q, k, v)), None, True, False, 0.0)
     ref = _moba_naive_rewrite(q, k, v, chunk, topk)
@@ -377,9 +378,10 @@ def test_indexer_block_scores_are_the_bound_over_the_block():
     assert torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.isinf(ref[1, :, 2:]).all()
     fin = torch.isfinite(ref)
     assert (got[fin] - ref[fin]).abs().max() <= 1e-10
-    core = Attention(D, H, sparse_attention="dsa", block_size=S, sparse_select="block", min_tokens=0).double().sparse
+    opts = SparseOptions("dsa", block_size=S, select="block", min_tokens=0)
+    core = Attention(D, H, sparse_attention=opts).double().sparse
     core.indexer = ix
-    blocks = core.block_scores(x, None, None, None)[:, 0]  # (B, nq, nb)
+    blocks = core.block_scores(x, None, None, None, S)[:, 0]  # (B, nq, nb)
     ref = _pooled_indexer_reference(ix, x, S)
     want = torch.stack([ref[:, i * S:(i + 1) * S].mean(1) for i in range(5)], 1)
     assert (blocks - want).abs().max() <= 1e-6  # selection scores in float32
@@ -434,9 +436,50 @@ def test_peaked_kl_rows_weigh_rows_by_how_concentrated_their_attention_is():
         set_indexer_stage(att, "warmup", kl_rows="max")
 
 
+def test_a_block_longer_than_the_sequence_is_the_whole_sequence():
+    """block_size=10**12 on 40 tokens asked F.pad for terabytes (blocks padded to whole blocks): a block is capped
+    at the sequence length, so there is one block, always kept, and attention is the dense float64 formula; in
+    DSA's stages the indexer's KL over one block is 0."""
+    x = torch.randn(2, 40, D, dtype=torch.float64)
+    for method, stages in (("moba", (None,)), ("dsa", (None, "warmup", "sparse"))):
+        torch.manual_seed(0)
+        att = Attention(D, H, sparse_attention=SparseOptions(method, block_size=10**12, min_tokens=0)).double()
+        dense = Attention(D, H).double()
+        dense.load_state_dict({k: v for k, v in att.state_dict().items() if not k.startswith("sparse.")})
+        assert att.sparse.block(40) == 40 and att.sparse.topk(40) == 1
+        for stage in stages:
+            set_indexer_stage(att, stage)
+            for causal in (False, True):
+                out, _ = att(x, is_causal=causal)
+                assert (out - dense(x, is_causal=causal)[0]).abs().max() <= 1e-12
+                if stage is not None:
+                    assert indexer_loss(att).abs().item() <= 1e-12
+
+
+def test_the_warmup_teaches_the_indexer_below_min_tokens_too():
+    """The warm-up's attention is dense at every length and its indexer learns from it at every length (`runs` is
+    True there whatever min_tokens says; `selects` is False); in the sparse stage a short input runs dense with no
+    KL."""
+    torch.manual_seed(0)
+    att = Attention(D, H, sparse_attention=SparseOptions("dsa", block_size=S, min_tokens=64)).double()
+    dense = Attention(D, H).double()
+    dense.load_state_dict({k: v for k, v in att.state_dict().items() if not k.startswith("sparse.")})
+    x = torch.randn(2, 40, D, dtype=torch.float64)
+    set_indexer_stage(att, "warmup")
+    assert att.sparse.runs(40) and not att.sparse.selects
+    out, _ = att(x)
+    assert indexer_loss(att) is not None and indexer_loss(att).item() > 0
+    assert (out - dense(x)[0]).abs().max() <= 1e-12
+    set_indexer_stage(att, "sparse")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the crossover's note
+        att(x)
+    assert indexer_loss(att) is None
+
+
 def test_dense_below_crossover_says_so_once():
     torch.manual_seed(0)
-    att = Attention(D, H, sparse_attention="moba", block_size=S, topk_blocks=1, min_tokens=64)
+    att = Attention(D, H, sparse_attention=SparseOptions("moba", block_size=S, topk_blocks=1, min_tokens=64))
     dense = Attention(D, H)
     dense.load_state_dict(att.state_dict())
     x = torch.randn(1, 40, D)
@@ -450,34 +493,92 @@ def test_dense_below_crossover_says_so_once():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(sparse_attention="nsa"), "unknown sparse_attention 'nsa'"),
-    (dict(sparse_attention="dsa", topk_blocks=2, density=0.5), "either topk_blocks or density"),
-    (dict(sparse_attention="dsa", density=1.5), "density must be a number in"),
-    (dict(sparse_attention="dsa", density="0.5"), "density must be a number in"),
-    (dict(sparse_attention="dsa", density=True), "density must be a number in"),
-    (dict(sparse_attention="dsa", topk_blocks=True), "topk_blocks must be a positive integer"),
-    (dict(sparse_attention="moba", keep_own_block="no"), "keep_own_block must be True, False or None"),
-    (dict(sparse_attention="moba", min_tokens=-1), "min_tokens must be a non-negative integer"),
-    (dict(sparse_attention="moba", sparse_select="tile"), "unknown sparse_select 'tile'"),
+    (dict(method="nsa"), "'method' must be 'dsa' or 'moba', got 'nsa'"),
+    (dict(method="dsa", topk_blocks=2, density=0.5), "'density' and topk_blocks both size the selection"),
+    (dict(method="dsa", density=1.5), "'density' must be a number in"),
+    (dict(method="dsa", density="0.5"), "'density' must be a number in"),
+    (dict(method="dsa", density=True), "'density' must be a number in"),
+    (dict(method="dsa", topk_blocks=True), "'topk_blocks' must be a positive integer"),
+    (dict(method="moba", own_block="no"), "'own_block' must be True, False or None"),
+    (dict(method="moba", min_tokens=-1), "'min_tokens' must be a non-negative integer"),
+    (dict(method="moba", select="tile"), "'select' must be 'token', 'block' or None"),
+    (dict(method="moba", block_size=0), "'block_size' must be a positive integer"),
 ])
 def test_bad_options_say_what_is_wrong(bad, match):
     with pytest.raises(ValueError, match=match):
-        Attention(D, H, **bad)
+        SparseOptions(**bad)
 
 
 def test_sparse_options_without_a_method_are_refused():
-    """An option of sparse attention without sparse_attention would train dense without a word: refused, in
-    Python (create_model, TextEncoder) and in a config, before a run folder is made."""
+    """An option of sparse attention without a method would train dense without a word: refused in Python
+    (SparseOptions needs its method; create_model's flat keys, which config.json files saved before the options
+    object hold; TextEncoder) and in a config (nested or flat keys), before a run folder is made. A block size
+    alone (sparse_block_size=64) was let through."""
     import vit
     from vit.config import ConfigError, load_config
 
-    with pytest.raises(ValueError, match="sparse_density set without sparse_attention"):
-        vit.create_model("vit_tiny_patch16_224", sparse_density=0.5)
-    with pytest.raises(ValueError, match="sparse_min_tokens set without sparse_attention"):
-        vit.TextEncoder(50, D, 1, H, sparse_min_tokens=0)
-    with pytest.raises(ConfigError, match="'model.sparse_density' sets sparse attention"):
-        load_config(None, ["--model.sparse_density=0.5"])
-    assert load_config(None, ["--model.sparse_density=0.5", "--model.sparse_attention=moba"]).model.sparse_density
+    with pytest.raises(TypeError, match="method"):
+        SparseOptions(block_size=64)
+    for key, value in (("sparse_density", 0.5), ("sparse_block_size", 64)):
+        with pytest.raises(ValueError, match=f"'{key}' sets sparse attention, which sparse_attention leaves off"):
+            vit.create_model("vit_tiny_patch16_224", **{key: value})
+        with pytest.raises(ConfigError, match=f"'model.{key}' sets sparse attention"):
+            load_config(None, [f"--model.{key}={value}"])
+    with pytest.raises(TypeError, match="sparse_block_size"):
+        vit.TextEncoder(50, D, 1, H, sparse_block_size=64)
+    with pytest.raises(ValueError, match="'method' is missing"):
+        vit.TextEncoder(50, D, 1, H, sparse_attention=dict(block_size=64))
+    with pytest.raises(ConfigError, match="'model.sparse_attention.method' is missing"):
+        load_config(None, ["--model.sparse_attention.block_size=64"])
+
+
+def test_a_checkpoint_saved_with_the_flat_sparse_keys_still_loads(tmp_path):
+    """A run folder written before the options object: config.yaml and config.json hold the flat keys
+    (sparse_attention: dsa, sparse_block_size: 4, ...) as that code wrote them; it loads with the same options and
+    weights, and a dense one (sparse_attention: null, sparse_block_size: 128, ...) loads dense."""
+    import json
+
+    import yaml
+
+    from vit.config import Config, load_config, to_dict
+    from vit.models import build_model
+    from vit.models.checkpoint import load_checkpoint, save_checkpoint
+
+    opts = SparseOptions("dsa", block_size=4, density=0.25, select="token", min_tokens=0)
+    cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", f"--model.embed_dim={D}",
+                             "--model.depth=2", f"--model.num_heads={H}"])
+    cfg.model.sparse_attention = opts
+    torch.manual_seed(0)
+    model = build_model(cfg, 3)
+    flat = dict(sparse_attention="dsa", sparse_block_size=4, sparse_topk_blocks=None, sparse_density=0.25,
+                sparse_select="token", sparse_own_block=None, sparse_sink_block=None, sparse_min_tokens=0)
+    for name, sparse, old in (("sparse", model, flat), ("dense", None, dict(flat, sparse_attention=None,
+                              sparse_block_size=128, sparse_density=None, sparse_select=None, sparse_min_tokens=None))):
+        folder = tmp_path / name
+        m = model if sparse is not None else build_model(Config(), 3)
+        save_checkpoint(folder, m, cfg if sparse is not None else Config(), ["a", "b", "c"])
+        saved = yaml.safe_load((folder / "config.yaml").read_text())
+        saved["model"].pop("sparse_attention")
+        saved["model"].update(old)  # the model section as the flat-key code dumped it, every key written
+        (folder / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+        timm = json.loads((folder / "config.json").read_text())
+        timm["model_args"].pop("sparse_attention", None)  # model_args: the options that differ from the defaults
+        timm["model_args"].update({k: v for k, v in old.items() if v is not None and k != "sparse_block_size"
+                                   or k == "sparse_block_size" and v != 128})
+        (folder / "config.json").write_text(json.dumps(timm))
+        loaded, loaded_cfg, _, _ = load_checkpoint(folder)
+        assert loaded_cfg.model.sparse_attention == (opts if sparse is not None else None)
+        assert to_dict(loaded_cfg)["model"]["sparse_attention"] == (to_dict(cfg)["model"]["sparse_attention"]
+                                                                    if sparse is not None else None)
+        cores = [b.attn.sparse for b in loaded.blocks]
+        if sparse is None:
+            assert cores == [None] * len(loaded.blocks)
+            continue
+        assert [c.options for c in cores] == [sa.resolve(opts)] * 2
+        state = model.state_dict()
+        assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
+        x = torch.randn(2, 3, 32, 32)
+        assert torch.equal(_sdpa_kernel(loaded)(x), _sdpa_kernel(model).eval()(x))
 
 
 def _sdpa_kernel(model):
@@ -495,21 +596,21 @@ def test_models_take_sparse_attention_and_rollout_reads_sparse_maps():
     opts = dict(img_size=64, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
     torch.manual_seed(0)
     dense = vit.create_model("vit_tiny_patch16_224", **opts).eval()
-    every = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa", sparse_block_size=8,
-                             sparse_topk_blocks=100, sparse_min_tokens=0).eval()
+    every = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention=SparseOptions(
+        "dsa", block_size=8, topk_blocks=100, min_tokens=0)).eval()
     every.load_state_dict(dense.state_dict(), strict=False)
     x = torch.randn(2, 3, 64, 64)
     assert (_sdpa_kernel(every)(x) - dense(x)).abs().max() <= 1e-5
-    few = _sdpa_kernel(vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="moba",
-                                        sparse_block_size=8, sparse_topk_blocks=2, sparse_min_tokens=0).eval())
+    few = _sdpa_kernel(vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention=SparseOptions(
+        "moba", block_size=8, topk_blocks=2, min_tokens=0)).eval())
     assert [type(b.attn.sparse).__name__ for b in few.blocks] == ["SparseAttention"] * 2
     _, maps = few.forward_with_attention(x)
     assert (maps[0] == 0).float().mean() > 0.5 and torch.allclose(maps[0].sum(-1), torch.ones(2, H, 65))
     r = attention_rollout(maps)
     assert torch.isfinite(r).all()
 
-    text = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True, sparse_attention="moba", sparse_block_size=S,
-                           sparse_topk_blocks=100, sparse_min_tokens=0)
+    text = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True, sparse_attention=SparseOptions(
+        "moba", block_size=S, topk_blocks=100, min_tokens=0))
     plain = vit.TextEncoder(50, D, 2, H, max_len=80, causal=True)
     plain.load_state_dict(text.state_dict())
     ids, keep = torch.randint(0, 50, (2, 70)), torch.ones(2, 70, dtype=torch.long)
@@ -523,8 +624,9 @@ def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
 
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=1, num_heads=H)
     m.set_sparse_attention("moba:0.5:block")
-    core = m.blocks[0].attn.sparse
-    assert (core.method, core.density, core.select, core.own_block, core.sink) == ("moba", 0.5, "block", True, False)
+    core = m.blocks[0].attn.sparse.options
+    assert (core.method, core.density, core.select, core.own_block, core.sink_block) == ("moba", 0.5, "block", True,
+                                                                                          False)
     with pytest.raises(ValueError, match="no trained DSA indexer"):
         m.set_sparse_attention("dsa")
     m.set_sparse_attention("none")
@@ -534,7 +636,7 @@ def test_switching_methods_keeps_weights_and_refuses_an_untrained_indexer():
     with pytest.raises(ValueError, match="either the spec 'moba:0.25' or keyword options"):
         m.set_sparse_attention("moba:0.25", density=0.5)  # was: the keyword dropped without a word
     m.set_sparse_attention("moba", density=0.25, select="block")
-    assert m.blocks[0].attn.sparse.density == 0.25
+    assert m.blocks[0].attn.sparse.options.density == 0.25
 
 
 def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad():
@@ -544,7 +646,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
 
     torch.manual_seed(0)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
-                         sparse_attention="dsa", sparse_block_size=4, sparse_min_tokens=0)
+                         sparse_attention=SparseOptions("dsa", block_size=4, min_tokens=0))
     assert m.training and m.prune_last_block  # a DSA last block runs every token in training: its indexer learns
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1)
     before = {n: p.detach().clone() for n, p in m.named_parameters()}
@@ -573,19 +675,25 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
 def test_config_refuses_unknown_sparse_values():
     from vit.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="'model.sparse_attention' must be one of 'dsa', 'moba', got 'nsa'"):
-        load_config(None, ["--model.sparse_attention=nsa"])
-    with pytest.raises(ConfigError, match="set one of them"):
-        load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.2",
-                           "--model.sparse_topk_blocks=2"])
+    with pytest.raises(ConfigError, match="'model.sparse_attention.method' must be 'dsa' or 'moba', got 'nsa'"):
+        load_config(None, ["--model.sparse_attention.method=nsa"])
+    with pytest.raises(ConfigError, match="'model.sparse_attention.density' and topk_blocks .* set one of them"):
+        load_config(None, ["--model.sparse_attention.method=dsa", "--model.sparse_attention.density=0.2",
+                           "--model.sparse_attention.topk_blocks=2"])
     with pytest.raises(ConfigError, match="'optim.indexer_kl_rows' must be one of 'mean', 'peaked', got 'max'"):
-        load_config(None, ["--model.sparse_attention=dsa", "--optim.indexer_kl_rows=max"])
-    cfg = load_config(None, ["--model.sparse_attention=dsa", "--model.sparse_density=0.25",
-                             "--model.sparse_select=token", "--optim.indexer_warmup_steps=5"])
+        load_config(None, ["--model.sparse_attention.method=dsa", "--optim.indexer_kl_rows=max"])
+    with pytest.raises(ConfigError, match="'model.sparse_attention.method' is missing"):
+        load_config(None, ["--model.sparse_attention.density=0.25"])
+    with pytest.raises(ConfigError, match="unknown config key 'model.sparse_attention.sink'"):
+        load_config(None, ["--model.sparse_attention.method=dsa", "--model.sparse_attention.sink=true"])
+    with pytest.raises(ConfigError, match="'model.sparse_attention.block_size' must be int, got str"):
+        load_config(None, ["--model.sparse_attention.method=dsa", "--model.sparse_attention.block_size=big"])
+    cfg = load_config(None, ["--model.sparse_attention.method=dsa", "--model.sparse_attention.density=0.25",
+                             "--model.sparse_attention.select=token", "--optim.indexer_warmup_steps=5"])
     from vit.models import build_model
 
     m = build_model(cfg, 3)
-    core = m.blocks[0].attn.sparse
+    core = m.blocks[0].attn.sparse.options
     assert (core.method, core.density, core.select) == ("dsa", 0.25, "token")
 
 
@@ -625,7 +733,7 @@ def test_dense_weights_load_into_a_dsa_model(tmp_path):
     opts = dict(img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H, num_classes=3)
     dense = vit.create_model("vit_tiny_patch16_224", **opts)
     save_file(dense.state_dict(), tmp_path / "w.safetensors")
-    m = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention="dsa")
+    m = vit.create_model("vit_tiny_patch16_224", **opts, sparse_attention=SparseOptions("dsa"))
     report = load_pretrained(m, tmp_path / "w.safetensors")
     assert "10 DSA indexer tensors start untrained" in str(report)  # 5 per block
     assert torch.equal(m.blocks[1].attn.qkv.weight, dense.blocks[1].attn.qkv.weight)
@@ -649,8 +757,9 @@ def test_indexer_warmup_trains_under_ddp(tmp_path):
                 "29541"]
     r = run_script("train.py", "--data.dataset=synthetic", "--data.synthetic_train_size=16",
                    "--data.synthetic_val_size=4", "--run.epochs=2", f"--run.output_dir={tmp_path}",
-                   *TINY, "--run.eval_every=2", "--data.batch_size=2", "--model.sparse_attention=dsa",
-                   "--model.sparse_min_tokens=0", "--model.sparse_block_size=4", "--optim.indexer_warmup_steps=2",
+                   *TINY, "--run.eval_every=2", "--data.batch_size=2", "--model.sparse_attention.method=dsa",
+                   "--model.sparse_attention.min_tokens=0", "--model.sparse_attention.block_size=4",
+                   "--optim.indexer_warmup_steps=2",
                    launcher=launcher,
                    env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]

@@ -22,7 +22,8 @@ import yaml
 
 __all__ = ["Config", "ConfigError", "load_config", "from_dict", "to_dict", "apply_overrides", "read_yaml", "diff",
            "withhold_remote_sources", "check_data_sources", "is_remote_source",
-           "check_model_args", "check_preprocessing", "check_dataset_keys"]
+           "check_model_args", "check_preprocessing", "check_dataset_keys", "SparseOptions", "OptionError",
+           "nest_sparse_keys"]
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,106 @@ class ConfigError(ValueError):
 
 
 DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
+
+
+class OptionError(ConfigError):
+    """A bad value in an options object: `key` is the field, `problem` the rest of the sentence, so that a config
+    names it by its dotted key ('model.sparse_attention.density') and Python by the object ('SparseOptions')."""
+
+    def __init__(self, owner: str, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+        super().__init__(f"{owner} option '{key}' {problem}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SparseOptions:
+    """Dynamic sparse attention, top-k key blocks per query (vit/layers/sparse_attention.py): one object from the
+    YAML (`model.sparse_attention: {method: dsa, density: 0.25}`) through create_model, TextEncoder, Block and
+    Attention to the layer, checked once here; None in its place means dense attention."""
+
+    method: Literal["dsa", "moba"]  # dsa: a learned indexer (DeepSeek-V3.2); moba: a parameter-free gate (MoBA)
+    block_size: int = 128  # tokens per key (and query) block; a sequence shorter than a block is one block
+    topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
+    density: float | None = None  # the kept share of the blocks; both null: 0.125
+    select: Literal[None, "token", "block"] = None  # per query token or per query block; null: the method's
+    own_block: bool | None = None  # always keep the query's own block; null: the method's (yes)
+    sink_block: bool | None = None  # always keep the first block ([CLS]); null: the method's (dsa yes, moba no)
+    min_tokens: int | None = None  # dense below this many tokens; null: the measured crossover, 0: never
+
+    def __post_init__(self) -> None:
+        def bad(key: str, problem: str) -> OptionError:
+            return OptionError("SparseOptions", key, problem)
+
+        if self.method not in ("dsa", "moba"):
+            raise bad("method", f"must be 'dsa' or 'moba', got {self.method!r} (dense attention: no options "
+                                "object, sparse_attention None).")
+        if not _is_int(self.block_size) or self.block_size < 1:
+            raise bad("block_size", f"must be a positive integer, got {self.block_size!r}.")
+        if self.topk_blocks is not None and self.density is not None:
+            raise bad("density", f"and topk_blocks both size the selection ({self.density!r}, {self.topk_blocks!r}); "
+                                 "set one of them.")
+        if self.topk_blocks is not None and (not _is_int(self.topk_blocks) or self.topk_blocks < 1):
+            raise bad("topk_blocks", f"must be a positive integer, got {self.topk_blocks!r}.")
+        if self.density is not None and (not isinstance(self.density, (int, float)) or isinstance(self.density, bool)
+                                         or not 0 < self.density <= 1):
+            raise bad("density", f"must be a number in (0, 1], got {self.density!r}.")
+        if self.select not in (None, "token", "block"):
+            raise bad("select", f"must be 'token', 'block' or None (the method's), got {self.select!r}.")
+        for key in ("own_block", "sink_block"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
+                raise bad(key, f"must be True, False or None (the method's), got {getattr(self, key)!r}.")
+        if self.min_tokens is not None and (not _is_int(self.min_tokens) or self.min_tokens < 0):
+            raise bad("min_tokens", f"must be a non-negative integer (0: always sparse), got {self.min_tokens!r}.")
+
+    @classmethod
+    def of(cls, value: SparseOptions | dict | None) -> SparseOptions | None:
+        """None, a SparseOptions or its mapping (a config.json's model_args) -> SparseOptions or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise OptionError("SparseOptions", unknown[0], f"is not one; valid: {', '.join(sorted(names))}.")
+            if "method" not in value:
+                raise OptionError("SparseOptions", "method", "is missing; set it to 'dsa' or 'moba'.")
+            return cls(**value)
+        raise ConfigError(f"sparse_attention must be a SparseOptions, its mapping or None (dense), got {value!r}.")
+
+
+# The flat keys of configs and config.json files saved before `SparseOptions` (model.sparse_attention: dsa,
+# model.sparse_block_size: 64, ...): {old key: (field, the value every dense config held)}. Read, never written.
+FLAT_SPARSE_KEYS = {"sparse_block_size": ("block_size", 128), "sparse_topk_blocks": ("topk_blocks", None),
+                    "sparse_density": ("density", None), "sparse_select": ("select", None),
+                    "sparse_own_block": ("own_block", None), "sparse_sink_block": ("sink_block", None),
+                    "sparse_min_tokens": ("min_tokens", None)}
+
+
+def nest_sparse_keys(args: dict, prefix: str = "") -> dict:
+    """A model section or config.json model_args written with the flat keys (`sparse_attention: dsa`,
+    `sparse_density: 0.25`, ...) -> a copy with one `sparse_attention` mapping; other input is returned as it is.
+    A flat option set without a method is refused: it built a dense model without a word."""
+    method = args.get("sparse_attention")
+    given = {FLAT_SPARSE_KEYS[k][0]: v for k, v in args.items()
+             if k in FLAT_SPARSE_KEYS and v != FLAT_SPARSE_KEYS[k][1]}
+    if not given and not isinstance(method, str) and not any(k in args for k in FLAT_SPARSE_KEYS):
+        return args
+    out = {k: v for k, v in args.items() if k not in FLAT_SPARSE_KEYS}
+    if method is None and given:
+        old = next(k for k in FLAT_SPARSE_KEYS if FLAT_SPARSE_KEYS[k][0] in given)
+        raise ConfigError(f"{'config key ' if prefix else ''}'{prefix}{old}' sets sparse attention, which "
+                          f"{prefix}sparse_attention leaves off; set {prefix}sparse_attention.method to dsa or moba "
+                          "(SparseOptions), or remove the key.")
+    if isinstance(method, str):
+        out["sparse_attention"] = {"method": method, **given}
+    elif given:
+        raise ConfigError(f"{'config key ' if prefix else ''}'{prefix}sparse_attention' is an options object and flat "
+                          f"sparse_* keys are given too; move {', '.join(given)} into it.")
+    return out
 
 
 @dataclass
@@ -65,16 +166,8 @@ class ModelConfig:
     pretrained: bool | str | None = None
     # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
     token_reduction: str | None = None
-    # top-k key blocks per query (vit/layers/sparse_attention.py): dsa (a learned indexer, DeepSeek-V3.2) or moba
-    # (a parameter-free gate, MoBA); null: dense attention
-    sparse_attention: Literal[None, "dsa", "moba"] = None
-    sparse_block_size: int = 128  # tokens per key (and query) block
-    sparse_topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
-    sparse_density: float | None = None  # the kept share of the blocks; both null: 0.125
-    sparse_select: Literal[None, "token", "block"] = None  # per query token or per query block; null: the method's
-    sparse_own_block: bool | None = None  # always keep the query's own block; null: the method's (yes)
-    sparse_sink_block: bool | None = None  # always keep the first block ([CLS]); null: the method's (dsa yes, moba no)
-    sparse_min_tokens: int | None = None  # dense below this many tokens; null: the measured crossover, 0: never
+    # top-k key blocks per query, e.g. {method: dsa, density: 0.25} (SparseOptions above); null: dense attention
+    sparse_attention: SparseOptions | None = None
     grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
 
 
@@ -206,7 +299,7 @@ class OptimConfig:
     # null: every class weighs the same in the loss; auto: inverse frequency in the training split,
     # n / (num_classes * n_c), so that each class contributes as much in total (cross-entropy's weight)
     class_weights: Literal["auto"] | None = None
-    # model.sparse_attention=dsa: DeepSeek's indexer warm-up, optimizer steps where only the indexer learns the
+    # model.sparse_attention.method=dsa: DeepSeek's indexer warm-up, optimizer steps where only the indexer learns the
     # dense attention (KL), the rest frozen; sparse training follows, the indexer still learning on its selection
     indexer_warmup_steps: int = 0
     # how the indexer's KL weighs query rows: mean (DeepSeek's, every row alike) or peaked (rows weighted by how
@@ -282,9 +375,8 @@ POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.keep_states", "run.log_every",
             "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
-            "data.shuffle_buffer", "data.num_classes", "run.num_threads", "model.sparse_block_size",
-            "model.sparse_topk_blocks", "model.sparse_density"}
-NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps",
+            "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
+NON_NEGATIVE = {"optim.indexer_warmup_steps",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
@@ -294,7 +386,7 @@ AUTO = {"data.num_workers", "run.num_threads"}
 TRACKERS = ("tensorboard", "csv", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
         "model.attn_drop_rate", "model.drop_path_rate", "aug.label_smoothing", "optim.layer_decay",
-        "optim.ema_decay", "model.sparse_density"}
+        "optim.ema_decay"}
 # model options that create_model takes but ModelConfig does not hold (they come from a weights' config.json)
 ARG_POSITIVE, ARG_NON_NEGATIVE, ARG_UNIT = {"norm_eps"}, {"num_classes"}, {"pos_drop_rate"}
 
@@ -344,23 +436,48 @@ def from_dict(data: dict | None, cls: type = Config, prefix: str = "") -> Any:
     data = data or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config section '{prefix or 'root'}' must be a mapping, got {data!r}.")
+    if cls is ModelConfig:
+        data = nest_sparse_keys(data, prefix)  # configs saved with the flat sparse_* keys
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
     unknown = sorted(set(data) - names)
     if unknown:
         key = f"{prefix}{unknown[0]}"
         raise ConfigError(f"unknown config key '{key}'; valid keys here: {', '.join(sorted(names))}.")
+    missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"config key '{prefix}{missing[0]}' is missing; set it (--{prefix}{missing[0]}=...) or "
+                          f"leave '{prefix[:-1]}' out.")
     kwargs = {}
     for name, value in data.items():
         key, tp = f"{prefix}{name}", hints[name]
+        options = _optional_dataclass(tp)
         if dataclasses.is_dataclass(tp):
             kwargs[name] = from_dict(value, tp, key + ".")
+        elif options is not None:  # an options object or null (e.g. model.sparse_attention)
+            if value is not None and not isinstance(value, (dict, options)):
+                raise ConfigError(f"config key '{key}' must be a mapping of {options.__name__} fields or null, got "
+                                  f"{value!r}.")
+            kwargs[name] = from_dict(value, options, key + ".") if isinstance(value, dict) else value
         else:
             kwargs[name] = _check_type(key, value, tp)
-    obj = cls(**kwargs)
+    try:
+        obj = cls(**kwargs)
+    except OptionError as e:  # an options object's own check, named by its dotted key
+        raise ConfigError(f"config key '{prefix}{e.key}' {e.problem}") from None
     if cls is Config:
         validate(obj)
     return obj
+
+
+def _optional_dataclass(tp: Any) -> type | None:
+    """The dataclass of a `SomeOptions | None` field, else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        classes = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        return classes[0] if len(classes) == 1 and type(None) in typing.get_args(tp) else None
+    return None
 
 
 def to_dict(cfg: Any) -> dict:
@@ -379,17 +496,9 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"config key '{key}' must be a number or 'auto', got {flat[key]!r}.")
     _check_ranges(flat, POSITIVE, NON_NEGATIVE, UNIT)
     m = cfg.model
-    if m.sparse_topk_blocks is not None and m.sparse_density is not None:
-        raise ConfigError("config keys 'model.sparse_topk_blocks' and 'model.sparse_density' both size the sparse "
-                          "selection; set one of them.")
-    sparse_set = [f"model.{k}" for k in ("sparse_topk_blocks", "sparse_density", "sparse_select", "sparse_own_block",
-                                         "sparse_sink_block", "sparse_min_tokens") if getattr(m, k) is not None]
-    if m.sparse_attention is None and sparse_set:
-        raise ConfigError(f"config key '{sparse_set[0]}' sets sparse attention, which model.sparse_attention leaves "
-                          "off; set it to dsa or moba, or leave the sparse keys out.")
-    if cfg.optim.indexer_warmup_steps and m.sparse_attention != "dsa":
-        raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set model.sparse_attention "
-                          "to dsa or the warm-up to 0.")
+    if cfg.optim.indexer_warmup_steps and getattr(m.sparse_attention, "method", None) != "dsa":
+        raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set "
+                          "model.sparse_attention.method to dsa or the warm-up to 0.")
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
     for name in cfg.run.log_with or []:
@@ -576,17 +685,23 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     for dotted, value in overrides.items():
         parts = dotted.split(".")
-        if len(parts) != 2:
-            raise ConfigError(f"override '--{dotted}' must look like --section.key (e.g. --optim.lr=3e-4).")
-        section, key = parts
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(f"override '--{dotted}' must look like --section.key (e.g. --optim.lr=3e-4, or "
+                              "--model.sparse_attention.density=0.25 inside an options object).")
+        section = parts[0]
         if section not in {f.name for f in dataclasses.fields(Config)}:
             raise ConfigError(
                 f"unknown config key '{dotted}'; sections are: {', '.join(f.name for f in dataclasses.fields(Config))}."
             )
-        data.setdefault(section, {})
-        if not isinstance(data[section], dict):
-            raise ConfigError(f"config section '{section}' must be a mapping.")
-        data[section][key] = value
+        node = data
+        for i, part in enumerate(parts[:-1]):  # a null options object becomes a mapping to fill
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise ConfigError(f"config key '{'.'.join(parts[:i + 1])}' must be a mapping to set '{dotted}' in, "
+                                  f"got {node!r}.")
+        node[parts[-1]] = value
     return data
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from ..layers import Attention
+from ..layers import Attention, SparseOptions
 from ..layers.sparse_attention import parse_sparse_spec
 from ..models.build import create_model
 from ..models.text_encoder import TextEncoder
@@ -46,11 +46,11 @@ def bench_sparse(specs: list[str], device: torch.device, tokens: list[int] = (10
     FlexAttention. `log` is handed the table's header and each row's line as they are measured; a bad spec
     raises ValueError."""
     parsed = [(s, parse_sparse_spec(s)) for s in specs]
-    # the same options in a model's spelling (create_model, TextEncoder) and in Attention's
-    models = [dict(sparse_attention=o["method"], sparse_density=o["density"], sparse_select=o["select"] or "block",
-                   sparse_block_size=block_size, sparse_min_tokens=0) for _, o in parsed]
-    layers = [dict(sparse_attention=o["method"], density=o["density"], sparse_select=o["select"] or "block",
-                   block_size=block_size, min_tokens=0) for _, o in parsed]
+    # one options object per spec, taken whole by create_model, TextEncoder and Attention alike
+    models = layers = [dict(sparse_attention=SparseOptions(o["method"], density=o["density"],
+                                                           select=o["select"] or "block",
+                                                           block_size=block_size, min_tokens=0))
+                       for _, o in parsed]
     log = log or (lambda line: None)
 
     def build(make, options):

@@ -19,6 +19,7 @@ import shutil
 import sys
 import textwrap
 import tokenize
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,20 @@ def config_schema() -> list[dict[str, Any]]:
             if key in C.CHOICES:
                 tp += ": " + "|".join(format_value(c) for c in C.CHOICES[key] if c is not None)
             rows.append(dict(section=section.name, key=key, type=tp, default=default, meaning=meanings.get(f.name, "")))
+            rows += _option_rows(section.name, key, typing.get_type_hints(cls)[f.name])
+    return rows
+
+
+def _option_rows(section: str, key: str, tp: Any) -> list[dict[str, Any]]:
+    """The rows of an options object's fields (`model.sparse_attention.density`) under a `SomeOptions | None` key."""
+    options = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+    if not options:
+        return []
+    meanings, rows = field_comments(options[0]), []
+    for f in dataclasses.fields(options[0]):
+        default = "(required)" if f.default is dataclasses.MISSING else f.default
+        rows.append(dict(section=section, key=f"{key}.{f.name}", type=str(f.type), default=default,
+                         meaning=meanings.get(f.name, "")))
     return rows
 
 

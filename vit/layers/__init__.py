@@ -1,19 +1,20 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
-from .attention import Attention, CachedSelfAttention, CrossAttention, expand_mask
+from ..config import SparseOptions
+from .attention import Attention, CachedSelfAttention, CrossAttention
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
-from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
+from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
+from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
     indexer_loss,
     indexer_only_grads,
     indexer_schedule,
     set_indexer_stage,
-    sparse_kwargs,
 )
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
@@ -29,8 +30,11 @@ __all__ = [
     "PatchEmbed",
     "QuickGELU",
     "SparseAttention",
+    "SparseOptions",
     "SwiGLU",
     "TokenState",
+    "add_pos_embed_1d",
+    "attend",
     "build_token_reduction",
     "expand_mask",
     "get_mlp_layer",
@@ -43,7 +47,6 @@ __all__ = [
     "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",
-    "sparse_kwargs",
     "to_2tuple",
     "topk_warmup",
 ]

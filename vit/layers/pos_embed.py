@@ -15,8 +15,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-__all__ = ["sincos_1d", "sincos_2d", "resample_abs_pos_embed"]
+__all__ = ["sincos_1d", "sincos_2d", "resample_abs_pos_embed", "add_pos_embed_1d"]
 
 
 def sincos_1d(num_positions: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -74,3 +75,14 @@ def resample_abs_pos_embed(
     grid = F.interpolate(grid, size=tuple(new_size), mode=interpolation, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, h'*w', D)
     return torch.cat([prefix, grid], dim=1)
+
+
+def add_pos_embed_1d(module: nn.Module, kind: str, num_positions: int, dim: int) -> None:
+    """Give a sequence model its `pos_embed` (1, num_positions, dim): "learn" a parameter drawn N(0, 0.02^2),
+    "sincos" the fixed sinusoids, "none" zeros (both buffers, rebuilt rather than saved). The text encoder's and
+    the decoder's, so that the two are set up alike."""
+    if kind == "learn":
+        module.pos_embed = nn.Parameter(torch.randn(1, num_positions, dim) * 0.02)
+    else:
+        table = sincos_1d(num_positions, dim) if kind == "sincos" else torch.zeros(num_positions, dim)
+        module.register_buffer("pos_embed", table[None], persistent=False)

@@ -37,6 +37,7 @@ attention points somewhere would otherwise weigh 1/N of a loss the even rows dri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -44,17 +45,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import SparseOptions
 from .sparse_gates import LightningIndexer, moba_block_scores, query_block_mean, rows_of, select_blocks, selection_mask
 from .sparse_kernels import flex, gathered, masked_attention
 
 __all__ = [
-    "METHODS", "SELECTS", "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask",
-    "moba_block_scores", "indexer_loss", "sparse_kwargs", "parse_sparse_spec", "retune", "set_indexer_stage",
-    "sparse_modules", "indexer_schedule", "indexer_only_grads", "check_sparse_options",
+    "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask", "moba_block_scores",
+    "indexer_loss", "parse_sparse_spec", "resolve", "retune", "set_indexer_stage", "sparse_modules",
+    "indexer_schedule", "indexer_only_grads",
 ]
 
-METHODS = ("dsa", "moba")
-SELECTS = ("token", "block")
 STAGES = (None, "warmup", "sparse")
 KL_ROWS = ("mean", "peaked")
 KERNELS = ("auto", "flex", "gather", "sdpa")
@@ -65,14 +65,26 @@ FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what compile
 # A method's defaults, where the user leaves an option at None: MoBA keeps the query's own block and no sink and
 # selects per token (its published gate); DSA here selects per query block (what the kernel accelerates) and keeps
 # the first block, where [CLS] sits, as a sink.
-DEFAULTS = {"moba": dict(select="token", own_block=True, sink=False),
-            "dsa": dict(select="block", own_block=True, sink=True)}
+DEFAULTS = {"moba": dict(select="token", own_block=True, sink_block=False),
+            "dsa": dict(select="block", own_block=True, sink_block=True)}
+DENSITY = 0.125  # the kept share of blocks when neither topk_blocks nor density is given
 # The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
 # ViT-B width, blocks of 128, selection per query block): at 1024 tokens, the shortest measured, the attention
 # layer at 1/8 density ran MoBA 1.38x, DSA 1.31x with FlexAttention and 1.18x / 1.00x with the gathered kernel
 # (one sample each; its kernel alone 3.7x / 2.6x), so dense wins below it.
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
+
+
+def resolve(options: SparseOptions) -> SparseOptions:
+    """`options` with every None that means "the method's" or "the default" filled in (DEFAULTS, DENSITY,
+    CROSSOVER_TOKENS): what a layer runs with."""
+    given = {k: v for k, v in DEFAULTS[options.method].items() if getattr(options, k) is None}
+    if options.topk_blocks is None and options.density is None:
+        given["density"] = DENSITY
+    if options.min_tokens is None:
+        given["min_tokens"] = CROSSOVER_TOKENS
+    return dataclasses.replace(options, **given)
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -97,29 +109,17 @@ class SparseAttention(nn.Module):
     output (B, H, N, d) and, when asked, the probabilities (B, H, N, N) with zeros off the selection.
 
     Args:
-        method: "dsa" (learned indexer) or "moba" (parameter-free gate).
+        options: a `SparseOptions` (method, block_size, topk_blocks or density, select, own_block, sink_block,
+            min_tokens; see vit.config), kept resolved (`resolve`) as `self.options`.
         dim, num_heads: the layer's width and heads (the indexer reads x).
-        block_size: tokens per key (and query) block.
-        topk_blocks: key blocks kept per query row, forced blocks included; or
-        density: the kept share of blocks (topk = ceil(density * blocks)); one of the two, default 1/8.
-        select: "token" or "block" (see the module docstring); None: the method's default.
-        own_block, sink: always keep the query's own block / block 0; None: the method's default.
-        min_tokens: below this many tokens attention stays dense (None: `CROSSOVER_TOKENS`; 0: always sparse).
+    A sequence shorter than `block_size` is one block (the block is capped at the sequence length: the same
+    selection, and no padding to a block of any size).
     """
 
-    def __init__(self, method: str, dim: int, num_heads: int, block_size: int = 128, topk_blocks: int | None = None,
-                 density: float | None = None, select: str | None = None, own_block: bool | None = None,
-                 sink: bool | None = None, min_tokens: int | None = None) -> None:
+    def __init__(self, options: SparseOptions, dim: int, num_heads: int) -> None:
         super().__init__()
-        check_sparse_options(method, block_size, topk_blocks, density, select, own_block, sink, min_tokens)
-        d = DEFAULTS[method]
-        self.method, self.block_size = method, block_size
-        self.topk_blocks, self.density = topk_blocks, (0.125 if topk_blocks is None and density is None else density)
-        self.select = d["select"] if select is None else select
-        self.own_block = d["own_block"] if own_block is None else own_block
-        self.sink = d["sink"] if sink is None else sink
-        self.min_tokens = CROSSOVER_TOKENS if min_tokens is None else min_tokens
-        self.indexer = LightningIndexer(dim, heads=4, head_dim=min(32, dim)) if method == "dsa" else None
+        self.options = resolve(options)
+        self.indexer = LightningIndexer(dim, heads=4, head_dim=min(32, dim)) if options.method == "dsa" else None
         self.kernel = "auto"  # "auto" | "flex" | "gather" | "sdpa" (KERNELS); auto: see `_kernel`
         self.compile_flex = True  # False: FlexAttention eager (tests; it is a dense reference computation then)
         self.stage: str | None = None  # set_indexer_stage: None, "warmup" or "sparse"
@@ -127,75 +127,86 @@ class SparseAttention(nn.Module):
         self.last_loss: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
-        k = f"topk_blocks={self.topk_blocks}" if self.topk_blocks is not None else f"density={self.density}"
-        return (f"{self.method}, block_size={self.block_size}, {k}, select={self.select}, own_block={self.own_block}, "
-                f"sink={self.sink}, min_tokens={self.min_tokens}")
+        return ", ".join(f"{f.name}={getattr(self.options, f.name)}" for f in dataclasses.fields(self.options))
+
+    def block(self, num_tokens: int) -> int:
+        """The block size over `num_tokens`: `block_size`, or the whole sequence when it is shorter."""
+        return max(1, min(self.options.block_size, num_tokens))
 
     def topk(self, num_tokens: int) -> int:
-        nb = math.ceil(num_tokens / self.block_size)
-        return self.topk_blocks if self.topk_blocks is not None else max(1, math.ceil(self.density * nb))
+        o = self.options
+        nb = math.ceil(num_tokens / self.block(num_tokens))
+        return o.topk_blocks if o.topk_blocks is not None else max(1, math.ceil(o.density * nb))
 
-    def applies(self, num_tokens: int) -> bool:
-        """Whether attention over `num_tokens` runs sparse; dense below the crossover (said once)."""
+    def runs(self, num_tokens: int) -> bool:
+        """Whether this core computes attention over `num_tokens`: sparsely from `min_tokens` on (dense below the
+        crossover, said once), and at every length in the indexer's warm-up, whose attention is dense but which
+        the indexer must see (`selects` says which of the two)."""
         if self.stage == "warmup":
-            return True  # dense attention, but the indexer must see it
+            return True
         if num_tokens == 0:
             return False  # nothing to select from; dense attention returns the empty output
-        if num_tokens < self.min_tokens:
-            _warn_once("crossover", f"sparse attention runs dense below {self.min_tokens} tokens (got {num_tokens}), "
-                       "where dense SDPA is faster; set min_tokens=0 to force it (sparse_min_tokens=0 in "
-                       "create_model or TextEncoder, --model.sparse_min_tokens=0 in train.py).")
+        if num_tokens < self.options.min_tokens:
+            _warn_once("crossover", f"sparse attention runs dense below {self.options.min_tokens} tokens (got "
+                       f"{num_tokens}), where dense SDPA is faster; set min_tokens=0 to force it "
+                       "(SparseOptions(..., min_tokens=0), --model.sparse_attention.min_tokens=0 in train.py).")
             return False
         return True
 
+    @property
+    def selects(self) -> bool:
+        """Whether a forward through this core attends to a selection (False in the warm-up: dense attention)."""
+        return self.stage != "warmup"
+
     @torch.no_grad()
-    def block_scores(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None
-                     ) -> torch.Tensor:
-        """(B, Hs, R, nb) scores of the key blocks: Hs = H for MoBA (per head), 1 for DSA (shared); R = N or the
-        number of query blocks (`select="block"`)."""
-        if self.method == "moba":
-            return moba_block_scores(q.float(), k.float(), self.block_size, key_valid, self.select)
-        s = self.indexer.block_scores(x, self.block_size, key_valid).float()[:, None]  # (B, 1, N, nb)
-        return query_block_mean(s, self.block_size) if self.select == "block" else s
+    def block_scores(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, key_valid: torch.Tensor | None,
+                     S: int) -> torch.Tensor:
+        """(B, Hs, R, nb) scores of the key blocks of S tokens: Hs = H for MoBA (per head), 1 for DSA (shared);
+        R = N or the number of query blocks (`select="block"`)."""
+        select = self.options.select
+        if self.options.method == "moba":
+            return moba_block_scores(q.float(), k.float(), S, key_valid, select)
+        s = self.indexer.block_scores(x, S, key_valid).float()[:, None]  # (B, 1, N, nb)
+        return query_block_mean(s, S) if select == "block" else s
 
     def forward(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None, is_causal: bool, return_attention: bool,
                 dropout_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, N, D) the layer's input (the indexer reads it); q, k, v (B, H, N, d); `mask` in `expand_mask`'s
         form or None. Returns (output (B, H, N, d), probabilities (B, H, N, N) or None)."""
-        N = q.shape[2]
+        N, o = q.shape[2], self.options
+        S = self.block(N)
         key_valid, allowed, bias = _split_mask(mask)
         keep = None  # warm-up: dense attention, the indexer learns its distribution
-        if self.stage != "warmup":
-            scores = self.block_scores(x, q, k, key_valid)
-            if is_causal and not self.own_block:
-                scores = self._hide_own(scores)  # a mean over the own block would read the future
-            keep = select_blocks(scores, self.topk(N), self.block_size, self.select, is_causal, self.own_block,
-                                 self.sink)
+        if self.selects:
+            scores = self.block_scores(x, q, k, key_valid, S)
+            if is_causal and not o.own_block:
+                scores = self._hide_own(scores, S)  # a mean over the own block would read the future
+            keep = select_blocks(scores, self.topk(N), S, o.select, is_causal, o.own_block, o.sink_block)
         self.last_loss = None
         if self.stage is not None and self.indexer is not None:
-            self.last_loss = self._indexer_kl(x, q, k, allowed, key_valid, bias, is_causal, keep)
+            self.last_loss = self._indexer_kl(x, q, k, allowed, key_valid, bias, is_causal, keep, S)
         kernel = None if keep is None else self._kernel(q, keep, mask, key_valid, is_causal, return_attention,
-                                                       dropout_p)
+                                                       dropout_p, S)
         if kernel == "gather":
-            return gathered(q, k, v, keep, self.block_size, key_valid), None
+            return gathered(q, k, v, keep, S, key_valid), None
         if kernel == "flex":
-            return flex(q, k, v, keep, key_valid, is_causal, self.block_size, self.compile_flex), None
+            return flex(q, k, v, keep, key_valid, is_causal, S, self.compile_flex), None
         if is_causal:
             tri = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
             allowed = tri if allowed is None else allowed & tri
         if keep is not None:
-            sel = selection_mask(keep, self.block_size, N, self.select)
+            sel = selection_mask(keep, S, N, o.select)
             allowed = sel if allowed is None else sel & allowed
         return masked_attention(q, k, v, allowed, bias, return_attention, dropout_p)
 
-    def _hide_own(self, scores: torch.Tensor) -> torch.Tensor:
+    def _hide_own(self, scores: torch.Tensor, S: int) -> torch.Tensor:
         R, nb = scores.shape[-2:]
-        own = torch.arange(R, device=scores.device) // (self.block_size if self.select == "token" else 1)
+        own = torch.arange(R, device=scores.device) // (S if self.options.select == "token" else 1)
         return scores.masked_fill(own[:, None] == torch.arange(nb, device=scores.device)[None, :], float("-inf"))
 
     def _kernel(self, q: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None,
-                key_valid: torch.Tensor | None, causal: bool, return_attention: bool, dropout_p: float) -> str:
+                key_valid: torch.Tensor | None, causal: bool, return_attention: bool, dropout_p: float, S: int) -> str:
         """Which kernel runs a selection. auto: on CPU the gathered SDPA unless the mask is causal (faster than
         FlexAttention there, and it has a backward), else FlexAttention for inference and the masked SDPA for
         training (FlexAttention has no backward on CPU); on GPU FlexAttention. The map path, dropout, per-token
@@ -204,7 +215,7 @@ class SparseAttention(nn.Module):
         if self.kernel not in KERNELS:
             raise ValueError(f"SparseAttention.kernel is {self.kernel!r}; use one of {', '.join(KERNELS)}.")
         # block selection, no map, no dropout, key padding at most
-        plain = self.select == "block" and not return_attention and dropout_p == 0
+        plain = self.options.select == "block" and not return_attention and dropout_p == 0
         keyed = plain and (mask is None or key_valid is not None)
         gatherable = keyed and not causal  # causal: the own block would need a mask per query
         cpu, needs_grad = q.device.type == "cpu", torch.is_grad_enabled() and q.requires_grad
@@ -215,20 +226,19 @@ class SparseAttention(nn.Module):
             return self.kernel if ok else "sdpa"
         if not cpu:
             return "flex" if flexible else "sdpa"
-        if gatherable and self.block_size >= GATHER_MIN_BLOCK:
+        if gatherable and S >= GATHER_MIN_BLOCK:
             return "gather"
         return "flex" if flexible else "sdpa"
 
     def _indexer_kl(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None,
                     key_valid: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,
-                    keep: torch.Tensor | None) -> torch.Tensor:
+                    keep: torch.Tensor | None, S: int) -> torch.Tensor:
         """DeepSeek's indexer loss at the level selection reads, over query rows t (their mean, or weighted by
         `kl_rows`) of KL(P_t || softmax_j(I[t, j])): P_t[j] the dense attention of query t on key block j, summed
         over heads and L1-normalised (a target: no gradient), I the indexer's block scores of the detached input.
         In the sparse stage (`keep` given) both are restricted to the selected blocks. One head at a time, so
         that no (B, H, N, N) tensor exists."""
         B, N = x.shape[:2]
-        S = self.block_size
         nb = math.ceil(N / S)
         row_blocks = None  # (B|1, N, nb): the blocks a query row may use
         if allowed is not None:
@@ -240,7 +250,7 @@ class SparseAttention(nn.Module):
         else:
             a = None
         if keep is not None:
-            sel = rows_of(keep, S, N, self.select)[:, 0]  # (B, N, nb), shared by the heads (DSA)
+            sel = rows_of(keep, S, N, self.options.select)[:, 0]  # (B, N, nb), shared by the heads (DSA)
             tok = sel.repeat_interleave(S, dim=-1)[..., :N]
             a = tok if a is None else a & tok
         with torch.no_grad():
@@ -272,54 +282,6 @@ class SparseAttention(nn.Module):
         return kl[live].mean() if bool(live.any()) else kl.sum() * 0
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def check_sparse_options(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
-                         density: float | None = None, select: str | None = None, own_block: bool | None = None,
-                         sink: bool | None = None, min_tokens: int | None = None) -> None:
-    """Raise ValueError with one sentence for a bad sparse-attention option."""
-    if method is None:
-        return
-    if method not in METHODS:
-        raise ValueError(f"unknown sparse_attention {method!r}; choose 'dsa' or 'moba' (or None for dense).")
-    if not _is_int(block_size) or block_size < 1:
-        raise ValueError(f"sparse block_size must be a positive integer, got {block_size!r}.")
-    if topk_blocks is not None and density is not None:
-        raise ValueError("pass either topk_blocks or density for sparse attention, not both.")
-    if topk_blocks is not None and (not _is_int(topk_blocks) or topk_blocks < 1):
-        raise ValueError(f"sparse topk_blocks must be a positive integer, got {topk_blocks!r}.")
-    if density is not None and (not isinstance(density, (int, float)) or isinstance(density, bool)
-                                or not 0 < density <= 1):
-        raise ValueError(f"sparse density must be a number in (0, 1], got {density!r}.")
-    if select is not None and select not in SELECTS:
-        raise ValueError(f"unknown sparse_select {select!r}; choose 'token' or 'block'.")
-    for name, flag in (("keep_own_block", own_block), ("sink_block", sink)):
-        if flag is not None and not isinstance(flag, bool):
-            raise ValueError(f"sparse {name} must be True, False or None (the method's default), got {flag!r}.")
-    if min_tokens is not None and (not _is_int(min_tokens) or min_tokens < 0):
-        raise ValueError(f"sparse min_tokens must be a non-negative integer (0: always sparse), got {min_tokens!r}.")
-
-
-def sparse_kwargs(method: str | None, block_size: int = 128, topk_blocks: int | None = None,
-                  density: float | None = None, select: str | None = None, own_block: bool | None = None,
-                  sink_block: bool | None = None, min_tokens: int | None = None) -> dict | None:
-    """A model's `sparse_*` options -> the keyword arguments of `Attention` (None: dense), checked here so that a
-    bad value fails once, with its sentence, before any block is built."""
-    check_sparse_options(method, block_size, topk_blocks, density, select, own_block, sink_block, min_tokens)
-    if method is None:
-        given = [n for n, v in (("sparse_topk_blocks", topk_blocks), ("sparse_density", density),
-                                ("sparse_select", select), ("sparse_own_block", own_block),
-                                ("sparse_sink_block", sink_block), ("sparse_min_tokens", min_tokens)) if v is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)} set without sparse_attention; pass sparse_attention='dsa' or "
-                             "'moba' as well, or leave them out for dense attention.")
-        return None
-    return dict(sparse_attention=method, block_size=block_size, topk_blocks=topk_blocks, density=density,
-                sparse_select=select, keep_own_block=own_block, sink_block=sink_block, min_tokens=min_tokens)
-
-
 def parse_sparse_spec(spec: str) -> dict:
     """A command line's "METHOD[:DENSITY][:SELECT]" ("moba", "dsa:0.125:block", "none") -> set_sparse_attention's
     keywords {method, density, select}; a bad spec raises ValueError with one sentence."""
@@ -337,31 +299,32 @@ def parse_sparse_spec(spec: str) -> dict:
     if len(parts) > 3 or (method is None and len(parts) > 1):
         raise ValueError(f"sparse attention spec {spec!r} has too many parts; write METHOD[:DENSITY][:SELECT], "
                          "e.g. dsa:0.125:block, or none.")
-    check_sparse_options(method, 128, None, out["density"], out["select"])
+    if method is not None:
+        SparseOptions(**out)  # its check, one sentence
     return out
 
 
 def retune(current: SparseAttention | None, method: str | None, dim: int, num_heads: int,
-           density: float | None = None, topk_blocks: int | None = None, select: str | None = None,
-           min_tokens: int | None = None) -> SparseAttention | None:
-    """A layer's sparse core with other selection options, weights kept (evaluation and benchmarks): the indexer
-    of a "dsa" layer is carried over; a dense layer may become "moba" (no weights) but not "dsa" (untrained)."""
+           **changes) -> SparseAttention | None:
+    """A layer's sparse core with other options (`changes`: SparseOptions fields, None = unchanged), weights kept
+    (evaluation and benchmarks): the indexer of a "dsa" layer is carried over; a dense layer may become "moba" (no
+    weights) but not "dsa" (untrained). A new method takes its own defaults for select, own_block and sink_block."""
     if method is None:
         return None
     if method == "dsa" and (current is None or current.indexer is None):
-        raise ValueError("this model has no trained DSA indexer; train it with model.sparse_attention=dsa, or "
-                         "evaluate with the parameter-free moba.")
-    base = dict(block_size=128, topk_blocks=None, density=None, select=None, own_block=None, sink=None,
-                min_tokens=None)
-    if current is not None:
-        base.update(block_size=current.block_size, topk_blocks=current.topk_blocks, density=current.density,
-                    min_tokens=current.min_tokens)
-        if current.method == method:
-            base.update(select=current.select, own_block=current.own_block, sink=current.sink)
-    if density is not None or topk_blocks is not None:
-        base.update(density=density, topk_blocks=topk_blocks)
-    base.update({k: v for k, v in dict(select=select, min_tokens=min_tokens).items() if v is not None})
-    new = SparseAttention(method, dim, num_heads, **base)
+        raise ValueError("this model has no trained DSA indexer; train it with model.sparse_attention.method=dsa, "
+                         "or evaluate with the parameter-free moba.")
+    if current is None:
+        options = SparseOptions(method)
+    elif current.options.method == method:
+        options = current.options
+    else:
+        options = dataclasses.replace(current.options, method=method, select=None, own_block=None, sink_block=None)
+    size = {k: changes.pop(k, None) for k in ("density", "topk_blocks")}
+    if any(v is not None for v in size.values()):  # the selection's size is one of the two
+        options = dataclasses.replace(options, **size)
+    options = dataclasses.replace(options, **{k: v for k, v in changes.items() if v is not None})
+    new = SparseAttention(options, dim, num_heads)
     if method == "dsa":
         new.indexer = current.indexer
     if current is not None:

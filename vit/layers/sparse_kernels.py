@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .sdpa import attend
+
 __all__ = ["masked_attention", "flex", "gathered"]
 
 
@@ -31,20 +33,10 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed:
     attn_mask = allowed
     if bias is not None:
         attn_mask = bias.to(q.dtype) if allowed is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
-    if return_attention:
-        scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)
-        if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
-                else scores + attn_mask
-        attn = scores.softmax(-1)
-        if empty is not None:
-            attn = attn.masked_fill(empty, 0.0)
-        out = F.dropout(attn, dropout_p) @ v
-    else:
-        attn = None
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p)
+    out, attn = attend(q, k, v, attn_mask, False, dropout_p, return_attention)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
+        attn = None if attn is None else attn.masked_fill(empty, 0.0)
     return out, attn
 
 

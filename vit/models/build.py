@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args
+from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args, nest_sparse_keys
 from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
@@ -83,9 +83,10 @@ def create_model(
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
+    overrides = nest_sparse_keys(overrides)  # the flat sparse_* keys of configs saved before SparseOptions
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
-        implied = source.model_kwargs()
+        implied = nest_sparse_keys(source.model_kwargs())
         check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
                          f"{source.name}: {source.config or 'its pretrained config'}")
         # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
@@ -114,7 +115,8 @@ def create_model(
                          f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
     model = VisionTransformer(**kwargs)
     model._variant = name
-    model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
+    # what a checkpoint's config.json records (timm's name for it), options objects as their mappings
+    model._model_args = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in kwargs.items()}
     if source is not None:
         model.pretrained_cfg = source.pretrained_cfg  # sets default_cfg too (timm's older alias)
         if pretrained:
@@ -191,7 +193,8 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
     check_model_config(m)
     overrides = {**model_kwargs(m), "num_classes": num_classes}
     setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
-    name, base = (saved["architecture"], saved.get("model_args", {})) if saved else (m.name or DEFAULT_MODEL, {})
+    name, base = (saved["architecture"], nest_sparse_keys(saved.get("model_args", {}))) if saved \
+        else (m.name or DEFAULT_MODEL, {})
     model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
     for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
         getattr(model, f"set_{key}")(value)

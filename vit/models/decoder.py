@@ -1,6 +1,7 @@
 """The Transformer decoder (Vaswani et al., 2017, section 3.1), built from the encoder's own parts.
 
-A decoder block is the encoder's `Block` with one more residual sub-layer between attention and the FFN:
+A decoder block is the encoder's `Block` (a subclass, its sub-layers reused) with one more residual sub-layer
+between attention and the FFN:
     pre-norm:   x = x + SelfAttn(Norm(x), causal);  x = x + CrossAttn(Norm(x), memory);  x = x + FFN(Norm(x))
     post-norm:  x = Norm(x + SelfAttn(x, causal));  x = Norm(x + CrossAttn(x, memory));  x = Norm(x + FFN(x))
 Masked (causal) self-attention lets position i see positions <= i only, so training predicts every next token
@@ -23,8 +24,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..layers import CachedSelfAttention, CrossAttention, DropPath, get_mlp_layer, get_norm_layer, sincos_1d
-from .encoder import drop_path_rates
+from ..layers import CachedSelfAttention, CrossAttention, add_pos_embed_1d, get_norm_layer
+from .encoder import Block, block_stack
 from .text_encoder import check_text_sizes
 
 __all__ = ["DecoderBlock", "Decoder", "DecoderCache", "LayerCache", "TextDecoder"]
@@ -70,10 +71,11 @@ class DecoderCache:
                 layer.self_kv = (layer.self_kv[0].index_select(0, index), layer.self_kv[1].index_select(0, index))
 
 
-class DecoderBlock(nn.Module):
-    """One decoder layer: target tokens (B, T, D) and memory (B, M, D) -> (B, T, D). Causal self-attention, then
-    cross-attention to the memory, then the FFN, each a residual sub-layer with its norm before (`norm_first`)
-    or after the sum, and optional stochastic depth; `norm_layer` and `mlp_layer` as in `Block`."""
+class DecoderBlock(Block):
+    """One decoder layer: target tokens (B, T, D) and memory (B, M, D) -> (B, T, D). The encoder's `Block` (its
+    causal self-attention sub-layer, cached for decoding, and its FFN sub-layer, with their norms before
+    (`norm_first`) or after the sum, and stochastic depth) with cross-attention to the memory added between them
+    (`cross_norm`, `cross_attn`); `norm_layer` and `mlp_layer` as in `Block`."""
 
     def __init__(
         self,
@@ -89,17 +91,12 @@ class DecoderBlock(nn.Module):
         norm_first: bool = True,
         fused_attn: bool = True,
     ) -> None:
-        super().__init__()
+        super().__init__(dim, num_heads, mlp_ratio, qkv_bias, drop, attn_drop, drop_path, norm_layer=norm_layer,
+                         mlp_layer=mlp_layer, norm_first=norm_first, fused_attn=fused_attn,
+                         attn_layer=CachedSelfAttention)
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
-        mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
-        self.norm_first = norm_first
-        self.norm1 = norm(dim)
-        self.attn = CachedSelfAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused_attn)
         self.cross_norm = norm(dim)
         self.cross_attn = CrossAttention(dim, num_heads, qkv_bias, attn_drop, drop, fused_attn)
-        self.norm2 = norm(dim)
-        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _self_attn(
         self, x: torch.Tensor, cache: LayerCache | None, return_attention: bool
@@ -120,19 +117,13 @@ class DecoderBlock(nn.Module):
         """x (B, T, D) target tokens (with a `cache`: the new ones after those cached); memory (B, M, D), or None
         when the cache holds its keys and values; memory_mask (B, M), 1 = real token. Returns (B, T, D) and,
         when asked, the self-attention (B, H, T, T_all) and cross-attention (B, H, T, M) probabilities."""
+        y, self_map = self._self_attn(self.attn_input(x), cache, return_attention)
+        x = self.attn_residual(x, y)
         kv = None if cache is None else cache.cross_kv
-        if self.norm_first:
-            y, self_map = self._self_attn(self.norm1(x), cache, return_attention)
-            x = x + self.drop_path(y)
-            y, cross_map = self.cross_attn(self.cross_norm(x), memory, memory_mask, kv, return_attention)
-            x = x + self.drop_path(y)
-            x = x + self.drop_path(self.mlp(self.norm2(x)))
-        else:
-            y, self_map = self._self_attn(x, cache, return_attention)
-            x = self.norm1(x + self.drop_path(y))
-            y, cross_map = self.cross_attn(x, memory, memory_mask, kv, return_attention)
-            x = self.cross_norm(x + self.drop_path(y))
-            x = self.norm2(x + self.drop_path(self.mlp(x)))
+        y, cross_map = self.cross_attn(self.cross_norm(x) if self.norm_first else x, memory, memory_mask, kv,
+                                       return_attention)
+        x = x + self.drop_path1(y)
+        x = self.ffn(x if self.norm_first else self.cross_norm(x))
         return x, self_map, cross_map
 
 
@@ -140,23 +131,11 @@ class Decoder(nn.ModuleList):
     """A stack of `DecoderBlock`s, as `Encoder` is of `Block`s (blocks named `0`, `1`, ...; stochastic depth
     rising linearly with depth): (B, T, D) and memory (B, M, D) -> (B, T, D), plus per-block maps when asked."""
 
-    def __init__(
-        self,
-        depth: int,
-        dim: int,
-        num_heads: int,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        **block_kwargs,
-    ) -> None:
-        rates = drop_path_rates(depth, drop_path_rate)
-        super().__init__(
-            DecoderBlock(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
-            for rate in rates
-        )
+    def __init__(self, depth: int, dim: int, num_heads: int, mlp_ratio: float = 4.0, qkv_bias: bool = True,
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0,
+                 **block_kwargs) -> None:
+        super().__init__(block_stack(DecoderBlock, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                                     attn_drop_rate, drop_path_rate, **block_kwargs))
 
     def init_cache(self, memory: torch.Tensor, memory_mask: torch.Tensor | None = None) -> DecoderCache:
         """A cache for decoding against `memory` (B, M, D): every block's cross-attention keys and values,
@@ -222,10 +201,7 @@ class TextDecoder(nn.Module):
         norm = get_norm_layer(norm_layer, norm_eps)
         self.max_len = max_len
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.randn(1, max_len, embed_dim) * 0.02)
-        else:
-            self.register_buffer("pos_embed", sincos_1d(max_len, embed_dim)[None], persistent=False)
+        add_pos_embed_1d(self, pos_embed, max_len, embed_dim)
         self.drop = nn.Dropout(drop_rate)
         self.blocks = Decoder(depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate,
                               drop_path_rate, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,

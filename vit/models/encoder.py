@@ -17,10 +17,11 @@ import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..config import SparseOptions
 from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
 from ..layers.sparse_attention import retune
 
-__all__ = ["Block", "Encoder", "drop_path_rates"]
+__all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
 
 
 def drop_path_rates(depth: int, rate: float) -> list[float]:
@@ -28,13 +29,24 @@ def drop_path_rates(depth: int, rate: float) -> list[float]:
     return torch.linspace(0, rate, depth).tolist() if depth > 1 else [rate] * depth
 
 
+def block_stack(block_layer: Callable[..., nn.Module], depth: int, dim: int, num_heads: int, mlp_ratio: float,
+                qkv_bias: bool, drop_rate: float, attn_drop_rate: float, drop_path_rate: float,
+                **block_kwargs) -> list[nn.Module]:
+    """`depth` blocks of `block_layer` (`Block`, the decoder's `DecoderBlock`), stochastic depth rising to
+    `drop_path_rate`: the layers of `Encoder` and `Decoder`."""
+    return [block_layer(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
+            for rate in drop_path_rates(depth, drop_path_rate)]
+
+
 class Block(nn.Module):
     """One Transformer layer: tokens (B, N, D) -> (B, N, D). Two residual sub-layers, attention then the FFN,
     each with its norm before (`norm_first=True`, ViT) or after the residual sum (post-norm, BERT), an optional
-    LayerScale (`init_values`) and stochastic depth (`drop_path`); `sparse` holds sparse-attention keywords
-    of `Attention` (vit.layers.sparse_attention), None for dense. `norm_layer` ('layernorm' | 'rmsnorm' or a
-    constructor) and `mlp_layer` ('gelu' | 'swiglu' or a class) pick the parts; parameter names follow timm
-    (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's weights load."""
+    LayerScale (`init_values`) and stochastic depth (`drop_path`); `sparse_attention` (a `SparseOptions`, None
+    for dense) goes to `Attention` whole. `norm_layer` ('layernorm' | 'rmsnorm' or a constructor), `mlp_layer`
+    ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a subclass, e.g. the decoder's cached one)
+    pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's
+    weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`, then `ffn`: a block that adds a
+    sub-layer (the decoder's cross-attention) reuses them."""
 
     def __init__(
         self,
@@ -50,15 +62,16 @@ class Block(nn.Module):
         mlp_layer: str | type[nn.Module] = "gelu",
         norm_first: bool = True,
         fused_attn: bool = True,
-        sparse: dict | None = None,
+        sparse_attention: SparseOptions | None = None,
+        attn_layer: type[Attention] = Attention,
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
         self.norm1 = norm(dim)
-        self.attn = Attention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                              fused_attn=fused_attn, **(sparse or {}))
+        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
+                               fused_attn=fused_attn, sparse_attention=sparse_attention)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
@@ -83,15 +96,24 @@ class Block(nn.Module):
             y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries)
             x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
+        y, attn = self.attn(self.attn_input(x), mask, is_causal, return_attention)
+        return self.ffn(self.attn_residual(x, y)), attn
+
+    def attn_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the attention sub-layer reads: Norm(x) pre-norm, x post-norm."""
+        return self.norm1(x) if self.norm_first else x
+
+    def attn_residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The attention sub-layer's residual sum with its output y: x + DropPath(LS(y)), normalised after the
+        sum post-norm."""
+        x = x + self.drop_path1(self.ls1(y))
+        return x if self.norm_first else self.norm1(x)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward sub-layer with its residual: (B, N, D) -> (B, N, D)."""
         if self.norm_first:
-            y, attn = self.attn(self.norm1(x), mask, is_causal, return_attention)
-            x = x + self.drop_path1(self.ls1(y))
-            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        else:
-            y, attn = self.attn(x, mask, is_causal, return_attention)
-            x = self.norm1(x + self.drop_path1(self.ls1(y)))
-            x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
-        return x, attn
+            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
 
     @torch.jit.unused
     def _forward_reduced(
@@ -103,18 +125,15 @@ class Block(nn.Module):
         if num_queries is not None:  # [CLS]-only last block: no reduction needed after it
             return self.forward(x, bias, num_queries=num_queries)
         reduce = self.token_reduction
-        y, attn, stat = self.attn.forward_reduce(self.norm1(x) if self.norm_first else x, bias,
-                                                 getattr(reduce, "needs", None), return_attention)
-        x = x + self.drop_path1(self.ls1(y))
-        x = x if self.norm_first else self.norm1(x)
+        y, attn, stat = self.attn.forward_reduce(self.attn_input(x), bias, getattr(reduce, "needs", None),
+                                                 return_attention)
+        x = self.attn_residual(x, y)
         if tokens.source is not None:
             tokens.history.append(tokens.source)
             attn = tokens.to_full_grid(attn) if attn is not None else None
         if reduce is not None:
             x = reduce(x, stat, tokens)
-        if self.norm_first:
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), attn
-        return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x)))), attn
+        return self.ffn(x), attn
 
 
 class Encoder(nn.ModuleList):
@@ -139,11 +158,8 @@ class Encoder(nn.ModuleList):
         drop_path_rate: float = 0.0,
         **block_kwargs,
     ) -> None:
-        rates = drop_path_rates(depth, drop_path_rate)
-        super().__init__(
-            Block(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
-            for rate in rates
-        )
+        super().__init__(block_stack(Block, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate,
+                                     drop_path_rate, **block_kwargs))
         self.grad_checkpointing = False
         self.reduces_tokens = False  # set by set_token_reduction
 
@@ -184,7 +200,7 @@ class Encoder(nn.ModuleList):
 
     def set_sparse_attention(self, method: str | None, **options) -> None:
         """Every block's sparse attention switched or retuned, weights kept (vit.layers.sparse_attention.retune):
-        `method` None (dense), "moba" or "dsa"; options density, topk_blocks, select, min_tokens."""
+        `method` None (dense), "moba" or "dsa"; `options` SparseOptions fields (None: unchanged)."""
         for blk in self:
             a = blk.attn
             a.sparse = retune(a.sparse, method, a.qkv.in_features, a.num_heads, **options)

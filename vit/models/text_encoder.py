@@ -23,7 +23,8 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import Mlp, get_norm_layer, sincos_1d, sparse_kwargs
+from ..config import SparseOptions
+from ..layers import Mlp, add_pos_embed_1d, get_norm_layer
 from .encoder import Encoder
 
 __all__ = ["POOLS", "TanhPooler", "TextEncoder", "TextEncoderOutput", "check_text_sizes"]
@@ -84,8 +85,8 @@ class TextEncoder(nn.Module):
     `norm_eps`, `mlp_layer`, `norm_first` and the drop rates configure the same `Encoder` as the image model.
     Positions are learned (`pos_embed="learn"`), fixed sinusoids (`"sincos"`) or absent (`"none"`), `max_len`
     rows of them. The older keywords `cls_token=` and `pool="cls"|"mean"` still work for one release, with a
-    DeprecationWarning naming the new spelling. `sparse_attention="dsa" | "moba"` and its `sparse_*` options
-    make every block attend to the top-k key blocks only (vit.layers.sparse_attention).
+    DeprecationWarning naming the new spelling. `sparse_attention` (a `SparseOptions` or its mapping) makes every
+    block attend to the top-k key blocks only (vit.layers.sparse_attention).
 
     What pretrained text models add (all off by default, so the model above is unchanged):
       type_vocab_size       token-type (segment) embeddings added to the sum, BERT's sentence A / B (0: none)
@@ -120,14 +121,7 @@ class TextEncoder(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
-        sparse_attention: str | None = None,
-        sparse_block_size: int = 128,
-        sparse_topk_blocks: int | None = None,
-        sparse_density: float | None = None,
-        sparse_select: str | None = None,
-        sparse_own_block: bool | None = None,
-        sparse_sink_block: bool | None = None,
-        sparse_min_tokens: int | None = None,
+        sparse_attention: SparseOptions | dict | None = None,
         *,
         type_vocab_size: int = 0,
         pre_norm: bool = False,
@@ -171,20 +165,13 @@ class TextEncoder(nn.Module):
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
         self.type_embed = nn.Embedding(type_vocab_size, embed_dim) if type_vocab_size else None
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.randn(1, n_pos, embed_dim) * 0.02)
-        elif pos_embed == "sincos":
-            self.register_buffer("pos_embed", sincos_1d(n_pos, embed_dim)[None], persistent=False)
-        else:
-            self.register_buffer("pos_embed", torch.zeros(1, n_pos, embed_dim), persistent=False)
+        add_pos_embed_1d(self, pos_embed, n_pos, embed_dim)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
         self.drop = nn.Dropout(drop_rate)
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate, drop_path_rate,
             norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first, fused_attn=fused_attn,
-            sparse=sparse_kwargs(
-                sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
-                sparse_own_block, sparse_sink_block, sparse_min_tokens),
+            sparse_attention=SparseOptions.of(sparse_attention),
         )
         self.norm = norm(embed_dim) if norm_first else nn.Identity()
         self.pooler = TanhPooler(embed_dim) if pooler else nn.Identity()

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from ..config import SparseOptions
 from ..layers import (
     PatchEmbed,
     build_token_reduction,
@@ -26,9 +27,8 @@ from ..layers import (
     parse_token_reduction,
     resample_abs_pos_embed,
     sincos_2d,
-    sparse_kwargs,
 )
-from ..layers.sparse_attention import check_sparse_options, parse_sparse_spec
+from ..layers.sparse_attention import parse_sparse_spec
 from .encoder import Encoder
 from .features import FeatureIntermediates
 from .vision_weights import checkpoint_filter_fn
@@ -64,8 +64,8 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
     heads transform the (B, 1 + h*w, D) sequence, and the head reads the [CLS] token (`global_pool="token"`)
     or the mean of the patch tokens (`"avg"`). Options and parameter names are timm's (plus `norm_first`,
-    `norm_layer`, `norm_eps`, `mlp_layer`, `pos_embed`, and `sparse_attention="dsa" | "moba"` with its
-    `sparse_*` options, see vit.layers.sparse_attention); build named variants with `vit.create_model`.
+    `norm_layer`, `norm_eps`, `mlp_layer`, `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping,
+    see vit.layers.sparse_attention); build named variants with `vit.create_model`.
     """
 
     __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
@@ -97,14 +97,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
-        sparse_attention: str | None = None,
-        sparse_block_size: int = 128,
-        sparse_topk_blocks: int | None = None,
-        sparse_density: float | None = None,
-        sparse_select: str | None = None,
-        sparse_own_block: bool | None = None,
-        sparse_sink_block: bool | None = None,
-        sparse_min_tokens: int | None = None,
+        sparse_attention: SparseOptions | dict | None = None,
     ) -> None:
         super().__init__()
         _check_global_pool(global_pool, class_token)
@@ -136,9 +129,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
-            fused_attn=fused_attn, sparse=sparse_kwargs(
-                sparse_attention, sparse_block_size, sparse_topk_blocks, sparse_density, sparse_select,
-                sparse_own_block, sparse_sink_block, sparse_min_tokens),
+            fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [
@@ -380,7 +371,6 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
                 raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
             opts = parse_sparse_spec(method)
             method, density, select = opts["method"], opts["density"], opts["select"]
-        check_sparse_options(method, 128, topk_blocks, density, select)
         self.blocks.set_sparse_attention(method, density=density, topk_blocks=topk_blocks, select=select,
                                          min_tokens=min_tokens)
 

@@ -105,7 +105,7 @@ class EpochStats:
     lr: float
     train_loss: float
     images_per_s: float
-    indexer_loss: float | None = None  # the epoch's mean DSA indexer KL (model.sparse_attention=dsa), else None
+    indexer_loss: float | None = None  # the epoch's mean DSA indexer KL (model.sparse_attention.method=dsa), else None
 
 
 def finished(run: Run) -> bool:
