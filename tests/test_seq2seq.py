@@ -117,6 +117,19 @@ def test_greedy_with_cache_equals_without():
     assert len(set(map(tuple, cached.sequences.tolist()))) == 3  # three different sources, three different outputs
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_search_with_cache_equals_without(seed):
+    """4 beams over 12 tokens: the cache must follow each survivor's parent beam (DecoderCache.reorder), so the
+    cached search returns the uncached one's sequences and scores; a cache left in place gives other beams."""
+    m = _model(seed=seed, vocab=12)
+    src, mask = _source(seed + 10)
+    cached = m.generate(src, mask, max_new_tokens=8, num_beams=4)
+    full = m.generate(src, mask, max_new_tokens=8, num_beams=4, use_cache=False)
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(cached.scores, full.scores, atol=1e-5, rtol=0)
+    assert cached.sequences.shape[1] > 2  # hypotheses long enough for beams to have been reordered
+
+
 def _count_calls(module: nn.Module, calls: list) -> torch.utils.hooks.RemovableHandle:
     return module.register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
 
