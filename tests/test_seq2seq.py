@@ -193,6 +193,42 @@ def test_beam_search_is_exhaustive_when_wide_enough_float64(penalty):
     assert len({round(s, 6) for s, _ in scored}) == len(scored)  # no ties: "the best" is one hypothesis
 
 
+def _beam_by_hand(m: Seq2Seq, src, mask, beams: int, steps: int, penalty: float) -> tuple[list[int], float]:
+    """Beam search written out for one source, each prefix through a full forward: every unfinished hypothesis
+    extended by every token (<pad>, <bos> banned), finished ones carried as they are, the `beams` best by
+    log p / length**penalty kept; the best of the last beams is returned with its score."""
+    hyps = [([], 0.0, False)]  # (tokens, summed log-probability, finished)
+    for _ in range(steps):
+        cands = []
+        for seq, score, done in hyps:
+            if done:
+                cands.append((seq, score, True))
+                continue
+            logits = m(src, torch.tensor([[BOS] + seq]), mask)[0, -1]
+            logits[[PAD, BOS]] = float("-inf")
+            logp = logits.log_softmax(-1)
+            cands += [(seq + [t], score + logp[t].item(), t == EOS) for t in range(len(logp)) if t not in (PAD, BOS)]
+        hyps = sorted(cands, key=lambda c: -c[1] / len(c[0]) ** penalty)[:beams]
+        if all(done for _, _, done in hyps):
+            break
+    seq, score, _ = max(hyps, key=lambda c: c[1] / len(c[0]) ** penalty)
+    return seq, score / len(seq) ** penalty
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.0, 2.0])
+def test_beam_search_equals_beam_search_by_hand_float64(penalty):
+    """3 beams over 8 tokens, 5 steps, three sources: the hypotheses kept at each step are ranked by the
+    length-normalised score, as the hand-written search does, so the same sequence wins with the same score."""
+    m = _model(vocab=8, dtype=torch.float64, seed=2)
+    src, mask = _source()
+    with torch.no_grad():
+        out = m.generate(src, mask, max_new_tokens=5, num_beams=3, length_penalty=penalty)
+        for i in range(3):
+            seq, score = _beam_by_hand(m, src[i : i + 1], mask[i : i + 1], 3, 5, penalty)
+            assert [t for t in out.sequences[i].tolist() if t != PAD] == seq
+            assert abs(out.scores[i].item() - score) < 1e-10
+
+
 def test_generation_stops_at_eos_and_pads_after():
     m = _model()
     src, mask = _source()
