@@ -160,6 +160,52 @@ def test_the_finite_check_runs_once_per_optimizer_step_and_skips_the_whole_step(
     assert torch.isfinite(torch.tensor(stats.train_loss))  # the NaN micro-batches are not in the epoch's loss
 
 
+def test_a_resumed_epoch_trains_on_the_batches_it_had_not_reached(tmp_path):
+    """A state taken after 2 of epoch 1's 5 batches: the resumed epoch trains on exactly the loader's own batches 3-5
+    of epoch 1's permutation (seed, epoch), none twice, none lost (train.py's slow preemption test, in one step)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    from vit.cli.runtime import make_accelerator
+    from vit.config import load_config
+    from vit.data import build_datasets, build_loaders
+    from vit.models.build import build_model
+    from vit.train.console import Console
+    from vit.train.engine import Run, train_one_epoch
+    from vit.train.optim import build_optimizer
+
+    cfg = load_config(ROOT / "configs/default.yaml", [
+        "--data.dataset=synthetic", "--data.synthetic_train_size=40", "--data.synthetic_val_size=4", *TINY,
+        "--optim.warmup_epochs=0", "--model.in_chans=3", "--run.epochs=3", f"--run.output_dir={tmp_path}"])
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    try:
+        acc = make_accelerator()
+        train_ds, val_ds, classes = build_datasets(cfg)
+        model = build_model(cfg, len(classes))
+        opt = build_optimizer(model, cfg.optim)
+        tl, vl = build_loaders(cfg, train_ds, val_ds)
+        model, opt, tl, vl = acc.prepare(model, opt, tl, vl)
+
+        def batches(epoch: int) -> tuple[list[torch.Tensor], torch.Tensor]:  # the oracle: the loader's own order
+            train_ds.set_epoch(epoch)
+            tl.set_epoch(epoch)
+            xs, ys = zip(*((x.clone(), y) for x, y in tl))
+            return list(xs), torch.cat(ys)
+        (_, labels0), (expected, labels1) = batches(0), batches(1)
+        seen = []
+        acc.unwrap_model(model).register_forward_pre_hook(lambda mod, args: seen.append(args[0].detach().clone()))
+        run = Run(acc, cfg, tmp_path / "r", model, opt, tl, vl, classes, Console(acc))
+        run.state = TrainState(epoch=1, step=7, batch_in_epoch=2)  # as a state saved at that point restores it
+        train_one_epoch(run)
+    finally:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+    assert len(expected) == 5 and not torch.equal(labels0, labels1)  # each epoch its own permutation
+    order = [next((i for i, b in enumerate(expected) if torch.equal(a, b)), None) for a in seen]
+    assert order == [2, 3, 4]  # which of epoch 1's batches the resumed epoch trained on (None: another epoch's)
+    assert (run.state.epoch, run.state.batch_in_epoch, run.state.step) == (2, 0, 10)
+
+
 def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 

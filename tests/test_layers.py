@@ -101,6 +101,23 @@ def test_resample_keeps_prefix_and_identity_when_same_size():
     torch.testing.assert_close(out[:, :1], pos[:, :1])
 
 
+@pytest.mark.parametrize("old,new", [((14, 14), (10, 20)), ((6, 9), (12, 7)), ((6, 9), (6, 9 * 2))])
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_resample_from_any_grid_equals_timm(old, new, prefix):
+    """Non-square grids, either way round, with 0, 1 or 2 prefix rows: timm's resample_abs_pos_embed (which
+    loads timm's and our pretrained weights at another size) is the oracle, bicubic with antialiasing."""
+    from timm.layers import resample_abs_pos_embed as timm_resample
+
+    pos = torch.randn(1, prefix + old[0] * old[1], 8, generator=torch.Generator().manual_seed(0))
+    ours = resample_abs_pos_embed(pos, new, old_size=old, num_prefix_tokens=prefix)
+    expected = timm_resample(pos, list(new), old_size=list(old), num_prefix_tokens=prefix)
+    assert ours.shape == (1, prefix + new[0] * new[1], 8)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=0)
+    swapped = timm_resample(pos, list(new[::-1]), old_size=list(old), num_prefix_tokens=prefix)
+    swapped = swapped[:, prefix:].reshape(new[1], new[0], 8).transpose(0, 1).reshape(1, -1, 8)
+    assert (swapped - expected[:, prefix:]).abs().max() > 0.1  # a grid resampled the other way round is told apart
+
+
 @pytest.mark.parametrize("norm_first", [True, False])
 def test_block_matches_torch_transformer_layer(norm_first):
     """Our Block (GELU, LayerNorm) against nn.TransformerEncoderLayer, pre- and post-norm."""

@@ -199,6 +199,23 @@ def test_a_damaged_newest_state_falls_back_to_the_older_one(saved_run, tmp_path)
         latest_state(run)
 
 
+def test_a_state_file_changed_in_place_at_the_same_size_is_refused(tmp_path):
+    """verify_state reads every file's SHA-256, not only its size: one byte flipped in the weights is found
+    (the fallback test above corrupts an RNG file, which the RNG load check would refuse anyway)."""
+    state = tmp_path / "step-00000001"
+    state.mkdir()
+    (state / "model.safetensors").write_bytes(bytes(range(256)) * 4)
+    (state / "train_state.json").write_text(json.dumps({"step": 1}))
+    files = {f.name: [f.stat().st_size, _sha256(f)] for f in sorted(state.iterdir())}
+    (state / "COMPLETE").write_text(json.dumps({"step": 1, "files": files}))
+    assert set(verify_state(state)["files"]) == {"model.safetensors", "train_state.json"}
+    data = bytearray((state / "model.safetensors").read_bytes())
+    data[100] ^= 1  # the same size, one bit different
+    (state / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors is not the file that was saved"):
+        verify_state(state)
+
+
 def test_resume_refuses_a_changed_config_and_records_a_safe_change(saved_run, tmp_path):
     run = _copy_run(saved_run, tmp_path)
     with pytest.raises(RunFolderError) as e:

@@ -121,6 +121,19 @@ def test_greedy_with_cache_equals_without():
     assert len(set(map(tuple, cached.sequences.tolist()))) == 3  # three different sources, three different outputs
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_search_with_cache_equals_without(seed):
+    """4 beams over 12 tokens: the cache must follow each survivor's parent beam (DecoderCache.reorder), so the
+    cached search returns the uncached one's sequences and scores; a cache left in place gives other beams."""
+    m = _model(seed=seed, vocab=12)
+    src, mask = _source(seed + 10)
+    cached = m.generate(src, mask, max_new_tokens=8, num_beams=4)
+    full = m.generate(src, mask, max_new_tokens=8, num_beams=4, use_cache=False)
+    assert torch.equal(cached.sequences, full.sequences)
+    torch.testing.assert_close(cached.scores, full.scores, atol=1e-5, rtol=0)
+    assert cached.sequences.shape[1] > 2  # hypotheses long enough for beams to have been reordered
+
+
 def _count_calls(module: nn.Module, calls: list) -> torch.utils.hooks.RemovableHandle:
     return module.register_forward_hook(lambda mod, args, out: calls.append(tuple(args[0].shape)))
 
@@ -182,6 +195,42 @@ def test_beam_search_is_exhaustive_when_wide_enough_float64(penalty):
         seq = [t for t in narrow.sequences[0].tolist() if t != PAD]
         assert abs(narrow.scores.item() - _sequence_log_prob(m, src, mask, seq) / len(seq) ** penalty) < 1e-10
     assert len({round(s, 6) for s, _ in scored}) == len(scored)  # no ties: "the best" is one hypothesis
+
+
+def _beam_by_hand(m: Seq2Seq, src, mask, beams: int, steps: int, penalty: float) -> tuple[list[int], float]:
+    """Beam search written out for one source, each prefix through a full forward: every unfinished hypothesis
+    extended by every token (<pad>, <bos> banned), finished ones carried as they are, the `beams` best by
+    log p / length**penalty kept; the best of the last beams is returned with its score."""
+    hyps = [([], 0.0, False)]  # (tokens, summed log-probability, finished)
+    for _ in range(steps):
+        cands = []
+        for seq, score, done in hyps:
+            if done:
+                cands.append((seq, score, True))
+                continue
+            logits = m(src, torch.tensor([[BOS] + seq]), mask)[0, -1]
+            logits[[PAD, BOS]] = float("-inf")
+            logp = logits.log_softmax(-1)
+            cands += [(seq + [t], score + logp[t].item(), t == EOS) for t in range(len(logp)) if t not in (PAD, BOS)]
+        hyps = sorted(cands, key=lambda c: -c[1] / len(c[0]) ** penalty)[:beams]
+        if all(done for _, _, done in hyps):
+            break
+    seq, score, _ = max(hyps, key=lambda c: c[1] / len(c[0]) ** penalty)
+    return seq, score / len(seq) ** penalty
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.0, 2.0])
+def test_beam_search_equals_beam_search_by_hand_float64(penalty):
+    """3 beams over 8 tokens, 5 steps, three sources: the hypotheses kept at each step are ranked by the
+    length-normalised score, as the hand-written search does, so the same sequence wins with the same score."""
+    m = _model(vocab=8, dtype=torch.float64, seed=2)
+    src, mask = _source()
+    with torch.no_grad():
+        out = m.generate(src, mask, max_new_tokens=5, num_beams=3, length_penalty=penalty)
+        for i in range(3):
+            seq, score = _beam_by_hand(m, src[i : i + 1], mask[i : i + 1], 3, 5, penalty)
+            assert [t for t in out.sequences[i].tolist() if t != PAD] == seq
+            assert abs(out.scores[i].item() - score) < 1e-10
 
 
 def test_generation_stops_at_eos_and_pads_after():

@@ -57,6 +57,43 @@ def _reference(att, x, keep, select, causal, pad):
     return att.proj(out), p
 
 
+def _select_by_hand(scores, topk, block_size, select, causal, own_block, sink):
+    """select_blocks' rule written out row by row: the forced blocks (own, sink), then the best-scoring others
+    among the allowed (finite score; with causal, not after the row's own block) until topk are kept."""
+    B, Hs, R, nb = scores.shape
+    keep = torch.zeros(B, Hs, R, nb, dtype=torch.bool)
+    for b in range(B):
+        for h in range(Hs):
+            for r in range(R):
+                own = r // block_size if select == "token" else r
+                forced = ({own} if own_block else set()) | ({0} if sink else set())
+                others = [c for c in range(nb) if c not in forced and scores[b, h, r, c] > float("-inf")
+                          and not (causal and c > own)]
+                others.sort(key=lambda c: -scores[b, h, r, c].item())
+                for c in [*forced, *others][:topk]:
+                    keep[b, h, r, c] = True
+    return keep
+
+
+@pytest.mark.parametrize("select", ["token", "block"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("own_block,sink", [(True, False), (False, True), (True, True), (False, False)])
+def test_select_blocks_is_the_rule_written_out(select, causal, own_block, sink):
+    """Which key blocks each row keeps, against the rule by hand: the forced blocks always, never a block after the
+    row's own under causal, never a block scored -inf (some rows have fewer candidates than topk), the best of the
+    rest. The attention tests build their reference from select_blocks' own choice, so only this one checks it."""
+    bs, nb = 4, 6
+    R = nb * bs if select == "token" else nb
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, 2, R, nb, generator=g, dtype=torch.float64)
+    scores[torch.rand(scores.shape, generator=g) < 0.3] = float("-inf")  # padding-only blocks
+    for topk in (2, 3, 5):
+        got = sa.select_blocks(scores, topk, bs, select, causal, own_block, sink)
+        expected = _select_by_hand(scores, topk, bs, select, causal, own_block, sink)
+        assert torch.equal(got, expected), (topk, (got != expected).nonzero()[:3].tolist())
+    assert (expected.sum(-1) < topk).any()  # rows with fewer candidates than topk were tried
+
+
 @pytest.mark.parametrize("method", ["dsa", "moba"])
 @pytest.mark.parametrize("select", ["token", "block"])
 @pytest.mark.parametrize("causal", [False, True])

@@ -170,6 +170,24 @@ def test_roberta_positions_count_from_the_padding_id(hub):
         ours(torch.full((1, P + 1), 5))
 
 
+@pytest.mark.parametrize("family", ["roberta", "xlm-roberta"])
+def test_roberta_positions_under_left_padding_equal_transformers(hub, family):
+    """Padding before the tokens (a tokenizer with padding_side="left"): positions count real tokens only, so each
+    row equals transformers' model on the same ids, and the right-padded row token for token."""
+    ours, ref = vit.create_text_model(f"hf-hub:org/{family}"), hub[1][family]
+    ids, mask, _ = _inputs(family)
+    left = torch.stack([torch.cat([row[m == 0], row[m == 1]]) for row, m in zip(ids, mask)])  # padding first
+    left_mask = mask.flip(1)
+    assert (left_mask[:, 0] == 0).any()  # rows that really start with padding
+    with torch.no_grad():
+        expected = ref(input_ids=left, attention_mask=left_mask).last_hidden_state
+        got = ours(left, attention_mask=left_mask)
+        right = ours(ids, attention_mask=mask).last_hidden_state
+    real = left_mask.bool()
+    torch.testing.assert_close(got.last_hidden_state[real], expected[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got.last_hidden_state[real], right[mask.bool()], atol=1e-5, rtol=0)
+
+
 def test_missing_model_offline_is_the_image_sides_sentence(hub):
     with pytest.raises(FileNotFoundError) as e:
         vit.create_text_model("hf-hub:org/absent")
