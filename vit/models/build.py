@@ -86,6 +86,11 @@ def create_model(
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         implied = source.model_kwargs()
+        lacking = sorted(set(implied) - OPTIONS)
+        if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
+            raise ValueError(f"{source.name} is a {source.format}-format {source.architecture} that needs "
+                             f"{', '.join(lacking)}, which this library's VisionTransformer does not have yet; load "
+                             "it with timm or its own library meanwhile.")
         check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
                          f"{source.name}: {source.config or 'its pretrained config'}")
         # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
