@@ -6,33 +6,19 @@ save_pretrained (with its image processor) into a Hugging Face hub cache built i
 give transformers' last hidden state, pooled output and logits within 1e-5.
 """
 
-from functools import partial
-
 import pytest
 import torch
-from helpers import hub_snapshot
-from torch import nn
+from helpers import hub_snapshot, perturb, timm_vit
 
 import vit
 from vit.hub.hf_vision import DEFAULTS
 from vit.hub.weights import timm_weights
 
 transformers = pytest.importorskip("transformers")
-timm_vit = pytest.importorskip("timm.models.vision_transformer")
-timm_deit = pytest.importorskip("timm.models.deit")
 
 D, LAYERS, HEADS, IMG = 32, 2, 4, 32
 SMALL = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, image_size=IMG)
 LABELS = {i: f"class_{i}" for i in range(5)}
-
-
-def _timm_vit(kwargs: dict) -> nn.Module:
-    """timm's ViT built from the converted options (our `norm_eps` / `mlp_layer` in timm's words)."""
-    kw = dict(kwargs)
-    kw["norm_layer"] = partial(nn.LayerNorm, eps=kw.pop("norm_eps"))
-    kw["act_layer"] = {"gelu": nn.GELU, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}[kw.pop("mlp_layer")]
-    cls = timm_deit.VisionTransformerDistilled if kw.pop("dist_token", False) else timm_vit.VisionTransformer
-    return cls(**kw)
 
 
 @pytest.fixture
@@ -40,7 +26,7 @@ def vit_class():
     """What the converted weights are loaded into. timm's VisionTransformer stands in while ours lacks pre_norm,
     reg_tokens, no_embed_class, map pooling and the distillation token; with them: `lambda kw:
     vit.VisionTransformer(**kw)`."""
-    return _timm_vit
+    return timm_vit
 
 
 def _models():
@@ -67,22 +53,13 @@ def _models():
 FAMILIES = list(_models())
 
 
-def _perturb(model):
-    """Away from transformers' init (LayerNorm 1/0, std 0.02), so that every parameter matters to the outputs."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.15))
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf_vision")
     refs = {}
     torch.manual_seed(0)
     for family, (cls, config, processor) in _models().items():
-        model = _perturb(cls(config))
+        model = perturb(cls(config))
         folder = hub_snapshot(root / "hub", f"org/{family}")
         model.save_pretrained(folder)
         if processor is not None:

@@ -44,7 +44,8 @@ __all__ = ["DEFAULTS", "is_transformers_config", "hf_model_args", "hf_pretrained
 
 _VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
             layer_norm_eps=1e-12, image_size=224, patch_size=16, num_channels=3, qkv_bias=True)
-_DINO = dict({k: v for k, v in _VIT.items() if k != "intermediate_size"}, mlp_ratio=4, layer_norm_eps=1e-6, patch_size=14, layerscale_value=1.0, use_swiglu_ffn=False)
+_DINO = dict({k: v for k, v in _VIT.items() if k != "intermediate_size"}, mlp_ratio=4, layer_norm_eps=1e-6,
+             patch_size=14, layerscale_value=1.0, use_swiglu_ffn=False)
 _TOWER = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, num_channels=3,
               image_size=224)
 # transformers' config defaults per model_type: save_pretrained writes only the fields that differ from them

@@ -72,8 +72,11 @@ def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
         if pool in ("abs_attn", "rot_attn") or proj == "mlp":
             _refuse(name, f"a timm trunk with {'attention pooling ' + pool if proj != 'mlp' else 'an MLP projection'}")
         args: dict[str, Any] = {"num_classes": 0 if proj == "none" else embed_dim}
-        if pool or proj in ("none", ""):  # open_clip resets the trunk's pooling only when it names one
+        if proj in ("none", ""):  # the trunk is built with this pooling (and the norm placement it implies)
             args["global_pool"] = pool
+        elif pool:  # built with its own pooling, then reset to this one: the norm stays on the tokens (for a
+            # trunk whose own pooling is [CLS] or map, as timm's ViTs; another one fails the strict load)
+            args.update(global_pool=pool, fc_norm=False)
         return str(vision["timm_model_name"]), args
     layers, width = vision.get("layers", 12), vision.get("width", 768)
     if not isinstance(layers, int):
@@ -108,8 +111,10 @@ def open_clip_pretrained_cfg(config: dict, num_classes: int) -> dict[str, Any]:
     pre = config.get("preprocess_cfg") or {}
     size = pre.get("size", (model.get("vision_cfg") or {}).get("image_size", 224))
     size = (size, size) if isinstance(size, int) else tuple(size)
+    trunk = bool((model.get("vision_cfg") or {}).get("timm_model_name"))  # its size is its timm name's
     cfg = PretrainedCfg(
-        input_size=(3, *size), fixed_input_size=True, interpolation=pre.get("interpolation", "bicubic"), crop_pct=1.0,
+        input_size=(3, *size), fixed_input_size=not trunk, interpolation=pre.get("interpolation", "bicubic"),
+        crop_pct=1.0,
         crop_mode="squash" if pre.get("resize_mode") == "squash" else "center",
         mean=tuple(pre.get("mean", OPENAI_MEAN)), std=tuple(pre.get("std", OPENAI_STD)), num_classes=num_classes,
         first_conv="patch_embed.proj", classifier="head")

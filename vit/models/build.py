@@ -88,9 +88,9 @@ def create_model(
         implied = source.model_kwargs()
         lacking = sorted(set(implied) - OPTIONS)
         if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
-            raise ValueError(f"{source.name} is a {source.format}-format {source.architecture} that needs "
-                             f"{', '.join(lacking)}, which this library's VisionTransformer does not have yet; load "
-                             "it with timm or its own library meanwhile.")
+            raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
+                             "library's VisionTransformer does not have yet; load it with timm or its own library "
+                             "meanwhile.")
         check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
                          f"{source.name}: {source.config or 'its pretrained config'}")
         # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
