@@ -19,6 +19,8 @@ transformers = pytest.importorskip("transformers")
 D, LAYERS, HEADS, IMG = 32, 2, 4, 32
 SMALL = dict(hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, image_size=IMG)
 LABELS = {i: f"class_{i}" for i in range(5)}
+TEXT = dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            max_position_embeddings=8)
 
 
 @pytest.fixture
@@ -47,6 +49,9 @@ def _models():
         "clip_proj": (T.CLIPVisionModelWithProjection, T.CLIPVisionConfig(**tower, projection_dim=24,
                                                                           hidden_act="gelu"), None),
         "siglip": (T.SiglipVisionModel, T.SiglipVisionConfig(**tower), T.SiglipImageProcessor()),
+        # whole contrastive models: their image tower (CLIP's with its projection as the head)
+        "clip_full": (T.CLIPModel, T.CLIPConfig(text_config=TEXT, vision_config=tower, projection_dim=20), None),
+        "siglip_full": (T.SiglipModel, T.SiglipConfig(text_config=TEXT, vision_config=tower), None),
     }
 
 
@@ -93,12 +98,14 @@ def _expected(family, ref, x):
             base = getattr(ref, "vit", None) or ref.deit
             tokens = base(x).last_hidden_state
             return tokens, None, ref(x).logits
-        out = ref(x)
+        out = ref.get_image_features(pixel_values=x) if family.endswith("_full") else ref(x)
         tokens = out.last_hidden_state
         if family.startswith("clip"):  # CLIP's last_hidden_state is the encoder's, before post_layernorm
             tokens = getattr(ref, "vision_model", ref).post_layernorm(tokens)
         if family == "clip_proj":
             return tokens, None, out.image_embeds
+        if family == "clip_full":  # get_image_features: the projected pooled vector
+            return tokens, None, out.pooler_output
         pooled = tokens[:, 0] if family == "vit" else out.pooler_output  # ViTModel's pooler is dropped
         return tokens, pooled, None
 
@@ -135,6 +142,34 @@ def test_plain_families_by_name_through_create_model(hub, family):
         tuned = vit.create_model(f"hf-hub:org/{family}", pretrained=True, num_classes=3)  # fine-tuning: a new head
         assert tuned.head.out_features == 3
         torch.testing.assert_close(tuned.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
+
+
+def test_a_save_pretrained_folder_with_pytorch_model_bin(hub, tmp_path):
+    """local-dir: a folder with config.json and pytorch_model.bin (read with weights_only=True), the tensors
+    save_pretrained wrote (under the names of the hub's checkpoints, not those of the module's state_dict)."""
+    from safetensors.torch import load_file
+
+    ref = hub["vit_cls"][0]
+    ref.config.save_pretrained(tmp_path)
+    torch.save(load_file(vit.hub.repo_file("hf-hub:org/vit_cls", ("model.safetensors",))),
+               tmp_path / "pytorch_model.bin")
+    model = vit.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    _check(model, "vit_cls", ref, IMG)
+
+
+def test_the_pipeline_gets_the_processor_preprocessing(hub):
+    """evaluate.py's / predict.py's path: the model by name, its data config from its preprocessor_config.json."""
+    from argparse import Namespace
+
+    from vit.eval.inference import load_model_and_config
+
+    args = Namespace(checkpoint=None, model="hf-hub:org/dinov2", weights=None, pretrained=True, img_size=None,
+                     dynamic_img_size=False)
+    model, cfg, _ = load_model_and_config(args, {})
+    processor = hub["dinov2"][1]
+    assert cfg.model.img_size == 28 and model.patch_embed.img_size == (28, 28)
+    assert cfg.aug.mean == pytest.approx(processor.image_mean) and cfg.aug.std == pytest.approx(processor.image_std)
+    assert (cfg.aug.eval_crop_pct, cfg.aug.interpolation) == (pytest.approx(28 / 32), "bicubic")
 
 
 def test_preprocessing_comes_from_the_image_processor(hub):
