@@ -6,6 +6,8 @@ save_pretrained (with its image processor) into a Hugging Face hub cache built i
 give transformers' last hidden state, pooled output and logits within 1e-5.
 """
 
+import json
+
 import pytest
 import torch
 from helpers import hub_snapshot, perturb, timm_vit
@@ -40,7 +42,8 @@ def _models():
     return {
         "vit": (T.ViTModel, T.ViTConfig(**vit_cfg), T.ViTImageProcessor(size={"height": IMG, "width": IMG})),
         "vit_cls": (T.ViTForImageClassification, T.ViTConfig(**vit_cfg, id2label=LABELS), None),
-        "deit": (T.DeiTForImageClassification, T.DeiTConfig(**vit_cfg, id2label=LABELS), None),
+        "deit": (T.DeiTForImageClassification, T.DeiTConfig(**vit_cfg, id2label=LABELS),
+                 T.DeiTImageProcessor(size={"height": 36, "width": 36}, crop_size={"height": IMG, "width": IMG})),
         "deit_teacher": (T.DeiTForImageClassificationWithTeacher, T.DeiTConfig(**vit_cfg, id2label=LABELS), None),
         "dinov2": (T.Dinov2Model, T.Dinov2Config(**dino), T.BitImageProcessor(crop_size={"height": 28, "width": 28},
                                                                               size={"shortest_edge": 32})),
@@ -175,7 +178,7 @@ def test_the_pipeline_gets_the_processor_preprocessing(hub):
 def test_preprocessing_comes_from_the_image_processor(hub):
     """mean, std, resample and the crop ratio of preprocessor_config.json become timm's pretrained config."""
     for family, crop_pct, mode in [("vit", 1.0, "squash"), ("clip", IMG / 36, "center"), ("dinov2", 28 / 32, "center"),
-                                   ("siglip", 1.0, "squash")]:
+                                   ("siglip", 1.0, "squash"), ("deit", IMG / 36, "squash")]:
         processor = hub[family][1]
         cfg = timm_weights(f"hf-hub:org/{family}")[2]
         assert cfg["mean"] == pytest.approx(processor.image_mean) and cfg["std"] == pytest.approx(processor.image_std)
@@ -194,6 +197,20 @@ def test_option_we_lack_is_refused_in_one_sentence(hub, family, needs):
 def test_a_head_timm_lacks_is_refused(hub):
     with pytest.raises(ValueError, match="Dinov2ForImageClassification, whose head .* load it with transformers"):
         vit.create_model("hf-hub:org/dinov2_head")
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"model_type": "bert", "architectures": ["BertModel"]}, "a transformers 'bert' model, not one of the vision"),
+    ({"model_type": "vit", "hidden_size": "big"}, "is not a valid vit config"),
+    ({"model_type": "vit", "image_size": [32, 48]}, "non-square image_size"),
+    ({"model_type": "vit", "hidden_act": "relu"}, "its activation 'relu'"),
+    ({"model_type": "dinov2", "use_swiglu_ffn": True}, "its SwiGLU MLP"),
+])
+def test_a_config_json_we_cannot_convert_is_refused_in_one_sentence(tmp_path, config, match):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match) as e:
+        vit.create_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("model_type", list(DEFAULTS))

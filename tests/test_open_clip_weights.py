@@ -99,8 +99,19 @@ def test_tower_we_cannot_build_yet_is_refused(hub):
         vit.create_model("hf-hub:org/trunk_map", pretrained=True)
 
 
-def test_unsupported_tower_options_are_refused(tmp_path):
-    cfg = dict(embed_dim=8, vision_cfg=dict(image_size=32, layers=1, width=16, patch_size=8, attentional_pool=True))
+@pytest.mark.parametrize("vision, match", [
+    (dict(attentional_pool=True), "an attentional pooler .* load it with open_clip instead"),
+    (dict(layers=[1, 1, 1, 1]), "ResNet stages"),
+    (dict(pool_type="none"), "pool_type 'none'"),
+    (dict(no_ln_pre=True), "no ln_pre"),
+    (dict(head_width=0), "a positive multiple of head_width"),
+    (dict(mlp_ratio="4"), "mlp_ratio to '4', which is not a number"),
+    (dict(timm_model_name="vit_base_patch16_224", timm_proj="mlp"), "an MLP projection"),
+])
+def test_unsupported_tower_options_are_refused(tmp_path, vision, match):
+    base = dict(image_size=32, layers=1, width=16, head_width=8, patch_size=8)
+    cfg = dict(embed_dim=8, vision_cfg=dict(base, **vision))
     (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
-    with pytest.raises(ValueError, match="an attentional pooler .* load it with open_clip instead"):
+    with pytest.raises(ValueError, match=match) as e:
         vit.create_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)

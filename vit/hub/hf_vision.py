@@ -127,6 +127,14 @@ def hf_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
     options beyond a plain ViT (`reg_tokens`, `pre_norm`, `global_pool`, `dist_token`, ...) only where they differ
     from the default, so that a model without them builds with the options it has."""
     model_type, c, arch = _vision_config(config, name)
+    try:
+        return _model_args(model_type, c, arch, config, name)
+    except (TypeError, KeyError, ZeroDivisionError, AttributeError) as e:  # a field of the wrong type, '0' ...
+        raise ValueError(f"{name}: its config.json is not a valid {model_type} config ({type(e).__name__}: {e}); "
+                         "re-save it with transformers.") from None
+
+
+def _model_args(model_type: str, c: dict, arch: str | None, config: dict, name: str) -> tuple[str, dict[str, Any]]:
     head = _HEADS.get(arch) if arch else None
     dim, depth = c["hidden_size"], c["num_hidden_layers"]
     patch, img = _pair(c["patch_size"], "patch_size", name), _pair(c["image_size"], "image_size", name)
@@ -165,8 +173,6 @@ def hf_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
         args["num_classes"] = len(labels) if labels else int(config.get("num_labels", 2))
     elif head == "projection":
         args["num_classes"] = int(c["projection_dim"])
-    if not all(isinstance(v, (int, float, str, bool)) for v in args.values()):
-        raise ValueError(f"{name}: its config.json holds a field of the wrong type ({args}).")
     return arch_name, args
 
 
@@ -178,13 +184,14 @@ def hf_pretrained_cfg(config: dict, preprocessor: dict | None, args: dict, name:
 
     model_type = _vision_config(config, name)[0]
     p = {**_PREPROCESS[model_type], **(preprocessor or {})}
+    # size: {"shortest_edge": s} (aspect kept) or {"height": h, "width": w} (squashed); an int: the shortest edge
     resize, crop = p.get("size") or {}, p.get("crop_size") or {}
-    crop_pct, crop_mode = 1.0, "center"
-    short = resize.get("shortest_edge") if isinstance(resize, dict) else None
-    if p.get("do_center_crop", bool(crop)) and short and isinstance(crop, dict) and crop.get("height"):
-        crop_pct = min(1.0, float(crop["height"]) / float(short))
-    elif isinstance(resize, dict) and "height" in resize:
-        crop_mode = "squash"
+    resize = {"shortest_edge": resize} if isinstance(resize, (int, float)) else resize
+    crop = {"height": crop} if isinstance(crop, (int, float)) else crop
+    side = resize.get("shortest_edge") or resize.get("height")
+    cropped = crop.get("height") if p.get("do_center_crop", bool(crop)) else None
+    crop_pct = min(1.0, float(cropped) / float(side)) if cropped and side else 1.0
+    crop_mode = "squash" if "height" in resize else "center"  # timm's squash: resize to size / crop_pct, then crop
     labels = config.get("id2label") or {}
     label_names = [labels[k] for k in sorted(labels, key=int)] if labels and args["num_classes"] == len(labels) \
         else None

@@ -60,6 +60,12 @@ def _refuse(name: str, what: str) -> None:
                      "open_clip instead.")
 
 
+def _float(value: Any, key: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: its open_clip vision_cfg sets {key} to {value!r}, which is not a number.")
+    return float(value)
+
+
 def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
     """An open_clip config -> (the timm architecture, the ViT's options). A native tower gives every size and
     `pre_norm`; a timm trunk gives its timm model name with the pooling and projection open_clip set on it."""
@@ -90,12 +96,16 @@ def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
     size, patch = vision.get("image_size", 224), vision.get("patch_size", 16)
     if not isinstance(size, int) or not isinstance(patch, int):
         _refuse(name, f"a non-square image or patch size ({size}, {patch})")
-    args = dict(img_size=size, patch_size=patch, embed_dim=width, depth=layers,
-                num_heads=width // vision.get("head_width", 64), mlp_ratio=float(vision.get("mlp_ratio", 4.0)),
-                norm_eps=float((vision.get("norm_kwargs") or {}).get("eps", 1e-5)),
+    head_width = vision.get("head_width", 64)
+    if not isinstance(width, int) or not isinstance(head_width, int) or head_width <= 0 or width % head_width:
+        raise ValueError(f"{name}: its open_clip vision_cfg has width {width!r} and head_width {head_width!r}; the "
+                         "width must be a positive multiple of head_width.")
+    args = dict(img_size=size, patch_size=patch, embed_dim=width, depth=layers, num_heads=width // head_width,
+                mlp_ratio=_float(vision.get("mlp_ratio", 4.0), "mlp_ratio", name),
+                norm_eps=_float((vision.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),
                 mlp_layer="quick_gelu" if model.get("quick_gelu") else "gelu", num_classes=embed_dim, pre_norm=True)
     if vision.get("ls_init_value") is not None:
-        args["init_values"] = float(vision["ls_init_value"])
+        args["init_values"] = _float(vision["ls_init_value"], "ls_init_value", name)
     if pool == "avg":  # open_clip averages the patch tokens, normed before (fc_norm=False) or after pooling
         args.update(global_pool="avg", fc_norm=bool(vision.get("final_ln_after_pool", False)))
     size_name = {(768, 12): "base", (1024, 24): "large", (1280, 32): "huge"}.get((width, layers), f"d{width}x{layers}")
