@@ -187,6 +187,13 @@ def test_preprocessing_comes_from_the_image_processor(hub):
     assert timm_weights("hf-hub:org/vit_cls")[2]["mean"] == (0.5, 0.5, 0.5)  # no processor: ViT's defaults
 
 
+def test_a_bad_preprocessor_config_is_refused_in_one_sentence(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_mean": ["a", "b", "c"]}))
+    with pytest.raises(ValueError, match="preprocessor_config.json is not a valid image processor config"):
+        vit.create_model(f"local-dir:{tmp_path}")
+
+
 @pytest.mark.parametrize("family, needs", [("clip", "pre_norm"), ("dinov2_reg", "no_embed_class, reg_tokens"),
                                            ("deit_teacher", "dist_token")])
 def test_option_we_lack_is_refused_in_one_sentence(hub, family, needs):

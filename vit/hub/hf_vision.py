@@ -180,9 +180,17 @@ def hf_pretrained_cfg(config: dict, preprocessor: dict | None, args: dict, name:
     """timm's pretrained config from a preprocessor_config.json (None: the image processor's defaults): mean,
     std and interpolation as given; the crop ratio (crop / resize; 1.0 and `squash` when it resizes to the size
     without a crop) applied at the model's own image size; the labels of config.json's id2label."""
+    model_type = _vision_config(config, name)[0]
+    try:
+        return _pretrained_cfg(model_type, config, preprocessor, args)
+    except (TypeError, ValueError, AttributeError) as e:  # e.g. an image_mean of strings, a size that is a list
+        raise ValueError(f"{name}: its preprocessor_config.json is not a valid image processor config "
+                         f"({type(e).__name__}: {e}); re-save it with transformers.") from None
+
+
+def _pretrained_cfg(model_type: str, config: dict, preprocessor: dict | None, args: dict) -> dict[str, Any]:
     from timm.models import PretrainedCfg
 
-    model_type = _vision_config(config, name)[0]
     p = {**_PREPROCESS[model_type], **(preprocessor or {})}
     # size: {"shortest_edge": s} (aspect kept) or {"height": h, "width": w} (squashed); an int: the shortest edge
     resize, crop = p.get("size") or {}, p.get("crop_size") or {}
