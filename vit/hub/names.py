@@ -7,6 +7,10 @@
                                         num_classes, label names and the pretrained config
     local-dir:/path/to/folder           a folder holding config.json and model.safetensors (or pytorch_model.bin)
 
+A repository in transformers' layout (config.json with a `model_type`) or open_clip's (open_clip_config.json) is
+read through vit.hub.hf_vision / vit.hub.open_clip_weights: its options become timm's ViT's, its weights are
+renamed when loaded (`Source.format`).
+
 Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights. Offline
 (HF_HUB_OFFLINE=1, or no network at all) files come from the cache; a repository that is not there raises one
 sentence naming it, the cache folder and the command that fetches it. The checkpoint side, the config.json that

@@ -3,6 +3,8 @@
 Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `.bin` / `.ckpt` through
 `torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
   - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed;
+  - transformers' and open_clip's names renamed to timm's (`converted_state_dict`: vit/hub/hf_vision.py,
+    vit/hub/open_clip_weights.py), for a source in their layout or a state dict with open_clip's `visual.` keys;
   - the model's own, through its `checkpoint_filter_fn` (as timm's models have one): for the ViT, positions
     resampled to its patch grid and the patch embedding adapted to its input channels (vit/models/vision_weights.py);
   - a classifier head whose class count differs is dropped and the model's fresh head kept, when the caller asked
@@ -197,7 +199,8 @@ def timm_weights(name: str, cache_dir: str | Path | None = None) -> tuple[dict, 
 
 def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = True,
                     cache_dir: str | Path | None = None, new_head: bool = True) -> LoadReport:
-    """Load a timm (or HF-timm) checkpoint into `model`, adapting positions, head and input channels.
+    """Load a timm (or HF-timm, transformers, open_clip) checkpoint into `model`, adapting positions, head and
+    input channels.
 
     `path`: a weights file, or a `vit.hub.names.Source` (its model.safetensors / pytorch_model.bin from the hub cache
     or its folder). With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a
