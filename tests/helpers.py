@@ -47,6 +47,34 @@ def hub_snapshot(cache: Path, repo_id: str, commit: str = "a" * 40, main: bool =
     return repo / "snapshots" / commit
 
 
+def perturb(model):
+    """`model` in eval mode, its parameters moved away from their init (LayerNorm 1/0, std 0.02) by seeded noise, so
+    that every parameter matters to the outputs of a comparison."""
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.15))
+    return model.eval()
+
+
+def timm_vit(kwargs: dict):
+    """timm's ViT built from converted weights' options (vit.hub.timm_weights): our `norm_eps` / `mlp_layer` in
+    timm's words, and timm's distilled class for `dist_token`. The stand-in for our VisionTransformer in the
+    weight-format tests until it has pre_norm, reg_tokens, no_embed_class, map pooling and the distillation token."""
+    from functools import partial
+
+    from timm.models.deit import VisionTransformerDistilled
+    from timm.models.vision_transformer import VisionTransformer
+    from torch import nn
+
+    kw = dict(kwargs)
+    kw["norm_layer"] = partial(nn.LayerNorm, eps=kw.pop("norm_eps"))
+    kw["act_layer"] = {"gelu": nn.GELU, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}[kw.pop("mlp_layer")]
+    return (VisionTransformerDistilled if kw.pop("dist_token", False) else VisionTransformer)(**kw)
+
+
 # A script run by a test writes into the test's temporary folder, never into the checkout: these options must be
 # given (the suite's end compares runs/ and `git status` with its start, conftest.py).
 OUTPUT_OPTIONS = {"train.py": "--run.output_dir", "visualize_attention.py": "--out"}

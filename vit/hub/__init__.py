@@ -1,7 +1,9 @@
 """Pretrained weights by name: `names` turns a model name, tag, `hf-hub:` or `local-dir:` into a `Source`;
 `weights` reads and adapts a state dict without running code; `hub_config` writes timm's config.json for our
 checkpoints. For text models: `text_weights` renames transformers' BERT / DistilBERT / CLIP-text state dicts to
-ours, and `tokenizer` loads a repository's tokenizer.json."""
+ours, and `tokenizer` loads a repository's tokenizer.json. Image towers in other layouts: `hf_vision` (transformers'
+ViT, DeiT, DINOv2, CLIP and SigLIP vision models) and `open_clip_weights` (open_clip's `visual.*`), converted to
+timm's ViT options and names."""
 
 from .hub_config import split_tag, timm_config
 from .names import (
@@ -17,8 +19,9 @@ from .names import (
 )
 from .text_weights import text_state_dict
 from .tokenizer import Tokenizer, load_tokenizer
-from .weights import LoadReport, check_fit, load_pretrained, read_state_dict
+from .weights import LoadReport, check_fit, converted_state_dict, load_pretrained, read_state_dict, timm_weights
 
 __all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "hub_cache_dir",
            "WEIGHT_FILES", "timm_config", "split_tag", "load_pretrained", "read_state_dict", "LoadReport", "check_fit",
-           "repo_file", "read_json", "text_state_dict", "Tokenizer", "load_tokenizer"]
+           "repo_file", "read_json", "text_state_dict", "Tokenizer", "load_tokenizer",
+           "converted_state_dict", "timm_weights"]

@@ -7,6 +7,10 @@
                                         num_classes, label names and the pretrained config
     local-dir:/path/to/folder           a folder holding config.json and model.safetensors (or pytorch_model.bin)
 
+A repository in transformers' layout (config.json with a `model_type`) or open_clip's (open_clip_config.json) is
+read through vit.hub.hf_vision / vit.hub.open_clip_weights: its options become timm's ViT's, its weights are
+renamed when loaded (`Source.format`).
+
 Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights. Offline
 (HF_HUB_OFFLINE=1, or a hub that does not answer one request) files come from the cache at once; a repository that
 is not there raises one sentence naming it, the cache folder and the command that fetches it. The checkpoint side,
@@ -28,6 +32,8 @@ __all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weigh
            "hub_reachable", "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
+CONFIG_FILES = ("config.json", "open_clip_config.json")  # timm's or transformers', then open_clip's
+BASE = "vit_base_patch16_224"  # what a converted model without a name of its own is built as (its sizes in model_args)
 SOURCES = ("hf-hub:", "local-dir:")
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 MAX_CONFIG_BYTES = 2**20  # a timm config.json is a few kB (label names of 21k classes: ~500 kB)
@@ -47,6 +53,9 @@ class Source:
     file: Path | None = None  # a plain weights file
     config: Path | None = None  # the config.json model_args and pretrained_cfg were read from (for messages)
     weights: Path | None = None  # where the weights are (set by resolve_source when they are wanted)
+    format: str = "timm"  # the weights' layout: 'timm', 'transformers' or 'open_clip' (renamed when loaded)
+    format_config: dict = field(default_factory=dict)  # the config.json it was read from, for renaming its weights
+    weight_files: tuple[str, ...] = ()  # the repository's weights files in order of preference (empty: WEIGHT_FILES)
 
     def model_kwargs(self) -> dict:
         """create_model defaults the weights imply, as timm's factory: the pretrained config's class count,
@@ -167,12 +176,53 @@ def _from_config(name: str, arch: str, cfg: dict, known: Collection[str] | None)
         raise ValueError(f"{name}: its config.json holds a pretrained_cfg timm does not know ({e}).") from None
 
 
+def _converted(name: str, config: Path, known: Collection[str] | None, cache_dir: str | Path | None,
+               **where) -> Source | None:
+    """The Source of a repository in transformers' or open_clip's layout (vit.hub.hf_vision,
+    vit.hub.open_clip_weights), its architecture and options converted to timm's; None for a timm config.json.
+    An architecture `known` lacks is built as BASE with every size in its model_args."""
+    from .hf_vision import hf_model_args, hf_pretrained_cfg, is_transformers_config
+    from .open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
+    from .open_clip_weights import is_open_clip_config, open_clip_model_args, open_clip_pretrained_cfg
+
+    data = read_json(config, name)
+    if config.name == "open_clip_config.json" or is_open_clip_config(data):
+        fmt, files = "open_clip", OPEN_CLIP_FILES
+        arch, args = open_clip_model_args(data, name)
+        cfg = open_clip_pretrained_cfg(data, args["num_classes"])
+    elif is_transformers_config(data):
+        fmt, files = "transformers", WEIGHT_FILES
+        arch, args = hf_model_args(data, name)
+        try:
+            pre = read_json(repo_file(_folder_name(name, config), ("preprocessor_config.json",), cache_dir), name)
+        except FileNotFoundError:  # the image processor's defaults
+            pre = None
+        cfg = hf_pretrained_cfg(data, pre, args, name)
+    else:
+        return None
+    if known is not None and arch not in known and "embed_dim" in args:
+        arch = BASE
+    _check_arch(arch, name, known)
+    cfg.update(architecture=arch, **({"hf_hub_id": where["repo_id"], "source": "hf-hub"} if "repo_id" in where
+                                     else {}))
+    return Source(name, arch, cfg, args, config=config, format=fmt, format_config=data, weight_files=files, **where)
+
+
+def _folder_name(name: str, config: Path) -> str:
+    """The name repo_file reads a sibling of `config` by: the hf-hub: name as given, or local-dir: its folder."""
+    return name if name.startswith(("hf-hub:", "hf_hub:")) else f"local-dir:{config.parent}"
+
+
 def resolve(name: str, known: Collection[str] | None = None, cache_dir: str | Path | None = None) -> Source:
-    """A model name in one of the four forms above -> its Source (config.json is fetched, weights are not)."""
+    """A model name in one of the four forms above -> its Source (config.json is fetched, weights are not).
+    A repository in transformers' or open_clip's layout is converted (see `_converted`)."""
     kind, ident = _split_source(name)
     if kind == "hf-hub":
         repo_id, _, revision = ident.partition("@")
-        config = _hub_file(repo_id, revision or None, ("config.json",), cache_dir, "its config.json")
+        config = _hub_file(repo_id, revision or None, CONFIG_FILES, cache_dir, "its config.json")
+        converted = _converted(name, config, known, cache_dir, repo_id=repo_id, revision=revision or None)
+        if converted is not None:
+            return converted
         cfg, arch, args = _read_config(config.parent, name)
         cfg.pop("file", None)
         cfg.update(hf_hub_id=ident, source="hf-hub")  # what timm's load_model_config_from_hf records
@@ -183,6 +233,10 @@ def resolve(name: str, known: Collection[str] | None = None, cache_dir: str | Pa
         if not folder.is_dir():
             raise FileNotFoundError(f"{name}: folder {folder} does not exist; pass a folder with config.json and "
                                     "model.safetensors (e.g. a run's best/).")
+        config = next((folder / f for f in CONFIG_FILES if (folder / f).is_file()), folder / "config.json")
+        converted = _converted(name, config, known, cache_dir, folder=folder) if config.is_file() else None
+        if converted is not None:
+            return converted
         cfg, arch, args = _read_config(folder, name)
         return Source(name, arch, _from_config(name, arch, cfg, known), args, folder=folder,
                       config=folder / "config.json")
@@ -365,17 +419,18 @@ def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
     if source.file is not None:
         return regular_file(source.file, "weights file", f"weights file {str(source.file)!r} does not exist; check "
                             "the path (a hub repository is written hf-hub:org/name).")
+    files = source.weight_files or WEIGHT_FILES
     if source.folder is not None:
-        for filename in WEIGHT_FILES:
+        for filename in files:
             path = source.folder / filename
             if path.exists() or path.is_symlink():
                 return regular_file(path, f"{source.name}:", "")
-        raise FileNotFoundError(f"{source.name}: {source.folder} holds neither {' nor '.join(WEIGHT_FILES)}; "
+        raise FileNotFoundError(f"{source.name}: {source.folder} holds neither {' nor '.join(files)}; "
                                 "pass a folder written by train.py or timm's save_for_hf.")
     if not source.repo_id:
         url = source.pretrained_cfg.get("url")
         raise ValueError(f"{source.name} has no weights on the Hugging Face hub"
                          + (f" (only {url}); download that file and pass it as pretrained=<path>." if url else "."))
     filename = source.pretrained_cfg.get("hf_hub_filename")
-    return _hub_file(source.repo_id, source.revision, (filename,) if filename else WEIGHT_FILES, cache_dir,
+    return _hub_file(source.repo_id, source.revision, (filename,) if filename else files, cache_dir,
                      "its weights")

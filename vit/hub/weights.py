@@ -3,6 +3,8 @@
 Files are read without running code: `.safetensors` directly, `.pth` / `.pt` / `.bin` / `.ckpt` through
 `torch.load(weights_only=True)`, which refuses pickles that would build arbitrary objects. Adaptations:
   - wrappers from training scripts (`{'model': ...}`, `{'state_dict': ...}`, `module.` prefixes) removed;
+  - transformers' and open_clip's names renamed to timm's (`converted_state_dict`: vit/hub/hf_vision.py,
+    vit/hub/open_clip_weights.py), for a source in their layout or a state dict with open_clip's `visual.` keys;
   - the model's own, through its `checkpoint_filter_fn` (as timm's models have one): for the ViT, positions
     resampled to its patch grid and the patch embedding adapted to its input channels (vit/models/vision_weights.py);
   - a classifier head whose class count differs is dropped and the model's fresh head kept, when the caller asked
@@ -24,9 +26,12 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .hf_vision import hf_state_dict
 from .names import Source, regular_file, weights_file
+from .open_clip_weights import is_open_clip_state, open_clip_state_dict
 
-__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_fit", "check_weights", "check_finite"]
+__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_fit", "check_weights", "check_finite",
+           "converted_state_dict", "timm_weights"]
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
@@ -165,9 +170,37 @@ def check_fit(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor], wher
         )
 
 
+def converted_state_dict(state: dict[str, torch.Tensor], source: Source | None, report: LoadReport
+                         ) -> dict[str, torch.Tensor]:
+    """`state` in timm's ViT names: a transformers checkpoint renamed by vit.hub.hf_vision, an open_clip one (named
+    so by its source, or recognised by its `visual.` keys, as timm's filter recognises it) by
+    vit.hub.open_clip_weights; timm's own as it is."""
+    fmt = source.format if source is not None else "timm"
+    if fmt == "transformers":
+        return hf_state_dict(state, source.format_config, report)
+    if fmt == "open_clip" or is_open_clip_state(state):
+        return open_clip_state_dict(state, report)
+    return state
+
+
+def timm_weights(name: str, cache_dir: str | Path | None = None) -> tuple[dict, dict[str, torch.Tensor], dict]:
+    """What a named repository (`hf-hub:org/repo`, `local-dir:/folder`; timm's, transformers' or open_clip's
+    layout) gives timm's ViT: (its construction options, its state dict in timm's names, its pretrained config),
+    read without building a model. The options use this library's names for norm and MLP (`norm_eps`,
+    `mlp_layer`) and timm's for the rest (`pre_norm`, `reg_tokens`, `global_pool='map'`, ...)."""
+    from .names import resolve_source
+
+    source = resolve_source(name, True, cache_dir=cache_dir)
+    report = LoadReport(f"{name} ({source.weights})")
+    state = converted_state_dict(read_state_dict(source.weights), source, report)
+    check_weights(state, source.weights)
+    return source.model_kwargs(), state, source.pretrained_cfg
+
+
 def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = True,
                     cache_dir: str | Path | None = None, new_head: bool = True) -> LoadReport:
-    """Load a timm (or HF-timm) checkpoint into `model`, adapting positions, head and input channels.
+    """Load a timm (or HF-timm, transformers, open_clip) checkpoint into `model`, adapting positions, head and
+    input channels.
 
     `path`: a weights file, or a `vit.hub.names.Source` (its model.safetensors / pytorch_model.bin from the hub cache
     or its folder). With strict=True (default) any other missing, unexpected or mis-shaped parameter raises a
@@ -175,12 +208,13 @@ def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = 
     a head that differs is refused rather than replaced (see `adapt_state_dict`). Non-float and non-finite
     tensors are refused (`check_weights`). Returns a report of the adaptations, also logged.
     """
+    source = path if isinstance(path, Source) else None
     if isinstance(path, Source):
         name, path = path.name, weights_file(path, cache_dir)
         report = LoadReport(str(path) if name == str(path) else f"{name} ({path})")
     else:
         report = LoadReport(str(path))
-    state = read_state_dict(path)
+    state = converted_state_dict(read_state_dict(path), source, report)
     check_weights(state, path)
     state = adapt_state_dict(state, model, report, new_head)
     own = model.state_dict()

@@ -89,6 +89,11 @@ def create_model(
         implied = nest_sparse_keys(source.model_kwargs())
         check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
                          f"{source.name}: {source.config or 'its pretrained config'}")
+        lacking = sorted(set(implied) - OPTIONS)
+        if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
+            raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
+                             "library's VisionTransformer does not have yet; load it with timm or its own library "
+                             "meanwhile.")
         # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
         # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
         new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \

@@ -1,0 +1,174 @@
+"""open_clip checkpoints' image tower -> timm's ViT: model options, state-dict names and preprocessing.
+
+An open_clip repository holds open_clip_config.json (`model_cfg`: `embed_dim`, `vision_cfg`, `quick_gelu`;
+`preprocess_cfg`: mean, std, interpolation, resize mode) and open_clip_model.safetensors (or
+open_clip_pytorch_model.bin). Its image tower comes in two layouts, both read as timm's own filter reads them
+(timm's `_convert_openai_clip` and the `visual.trunk.` branch of its `checkpoint_filter_fn`):
+
+    visual.* (OpenAI / LAION CLIP ViTs)           timm                       options
+    conv1 (no bias)                               patch_embed.proj           pre_norm (no patch bias, norm_pre)
+    class_embedding (D,), positional_embedding    cls_token (1, 1, D), pos_embed (1, N, D)
+    ln_pre, ln_post                               norm_pre, norm
+    transformer.resblocks.i.ln_1|ln_2             blocks.i.norm1|norm2
+    ....attn.in_proj_weight|bias (3D, D)          blocks.i.attn.qkv          (q, k, v rows, as timm's)
+    ....attn.out_proj, .mlp.c_fc, .mlp.c_proj     blocks.i.attn.proj, .mlp.fc1, .mlp.fc2
+    ....ls_1|ls_2.gamma                           blocks.i.ls1|ls2.gamma     init_values
+    proj (D, E): pooled @ proj                    head.weight (E, D) = proj.T, head.bias = 0 (timm's CLIP head)
+
+    visual.trunk.* (a timm model inside, e.g. SigLIP's vit_base_patch16_siglip_224): timm's names already;
+    visual.head.proj.weight (its linear projection, if any) -> head.weight, with a zero bias.
+
+The text tower and the contrastive scale are dropped (reported). Towers timm's ViT does not compute (ResNets,
+attentional poolers, sine-cosine positions, a missing ln_pre, custom attention blocks, an MLP projection) are
+refused in one sentence. Encoded images (`encode_image`, before normalisation) equal the model's logits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["OPENAI_MEAN", "OPENAI_STD", "is_open_clip_config", "open_clip_model_args", "open_clip_pretrained_cfg",
+           "open_clip_state_dict", "is_open_clip_state"]
+
+OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's defaults when preprocess_cfg leaves them out
+OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
+WEIGHT_FILES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+# vision_cfg fields whose non-default value timm's ViT does not compute: field -> (its default, what it is)
+_UNSUPPORTED = {"attentional_pool": (False, "an attentional pooler (CoCa)"),
+                "pos_embed_type": ("learnable", "sine-cosine position embeddings"),
+                "no_ln_pre": (False, "no ln_pre (a patch embedding without bias needs one in timm's ViT)"),
+                "act_kwargs": (None, "activation arguments"), "qk_norm": (False, "q/k normalisation"),
+                "scaled_cosine_attn": (False, "scaled cosine attention"), "scale_heads": (False, "head scales"),
+                "scale_attn_inner": (False, "an inner attention norm"), "scale_attn": (False, "an attention norm"),
+                "scale_fc": (False, "an MLP norm"), "block_type": (None, "a custom block")}
+
+
+def is_open_clip_config(config: dict) -> bool:
+    """Whether a JSON file is an open_clip config (`model_cfg` with a `vision_cfg`, or the model config itself)."""
+    return "vision_cfg" in config.get("model_cfg", config)
+
+
+def is_open_clip_state(state: dict[str, torch.Tensor]) -> bool:
+    """Whether a state dict is a whole open_clip model's (an image tower under `visual.`)."""
+    return "visual.class_embedding" in state or any(k.startswith("visual.trunk.") for k in state)
+
+
+def _refuse(name: str, what: str) -> None:
+    raise ValueError(f"{name}: its image tower has {what}, which timm's ViT does not compute; load it with "
+                     "open_clip instead.")
+
+
+def _float(value: Any, key: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name}: its open_clip vision_cfg sets {key} to {value!r}, which is not a number.")
+    return float(value)
+
+
+def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
+    """An open_clip config -> (the timm architecture, the ViT's options). A native tower gives every size and
+    `pre_norm`; a timm trunk gives its timm model name with the pooling and projection open_clip set on it."""
+    model = config.get("model_cfg", config)
+    vision, embed_dim = model.get("vision_cfg") or {}, model.get("embed_dim")
+    if not isinstance(embed_dim, int):
+        raise ValueError(f"{name}: its open_clip config has no integer embed_dim; it is not an open_clip model config.")
+    if vision.get("timm_model_name"):
+        pool, proj = vision.get("timm_pool", "avg"), vision.get("timm_proj", "linear")
+        if pool in ("abs_attn", "rot_attn") or proj == "mlp":
+            _refuse(name, f"a timm trunk with {'attention pooling ' + pool if proj != 'mlp' else 'an MLP projection'}")
+        args: dict[str, Any] = {"num_classes": 0 if proj == "none" else embed_dim}
+        if proj in ("none", ""):  # the trunk is built with this pooling (and the norm placement it implies)
+            args["global_pool"] = pool
+        elif pool:  # built with its own pooling, then reset to this one: the norm stays on the tokens (for a
+            # trunk whose own pooling is [CLS] or map, as timm's ViTs; another one fails the strict load)
+            args.update(global_pool=pool, fc_norm=False)
+        return str(vision["timm_model_name"]), args
+    layers, width = vision.get("layers", 12), vision.get("width", 768)
+    if not isinstance(layers, int):
+        _refuse(name, f"ResNet stages {layers}")
+    for field, (default, what) in _UNSUPPORTED.items():
+        if vision.get(field, default) not in (default, "default"):
+            _refuse(name, what)
+    pool = vision.get("pool_type", "tok")
+    if pool not in ("tok", "avg"):
+        _refuse(name, f"pool_type {pool!r}")
+    size, patch = vision.get("image_size", 224), vision.get("patch_size", 16)
+    if not isinstance(size, int) or not isinstance(patch, int):
+        _refuse(name, f"a non-square image or patch size ({size}, {patch})")
+    head_width = vision.get("head_width", 64)
+    if not isinstance(width, int) or not isinstance(head_width, int) or head_width <= 0 or width % head_width:
+        raise ValueError(f"{name}: its open_clip vision_cfg has width {width!r} and head_width {head_width!r}; the "
+                         "width must be a positive multiple of head_width.")
+    args = dict(img_size=size, patch_size=patch, embed_dim=width, depth=layers, num_heads=width // head_width,
+                mlp_ratio=_float(vision.get("mlp_ratio", 4.0), "mlp_ratio", name),
+                norm_eps=_float((vision.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),
+                mlp_layer="quick_gelu" if model.get("quick_gelu") else "gelu", num_classes=embed_dim, pre_norm=True)
+    if vision.get("ls_init_value") is not None:
+        args["init_values"] = _float(vision["ls_init_value"], "ls_init_value", name)
+    if pool == "avg":  # open_clip averages the patch tokens, normed before (fc_norm=False) or after pooling
+        args.update(global_pool="avg", fc_norm=bool(vision.get("final_ln_after_pool", False)))
+    size_name = {(768, 12): "base", (1024, 24): "large", (1280, 32): "huge"}.get((width, layers), f"d{width}x{layers}")
+    return f"vit_{size_name}_patch{patch}_clip_{'quickgelu_' if model.get('quick_gelu') else ''}{size}", args
+
+
+def open_clip_pretrained_cfg(config: dict, num_classes: int) -> dict[str, Any]:
+    """timm's pretrained config from open_clip's `preprocess_cfg` (open_clip's defaults for what it leaves out:
+    OpenAI's mean and std, bicubic, shortest side resized then centre-cropped to the image size: crop_pct 1)."""
+    from timm.models import PretrainedCfg
+
+    model = config.get("model_cfg", config)
+    pre = config.get("preprocess_cfg") or {}
+    size = pre.get("size", (model.get("vision_cfg") or {}).get("image_size", 224))
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    trunk = bool((model.get("vision_cfg") or {}).get("timm_model_name"))  # its size is its timm name's
+    cfg = PretrainedCfg(
+        input_size=(3, *size), fixed_input_size=not trunk, interpolation=pre.get("interpolation", "bicubic"),
+        crop_pct=1.0,
+        crop_mode="squash" if pre.get("resize_mode") == "squash" else "center",
+        mean=tuple(pre.get("mean", OPENAI_MEAN)), std=tuple(pre.get("std", OPENAI_STD)), num_classes=num_classes,
+        first_conv="patch_embed.proj", classifier="head")
+    return cfg.to_dict()
+
+
+_SWAPS = [("conv1", "patch_embed.proj"), ("positional_embedding", "pos_embed"), ("class_embedding", "cls_token"),
+          ("transformer.resblocks.", "blocks."), ("ln_pre", "norm_pre"), ("ln_post", "norm"), (".ln_1", ".norm1"),
+          (".ln_2", ".norm2"), (".ls_1", ".ls1"), (".ls_2", ".ls2"), ("attn.in_proj_", "attn.qkv."),
+          ("attn.out_proj", "attn.proj"), ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")]
+
+
+def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any) -> dict[str, torch.Tensor]:
+    """A whole open_clip model's state dict -> its image tower in timm's ViT names (see the table above);
+    `report.actions` (a vit.hub.weights.LoadReport) records what was dropped."""
+    prefix = "module." if all(k.startswith("module.") for k in state) else ""
+    visual = {k[len(prefix) + 7:]: v for k, v in state.items() if k.startswith(prefix + "visual.")}
+    if not visual:
+        raise ValueError("the checkpoint holds no open_clip image tower (no visual.* keys); it is not an open_clip "
+                         "CLIP model.")
+    out: dict[str, torch.Tensor] = {}
+    if any(k.startswith("trunk.") for k in visual):
+        for k, v in visual.items():
+            if k.startswith("trunk."):
+                out[k[6:]] = v
+            elif k in ("head.proj.weight", "head.proj.bias"):  # (E, D) [, (E,)]
+                out["head." + k.rsplit(".", 1)[1]] = v
+            else:
+                out[k] = v  # left for the strict check to name
+        if "head.weight" in out and "head.bias" not in out:
+            out["head.bias"] = out["head.weight"].new_zeros(out["head.weight"].shape[0])
+    else:
+        for k, v in visual.items():
+            for old, new in _SWAPS:
+                k = k.replace(old, new)
+            if k == "proj":  # (D, E), used as pooled @ proj: a Linear's weight is its transpose
+                out["head.weight"], out["head.bias"] = v.T.contiguous(), v.new_zeros(v.shape[1])
+            elif k == "cls_token":
+                out[k] = v.reshape(1, 1, -1)
+            elif k == "pos_embed":
+                out[k] = v[None]
+            else:
+                out[k] = v
+    others = sorted({k[len(prefix):].split(".")[0] for k in state if not k.startswith(prefix + "visual.")})
+    if others:
+        report.actions.append(f"kept the image tower; dropped {', '.join(others)} (text tower, logit scale)")
+    return out
