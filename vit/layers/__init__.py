@@ -1,12 +1,15 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
 from .attention import Attention, CachedSelfAttention, CrossAttention, expand_mask
+from .attention_pool import AttentionPoolLatent
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
+from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import resample_abs_pos_embed, sincos_1d, sincos_2d
+from .prefix_tokens import PrefixTokens
 from .sparse_attention import (
     SparseAttention,
     indexer_loss,
@@ -19,6 +22,7 @@ from .token_reduction import TokenState, build_token_reduction, parse_token_redu
 
 __all__ = [
     "Attention",
+    "AttentionPoolLatent",
     "CachedSelfAttention",
     "CrossAttention",
     "DropPath",
@@ -26,7 +30,10 @@ __all__ = [
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
+    "POOL_KINDS",
     "PatchEmbed",
+    "Pooling",
+    "PrefixTokens",
     "QuickGELU",
     "SparseAttention",
     "SwiGLU",
@@ -39,6 +46,7 @@ __all__ = [
     "indexer_only_grads",
     "indexer_schedule",
     "parse_token_reduction",
+    "pool_tokens",
     "resample_abs_pos_embed",
     "set_indexer_stage",
     "sincos_1d",

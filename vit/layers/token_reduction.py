@@ -261,8 +261,8 @@ def build_token_reduction(
         return [Merge(v, num_prefix_tokens) for v in rs]
     if method == "topk":
         if num_prefix_tokens != 1:
-            raise ValueError("token reduction 'topk' ranks tokens by [CLS] attention, and this model has no "
-                             "[CLS] token; use 'merge'.")
+            raise ValueError("token reduction 'topk' ranks tokens by [CLS] attention and needs [CLS] as the only "
+                             f"prefix token; this model has {num_prefix_tokens} (registers or none); use 'merge'.")
         if keep_rate is None or not 0.0 < keep_rate <= 1.0 or r is not None:
             raise ValueError(f"topk needs keep_rate in (0, 1] (and optionally layers), got keep_rate={keep_rate!r}.")
         layers = default_topk_layers(depth) if layers is None else tuple(layers)

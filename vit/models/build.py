@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
-from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer
+from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer, constructor_kwargs, option_types
 
 __all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config",
            "resolve_name"]
@@ -86,7 +85,7 @@ def create_model(
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         implied = source.model_kwargs()
-        check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
+        check_model_args(implied, option_types(),
                          f"{source.name}: {source.config or 'its pretrained config'}")
         # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
         # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
@@ -112,7 +111,7 @@ def create_model(
         about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
         raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
                          f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
-    model = VisionTransformer(**kwargs)
+    model = VisionTransformer(**constructor_kwargs(kwargs))
     model._variant = name
     model._model_args = kwargs  # what a checkpoint's config.json records (timm's name for it)
     if source is not None:
