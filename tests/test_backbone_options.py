@@ -145,3 +145,15 @@ def test_options_objects_refuse_bad_settings_with_one_sentence():
     m = vit.create_model("vit_tiny_patch16_224", **SMALL)
     with pytest.raises(ValueError, match="global_pool='map' needs attention-pooling weights"):
         m.reset_classifier(3, "map")
+
+
+def test_token_merging_never_merges_registers():
+    """ToMe on a model with [CLS] and 4 registers: after every block merged tokens, the first 5 tokens still stand
+    for exactly themselves (their rows of the source-membership matrix are the identity)."""
+    ours, _ = _pair(dict(reg_tokens=4), dict(reg_tokens=4))
+    ours.set_token_reduction("merge", r=4)
+    with torch.no_grad():
+        ours.forward_with_attention(_image(ours))
+    source = ours.blocks.last_tokens.source  # (B, N', N0)
+    assert source.shape[1] == 5 + 16 - 2 * 4  # two blocks merged 4 patch tokens each
+    torch.testing.assert_close(source[:, :5], torch.eye(5 + 16)[:5].expand(2, -1, -1))

@@ -30,10 +30,11 @@ from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
-from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer, constructor_kwargs, option_types
+from .variants import REFUSED, VARIANTS
+from .vision_transformer import OPTIONS, VisionTransformer, constructor_kwargs, option_types
 
-__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config",
-           "resolve_name"]
+__all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
+           "check_model_config", "resolve_name"]
 
 
 def list_models() -> list[str]:
@@ -61,6 +62,15 @@ def estimated_params(kwargs: dict) -> float | None:
         return None
 
 
+def check_buildable(name: str) -> None:
+    """Raise the one sentence that names what a timm ViT-family architecture (with or without a tag) needs and
+    this library does not build yet (vit.models.variants.REFUSED); other names pass through."""
+    arch = name.split(".")[0]
+    if arch in REFUSED:
+        raise ValueError(f"{name} is a timm model this library does not build yet: it needs {REFUSED[arch]}; "
+                         f"the {len(VARIANTS)} architectures it builds are listed by vit.list_models().")
+
+
 def create_model(
     name: str,
     pretrained: bool | str | Path | None = None,
@@ -81,6 +91,9 @@ def create_model(
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    check_buildable(name)
+    if isinstance(pretrained, str):
+        check_buildable(pretrained)
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win

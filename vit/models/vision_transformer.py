@@ -38,9 +38,10 @@ from ..layers import (
 from ..layers.sparse_attention import check_sparse_options, parse_sparse_spec
 from .encoder import Encoder
 from .features import FeatureIntermediates
+from .variants import VARIANTS
 from .vision_weights import checkpoint_filter_fn
 
-__all__ = ["VisionTransformer", "VARIANTS", "OPTIONS", "architecture_defaults", "constructor_kwargs",
+__all__ = ["VisionTransformer", "OPTIONS", "architecture_defaults", "constructor_kwargs",
            "default_pretrained_cfg", "option_types"]
 
 
@@ -476,18 +477,8 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 
 
-# --- variants --------------------------------------------------------------------------------------------
+# --- create_model's options ----------------------------------------------------------------------------
 
-# timm's names and architectures (Dosovitskiy et al., 2021, table 1; Touvron et al., 2021 for Ti and S).
-VARIANTS: dict[str, dict] = {
-    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    "vit_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
-    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
-    "vit_small_patch16_384": dict(img_size=384, patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
-}
 # create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
 # objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
 OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling}
