@@ -106,8 +106,9 @@ def create_model(
             != implied.get("num_classes")
         name, overrides = source.architecture, {**implied, **overrides}
     if name not in VARIANTS:
-        close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
+        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
+        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
+                         f"lists all {len(VARIANTS)}).")
     unknown = sorted(set(overrides) - OPTIONS)
     if unknown:
         raise TypeError(
@@ -144,6 +145,9 @@ def pretrained_cfg_of(m: ModelConfig) -> dict | None:
     train.py tells the data pipeline (`vit.data.resolve_data_config`), which never looks a model up itself."""
     if not m.pretrained:
         return None
+    for name in (m.name, m.pretrained):
+        if isinstance(name, str):
+            check_buildable(name)
     return resolve_source(m.name or weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL, m.pretrained,
                           VARIANTS).pretrained_cfg
 
