@@ -157,3 +157,11 @@ def test_token_merging_never_merges_registers():
     source = ours.blocks.last_tokens.source  # (B, N', N0)
     assert source.shape[1] == 5 + 16 - 2 * 4  # two blocks merged 4 patch tokens each
     torch.testing.assert_close(source[:, :5], torch.eye(5 + 16)[:5].expand(2, -1, -1))
+
+
+@pytest.mark.parametrize("options", [dict(dist_token=True), dict(class_token=False, reg_tokens=2, global_pool="map")])
+def test_torchscript_equals_eager_with_prefix_tokens_and_pooling(options):
+    ours = _randomized(vit.create_model("vit_tiny_patch16_224", **SMALL, **options))
+    x = _image(ours)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(ours)(x), ours(x), atol=1e-6, rtol=0)

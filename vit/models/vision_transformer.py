@@ -398,21 +398,16 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
         averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training."""
-        if self.head_dist is not None:
-            return self._distilled_head(x, pre_logits)
+        if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
+            if pre_logits:
+                return (x + x_dist) / 2
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+            if self.distilled_training and self.training and not torch.jit.is_scripting():
+                return x, x_dist  # timm's: both logits, for the distillation loss
+            return (x + x_dist) / 2
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
-
-    @torch.jit.unused
-    def _distilled_head(self, x: torch.Tensor, pre_logits: bool) -> Any:
-        """timm's VisionTransformerDistilled.forward_head: (B, prefix + N, D) -> mean of both heads (B, K)."""
-        x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
-        if pre_logits:
-            return (x + x_dist) / 2
-        x, x_dist = self.head(x), self.head_dist(x_dist)
-        if self.distilled_training and self.training:
-            return x, x_dist
-        return (x + x_dist) / 2
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         """Logits (B, num_classes) (pooled features if num_classes=0; every token if global_pool='').
