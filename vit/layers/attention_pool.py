@@ -47,7 +47,7 @@ class AttentionPoolLatent(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, N, D = x.shape
         H = self.num_heads
-        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, H, D // H).transpose(1, 2)  # (B, H, 1, d)
+        q = self.q(self.latent).expand(B, -1, -1).reshape(B, 1, H, D // H).transpose(1, 2)  # (B, H, 1, d), once
         k, v = self.kv(x).reshape(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each
         y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, d)
         y = self.proj(y.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
