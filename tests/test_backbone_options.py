@@ -165,3 +165,25 @@ def test_torchscript_equals_eager_with_prefix_tokens_and_pooling(options):
     x = _image(ours)
     with torch.no_grad():
         torch.testing.assert_close(torch.jit.script(ours)(x), ours(x), atol=1e-6, rtol=0)
+
+
+def test_registers_checkpoint_resampled_to_another_size_as_timm_loads_it(tmp_path):
+    """DINOv2-reg4 weights at 28 px loaded at 56 px: positions of patches only (no_embed_class) resampled exactly as
+    timm's own loader does, same features."""
+    import timm
+    from safetensors.torch import save_file
+
+    arch, small = "vit_small_patch14_reg4_dinov2", dict(depth=1, embed_dim=64, num_heads=4, num_classes=3)
+    ref28 = _randomized(timm.create_model(arch, img_size=28, **small))
+    path = tmp_path / "model.safetensors"
+    save_file(ref28.state_dict(), str(path))
+    ours = vit.create_model(arch, img_size=56, **small).eval()
+    report = vit.load_pretrained(ours, path)
+    assert any("resampled pos_embed from a 2x2 grid to 4x4" in a for a in report.actions)
+    ref56 = timm.create_model(arch, pretrained=True, img_size=56, pretrained_cfg_overlay=dict(file=str(path)),
+                              **small).eval()
+    x = _image(ours)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.pos_embed, ref56.pos_embed, atol=1e-6, rtol=0)
+        # timm's loader drops the head (DINOv2's pretrained config has no classes), so the features are compared
+        torch.testing.assert_close(ours.forward_features(x), ref56.forward_features(x), atol=1e-5, rtol=0)
