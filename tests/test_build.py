@@ -12,13 +12,13 @@ import vit
 from vit.config import CHOICES, ConfigError, ModelConfig, load_config
 from vit.data.transforms import build_transform
 from vit.models.build import build_model, check_model_config, model_kwargs
+from vit.models.vision_transformer import OPTIONS
 
 
 def test_every_model_key_is_a_create_model_option_and_reaches_the_model():
     """Each ModelConfig field is a create_model argument; set to a non-default value, it changes the model."""
     check_model_config(ModelConfig())  # passes: every field is an option
-    options = set(inspect.signature(vit.VisionTransformer.__init__).parameters) | set(
-        inspect.signature(vit.create_model).parameters)
+    options = OPTIONS | set(inspect.signature(vit.create_model).parameters)  # timm's keywords, objects' fields too
     setters = {n[len("set_"):] for n in dir(vit.VisionTransformer) if n.startswith("set_")}  # timm's switches
     assert {f.name for f in dataclasses.fields(ModelConfig)} <= options | setters
     cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=16",

@@ -61,7 +61,7 @@ def test_a_wrong_type_in_the_top_level_num_classes_is_named(tmp_path):
                                              mlp_ratio=2.5, num_classes=7, in_chans=1)])
 def test_the_parameter_estimate_counts_what_the_model_allocates(kw):
     from vit.models.build import estimated_params
-    from vit.models.vision_transformer import VARIANTS
+    from vit.models.variants import VARIANTS
 
     args = {**VARIANTS["vit_tiny_patch16_224"], **kw}
     model = vit.create_model("vit_tiny_patch16_224", **kw)

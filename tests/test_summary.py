@@ -44,3 +44,14 @@ def test_summary_cli():
     assert "[1, 17, 192]" in out and "total" in out
     bad = subprocess.run([sys.executable, str(ROOT / "summary.py"), "vit_nope"], capture_output=True, text=True)
     assert bad.returncode != 0 and "unknown model 'vit_nope'" in bad.stderr
+
+
+def test_summary_lists_the_parts_an_option_adds():
+    """CLIP's pre-norm, SigLIP's attention pool and DeiT's distillation head are stages with their parameters."""
+
+    for options, parts in ((dict(pre_norm=True, global_pool="map", class_token=False), ("norm_pre", "attn_pool")),
+                           (dict(dist_token=True), ("head_dist",))):
+        m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, **options).eval()
+        rows = {r.name: r for r in summarize(m, torch.randn(1, 3, 32, 32))}
+        for name in parts:
+            assert rows[name].params == sum(p.numel() for p in m.get_submodule(name).parameters()) > 0

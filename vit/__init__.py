@@ -38,7 +38,7 @@ _EXPORTS = {
     "load_tokenizer": "hub.tokenizer",
     "create_text_model": "models.text_build",
     "text_encoder_from_config": "models.text_build",
-    "VARIANTS": "models.vision_transformer",
+    "VARIANTS": "models.variants",
     "VisionTransformer": "models.vision_transformer",
     "create_model": "models.build",
     "list_models": "models.build",
@@ -96,4 +96,5 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .models.encoder import Block, Encoder
     from .models.text_build import create_text_model, text_encoder_from_config
     from .models.text_encoder import TextEncoder, TextEncoderOutput
-    from .models.vision_transformer import VARIANTS, VisionTransformer
+    from .models.variants import VARIANTS
+    from .models.vision_transformer import VisionTransformer

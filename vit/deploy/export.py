@@ -69,7 +69,7 @@ class ExportableClassifier(nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D); positions resampled to `grid` always."""
         m = self.model
-        p = m.num_prefix_tokens
+        p = m.num_pos_prefix
         if m.pos_embed_type == "learn":
             h0, w0 = m.patch_embed.grid_size
             table = m.pos_embed[:, p:].reshape(1, h0, w0, -1).permute(0, 3, 1, 2)  # (1, D, h0, w0)
@@ -77,9 +77,7 @@ class ExportableClassifier(nn.Module):
             pos = torch.cat([m.pos_embed[:, :p], table.flatten(2).transpose(1, 2)], dim=1)
         else:
             pos = m._sincos(grid).to(x)
-        if m.cls_token is not None:
-            x = torch.cat([m.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return m.pos_drop(x + pos)
+        return m.pos_drop(m.add_positions(x, pos))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)

@@ -123,7 +123,7 @@ def _split_source(name: str) -> tuple[str | None, str]:
 def _check_arch(arch: str, name: str, known: Collection[str] | None) -> None:
     if known is not None and arch not in known:
         raise ValueError(f"{name!r} needs the architecture {arch!r}, which this library does not build; "
-                         f"known models: {', '.join(sorted(known))}.")
+                         f"vit.list_models() lists the {len(known)} it builds.")
 
 
 def _registry(name: str, arch: str, tag: str, known: Collection[str] | None) -> Source:

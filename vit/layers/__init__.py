@@ -2,12 +2,15 @@
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention
+from .attention_pool import AttentionPoolLatent
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
+from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
+from .prefix_tokens import PrefixTokens
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
@@ -20,6 +23,7 @@ from .token_reduction import TokenState, build_token_reduction, parse_token_redu
 
 __all__ = [
     "Attention",
+    "AttentionPoolLatent",
     "CachedSelfAttention",
     "CrossAttention",
     "DropPath",
@@ -27,7 +31,10 @@ __all__ = [
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
+    "POOL_KINDS",
     "PatchEmbed",
+    "Pooling",
+    "PrefixTokens",
     "QuickGELU",
     "SparseAttention",
     "SparseOptions",
@@ -43,6 +50,7 @@ __all__ = [
     "indexer_only_grads",
     "indexer_schedule",
     "parse_token_reduction",
+    "pool_tokens",
     "resample_abs_pos_embed",
     "set_indexer_stage",
     "sincos_1d",

@@ -85,8 +85,9 @@ def bipartite_soft_matching(
     metric: torch.Tensor, r: int, num_prefix_tokens: int = 1
 ) -> Callable[[torch.Tensor, str], torch.Tensor] | None:
     """ToMe's matching on metric (B, N, C) (the keys averaged over heads). Returns merge(t, mode) that maps any
-    (B, N, ...) per-token tensor to (B, N - r, ...): the unmerged A tokens in their original order ([CLS]
-    first), then the B tokens, each with its merged A tokens reduced into it by `mode` ('sum', 'mean', 'amax').
+    (B, N, ...) per-token tensor to (B, N - r, ...): the prefix tokens in their order, then the unmerged A tokens in
+    their original order, then the B tokens, each with its merged A tokens reduced into it by `mode` ('sum',
+    'mean', 'amax').
     The first `num_prefix_tokens` tokens are never merged (in A they are not chosen, in B nothing merges in).
     None when there is nothing to merge (r = 0)."""
     B, N, _ = metric.shape
@@ -118,9 +119,12 @@ def bipartite_soft_matching(
         def idx(i: torch.Tensor) -> torch.Tensor:
             return i.view(*i.shape, *(1,) * len(rest)).expand(*i.shape, *rest)
 
-        unm = src.gather(1, idx(unm_idx))
+        unm = src.gather(1, idx(unm_idx))  # (B, Na - r, ...): the A prefix tokens first, never merged
         dst = dst.scatter_reduce(1, idx(dst_idx), src.gather(1, idx(src_idx)), reduce=mode)
-        return torch.cat([unm, dst], dim=1)
+        # prefix tokens back in their places 0..p-1 (even ones lead `unm`, odd ones lead `dst`), so [DIST] and
+        # registers stay prefix tokens for the next block and the head
+        prefix = [unm[:, k // 2 : k // 2 + 1] if k % 2 == 0 else dst[:, k // 2 : k // 2 + 1] for k in range(p)]
+        return torch.cat(prefix + [unm[:, (p + 1) // 2 :], dst[:, p // 2 :]], dim=1)
 
     return merge
 
@@ -261,8 +265,9 @@ def build_token_reduction(
         return [Merge(v, num_prefix_tokens) for v in rs]
     if method == "topk":
         if num_prefix_tokens != 1:
-            raise ValueError("token reduction 'topk' ranks tokens by [CLS] attention, and this model has no "
-                             "[CLS] token; use 'merge'.")
+            has = "no [CLS] token" if num_prefix_tokens == 0 else f"{num_prefix_tokens} prefix tokens (registers)"
+            raise ValueError(f"token reduction 'topk' ranks tokens by [CLS] attention, with [CLS] the only prefix "
+                             f"token, and this model has {has}; use 'merge'.")
         if keep_rate is None or not 0.0 < keep_rate <= 1.0 or r is not None:
             raise ValueError(f"topk needs keep_rate in (0, 1] (and optionally layers), got keep_rate={keep_rate!r}.")
         layers = default_topk_layers(depth) if layers is None else tuple(layers)

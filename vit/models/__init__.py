@@ -21,9 +21,10 @@ from .model_card import model_card
 from .seq2seq import Seq2Seq
 from .text_build import create_text_model, text_encoder_from_config
 from .text_encoder import TextEncoder, TextEncoderOutput
-from .vision_transformer import VARIANTS, VisionTransformer
+from .variants import REFUSED, VARIANTS
+from .vision_transformer import VisionTransformer
 
-__all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS", "Block", "Encoder", "TextEncoder",
+__all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS", "REFUSED", "Block", "Encoder", "TextEncoder",
            "TextEncoderOutput", "build_model", "pretrained_cfg_of", "model_kwargs", "check_model_config",
            "save_checkpoint", "load_checkpoint", "CheckpointError", "model_card", "create_text_model",
            "text_encoder_from_config", "resolve_name", "DecoderBlock", "Decoder", "DecoderCache", "LayerCache",

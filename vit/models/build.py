@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,11 @@ from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
-from .vision_transformer import OPTIONS, VARIANTS, VisionTransformer
+from .variants import REFUSED, VARIANTS
+from .vision_transformer import OPTIONS, VisionTransformer, constructor_kwargs, option_types
 
-__all__ = ["create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs", "check_model_config",
-           "resolve_name"]
+__all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
+           "check_model_config", "resolve_name"]
 
 
 def list_models() -> list[str]:
@@ -62,6 +62,15 @@ def estimated_params(kwargs: dict) -> float | None:
         return None
 
 
+def check_buildable(name: str) -> None:
+    """Raise the one sentence that names what a timm ViT-family architecture (with or without a tag) needs and
+    this library does not build yet (vit.models.variants.REFUSED); other names pass through."""
+    arch = name.split(".")[0]
+    if arch in REFUSED:
+        raise ValueError(f"{name} is a timm model this library does not build yet: it needs {REFUSED[arch]}; "
+                         f"the {len(VARIANTS)} architectures it builds are listed by vit.list_models().")
+
+
 def create_model(
     name: str,
     pretrained: bool | str | Path | None = None,
@@ -82,12 +91,15 @@ def create_model(
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    check_buildable(name)
+    if isinstance(pretrained, str):
+        check_buildable(pretrained)
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
     overrides = nest_sparse_keys(overrides)  # the flat sparse_* keys of configs saved before SparseOptions
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         implied = nest_sparse_keys(source.model_kwargs())
-        check_model_args(implied, typing.get_type_hints(VisionTransformer.__init__),
+        check_model_args(implied, option_types(),
                          f"{source.name}: {source.config or 'its pretrained config'}")
         lacking = sorted(set(implied) - OPTIONS)
         if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
@@ -100,8 +112,9 @@ def create_model(
             != implied.get("num_classes")
         name, overrides = source.architecture, {**implied, **overrides}
     if name not in VARIANTS:
-        close = [m for m in VARIANTS if name.split("_patch")[0] in m] or list_models()
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(close)}.")
+        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
+        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
+                         f"lists all {len(VARIANTS)}).")
     unknown = sorted(set(overrides) - OPTIONS)
     if unknown:
         raise TypeError(
@@ -118,7 +131,7 @@ def create_model(
         about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
         raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
                          f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
-    model = VisionTransformer(**kwargs)
+    model = VisionTransformer(**constructor_kwargs(kwargs))
     model._variant = name
     # what a checkpoint's config.json records (timm's name for it), options objects as their mappings
     model._model_args = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in kwargs.items()}
@@ -139,6 +152,9 @@ def pretrained_cfg_of(m: ModelConfig) -> dict | None:
     train.py tells the data pipeline (`vit.data.resolve_data_config`), which never looks a model up itself."""
     if not m.pretrained:
         return None
+    for name in (m.name, m.pretrained):
+        if isinstance(name, str):
+            check_buildable(name)
     return resolve_source(m.name or weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL, m.pretrained,
                           VARIANTS).pretrained_cfg
 

@@ -26,7 +26,7 @@ __all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
 
 def drop_path_rates(depth: int, rate: float) -> list[float]:
     """Stochastic depth per block, rising linearly from 0 to `rate` (timm's schedule; one block gets `rate`)."""
-    return torch.linspace(0, rate, depth).tolist() if depth > 1 else [rate] * depth
+    return torch.linspace(0, rate, depth, device="cpu").tolist() if depth > 1 else [rate] * depth  # any device context
 
 
 def block_stack(block_layer: Callable[..., nn.Module], depth: int, dim: int, num_heads: int, mlp_ratio: float,

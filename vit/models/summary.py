@@ -30,10 +30,13 @@ class Row:
 
 
 def _stages(model: VisionTransformer) -> list[tuple[str, nn.Module]]:
-    stages = [("patch_embed", model.patch_embed)]
+    stages = [("patch_embed", model.patch_embed), ("norm_pre", model.norm_pre)]
     for i, blk in enumerate(model.blocks):
         stages += [(f"blocks.{i}.attn", blk.attn), (f"blocks.{i}.mlp", blk.mlp), (f"blocks.{i}", blk)]
-    return stages + [("norm", model.norm), ("head", model.head)]
+    stages += [("norm", model.norm), ("attn_pool", model.attn_pool), ("fc_norm", model.fc_norm), ("head", model.head),
+               ("head_dist", model.head_dist)]
+    # parts a model does not have (None, or an Identity where an option is off) are not stages; `norm` always is
+    return [(n, m) for n, m in stages if m is not None and (n == "norm" or not isinstance(m, nn.Identity))]
 
 
 def summarize(model: VisionTransformer, x: torch.Tensor) -> list[Row]:

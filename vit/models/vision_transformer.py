@@ -12,7 +12,9 @@ written for timm's ViT runs unchanged; the default forward traces with torch.fx 
 Attention maps come from a separate method, `forward_with_attention`, whose return type never changes.
 """
 
+import dataclasses
 import inspect
+import typing
 from typing import Any, Literal
 
 import torch
@@ -21,28 +23,26 @@ from torch import nn
 
 from ..config import SparseOptions
 from ..layers import (
+    AttentionPoolLatent,
     PatchEmbed,
+    Pooling,
+    PrefixTokens,
     build_token_reduction,
+    get_mlp_layer,
     get_norm_layer,
     parse_token_reduction,
+    pool_tokens,
     resample_abs_pos_embed,
     sincos_2d,
 )
 from ..layers.sparse_attention import parse_sparse_spec
 from .encoder import Encoder
 from .features import FeatureIntermediates
+from .variants import VARIANTS
 from .vision_weights import checkpoint_filter_fn
 
-__all__ = ["VisionTransformer", "VARIANTS", "OPTIONS", "architecture_defaults", "default_pretrained_cfg"]
-
-GLOBAL_POOLS = ("token", "avg", "max", "avgmax", "")  # timm's, less attention pooling ('map')
-
-
-def _check_global_pool(global_pool: str, class_token: bool) -> None:
-    if global_pool not in GLOBAL_POOLS:
-        raise ValueError(f"unknown global_pool {global_pool!r}; choose 'token', 'avg', 'max', 'avgmax' or '' (none).")
-    if global_pool == "token" and not class_token:
-        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it.")
+__all__ = ["VisionTransformer", "OPTIONS", "architecture_defaults", "constructor_kwargs",
+           "default_pretrained_cfg", "option_types"]
 
 
 def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
@@ -62,10 +62,14 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` become
     D = `embed_dim` tokens (`patch_embed`), a [CLS] token is prepended (`class_token`), positions are added
     (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
-    heads transform the (B, 1 + h*w, D) sequence, and the head reads the [CLS] token (`global_pool="token"`)
-    or the mean of the patch tokens (`"avg"`). Options and parameter names are timm's (plus `norm_first`,
-    `norm_layer`, `norm_eps`, `mlp_layer`, `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping,
-    see vit.layers.sparse_attention); build named variants with `vit.create_model`.
+    heads transform the (B, prefix + h*w, D) sequence, and the head pools it. Two options objects choose the
+    rest: `prefix` (vit.layers.PrefixTokens: [CLS], registers, DeiT's distillation token, positions for them or
+    not) and `pooling` (vit.layers.Pooling: [CLS], average, max, attention pooling; where the final norm is).
+    `pre_norm` adds CLIP's norm after the embeddings (and drops the patch projection's bias, as timm). Other
+    options and parameter names are timm's (plus `norm_first`, `norm_layer`, `norm_eps`, `mlp_layer`,
+    `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping, see
+    vit.layers.sparse_attention); `vit.create_model` builds named variants and takes timm's keywords
+    (`class_token`, `reg_tokens`, `global_pool`, `fc_norm`, ...) for the objects' fields.
     """
 
     __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
@@ -78,14 +82,15 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
-        global_pool: Literal["token", "avg", "max", "avgmax", ""] = "token",
+        pooling: Pooling = Pooling(),  # noqa: B008 (frozen: one shared default is safe)
         embed_dim: int = 768,
         depth: int = 12,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        class_token: bool = True,
+        prefix: PrefixTokens = PrefixTokens(),  # noqa: B008 (frozen: one shared default is safe)
         pos_embed: Literal["learn", "sincos"] = "learn",
+        pre_norm: bool = False,
         dynamic_img_size: bool = False,
         init_values: float | None = None,
         norm_layer: str = "layernorm",
@@ -100,31 +105,42 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         sparse_attention: SparseOptions | dict | None = None,
     ) -> None:
         super().__init__()
-        _check_global_pool(global_pool, class_token)
+        pooling.check(prefix.class_token)
+        if prefix.dist_token and pooling.global_pool != "token":
+            raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
         if pos_embed not in ("learn", "sincos"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn' or 'sincos'.")
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
-        self.global_pool = global_pool
+        self.prefix, self.pooling = prefix, pooling
+        self.global_pool = pooling.global_pool
         # timm's names for the token width: features, pre-logits and embedding are all D in a plain ViT
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1 if class_token else 0
-        self.has_class_token = class_token
+        self.num_prefix_tokens = prefix.count
+        self.num_reg_tokens = prefix.reg_tokens
+        self.has_class_token = prefix.class_token
+        self.no_embed_class = prefix.no_embed_class
+        self.num_pos_prefix = prefix.embedded  # prefix rows of the position table
+        self.head_tokens = 1 + int(prefix.dist_token)  # tokens a 'token' head reads: [CLS] (and [DIST])
         self.dynamic_img_size = dynamic_img_size
         self.pos_embed_type = pos_embed
         self.norm_first = norm_first
         self._variant: str | None = None  # the name create_model built, for pretrained_cfg
         self._pretrained_cfg: dict[str, Any] | None = None
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
         num_patches = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, embed_dim)) if prefix.reg_tokens else None
         if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + num_patches, embed_dim))
-        else:  # fixed: a buffer, not saved, rebuilt for any grid; the [CLS] slot gets a zero vector
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + num_patches, embed_dim))
+        else:  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zero vectors
             self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
         self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
 
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
@@ -138,11 +154,17 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         ]
         # timm: mean/max pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
         # stack already ends in a norm, so it gets none here.
-        use_fc_norm = global_pool in ("avg", "max", "avgmax")
-        self.norm = norm(embed_dim) if norm_first and not use_fc_norm else nn.Identity()
-        self.fc_norm = norm(embed_dim) if norm_first and use_fc_norm else nn.Identity()
+        final = norm_first and pooling.final_norm
+        self.norm = norm(embed_dim) if final and not pooling.use_fc_norm else nn.Identity()
+        self.attn_pool = (AttentionPoolLatent(embed_dim, num_heads, get_mlp_layer(mlp_layer), norm, mlp_ratio)
+                          if pooling.global_pool == "map" else None)
+        self.fc_norm = norm(embed_dim) if final and pooling.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        # DeiT's distillation head on [DIST]; averaged with `head` at inference (timm's VisionTransformerDistilled)
+        self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
+            if prefix.dist_token else None
+        self.distilled_training = False  # True (set_distilled_training): training returns both heads' logits
         # forward() of a [CLS]-pooled model runs its last block for [CLS] only; False runs every token (e.g. for
         # hooks that inspect the last block's outputs)
         self.prune_last_block = True
@@ -152,7 +174,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
-        prefix = table.new_zeros(self.num_prefix_tokens, self.embed_dim)
+        prefix = table.new_zeros(self.num_pos_prefix, self.embed_dim)
         return torch.cat([prefix, table])[None]  # (1, prefix + h*w, D)
 
     def init_weights(self) -> None:
@@ -161,6 +183,10 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -193,13 +219,15 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's set
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter groups by depth, as timm's (layer-wise lr decay: timm.optim.create_optimizer_v2(...,
         layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
-        return dict(stem=r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre",
+        dist = "|dist_token" if self.head_dist is not None else ""
+        stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
+        return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
     @torch.jit.ignore
@@ -214,19 +242,37 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         return checkpoint_filter_fn(state, self, report)
 
     @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The head; a distilled model's two heads (head, head_dist), as timm's VisionTransformerDistilled."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
+
+    @torch.jit.ignore
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """A distilled model in training returns (logits, distillation logits) instead of their mean (timm)."""
+        self.distilled_training = enable
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """A new head for `num_classes` (0: none, forward returns pooled features) and optionally another pooling
-        ('' returns every token). The norms stay where they are, as in timm."""
+        ('' returns every token). The norms stay where they are, as in timm; leaving 'map' drops the attention
+        pool, and 'map' needs a model built with it."""
         if global_pool is not None:
-            _check_global_pool(global_pool, self.cls_token is not None)
-            self.global_pool = global_pool
+            pooling = dataclasses.replace(self.pooling, global_pool=global_pool)
+            pooling.check(self.has_class_token)
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("global_pool='map' needs attention-pooling weights; build the model with "
+                                 "global_pool='map' instead of switching to it.")
+            if self.head_dist is not None and global_pool not in ("token", ""):
+                raise ValueError("a distilled model's heads read [CLS] and [DIST]; keep global_pool='token'.")
+            if global_pool != "map":
+                self.attn_pool = None
+            self.pooling, self.global_pool = pooling, global_pool
         self.num_classes = num_classes
         ref = self.patch_embed.proj.weight
-        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
-                     if num_classes > 0 else nn.Identity())
+        new_head = lambda: (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)  # noqa: E731
+                            if num_classes > 0 else nn.Identity())
+        self.head = new_head()
+        if self.head_dist is not None:
+            self.head_dist = new_head()
 
     def set_fused_attn(self, enabled: bool) -> None:
         self.blocks.fused_attn = enabled
@@ -245,7 +291,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         if grid == prev_grid:
             return
         if isinstance(self.pos_embed, nn.Parameter):
-            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_prefix_tokens)
+            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
             self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
         else:
             self.pos_embed = self._sincos(grid).to(self.pos_embed)
@@ -259,22 +305,39 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     # --- forward --------------------------------------------------------------------------------------------
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, [CLS] prepended, positions added."""
+        """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, prefix tokens prepended, positions added,
+        then the pre-norm (CLIP; nothing elsewhere)."""
         if self.dynamic_img_size:
             grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
         else:
             check_img_size(x, self.patch_embed.img_size)
             grid = self.patch_embed.grid_size
-        return self._pos_embed(self.patch_embed(x), grid)
+        return self.norm_pre(self._pos_embed(self.patch_embed(x), grid))
 
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D) with [CLS] prepended and positions added."""
+        """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D) with prefix tokens prepended and positions added."""
         pos = self.pos_embed
         if self.dynamic_img_size:
             pos = self._resized_pos_embed(grid).to(x.dtype)
+        return self.pos_drop(self.add_positions(x, pos))
+
+    def add_positions(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: (B, h*w, D) patch tokens, pos: (1, num_pos_prefix + h*w, D) -> (B, prefix + h*w, D): [CLS], [DIST],
+        registers prepended; positions added to every token, or to the patches only (`no_embed_class`)."""
+        B = x.shape[0]
+        tokens: list[torch.Tensor] = []
         if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + pos)
+            tokens.append(self.cls_token.expand(B, -1, -1))
+        if self.dist_token is not None:
+            tokens.append(self.dist_token.expand(B, -1, -1))
+        if self.reg_token is not None:
+            tokens.append(self.reg_token.expand(B, -1, -1))
+        if self.no_embed_class:
+            x = x + pos
+            return torch.cat(tokens + [x], dim=1) if len(tokens) > 0 else x
+        if len(tokens) > 0:
+            x = torch.cat(tokens + [x], dim=1)
+        return x + pos
 
     @torch.jit.ignore  # runs as Python inside a scripted model (so a scripted model cannot be saved with it)
     def _resized_pos_embed(self, grid: tuple[int, int]) -> torch.Tensor:
@@ -282,7 +345,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         if grid == self.patch_embed.grid_size:
             return self.pos_embed
         if self.pos_embed_type == "learn":
-            return resample_abs_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_prefix_tokens)
+            return resample_abs_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self.num_pos_prefix)
         return self._sincos(grid).to(self.pos_embed.device)
 
     @torch.jit.unused
@@ -317,32 +380,35 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         return self.norm(x)
 
     def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
-        """(B, prefix + N, D) -> (B, D): [CLS] ('token'), mean/max/both of the patch tokens; '' keeps all."""
-        pool_type = self.global_pool if pool_type is None else pool_type
-        if pool_type == "token":
-            return x[:, 0]
-        if pool_type == "":
-            return x
-        x = x[:, self.num_prefix_tokens :]
-        if pool_type == "avg":
-            return x.mean(dim=1)
-        if pool_type == "max":
-            return x.amax(dim=1)
-        return 0.5 * (x.amax(dim=1) + x.mean(dim=1))  # 'avgmax'
+        """(B, prefix + N, D) -> (B, D): attention pooling of the patch tokens ('map'), [CLS] ('token'),
+        mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling)."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
+        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes)."""
+        """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
+        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training."""
+        if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
+            if pre_logits:
+                return (x + x_dist) / 2
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+            if self.distilled_training and self.training and not torch.jit.is_scripting():
+                return x, x_dist  # timm's: both logits, for the distillation loss
+            return (x + x_dist) / 2
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         """Logits (B, num_classes) (pooled features if num_classes=0; every token if global_pool='').
 
-        A [CLS]-pooled pre-norm classifier reads one token of the last block, so that block is computed for
-        [CLS] only (its attention still looks at every token): same logits, ~7% fewer FLOPs at 12 blocks."""
+        A [CLS]-pooled pre-norm classifier reads one token of the last block ([CLS], and [DIST] if distilled), so
+        that block is computed for those only (its attention still looks at every token): same logits, ~7% fewer
+        FLOPs at 12 blocks."""
         prune = self.prune_last_block and self.global_pool == "token" and self.norm_first and (
             torch.jit.is_scripting() or not (self.training and self._last_block_learns_an_indexer()))
-        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, 1 if prune else None)
+        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None)
         return self.forward_head(self.norm(x))
 
     @torch.jit.unused
@@ -396,26 +462,39 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 
 
-# --- variants --------------------------------------------------------------------------------------------
+# --- create_model's options ----------------------------------------------------------------------------
 
-# timm's names and architectures (Dosovitskiy et al., 2021, table 1; Touvron et al., 2021 for Ti and S).
-VARIANTS: dict[str, dict] = {
-    "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
-    "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    "vit_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16),
-    "vit_base_patch32_224": dict(patch_size=32, embed_dim=768, depth=12, num_heads=12),
-    "vit_small_patch16_384": dict(img_size=384, patch_size=16, embed_dim=384, depth=12, num_heads=6),
-    "vit_base_patch16_384": dict(img_size=384, patch_size=16, embed_dim=768, depth=12, num_heads=12),
-}
-OPTIONS = set(inspect.signature(VisionTransformer.__init__).parameters) - {"self"}  # what a variant may override
+# create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
+# objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
+OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling}
+_PARAMS = {k: p for k, p in inspect.signature(VisionTransformer.__init__).parameters.items() if k != "self"}
+_FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
+OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
+
+
+def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, ...) -> VisionTransformer's arguments, each
+    options object built (and so validated) once from its fields."""
+    flat = {k: v for k, v in options.items() if k not in _FIELDS}
+    for key, cls in OBJECTS.items():
+        flat[key] = cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options})
+    return flat
+
+
+def option_types() -> dict[str, Any]:
+    """The type of every create_model option (for checking a config.json's model_args before building)."""
+    hints = typing.get_type_hints(VisionTransformer.__init__)
+    for key, cls in OBJECTS.items():
+        hints.pop(key, None)
+        hints.update(typing.get_type_hints(cls))
+    return hints
 
 
 def architecture_defaults(name: str) -> dict[str, Any]:
-    """Every `VisionTransformer` option at its value for the variant `name` (the constructor's defaults, then the
-    variant's own); an unknown name gets the constructor's defaults. What a checkpoint's config.json leaves out."""
-    defaults = {k: p.default for k, p in inspect.signature(VisionTransformer.__init__).parameters.items()
-                if k != "self"}
+    """Every create_model option at its value for the variant `name` (the defaults, then the variant's own); an
+    unknown name gets the defaults. What a checkpoint's config.json leaves out."""
+    defaults = {k: p.default for k, p in _PARAMS.items() if k not in OBJECTS}
+    defaults.update({name: f.default for name, (_, f) in _FIELDS.items()})
     return {**defaults, **VARIANTS.get(name, {})}
 
 

@@ -34,7 +34,7 @@ def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: nn.Module, repor
         if pos.ndim != 3:  # (1, prefix + grid, dim); anything else cannot be resampled
             raise ValueError(f"position embeddings of shape {tuple(pos.shape)} cannot be resampled to "
                              f"{tuple(own['pos_embed'].shape)}; the checkpoint is from another architecture.")
-        prefix = getattr(model, "num_prefix_tokens", 1)
+        prefix = getattr(model, "num_pos_prefix", getattr(model, "num_prefix_tokens", 1))  # rows of prefix tokens
         new_grid = model.patch_embed.grid_size
         old_n = pos.shape[1] - prefix
         side = math.isqrt(old_n)
