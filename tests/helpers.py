@@ -59,22 +59,6 @@ def perturb(model):
     return model.eval()
 
 
-def timm_vit(kwargs: dict):
-    """timm's ViT built from converted weights' options (vit.hub.timm_weights): our `norm_eps` / `mlp_layer` in
-    timm's words, and timm's distilled class for `dist_token`. The stand-in for our VisionTransformer in the
-    weight-format tests until it has pre_norm, reg_tokens, no_embed_class, map pooling and the distillation token."""
-    from functools import partial
-
-    from timm.models.deit import VisionTransformerDistilled
-    from timm.models.vision_transformer import VisionTransformer
-    from torch import nn
-
-    kw = dict(kwargs)
-    kw["norm_layer"] = partial(nn.LayerNorm, eps=kw.pop("norm_eps"))
-    kw["act_layer"] = {"gelu": nn.GELU, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}[kw.pop("mlp_layer")]
-    return (VisionTransformerDistilled if kw.pop("dist_token", False) else VisionTransformer)(**kw)
-
-
 # A script run by a test writes into the test's temporary folder, never into the checkout: these options must be
 # given (the suite's end compares runs/ and `git status` with its start, conftest.py).
 OUTPUT_OPTIONS = {"train.py": "--run.output_dir", "visualize_attention.py": "--out"}

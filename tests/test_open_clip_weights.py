@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from helpers import hub_snapshot, perturb, timm_vit
+from helpers import hub_snapshot, perturb
 from safetensors.torch import save_file
 
 import vit
@@ -37,9 +37,9 @@ CONFIGS = {  # name -> open_clip model_cfg
 
 @pytest.fixture
 def vit_class():
-    """What the converted weights load into: timm's ViT stands in while ours lacks pre_norm and map pooling (with
-    them: `lambda arch, kw: vit.create_model(arch, **kw)`); a timm trunk is timm's model of that name."""
-    return lambda arch, kw: timm_vit(kw) if "embed_dim" in kw else timm.create_model(arch, **kw)
+    """What the converted weights load into: our VisionTransformer, from the converter's options (timm's keywords)
+    over the trunk's architecture where open_clip names one."""
+    return lambda arch, kw: vit.create_model(arch if "embed_dim" not in kw else "vit_base_patch16_224", **kw)
 
 
 @pytest.fixture(scope="module")
@@ -92,11 +92,13 @@ def test_a_plain_checkpoint_is_recognised_by_its_keys(hub):
     assert "dropped" in report.actions[0] and "transformer" in report.actions[0]
 
 
-def test_tower_we_cannot_build_yet_is_refused(hub):
-    with pytest.raises(ValueError, match="needs pre_norm, which this library's VisionTransformer does not have"):
-        vit.create_model("hf-hub:org/clip", pretrained=True)
-    with pytest.raises(ValueError, match="needs the architecture 'test_vit', which this library does not build"):
-        vit.create_model("hf-hub:org/trunk_map", pretrained=True)
+@pytest.mark.parametrize("name", ["clip", "trunk_map"])
+def test_a_tower_by_name_equals_encode_image(hub, name):
+    """create_model by hub name: a visual.* CLIP tower and a timm trunk with map pooling (SigLIP's layout)."""
+    model = vit.create_model(f"hf-hub:org/{name}", pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), hub[name].encode_image(x), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("vision, match", [
