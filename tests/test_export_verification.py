@@ -9,7 +9,8 @@ import torch
 from helpers import ROOT, import_script, make_image_folder
 
 import vit
-from vit.config import ConfigError, load_config
+from vit.cli.outputs import OutputError
+from vit.config import load_config
 from vit.deploy.export import ExportError, verify
 from vit.models.build import build_model
 from vit.models.checkpoint import save_checkpoint
@@ -97,7 +98,7 @@ def test_out_below_a_file_is_refused_before_any_work(tmp_path, export, monkeypat
     ck = _checkpoint(tmp_path)
     (tmp_path / "file").write_text("x")
     monkeypatch.setattr(export, "load_model_and_config", _never)
-    with pytest.raises(ConfigError, match="cannot write"):
+    with pytest.raises(OutputError, match="cannot write"):
         export.main(["--checkpoint", str(ck), "--format", "torchscript", "--out", str(tmp_path / "file" / "sub")])
 
 
@@ -109,7 +110,7 @@ def test_read_only_out_is_refused_before_any_work(tmp_path, export, monkeypatch)
     ro.chmod(0o500)
     monkeypatch.setattr(export, "load_model_and_config", _never)
     try:
-        with pytest.raises(ConfigError, match="cannot write"):
+        with pytest.raises(OutputError, match="cannot write"):
             export.main(["--checkpoint", str(ck), "--format", "torchscript", "--out", str(ro / "exp")])
     finally:
         ro.chmod(0o700)
