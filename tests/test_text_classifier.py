@@ -1,0 +1,144 @@
+"""Text classification (vit.create_text_model(name, num_classes=N), vit.models.text_save) against transformers'
+*ForSequenceClassification models on the same weights: logits loaded from their checkpoints, and logits of
+what we save loaded back by transformers' AutoModelForSequenceClassification, each within 1e-5.
+
+transformers builds each family from a tiny config with random, perturbed weights, saved with save_pretrained
+into a hub cache built in a temporary folder and loaded by name with HF_HUB_OFFLINE=1.
+"""
+
+import json
+
+import pytest
+import torch
+from helpers import hub_snapshot
+
+import vit
+from vit.models.text_save import save_text_model
+
+transformers = pytest.importorskip("transformers")
+
+V, D, LAYERS, HEADS, FF, P, C = 99, 32, 2, 4, 37, 40, 3
+BERTISH = dict(vocab_size=V, hidden_size=D, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=FF,
+               max_position_embeddings=P, num_labels=C)
+ROBERTISH = dict(BERTISH, max_position_embeddings=P + 2, pad_token_id=1)
+
+
+def _configs():
+    T = transformers
+    return {
+        "bert": (T.BertForSequenceClassification, T.BertConfig(**BERTISH, type_vocab_size=3)),
+        "roberta": (T.RobertaForSequenceClassification, T.RobertaConfig(**ROBERTISH)),
+        "xlm-roberta": (T.XLMRobertaForSequenceClassification, T.XLMRobertaConfig(**ROBERTISH)),
+        "electra": (T.ElectraForSequenceClassification, T.ElectraConfig(**BERTISH, embedding_size=D)),
+        "distilbert": (T.DistilBertForSequenceClassification, T.DistilBertConfig(
+            vocab_size=V, dim=D, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FF, max_position_embeddings=P,
+            num_labels=C)),
+    }
+
+
+FAMILIES = list(_configs())
+
+
+def _perturb(model):
+    """Away from transformers' init, so that every parameter (pooler and head included) matters to the logits."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * (0.1 if p.dim() == 1 else 0.15))
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text_cls")
+    refs = {}
+    torch.manual_seed(0)
+    for family, (cls, config) in _configs().items():
+        model = _perturb(cls(config))
+        model.save_pretrained(hub_snapshot(root / "hub", f"org/{family}"))
+        refs[family] = model
+    base = _perturb(transformers.BertModel(transformers.BertConfig(**BERTISH)))  # no head: a new one is made
+    base.save_pretrained(hub_snapshot(root / "hub", "org/bert-base"))
+    return root, refs
+
+
+@pytest.fixture
+def hub(cache, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache[0] / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache
+
+
+def _inputs(family, B=3, N=9):
+    """Ids with padding at the end of two rows (the family's pad id) and two segments where BERT has them."""
+    g = torch.Generator().manual_seed(2)
+    pad = 1 if "roberta" in family else 0
+    ids = torch.randint(3, V, (B, N), generator=g)
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[1, 6:], mask[2, 4:] = 0, 0
+    ids[mask == 0] = pad
+    kw = dict(input_ids=ids, attention_mask=mask)
+    if family in ("bert", "electra"):
+        kw["token_type_ids"] = (torch.arange(N) >= 3).long().expand(B, N).contiguous()
+    return kw
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers_and_survive_a_save(hub, tmp_path, family):
+    root, refs = hub
+    ours = vit.create_text_model(f"hf-hub:org/{family}", num_classes=C)
+    assert ours.num_features == ours.embed_dim == ours.encoder.num_features == D
+    assert f"loaded its {C}-class head" in str(ours.load_report)  # the checkpoint's own head
+    kw = _inputs(family)
+    with torch.no_grad():
+        want = refs[family](**kw).logits
+        got = ours(**kw)
+    assert want.abs().max() > 0.1 and (want[0] - want[1]).abs().max() > 1e-3  # a comparison that can fail
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # saved by us -> transformers and we load the same logits; the labels travel in config.json
+    labels = ["neg", "neutral", "pos"]
+    folder = save_text_model(tmp_path / "out", ours, labels)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert type(theirs) is type(refs[family])
+    again = vit.create_text_model(f"local-dir:{folder}", num_classes=C)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(**kw).logits, want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(again(**kw), want, atol=1e-5, rtol=0)
+    assert theirs.config.id2label == dict(enumerate(labels)) and theirs.config.num_labels == C
+
+
+def test_padding_is_masked_without_an_attention_mask(hub):
+    """train.py's text batches are ids padded with the pad id and no mask: the classifier masks the pad id."""
+    ours = vit.create_text_model("hf-hub:org/roberta", num_classes=C)
+    kw = _inputs("roberta")
+    with torch.no_grad():
+        torch.testing.assert_close(ours(kw["input_ids"]), hub[1]["roberta"](**kw).logits, atol=1e-5, rtol=0)
+
+
+def test_a_base_model_gets_a_new_head_and_a_head_of_another_size_is_replaced(hub):
+    base = vit.create_text_model("hf-hub:org/bert-base", num_classes=5)
+    assert base.head.fc.out_features == 5 and "initialised a new 5-class head" in str(base.load_report)
+    # the base model's pooler is loaded (BERT's classifier reads it), the head is new: std 0.02, bias 0
+    assert 0.01 < base.head.fc.weight.std() < 0.04 and not base.head.fc.bias.any()
+    other = vit.create_text_model("hf-hub:org/distilbert", num_classes=2)
+    assert "the checkpoint's has 3 classes" in str(other.load_report)
+    assert isinstance(vit.create_text_model("hf-hub:org/bert"), vit.TextEncoder)  # no num_classes: the encoder
+
+
+def test_classifier_refusals_are_one_sentence(hub, tmp_path):
+    with pytest.raises(ValueError, match="num_classes=0 is not a positive whole number"):
+        vit.create_text_model("hf-hub:org/bert", num_classes=0)
+    model = vit.create_text_model("hf-hub:org/bert", num_classes=C)
+    with pytest.raises(ValueError, match="2 class names for a 3-class model"):
+        save_text_model(tmp_path / "x", model, ["a", "b"])
+    assert not (tmp_path / "x").exists()
+
+
+def test_config_json_is_the_families_with_labels(hub, tmp_path):
+    model = vit.create_text_model("hf-hub:org/distilbert", num_classes=C)
+    saved = json.loads((save_text_model(tmp_path / "d", model, ["a", "b", "c"]) / "config.json").read_text())
+    assert saved["architectures"] == ["DistilBertForSequenceClassification"] and saved["model_type"] == "distilbert"
+    assert saved["label2id"] == {"a": 0, "b": 1, "c": 2} and saved["num_labels"] == 3
