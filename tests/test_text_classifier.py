@@ -142,3 +142,61 @@ def test_config_json_is_the_families_with_labels(hub, tmp_path):
     saved = json.loads((save_text_model(tmp_path / "d", model, ["a", "b", "c"]) / "config.json").read_text())
     assert saved["architectures"] == ["DistilBertForSequenceClassification"] and saved["model_type"] == "distilbert"
     assert saved["label2id"] == {"a": 0, "b": 1, "c": 2} and saved["num_labels"] == 3
+
+
+# --- the round trip: a CSV through train.py, the checkpoint loaded by us and by transformers -----------------------
+WORDS = {"pos": ["good", "great", "fine", "nice"], "neg": ["bad", "awful", "poor", "sad"]}
+FILLER = ["the", "film", "was", "a", "day", "very", "and", "plot", "it"]
+
+
+def _text_csv(path, n=48, seed=0):
+    import csv
+    import random
+
+    rng = random.Random(seed)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(n):
+            label = ("pos", "neg")[i % 2]
+            words = [rng.choice(FILLER) for _ in range(rng.randint(2, 7))] + [rng.choice(WORDS[label])]
+            rng.shuffle(words)
+            w.writerow([" ".join(words), label])
+    return path
+
+
+def _tiny_bert(folder):
+    """A tiny BERT (no head) and its WordPiece tokenizer, as save_pretrained writes them."""
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLER, *WORDS["pos"], *WORDS["neg"]]
+    tok = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocab)})
+    tok.save_pretrained(folder)
+    cfg = transformers.BertConfig(**{**BERTISH, "vocab_size": len(vocab)})
+    transformers.BertModel(cfg).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_text_csv_through_train_py_then_transformers_loads_the_checkpoint(tmp_path):
+    from helpers import run_script
+
+    from vit.models import load_checkpoint
+
+    base = _tiny_bert(tmp_path / "bert")
+    data = _text_csv(tmp_path / "reviews.csv")
+    r = run_script("train.py", "--data.dataset=text_csv", f"--data.root={data}", f"--model.pretrained=local-dir:{base}",
+                   f"--run.output_dir={tmp_path}", "--run.name=t", "--run.epochs=2", "--data.batch_size=8",
+                   "--optim.lr=1e-3", "--optim.warmup_epochs=0", "--data.num_workers=0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = tmp_path / "t" / "best"
+    ours, cfg, classes, meta = load_checkpoint(best)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(best).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(best)  # the tokenizer files travelled with the weights
+    batch = tok(["the film was good", "a bad day and a very poor plot", "nice"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        want = theirs(**batch).logits
+        torch.testing.assert_close(ours(**batch), want, atol=1e-5, rtol=0)
+    fresh = vit.create_text_model(f"local-dir:{base}", num_classes=2)
+    with torch.no_grad():
+        moved = (fresh.encoder(**batch).pooler_output - ours.encoder(**batch).pooler_output).abs().max()
+    assert moved > 1e-4  # the encoder was fine-tuned, not only the head
+    assert classes == ["neg", "pos"] and theirs.config.id2label == {0: "neg", 1: "pos"} and meta["step"] > 0

@@ -36,7 +36,7 @@ from .build import MAX_PARAMS
 from .text_classifier import HEADS, TextClassifier
 from .text_encoder import TextEncoder
 
-__all__ = ["FAMILIES", "create_text_model", "text_encoder_from_config", "text_model_args"]
+__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_encoder_from_config", "text_model_args"]
 
 # model_type -> (architecture, weights layout)
 FAMILIES = {
@@ -275,3 +275,10 @@ def _classifier(encoder: TextEncoder, raw: dict[str, torch.Tensor], config: dict
     model.head.load_state_dict({k[len("head."):]: v for k, v in head.items()})
     model.load_report = report
     return model
+
+
+def build_text_model(cfg: Any, num_classes: int) -> TextClassifier:
+    """train.py's model for `data.dataset: text_csv` (vit.config.Config `cfg`): the text model model.pretrained
+    names under a `num_classes`-way head, with its own dropout rates (as transformers fine-tunes it), in training
+    mode. The image counterpart is vit.models.build.build_model."""
+    return create_text_model(cfg.model.pretrained, num_classes=num_classes).train()
