@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
 SINCOS_MARK = ("pos_embed_sincos", "big_vision")
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "is_text_checkpoint", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -102,6 +102,16 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     return folder
 
 
+def is_text_checkpoint(folder: str | Path) -> bool:
+    """Whether `folder` holds a text classifier's checkpoint (transformers' config.json, with a model_type);
+    False for an image checkpoint and for anything unreadable (load_checkpoint then says what is wrong)."""
+    try:
+        saved = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "model_type" in saved and "architecture" not in saved
+
+
 def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list[str], dict]:
     """Read a checkpoint folder written by `save_checkpoint` -> (model in eval mode, config, classes, meta)."""
     folder = Path(folder)
@@ -121,7 +131,7 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
         saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
-        text = isinstance(saved, dict) and "model_type" in saved and "architecture" not in saved
+        text = is_text_checkpoint(folder)
         if saved is not None and not text and not isinstance(saved.get("architecture"), str):
             raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
