@@ -36,7 +36,8 @@ from .build import MAX_PARAMS
 from .text_classifier import HEADS, TextClassifier
 from .text_encoder import TextEncoder
 
-__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_encoder_from_config", "text_model_args"]
+__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_classifier_from_config", "text_encoder_from_config",
+           "text_model_args"]
 
 # model_type -> (architecture, weights layout)
 FAMILIES = {
@@ -191,6 +192,16 @@ def text_encoder_from_config(config: dict[str, Any], pooler: bool | None = None,
     return TextEncoder(**{**kwargs, "pooler": pooler, **overrides})
 
 
+def text_classifier_from_config(config: dict[str, Any], num_classes: int, **overrides: Any) -> TextClassifier:
+    """A `TextClassifier` with random weights shaped as `config` (a transformers config.json as a dict) says, its
+    head initialised as transformers does: e.g. a small BERT to train from scratch, which `save_text_model` then
+    writes for transformers too. `overrides`: TextEncoder options (e.g. pos_embed='none' for an experiment;
+    such a model no longer saves into transformers' layout)."""
+    model_type = config.get("model_type")
+    encoder = text_encoder_from_config(config, pooler=model_type == "bert", **overrides)
+    return _classifier(encoder, {}, config, num_classes, LoadReport("a new model"), "the config", "no weights")
+
+
 def _check_sizes(state: dict[str, torch.Tensor], kwargs: dict[str, Any], where: str) -> None:
     """The config's vocabulary, positions, width and depth held against the weights' own before the model is
     built: a config.json claiming 10**8 tokens or 10**5 blocks (within the parameter bound at a small width)
@@ -240,7 +251,9 @@ def create_text_model(name: str, cache_dir: str | Path | None = None, num_classe
     model.load_report = report
     if num_classes is None:
         return model.eval()
-    return _classifier(model, raw, config, num_classes, report, name, weights.name).eval()
+    model = _classifier(model, raw, config, num_classes, report, name, weights.name)
+    model.source = name  # where save_text_model copies the tokenizer from
+    return model.eval()
 
 
 def _new_linear(layer: torch.nn.Linear, config: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
@@ -257,7 +270,6 @@ def _classifier(encoder: TextEncoder, raw: dict[str, torch.Tensor], config: dict
     drop = c.get("seq_classif_dropout", 0.2) if model_type == "distilbert" else (
         c.get("classifier_dropout") if c.get("classifier_dropout") is not None else c["hidden_dropout_prob"])
     model = TextClassifier(encoder, num_classes, model_type, config, drop, c.get("pad_token_id", 0))
-    model.source = name  # where save_text_model copies the tokenizer from
     head = head_state_dict(raw, model_type)
     held = head["head.fc.weight"].shape[0] if "head.fc.weight" in head else None
     if held != num_classes:
