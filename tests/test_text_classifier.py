@@ -6,6 +6,7 @@ transformers builds each family from a tiny config with random, perturbed weight
 into a hub cache built in a temporary folder and loaded by name with HF_HUB_OFFLINE=1.
 """
 
+import csv
 import json
 
 import pytest
@@ -150,7 +151,6 @@ FILLER = ["the", "film", "was", "a", "day", "very", "and", "plot", "it"]
 
 
 def _text_csv(path, n=48, seed=0):
-    import csv
     import random
 
     rng = random.Random(seed)
@@ -200,3 +200,91 @@ def test_text_csv_through_train_py_then_transformers_loads_the_checkpoint(tmp_pa
         moved = (fresh.encoder(**batch).pooler_output - ours.encoder(**batch).pooler_output).abs().max()
     assert moved > 1e-4  # the encoder was fine-tuned, not only the head
     assert classes == ["neg", "pos"] and theirs.config.id2label == {0: "neg", 1: "pos"} and meta["step"] > 0
+
+    # evaluate.py and predict.py on the checkpoint: the probabilities transformers gives for the same sentences
+    def softmax(texts):
+        with torch.no_grad():
+            return theirs(**tok(texts, padding=True, return_tensors="pt")).logits.softmax(1)
+
+    r = run_script("evaluate.py", "--checkpoint", str(best), "--out", str(tmp_path / "eval"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "eval" / "predictions.csv")))
+    assert len(rows) == 10  # a stratified fifth of 48 rows
+    probs = softmax([row["sample"] for row in rows])
+    assert [float(row["prob1"]) for row in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-5)
+    (tmp_path / "new.txt").write_text("the film was good\n\na bad day\n")
+    r = run_script("predict.py", "--checkpoint", str(best), str(tmp_path / "new.txt"), "--out", str(tmp_path / "p"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "p" / "predictions.csv")))
+    assert [(row["path"].rsplit(":", 1)[1], row["text"]) for row in rows] == [("1", "the film was good"),
+                                                                             ("3", "a bad day")]
+    probs = softmax(["the film was good", "a bad day"])
+    assert [float(row["prob1"]) for row in rows] == pytest.approx(probs.max(1).values.tolist(), abs=1e-5)
+    assert [row["pred1_name"] for row in rows] == [classes[i] for i in probs.argmax(1)]
+
+
+# --- the data mode and the checkpoint folder, without a training run -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    return _tiny_bert(tmp_path_factory.mktemp("tiny_bert") / "bert")
+
+
+def _text_config(csv_path, base, **data):
+    from vit.config import load_config
+
+    return load_config(None, {"data.dataset": "text_csv", "data.root": str(csv_path),
+                              "model.pretrained": f"local-dir:{base}", **{f"data.{k}": v for k, v in data.items()}})
+
+
+def test_text_csv_batches_are_the_tokenizers_own_padding(tiny_bert, tmp_path):
+    from vit.data import build_datasets, build_loaders
+
+    cfg = _text_config(_text_csv(tmp_path / "r.csv", n=20), tiny_bert, batch_size=4, num_workers=0)
+    train, val, classes = build_datasets(cfg)
+    assert classes == ["neg", "pos"] and (len(train), len(val)) == (16, 4)
+    assert sorted(val.labels) == [0, 0, 1, 1]  # stratified
+    x, y = next(iter(build_loaders(cfg, train, val)[1]))  # val: in order
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_bert)
+    want = tok(val.texts[:4], padding=True, return_tensors="pt")
+    assert torch.equal(x, want["input_ids"]) and (want["attention_mask"] == 0).any()  # padded rows in the batch
+    assert y.tolist() == val.labels[:4]
+
+
+def test_text_csv_split_column_and_bad_files_are_one_sentence(tiny_bert, tmp_path):
+    from vit.data import DataError
+    from vit.data.text import build_text_datasets
+
+    path = tmp_path / "s.csv"
+    path.write_text("sentence,label,split\ngood film,2,train\nbad film,10,train\nnice,2,val\nsad,10,test\n")
+    cfg = _text_config(path, tiny_bert, text_column="sentence")
+    train, val, classes = build_text_datasets(cfg)
+    assert classes == ["2", "10"] and train.texts == ["good film", "bad film"] and val.texts == ["nice"]
+    assert build_text_datasets(cfg, ("test",))[1].texts == ["sad"]
+    with pytest.raises(DataError, match="has no column 'text' .*data.text_column"):
+        build_text_datasets(_text_config(path, tiny_bert))
+    path.write_text("text,label,split\ngood,a,train\nbad,b,holdout\n")
+    with pytest.raises(DataError, match="split column holds 'holdout'; use train, val or test"):
+        build_text_datasets(_text_config(path, tiny_bert))
+
+
+def test_a_text_checkpoint_is_ours_and_transformers(hub, tmp_path):
+    from vit.config import load_config
+    from vit.models import load_checkpoint, save_checkpoint
+    from vit.models.checkpoint import is_text_checkpoint
+
+    model = vit.create_text_model("hf-hub:org/roberta", num_classes=C)
+    cfg = load_config(None, {"data.dataset": "text_csv", "data.root": "x.csv",
+                             "model.pretrained": "hf-hub:org/roberta"})
+    folder = save_checkpoint(tmp_path / "best", model, cfg, ["a", "b", "c"], {"step": 3})
+    assert is_text_checkpoint(folder) and not is_text_checkpoint(tmp_path)
+    again, saved_cfg, classes, meta = load_checkpoint(folder)
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    kw = _inputs("roberta")
+    with torch.no_grad():
+        want = hub[1]["roberta"](**kw).logits
+        torch.testing.assert_close(again(**kw), want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs(**kw).logits, want, atol=1e-5, rtol=0)
+    assert classes == ["a", "b", "c"] and meta == {"step": 3}
+    assert saved_cfg.model.pretrained == f"local-dir:{folder}"  # its tokenizer: the folder's own copy
