@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     # --- model and optimizer ----------------------------------------------------------------------------------
     # weights from model.pretrained, if set (one report); text: vit/models/text_build.py
     model = build_text_model(cfg, len(classes)) if text else build_model(cfg, len(classes), pretrained=True)
-    console.print(f"model: {describe_model(model, cfg.model.name)}")
+    console.print(f"model: {describe_model(model, cfg.model.pretrained if text else cfg.model.name)}")
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)
@@ -169,7 +169,8 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
-    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, {len(classes)} classes"
+    what = "texts" if cfg.data.dataset == "text_csv" else "images"
+    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val {what}, {len(classes)} classes"
     for split, ds in (("train", train_ds), ("val", val_ds)):
         if getattr(ds, "bad", None):
             line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
