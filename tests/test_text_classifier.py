@@ -250,6 +250,12 @@ def test_text_csv_batches_are_the_tokenizers_own_padding(tiny_bert, tmp_path):
     want = tok(val.texts[:4], padding=True, return_tensors="pt")
     assert torch.equal(x, want["input_ids"]) and (want["attention_mask"] == 0).any()  # padded rows in the batch
     assert y.tolist() == val.labels[:4]
+    # the pad id is the tokenizer's, not 0 (RoBERTa's is 1); an index column (evaluate.py's) is stacked too
+    from vit.data.text import TextDataset
+
+    x, y, i = TextDataset([[5, 6, 7], [8]], [1, 0], ["a", "b"], 1, ["s", "t"]).collate(
+        [(torch.tensor([5, 6, 7]), 1, 0), (torch.tensor([8]), 0, 1)])
+    assert x.tolist() == [[5, 6, 7], [8, 1, 1]] and y.tolist() == [1, 0] and i.tolist() == [0, 1]
 
 
 def test_text_csv_split_column_and_bad_files_are_one_sentence(tiny_bert, tmp_path):
