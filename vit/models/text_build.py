@@ -36,8 +36,8 @@ from .build import MAX_PARAMS
 from .text_classifier import HEADS, TextClassifier
 from .text_encoder import TextEncoder
 
-__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_classifier_from_config", "text_encoder_from_config",
-           "text_model_args"]
+__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_classifier_from_config",
+           "text_encoder_from_config", "text_model_args"]
 
 # model_type -> (architecture, weights layout)
 FAMILIES = {
