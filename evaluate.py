@@ -138,7 +138,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
         model = accelerator.prepare(model)
     else:
         loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False,
-                            num_workers=resolve_workers(cfg.data.num_workers))
+                            num_workers=resolve_workers(cfg.data.num_workers),
+                            collate_fn=getattr(val_ds, "collate", None))  # text: padded per batch
         model, loader = accelerator.prepare(model, loader)
 
     t0 = time.perf_counter()
@@ -189,7 +190,8 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
     plot_confusion(conf, classes, out_dir / "confusion.png")
     plot_reliability(bins, ece, out_dir / "reliability.png")
-    gallery = plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
+    text = cfg.data.dataset == "text_csv"  # no pictures of sentences
+    gallery = not text and plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
 
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:

@@ -7,6 +7,8 @@
     python predict.py --onnx exported/model.onnx photos/        # ONNX Runtime, no PyTorch needed (see below)
 
 IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
+A text checkpoint (train.py with data.dataset text_csv) labels sentences instead: its inputs are text files, one
+sentence a line, or CSV files (their data.text_column column); each row names its file:line and the text.
 Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
 Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), skipped.csv (every input passed
 over, with the reason; a broken file never stops the run) and, with --cam, cam/<input index>_<name>.png: the
@@ -184,6 +186,7 @@ from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.data.transforms import build_transform
 from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
+from vit.models.checkpoint import is_text_checkpoint
 from vit.utils.atomic import atomic_write_csv
 from vit.utils.untrusted_text import printable
 
@@ -237,7 +240,38 @@ def main(argv=None) -> int:
         return _predict(args, overrides)
 
 
+def _predict_text(args) -> int:
+    """A text checkpoint: its sentences' top-k classes, in input order (vit/eval/text.py)."""
+    from vit.eval.text import predict_texts, read_texts
+    from vit.hub.tokenizer import load_tokenizer
+    from vit.models.checkpoint import load_checkpoint
+
+    if args.cam:
+        raise ConfigError("--cam draws attention over images; a text checkpoint has none, so leave it out.")
+    model, cfg, classes, _ = load_checkpoint(args.checkpoint)
+    texts, where = read_texts(args.images, cfg.data.text_column)
+    if not texts:
+        raise DataError(f"no sentences in {' '.join(args.images)}; pass text files (one a line) or CSVs.")
+    t0 = time.perf_counter()
+    logits = predict_texts(model, load_tokenizer(cfg.model.pretrained), texts,
+                           args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size)
+    seconds = time.perf_counter() - t0
+    rows = [{"path": r.pop("path"), "text": t, **r}
+            for t, r in zip(texts, rows_for(where, logits.softmax(1).numpy(), classes, args.topk))]
+    dest = Path(args.out)
+    staging = new_staging(dest, "predict")
+    written = dest / write_rows(staging, args.format, rows).name
+    publish(staging, dest, OWNED)
+    print(f"{len(rows)} sentence(s), {len(rows) / max(seconds, 1e-9):.0f} sentences/s")
+    for r in rows[:5]:
+        print(f"  {printable(r['text'][:60])}: {printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
+    print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}", keep="\n"))
+    return 0
+
+
 def _predict(args, overrides) -> int:
+    if args.checkpoint and is_text_checkpoint(args.checkpoint):
+        return _predict_text(args)
     if not args.images:
         raise DataError("no images given; pass image files, folders, globs or a .txt list of paths.")
     paths, skipped = collect_images(args.images)

@@ -53,6 +53,7 @@ from vit.data import (
 )
 from vit.eval.plots import plot_curves
 from vit.models.build import build_model, pretrained_cfg_of, resolve_name
+from vit.models.text_build import build_text_model
 from vit.train import preemption
 from vit.train.console import Console, describe_model, format_settings, processes, rare_class_warning, schedule_warning
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
@@ -85,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
     check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
-    cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
-    cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
+    text, channel_note = cfg.data.dataset == "text_csv", None  # text: token ids, no channels nor image preprocessing
+    if not text:
+        cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
+        cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     cfg.data.labels_file = absolute_root(cfg.data.labels_file)
@@ -126,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(rare)
 
     # --- model and optimizer ----------------------------------------------------------------------------------
-    model = build_model(cfg, len(classes), pretrained=True)  # weights from model.pretrained, if set (one report)
-    console.print(f"model: {describe_model(model, cfg.model.name)}")
+    # weights from model.pretrained, if set (one report); text: vit/models/text_build.py
+    model = build_text_model(cfg, len(classes)) if text else build_model(cfg, len(classes), pretrained=True)
+    console.print(f"model: {describe_model(model, cfg.model.pretrained if text else cfg.model.name)}")
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)
@@ -178,7 +182,8 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
-    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val images, {len(classes)} classes"
+    what = "texts" if cfg.data.dataset == "text_csv" else "images"
+    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val {what}, {len(classes)} classes"
     for split, ds in (("train", train_ds), ("val", val_ds)):
         if getattr(ds, "bad", None):
             line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "

@@ -5,7 +5,9 @@ Public API:
     TextEncoder                                    the same encoder on token ids
     create_text_model, load_tokenizer, Tokenizer   BERT / RoBERTa / DistilBERT / CLIP-text weights and their
                                                    tokenizers by name (hf-hub:org/name, local-dir:/folder);
-    text_encoder_from_config                       the same architectures with random weights
+                                                   num_classes=N: a TextClassifier (transformers' heads)
+    save_text_model                                a TextClassifier as a folder transformers loads too
+    text_encoder_from_config, ...classifier...     the same architectures with random weights
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
     attention_rollout, gradient_rollout, ...       where the model looks (vit.explain.rollout)
@@ -38,6 +40,9 @@ _EXPORTS = {
     "load_tokenizer": "hub.tokenizer",
     "create_text_model": "models.text_build",
     "text_encoder_from_config": "models.text_build",
+    "text_classifier_from_config": "models.text_build",
+    "TextClassifier": "models.text_classifier",
+    "save_text_model": "models.text_save",
     "VARIANTS": "models.variants",
     "VisionTransformer": "models.vision_transformer",
     "create_model": "models.build",
@@ -48,6 +53,7 @@ __all__ = [
     "Attention",
     "Block",
     "Encoder",
+    "TextClassifier",
     "TextEncoder",
     "TextEncoderOutput",
     "Tokenizer",
@@ -65,6 +71,8 @@ __all__ = [
     "load_pretrained",
     "read_state_dict",
     "resample_abs_pos_embed",
+    "save_text_model",
+    "text_classifier_from_config",
     "text_encoder_from_config",
 ]
 
@@ -94,7 +102,9 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .layers import Attention, resample_abs_pos_embed
     from .models.build import create_model, list_models
     from .models.encoder import Block, Encoder
-    from .models.text_build import create_text_model, text_encoder_from_config
+    from .models.text_build import create_text_model, text_classifier_from_config, text_encoder_from_config
+    from .models.text_classifier import TextClassifier
     from .models.text_encoder import TextEncoder, TextEncoderOutput
+    from .models.text_save import save_text_model
     from .models.variants import VARIANTS
     from .models.vision_transformer import VisionTransformer

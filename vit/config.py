@@ -173,7 +173,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf
+    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
     # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
     # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
@@ -194,7 +194,8 @@ class DataConfig:
     shuffle_buffer: int = 2048  # wds: samples shuffled together (held as raw bytes, per loader worker)
     num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
     image_column: str = "image"  # hf: the column holding the images
-    label_column: str = "label"  # hf: the column holding the integer labels
+    label_column: str = "label"  # hf: the column holding the integer labels; text_csv: the class names
+    text_column: str = "text"  # text_csv: the CSV column holding the sentences (vit/data/text.py)
     # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
     # data.root with any number of labels each (vit/data/multilabel.py); sigmoid + BCE, scored by mAP
     labels_file: str | None = None
@@ -363,7 +364,8 @@ CHOICES = {
     **_literal_choices(DataConfig, "data"),
     **_literal_choices(OptimConfig, "optim"),
     "optim.class_weights": ("auto", None),
-    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf"),
+    "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf",
+                     "text_csv"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", "auto", None),
@@ -536,6 +538,9 @@ def validate(cfg: Config) -> None:
     if cfg.data.labels_file and cfg.data.dataset != "imagefolder":
         raise ConfigError(f"config key 'data.labels_file' lists images under data.root and needs "
                           f"data.dataset=imagefolder, got {cfg.data.dataset!r}; set it, or remove data.labels_file.")
+    if cfg.data.dataset == "text_csv" and not (cfg.data.root and isinstance(m.pretrained, str)):
+        raise ConfigError("data.dataset=text_csv needs data.root (a CSV of text and labels) and model.pretrained (the "
+                          "text model to fine-tune, e.g. hf-hub:google-bert/bert-base-uncased).")
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
@@ -550,11 +555,12 @@ def validate(cfg: Config) -> None:
 
 # data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
 DATASET_KEYS = {
-    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf"), "download": ("cifar10", "cifar100"),
-    "val_fraction": ("digits", "imagefolder"), "split_seed": ("digits", "imagefolder"),
+    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf", "text_csv"), "download": ("cifar10", "cifar100"),
+    "val_fraction": ("digits", "imagefolder", "text_csv"), "split_seed": ("digits", "imagefolder", "text_csv"),
     "synthetic_train_size": ("synthetic",), "synthetic_val_size": ("synthetic",),
     "synthetic_num_classes": ("synthetic",), "train_split": ("wds", "hf"), "val_split": ("wds", "hf"),
-    "shuffle_buffer": ("wds",), "num_classes": ("wds", "hf"), "image_column": ("hf",), "label_column": ("hf",),
+    "shuffle_buffer": ("wds",), "num_classes": ("wds", "hf"), "image_column": ("hf",),
+    "label_column": ("hf", "text_csv"), "text_column": ("text_csv",),
     "labels_file": ("imagefolder",),
 }
 

@@ -317,6 +317,10 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .hf_datasets import build_hf_datasets
 
         return build_hf_datasets(cfg, t_train, t_val, splits, classes)
+    if name == "text_csv":  # sentences and labels, tokenised (vit/data/text.py)
+        from .text import build_text_datasets
+
+        return build_text_datasets(cfg, splits, classes)
     if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
         from .multilabel import build_multilabel_datasets
 
@@ -391,6 +395,15 @@ def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
     the config's data in split `split`: val (the held-out split train.py scored), train (the training images,
     without augmentation), or any other split the data has (an ImageFolder's root/<split>/<class>/*, a labels
     file's split column, a shard or Hugging Face split name). `classes` (a checkpoint's) fixes the label order."""
+    if cfg.data.dataset == "text_csv":  # sentences: the CSV's train, val or test rows (vit/data/text.py)
+        from .text import build_text_datasets
+
+        if folder is not None:
+            raise DataError("--data-dir is a folder of images; score another CSV of sentences with "
+                            "--data.root=FILE.csv instead.")
+        train, val, classes = build_text_datasets(cfg, (split,), classes)
+        ds = train if split == "train" else val
+        return ds, classes, f"text_csv {cfg.data.root}, split {split} ({len(ds)} texts)"
     t_val = build_transform(cfg.aug, cfg.model.img_size, False)
     name = cfg.data.dataset
     if folder is not None or (name == "imagefolder" and not cfg.data.labels_file and split not in ("train", "val")):
@@ -444,7 +457,9 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
         weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
     train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
                        sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
-                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed))
+                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed),
+                       collate_fn=getattr(train_ds, "collate", None))  # text: padded per batch (vit/data/text.py)
     val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
-                     num_workers=workers, generator=torch.Generator().manual_seed(seed))
+                     num_workers=workers, generator=torch.Generator().manual_seed(seed),
+                     collate_fn=getattr(val_ds, "collate", None))
     return train, val

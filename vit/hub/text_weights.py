@@ -18,6 +18,12 @@ with L = encoder.layer.i, T = transformer.layer.i, E = encoder.layers.i.
 Checkpoints of task models carry the base model under a prefix (`bert.`, `roberta.`, `distilbert.`, `electra.`,
 CLIP's `text_model.`): the prefix is stripped and the task's own layers (MLM / classification heads, CLIP's vision
 tower and projections) are dropped. TensorFlow-era names (`LayerNorm.gamma` / `.beta`) read as weight / bias.
+A *ForSequenceClassification checkpoint's head is read by `head_state_dict`; `hf_state_dict` writes ours back
+in transformers' names (q/k/v split again), so that its from_pretrained loads what we fine-tuned.
+
+    ours          BERT                 RoBERTa, ELECTRA        DistilBERT
+    head.dense    -                    classifier.dense        pre_classifier
+    head.fc       classifier           classifier.out_proj     classifier
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from .weights import check_weights
 
-__all__ = ["FAMILIES", "PREFIXES", "text_state_dict"]
+__all__ = ["FAMILIES", "HEAD_KEYS", "PREFIXES", "head_state_dict", "hf_state_dict", "text_state_dict"]
 
 _LAYER = r"blocks.\1."
 # family -> (regex on the checkpoint's key after its prefix, our name); the first that matches renames
@@ -72,6 +78,16 @@ _RULES: dict[str, list[tuple[str, str]]] = {
 FAMILIES = tuple(_RULES)
 # the base model's prefix in a task model's checkpoint, per model_type family
 PREFIXES = {"bert": ("bert.", "roberta.", "electra."), "distilbert": ("distilbert.",), "clip_text": ("text_model.",)}
+# model_type -> (the base model's prefix in its *ForSequenceClassification checkpoint, {our head prefix: theirs})
+_ROBERTA_HEAD = {"head.dense.": "classifier.dense.", "head.fc.": "classifier.out_proj."}
+HEAD_KEYS: dict[str, tuple[str, dict[str, str]]] = {
+    "bert": ("bert.", {"head.fc.": "classifier."}),
+    "roberta": ("roberta.", _ROBERTA_HEAD),
+    "xlm-roberta": ("roberta.", _ROBERTA_HEAD),
+    "camembert": ("roberta.", _ROBERTA_HEAD),
+    "electra": ("electra.", _ROBERTA_HEAD),
+    "distilbert": ("distilbert.", {"head.dense.": "pre_classifier.", "head.fc.": "classifier."}),
+}
 _BUFFERS = re.compile(r"(.*\.)?position_ids$")  # persisted by older transformers; recomputed here
 _QKV = {"query": 0, "key": 1, "value": 2, "q": 0, "k": 1, "v": 2}
 
@@ -128,4 +144,62 @@ def text_state_dict(state: dict[str, torch.Tensor], family: str, report: Any) ->
                              f"query, key, value {', '.join(map(str, shapes))}, which must be one (D, D) matrix or "
                              "(D,) vector each); it is from another architecture: create the model it was saved from.")
         out[key] = torch.cat(qkv, dim=0)  # (3D, D) or (3D,)
+    return out
+
+
+def head_state_dict(state: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
+    """A *ForSequenceClassification checkpoint's head in our names (`head.dense.*`, `head.fc.*`); {} when the
+    checkpoint has none (a base or masked-LM model)."""
+    theirs = {v: k for k, v in HEAD_KEYS[model_type][1].items()}
+    out = {}
+    for key, value in state.items():
+        for prefix, ours in theirs.items():
+            if key.startswith(prefix) and key[len(prefix):] in ("weight", "bias"):
+                out[ours + key[len(prefix):]] = value
+    return out
+
+
+def _inverse(pattern: str, name: str) -> tuple[str, str]:
+    """A rename rule (checkpoint regex -> our name) turned round: (regex on our name, the checkpoint's name).
+    The rules' regexes are literal text with `\\.` escapes, an optional `$` and groups; group i is \\i in both."""
+    groups = re.findall(r"\(([^)]*)\)", pattern)
+    back = re.escape(name)
+    for i, body in enumerate(groups, 1):
+        back = back.replace(re.escape(f"\\{i}"), f"({body})")
+    target, i = pattern.rstrip("$"), 0
+    for body in groups:
+        i += 1
+        target = target.replace(f"({body})", f"\\{i}", 1)
+    return back + ("$" if pattern.endswith("$") else ""), target.replace("\\.", ".")
+
+
+def hf_state_dict(state: dict[str, torch.Tensor], family: str, model_type: str) -> dict[str, torch.Tensor]:
+    """The inverse of `text_state_dict` for a classifier (`encoder.*`, `head.*` keys, vit.models.TextClassifier):
+    transformers' *ForSequenceClassification names, the base model under its prefix (`bert.`, `roberta.`, ...),
+    `qkv` split into query, key and value, positions (1, P, D) -> (P, D). A key no rule knows is a ValueError
+    (it would be dropped in silence by from_pretrained)."""
+    prefix, head = HEAD_KEYS[model_type]
+    rules = [_inverse(p, n) for p, n in _RULES[family]]
+    qkv = next(re.findall(r"\(([^)]*)\)", p)[1].split("|") for p, _ in _RULES[family] if "(query|" in p or "(q|" in p)
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key.startswith("head."):
+            part = next((p for p in head if key.startswith(p)), None)
+            if part is None:
+                raise ValueError(f"{key} has no place in transformers' {model_type} classifier.")
+            out[head[part] + key[len(part):]] = value
+            continue
+        key = key.removeprefix("encoder.")
+        m = re.fullmatch(r"(blocks\.\d+\.attn)\.qkv\.(weight|bias)", key)
+        parts = [(f"{m[1]}.{n}.{m[2]}", v) for n, v in zip(qkv, value.chunk(3, dim=0))] if m else [(key, value)]
+        for name, v in parts:
+            if name == "pos_embed":
+                v = v[0]  # (1, P, D) -> (P, D)
+            for pattern, theirs in rules:
+                renamed, hit = re.subn("^" + pattern, theirs, name, count=1)
+                if hit:
+                    out[prefix + renamed] = v.contiguous()
+                    break
+            else:
+                raise ValueError(f"{name} has no place in transformers' {model_type} model.")
     return out

@@ -164,7 +164,7 @@ def resolve_name(cfg: Config) -> Config:
     name, hf-hub:, local-dir: or a folder; read from the registry or the cache's config.json, no weights
     loaded), else DEFAULT_MODEL. A weights file does not say its architecture: model.name must then be set."""
     m = cfg.model
-    if m.name is not None:
+    if m.name is not None or cfg.data.dataset == "text_csv":  # a text model is named by model.pretrained alone
         return cfg
     arch = weights_architecture(m.pretrained, VARIANTS) or DEFAULT_MODEL
     return dataclasses.replace(cfg, model=dataclasses.replace(m, name=arch))

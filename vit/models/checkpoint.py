@@ -8,7 +8,11 @@ together. Training states (optimizer, RNG, step: what a resume reads) are anothe
 vit/train/state.py. File writing itself lives in vit/utils/atomic.py, the test-only crash hooks (`fault_point`)
 in vit/utils/faults.py.
 
-Every checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
+A text classifier's checkpoint (vit.models.text_classifier, data.dataset text_csv) is a transformers repository
+besides (vit/models/text_save.py: transformers' config.json and weight names, the tokenizer files), so that
+`AutoModelForSequenceClassification.from_pretrained(<folder>)` loads it too.
+
+Every image checkpoint folder also holds `config.json` in timm's hub format (architecture, num_classes, label_names,
 model_args, pretrained_cfg): it is a timm hub repository, for `timm.create_model("local-dir:<folder>",
 pretrained=True)` or `huggingface_hub.upload_folder` as it is.
 """
@@ -32,6 +36,9 @@ from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, r
 from ..utils.faults import fault_point
 from .build import build_model
 from .model_card import model_card
+from .text_build import create_text_model
+from .text_classifier import TextClassifier
+from .text_save import save_text_model
 from .vision_transformer import VisionTransformer, architecture_defaults
 
 log = logging.getLogger(__name__)
@@ -39,7 +46,7 @@ log = logging.getLogger(__name__)
 # big_vision's posemb_sincos_2d since this marker exists; a sincos checkpoint without it used the earlier table.
 SINCOS_MARK = ("pos_embed_sincos", "big_vision")
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "is_text_checkpoint", "CheckpointError"]
 
 
 class CheckpointError(ValueError):
@@ -54,6 +61,10 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     `state_dict`: the weights to write instead of `model.state_dict()` (FSDP: accelerator.get_state_dict's
     consolidated copy, gathered on every process, as the model holds only this process's shards)."""
     folder = Path(folder)
+    if isinstance(model, TextClassifier):  # transformers' layout, with our files beside it
+        extra = {"config.yaml": dump(cfg), "classes.json": json.dumps(classes, indent=1),
+                 "meta.json": json.dumps(meta or {}, indent=1)}
+        return save_text_model(folder, model, classes, extra=extra, state_dict=state_dict)
     weights = model.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
@@ -91,6 +102,16 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     return folder
 
 
+def is_text_checkpoint(folder: str | Path) -> bool:
+    """Whether `folder` holds a text classifier's checkpoint (transformers' config.json, with a model_type);
+    False for an image checkpoint and for anything unreadable (load_checkpoint then says what is wrong)."""
+    try:
+        saved = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and "model_type" in saved and "architecture" not in saved
+
+
 def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list[str], dict]:
     """Read a checkpoint folder written by `save_checkpoint` -> (model in eval mode, config, classes, meta)."""
     folder = Path(folder)
@@ -110,7 +131,8 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))
         saved = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else None
-        if saved is not None and not isinstance(saved.get("architecture"), str):
+        text = is_text_checkpoint(folder)
+        if saved is not None and not text and not isinstance(saved.get("architecture"), str):
             raise ValueError("config.json names no architecture")
     except Exception as e:  # bad YAML/JSON, a config error, a file that is not safetensors, ...
         raise CheckpointError(f"checkpoint {folder} is unreadable ({str(e).splitlines()[0]}).") from None
@@ -119,6 +141,14 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         check_weights(state, folder / "model.safetensors")  # non-float or non-finite: refused, not cast
     except (ValueError, FloatingPointError) as e:
         raise CheckpointError(str(e)) from None
+    if text:  # a text classifier: its transformers folder, read as create_text_model reads any
+        try:
+            model = create_text_model(f"local-dir:{folder}", num_classes=len(classes))
+        except (ValueError, FileNotFoundError) as e:
+            raise CheckpointError(f"checkpoint {folder} does not load ({str(e).splitlines()[0]}).") from None
+        # its tokenizer is the folder's own copy (data is tokenised from model.pretrained's)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=f"local-dir:{folder}"))
+        return model.eval(), cfg, classes, meta
     model = build_model(cfg, len(classes), saved=saved)
     own = model.state_dict()
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]

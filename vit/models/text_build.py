@@ -30,12 +30,14 @@ from typing import Any
 import torch
 
 from ..hub.names import WEIGHT_FILES, read_json, repo_file
-from ..hub.text_weights import text_state_dict
-from ..hub.weights import LoadReport, check_fit, read_state_dict
+from ..hub.text_weights import head_state_dict, text_state_dict
+from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
 from .build import MAX_PARAMS
+from .text_classifier import HEADS, TextClassifier
 from .text_encoder import TextEncoder
 
-__all__ = ["FAMILIES", "create_text_model", "text_encoder_from_config", "text_model_args"]
+__all__ = ["FAMILIES", "build_text_model", "create_text_model", "text_classifier_from_config",
+           "text_encoder_from_config", "text_model_args"]
 
 # model_type -> (architecture, weights layout)
 FAMILIES = {
@@ -190,6 +192,16 @@ def text_encoder_from_config(config: dict[str, Any], pooler: bool | None = None,
     return TextEncoder(**{**kwargs, "pooler": pooler, **overrides})
 
 
+def text_classifier_from_config(config: dict[str, Any], num_classes: int, **overrides: Any) -> TextClassifier:
+    """A `TextClassifier` with random weights shaped as `config` (a transformers config.json as a dict) says, its
+    head initialised as transformers does: e.g. a small BERT to train from scratch, which `save_text_model` then
+    writes for transformers too. `overrides`: TextEncoder options (e.g. pos_embed='none' for an experiment;
+    such a model no longer saves into transformers' layout)."""
+    model_type = config.get("model_type")
+    encoder = text_encoder_from_config(config, pooler=model_type == "bert", **overrides)
+    return _classifier(encoder, {}, config, num_classes, LoadReport("a new model"), "the config", "no weights")
+
+
 def _check_sizes(state: dict[str, torch.Tensor], kwargs: dict[str, Any], where: str) -> None:
     """The config's vocabulary, positions, width and depth held against the weights' own before the model is
     built: a config.json claiming 10**8 tokens or 10**5 blocks (within the parameter bound at a small width)
@@ -202,20 +214,83 @@ def _check_sizes(state: dict[str, torch.Tensor], kwargs: dict[str, Any], where: 
     check_fit({k: state[k] for k in own if k in state}, meta, where)
 
 
-def create_text_model(name: str, cache_dir: str | Path | None = None, **overrides: Any) -> TextEncoder:
+def create_text_model(name: str, cache_dir: str | Path | None = None, num_classes: int | None = None,
+                      **overrides: Any) -> TextEncoder | TextClassifier:
     """The text model `name` names (`hf-hub:org/repo[@revision]` or `local-dir:/folder`) as a `TextEncoder` with
     its weights, in eval mode (as transformers' from_pretrained): `model(input_ids, attention_mask=...,
     token_type_ids=...)` gives `last_hidden_state` and `pooler_output` as transformers' model does.
+    `num_classes=N`: a `TextClassifier` instead, the encoder under the family's sequence-classification head
+    (vit.models.text_classifier), whose logits are transformers' *ForSequenceClassification's; the head's weights
+    load when the checkpoint has a head of N classes (a fine-tuned repository, or a folder `save_text_model`
+    wrote), else a new head is initialised as transformers does (normal, std initializer_range; the report says so).
     `overrides`: TextEncoder options that leave the weights' shapes alone (drop rates, fused_attn).
     A model that is not cached while offline (HF_HUB_OFFLINE=1) raises one sentence saying how to fetch it."""
     config = read_json(repo_file(name, ("config.json",), cache_dir), name)
     layout, kwargs = text_model_args(config, name)
+    model_type = config.get("model_type")
+    if num_classes is not None and model_type not in HEADS:
+        raise ValueError(f"{name}: model_type {model_type!r} has no sequence-classification head (transformers has "
+                         f"none either); fine-tune one of {', '.join(HEADS)}, or use its TextEncoder's pooled output.")
     weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
     report = LoadReport(f"{name} ({weights})")
-    state = text_state_dict(read_state_dict(weights), layout, report)  # checked: floating point and finite
+    raw = read_state_dict(weights)
+    state = text_state_dict(raw, layout, report)  # checked: floating point and finite
     _check_sizes(state, kwargs, f"{name} ({weights.name})")
-    model = TextEncoder(**{**kwargs, "pooler": "pooler.fc.weight" in state, **overrides})
+    pooler = "pooler.fc.weight" in state
+    if num_classes is not None:  # BERT's head reads the pooler; the others' the first token's raw state
+        pooler = model_type == "bert"
+        if not pooler and "pooler.fc.weight" in state:
+            state = {k: v for k, v in state.items() if not k.startswith("pooler.")}
+            report.actions.append("dropped the pooler (this family's classifier does not use it)")
+    model = TextEncoder(**{**kwargs, "pooler": pooler, **overrides})
+    if pooler and "pooler.fc.weight" not in state:
+        state.update(_new_linear(model.pooler.fc, config, "pooler.fc."))
+        report.actions.append("initialised a new pooler (the checkpoint has none)")
     check_fit(state, model.state_dict(), f"{name} ({weights.name})")
     model.load_state_dict(state)
     model.load_report = report
+    if num_classes is None:
+        return model.eval()
+    model = _classifier(model, raw, config, num_classes, report, name, weights.name)
+    model.source = name  # where save_text_model copies the tokenizer from
     return model.eval()
+
+
+def _new_linear(layer: torch.nn.Linear, config: dict[str, Any], prefix: str) -> dict[str, torch.Tensor]:
+    """transformers' init for a new Linear: weight ~ N(0, initializer_range), bias 0."""
+    std = config.get("initializer_range", 0.02)
+    return {prefix + "weight": torch.randn_like(layer.weight) * std, prefix + "bias": torch.zeros_like(layer.bias)}
+
+
+def _classifier(encoder: TextEncoder, raw: dict[str, torch.Tensor], config: dict[str, Any], num_classes: int,
+                report: LoadReport, name: str, filename: str) -> TextClassifier:
+    """`encoder` under a `num_classes`-way head: the checkpoint's own when it has one of that size."""
+    model_type = config["model_type"]
+    c = {**DEFAULTS[model_type], **config}
+    drop = c.get("seq_classif_dropout", 0.2) if model_type == "distilbert" else (
+        c.get("classifier_dropout") if c.get("classifier_dropout") is not None else c["hidden_dropout_prob"])
+    model = TextClassifier(encoder, num_classes, model_type, config, drop, c.get("pad_token_id", 0))
+    head = head_state_dict(raw, model_type)
+    held = head["head.fc.weight"].shape[0] if "head.fc.weight" in head else None
+    if held != num_classes:
+        head = {}
+        for part in ("dense", "fc"):
+            if isinstance(getattr(model.head, part), torch.nn.Linear):
+                head.update(_new_linear(getattr(model.head, part), config, f"head.{part}."))
+        report.actions.append(f"initialised a new {num_classes}-class head" + (
+            f" (the checkpoint's has {held} classes)" if held is not None else " (the checkpoint has none)"))
+    else:
+        report.actions.append(f"loaded its {num_classes}-class head (the classifier above)")
+    own = {k: v for k, v in model.state_dict().items() if k.startswith("head.")}
+    check_fit(head, own, f"{name} ({filename})")
+    check_weights(head, f"{name} ({filename})")
+    model.head.load_state_dict({k[len("head."):]: v for k, v in head.items()})
+    model.load_report = report
+    return model
+
+
+def build_text_model(cfg: Any, num_classes: int) -> TextClassifier:
+    """train.py's model for `data.dataset: text_csv` (vit.config.Config `cfg`): the text model model.pretrained
+    names under a `num_classes`-way head, with its own dropout rates (as transformers fine-tunes it), in training
+    mode. The image counterpart is vit.models.build.build_model."""
+    return create_text_model(cfg.model.pretrained, num_classes=num_classes).train()

@@ -160,6 +160,7 @@ class TextEncoder(nn.Module):
         self.global_pool, self.causal, self.max_len = global_pool, causal, max_len
         self.vocab_size, self.eos_token_id, self.position_padding_idx = vocab_size, eos_token_id, position_padding_idx
         self.num_prefix_tokens = 1 if class_token else 0
+        self.num_features = self.embed_dim = embed_dim  # the width of the pooled vector, as the ViT's
         n_pos = max_len + self.num_prefix_tokens
 
         self.token_embed = nn.Embedding(vocab_size, embed_dim)
