@@ -24,7 +24,7 @@ class ModelConfig:
     img_size: int = 224  # input height and width in pixels
     patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
     # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
-    # vit.data.datasets.choose_channels; a number pins it
+    # vit.data.resolve.choose_channels; a number pins it
     in_chans: int | None = None
     # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
     global_pool: Literal["token", "avg"] = "token"
