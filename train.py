@@ -58,16 +58,15 @@ from vit.train.console import Console, describe_model, format_settings, processe
 from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
     Run,
     TrainState,
-    describe_best,
     evaluate_and_checkpoint,
     finished,
     mix_batch,
     save_state_if_due,
     stop_if_preempted,
     train_one_epoch,
-    trim_metrics,
 )
 from vit.train.optim import build_optimizer
+from vit.train.records import describe_best, trim_metrics
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
 from vit.train.tracking import (
     accelerator_trackers,
