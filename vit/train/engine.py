@@ -32,7 +32,7 @@ from .optim import lr_at, set_lr
 from .preemption import Preempted
 from .preemption import requested as preemption_requested
 from .records import append_metrics, keep_best
-from .runfolder import check_weights, kept_note, save_run_state
+from .runfolder import check_run_weights, kept_note, save_run_state
 from .state import state_dir_name
 from .tracking import log_row, log_step
 
@@ -310,7 +310,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
             log_row(acc, row, cfg.run.log_every)
         return
     eval_model = run.ema.module if run.ema is not None else run.model
-    check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
+    check_run_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
     out = predict(eval_model, run.val_loader, acc)
     if cfg.data.labels_file:
         return _evaluate_multilabel(run, stats, out, eval_model)
