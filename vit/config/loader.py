@@ -88,8 +88,8 @@ class StrictLoader(yaml.SafeLoader):
 
 
 # YAML 1.2's booleans: only true/false. PyYAML follows YAML 1.1, where yes/no/on/off (and y/n) are booleans too,
-# so `--run.mixed_precision=no` (a documented value) arrived as False. Now such words stay strings, and a key typed
-# bool takes them back in _check_type: `--run.compile=yes` still means true.
+# which would read `--run.mixed_precision=no` (a documented value) as False. Here such words stay strings, and a key
+# typed bool takes them back in _check_type: `--run.compile=yes` means true.
 StrictLoader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()

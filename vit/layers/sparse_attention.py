@@ -67,10 +67,9 @@ FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what compile
 DEFAULTS = {"moba": dict(select="token", own_block=True, sink_block=False),
             "dsa": dict(select="block", own_block=True, sink_block=True)}
 DENSITY = 0.125  # the kept share of blocks when neither topk_blocks nor density is given
-# The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
-# ViT-B width, blocks of 128, selection per query block): at 1024 tokens, the shortest measured, the attention
-# layer at 1/8 density ran MoBA 1.38x, DSA 1.31x with FlexAttention and 1.18x / 1.00x with the gathered kernel
-# (one sample each; its kernel alone 3.7x / 2.6x), so dense wins below it.
+# The sequence length below which dense SDPA is at least as fast: the shortest length benchmark.py
+# --sparse-attention measured, where sparse attention at 1/8 density first matched or beat it (the table and
+# its conditions: docs/sparse-attention.md, "Speed").
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
 
