@@ -201,6 +201,20 @@ def validate(cfg: Config) -> None:
     if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+    _validate_data_use(cfg)
+    a = cfg.aug
+    # in_chans null follows the data, or aug.mean/std where they are set (1 or 3 values pin the channels)
+    given = len(a.mean or a.std or [None] * 3)
+    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct),
+                        m.in_chans or (given if given in (1, 3) else 3),
+                        lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
+                        lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
+
+
+
+def _validate_data_use(cfg: Config) -> None:
+    """What a dataset can give: balancing needs single labels known up front, a labels file an ImageFolder,
+    shards and Hugging Face data a root."""
     for key, on in (("data.sampler", cfg.data.sampler == "balanced"), ("optim.class_weights", cfg.optim.class_weights)):
         if on and cfg.data.labels_file:
             raise ConfigError(f"config key '{key}' balances single-label classes, and data.labels_file makes this a "
@@ -214,14 +228,6 @@ def validate(cfg: Config) -> None:
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
-    a = cfg.aug
-    # in_chans null follows the data, or aug.mean/std where they are set (1 or 3 values pin the channels)
-    given = len(a.mean or a.std or [None] * 3)
-    check_preprocessing(dict(mean=a.mean, std=a.std, crop_pct=a.eval_crop_pct),
-                        m.in_chans or (given if given in (1, 3) else 3),
-                        lambda k: f"config key 'aug.{'eval_crop_pct' if k == 'crop_pct' else k}'",
-                        lambda k: " (model.in_chans)" if k in ("mean", "std") else "")
-
 
 # data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
 DATASET_KEYS = {
