@@ -129,19 +129,7 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
         raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
                         "evaluate on data with the classes the model was trained on.")
     accelerator = make_accelerator()
-    batch_size = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
-    if cfg.data.dataset == "wds":  # the loader deals shards to processes itself (vit/data/shard_loader.py)
-        from vit.data.shard_loader import ShardLoader
-
-        loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
-                             accelerator.num_processes, accelerator.device)
-        model = accelerator.prepare(model)
-    else:
-        loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False,
-                            num_workers=resolve_workers(cfg.data.num_workers),
-                            collate_fn=getattr(val_ds, "collate", None))  # text: padded per batch
-        model, loader = accelerator.prepare(model, loader)
-
+    model, loader = _prepared(accelerator, model, val_ds, cfg, args.batch_size)
     t0 = time.perf_counter()
     out = predict(model, loader, accelerator)  # one row per sample, in dataset order
     seconds = time.perf_counter() - t0
@@ -175,10 +163,36 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
     atomic_write_csv(out_dir / "per_class.csv", ["class", "precision", "recall", "f1", "support"],
                      [{"class": c, **r} for c, r in zip(classes, rows)])
-    topk = min(args.topk, k)
+    pred_rows = _prediction_rows(val_ds, classes, probs, labels, index, min(args.topk, k))
+    atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
+    plot_confusion(conf, classes, out_dir / "confusion.png")
+    plot_reliability(bins, ece, out_dir / "reliability.png")
+    text = cfg.data.dataset == "text_csv"  # no pictures of sentences
+    gallery = not text and plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
+    _print_report(metrics, val_ds, classes, rows, avgs, out_dir, gallery)
+    return 0
+
+
+def _prepared(accelerator, model, val_ds, cfg, batch_size: int | None):
+    """(model, loader) prepared by Accelerate; shards are dealt to processes by their own loader."""
+    batch_size = batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
+    if cfg.data.dataset == "wds":  # the loader deals shards to processes itself (vit/data/shard_loader.py)
+        from vit.data.shard_loader import ShardLoader
+
+        loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
+                             accelerator.num_processes, accelerator.device)
+        return accelerator.prepare(model), loader
+    loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False,
+                        num_workers=resolve_workers(cfg.data.num_workers),
+                        collate_fn=getattr(val_ds, "collate", None))  # text: padded per batch
+    return accelerator.prepare(model, loader)
+
+
+def _prediction_rows(val_ds, classes, probs, labels, index, topk: int) -> list[dict]:
+    """predictions.csv: one row per sample, its label and the `topk` classes with their probabilities."""
     p_top, i_top = probs.topk(topk, dim=1)
     pred_rows = []
-    for j in range(n):
+    for j in range(len(labels)):
         i = int(index[j])
         row = {"sample": val_ds.describe(i), "label": int(labels[j]), "label_name": classes[int(labels[j])],
                "correct": int(i_top[j, 0] == labels[j])}
@@ -187,12 +201,12 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
             row[f"pred{r + 1}_name"] = classes[int(i_top[j, r])]
             row[f"prob{r + 1}"] = f"{float(p_top[j, r]):.6f}"
         pred_rows.append(row)
-    atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
-    plot_confusion(conf, classes, out_dir / "confusion.png")
-    plot_reliability(bins, ece, out_dir / "reliability.png")
-    text = cfg.data.dataset == "text_csv"  # no pictures of sentences
-    gallery = not text and plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
+    return pred_rows
 
+
+def _print_report(metrics: dict, val_ds, classes, rows, avgs, out_dir: Path, gallery: bool) -> None:
+    """The console report: speed, skipped images, top-1/top-5/loss/ECE, the per-class table, the files written."""
+    n, num_processes, ece = metrics["n"], metrics["num_processes"], metrics["ece"]
     print(f"\n{n} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
     if metrics["skipped"]:
         bad = getattr(val_ds, "bad", [])  # a folder's, found before evaluating; shards name theirs as read
@@ -211,7 +225,6 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
         print(f"{name + ' avg':<{width}}{a['precision']:>10.4f}{a['recall']:>10.4f}{a['f1']:>10.4f}{n:>10d}")
     print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv confusion.png reliability.png"
           + (" mistakes.png" if gallery else ""))
-    return 0
 
 
 MISTAKES = 16  # images in mistakes.png

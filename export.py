@@ -201,23 +201,7 @@ def main(argv=None) -> int:
     try:
         results, staged = {}, {}
         for fmt in args.format:
-            t0 = time.perf_counter()
-            with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
-                warnings.simplefilter("ignore")
-                path = export_model(wrapper, fmt, staging, x)
-            seconds = time.perf_counter() - t0
-            try:
-                check = verify(model, load_exported(path, fmt), batches)
-            except ExportError as e:
-                rejected = out / f"{path.name}.rejected"
-                path.replace(rejected)
-                raise ExportError(f"{e} Nothing in {out} was replaced; the file is kept as {rejected}.") from None
-            staged[fmt] = path
-            results[fmt] = dict(file=str(out / path.name), export_seconds=seconds, model_fingerprint=model_id,
-                                **check)
-            print(f"{fmt:<17} {out / path.name}  ({seconds:.1f} s)  max |p - p_torch| = "
-                  f"{check['max_abs_prob_diff']:.1e} (<= {check['atol']:g}), same top-1 on all {check['images']} "
-                  "rows: ok")
+            staged[fmt], results[fmt] = export_verified(fmt, model, wrapper, x, batches, staging, out, model_id)
         if args.quantize:
             results["int8"] = int8(args, model, data, metric, staged["onnx"], staging, out)
             results["int8"]["model_fingerprint"] = model_id
@@ -234,6 +218,26 @@ def main(argv=None) -> int:
     print(f"wrote {out}/: {', '.join(p.name for p in staged.values())}, preprocessing.json, verification.json")
     return 0
 
+
+
+def export_verified(fmt: str, model, wrapper, x, batches, staging: Path, out: Path, model_id: str) -> tuple[Path, dict]:
+    """One format exported into `staging` and checked against the eager model on `batches`: (its staged path, its
+    verification.json entry), and one line; a file that fails the check is kept in `out` as <name>.rejected."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
+        warnings.simplefilter("ignore")
+        path = export_model(wrapper, fmt, staging, x)
+    seconds = time.perf_counter() - t0
+    try:
+        check = verify(model, load_exported(path, fmt), batches)
+    except ExportError as e:
+        rejected = out / f"{path.name}.rejected"
+        path.replace(rejected)
+        raise ExportError(f"{e} Nothing in {out} was replaced; the file is kept as {rejected}.") from None
+    print(f"{fmt:<17} {out / path.name}  ({seconds:.1f} s)  max |p - p_torch| = "
+          f"{check['max_abs_prob_diff']:.1e} (<= {check['atol']:g}), same top-1 on all {check['images']} "
+          "rows: ok")
+    return path, dict(file=str(out / path.name), export_seconds=seconds, model_fingerprint=model_id, **check)
 
 def int8(args, model, data, metric: str, fp32: Path, staging: Path, out: Path) -> dict:
     """model.int8.onnx in `staging` (vit/deploy/int8.py) and one line of its numbers; QuantizeError (exit 2) when

@@ -6,7 +6,8 @@
     accelerate launch train.py --resume=auto                     # continue a run at its last saved step
 
 The story (`main`): config -> accelerator -> data -> model and optimizer -> resume -> for each epoch: train,
-evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/train/engine.py.
+evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/train/engine.py,
+the run's start and end in vit/train/lifecycle.py, the config's resolution in vit/cli/training.py.
 Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png;
 run.log_with adds experiment trackers (wandb, mlflow, ...; vit/train/tracking.py).
 A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
@@ -40,59 +41,29 @@ import torch
 from accelerate.utils import set_seed
 
 from vit.cli.outputs import check_writable
-from vit.cli.runtime import apply_machine_defaults, make_accelerator, run_cli, single_process_note
-from vit.config import Config, ConfigError, check_dataset_keys, diff, dump, load_config
-from vit.data import (
-    absolute_root,
-    build_datasets,
-    build_loaders,
-    choose_channels,
-    class_counts,
-    class_weights,
-    resolve_data_config,
-)
-from vit.eval.plots import plot_curves
-from vit.models.build import build_model, pretrained_cfg_of, resolve_name
-from vit.models.text_build import build_text_model
+from vit.cli.runtime import make_accelerator, run_cli
+from vit.cli.training import is_text, start_lines, train_config, train_model
+from vit.data import build_datasets, build_loaders, class_weights
 from vit.train import preemption
-from vit.train.console import Console, describe_model, format_settings, processes, rare_class_warning, schedule_warning
-from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported from here by the tests)
+from vit.train.console import Console, describe_data, describe_model, val_class_warning
+from vit.train.engine import (
     Run,
-    TrainState,
-    describe_best,
     evaluate_and_checkpoint,
     finished,
-    mix_batch,
     save_state_if_due,
     stop_if_preempted,
     train_one_epoch,
-    trim_metrics,
 )
+from vit.train.lifecycle import finish, make_ema, make_mixup, open_run_folder, prepare
 from vit.train.optim import build_optimizer
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
-from vit.train.tracking import (
-    accelerator_trackers,
-    check_trackers,
-    flat_config,
-    log_artifacts,
-    tracker_kwargs,
-    tracker_names,
-)
-from vit.utils.atomic import atomic_write_text
+from vit.train.tracking import accelerator_trackers, check_trackers, tracker_names
 
 
 def main(argv: list[str] | None = None) -> int:
     preemption.install()  # SIGTERM (Slurm, Kubernetes) is handled like Ctrl-C, with a state saved
     config_path, overrides = parse_args(sys.argv[1:] if argv is None else argv)
-    cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
-    check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
-    text, channel_note = cfg.data.dataset == "text_csv", None  # text: token ids, no channels nor image preprocessing
-    if not text:
-        cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
-        cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
-    cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
-    cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
-    cfg.data.labels_file = absolute_root(cfg.data.labels_file)
+    cfg, channel_note = train_config(config_path, overrides)  # every null and `auto` resolved
     run_dir = _RUN["dir"] = Path(cfg.run.output_dir) / cfg.run.name
     trackers = tracker_names(cfg)  # run.log_with
     check_trackers(trackers)  # a missing package or an MLflow store that does not open: one sentence, now
@@ -108,30 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         check_not_locked(run_dir)
         check_new_run(run_dir, cfg.run.resume, cfg.run.overwrite)
     set_seed(cfg.run.seed)
-    console.print(format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path))
-    launch_note = single_process_note(accelerator)  # --num_processes 2 without --multi_gpu: one process ran
-    if launch_note and accelerator.is_main_process:
-        console.print(launch_note)
-    console.print(f"device {accelerator.device}, {processes(accelerator)}, "
-                  f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
-                  f"{cfg.data.num_workers} loader worker(s); full config: {run_dir / 'config.yaml'}")
-
-    if channel_note:
-        console.print(channel_note)
+    for line in start_lines(accelerator, cfg, config_path, overrides, channel_note):
+        console.print(line)
 
     # --- data -------------------------------------------------------------------------------------------------
     train_ds, val_ds, classes = build_datasets(cfg)
     train_loader, val_loader = build_loaders(cfg, train_ds, val_ds, accelerator)
-    console.print(describe_data(cfg, train_ds, val_ds, classes))
-    listed = not cfg.data.labels_file and getattr(val_ds, "labels", None) is not None  # shards stream unlisted
-    rare = rare_class_warning(class_counts(val_ds).tolist() if listed else None, classes, cfg.run.select_by)
-    if rare:
-        console.print(rare)
+    for line in filter(None, (describe_data(cfg, train_ds, val_ds, classes), val_class_warning(cfg, val_ds, classes))):
+        console.print(line)
 
     # --- model and optimizer ----------------------------------------------------------------------------------
-    # weights from model.pretrained, if set (one report); text: vit/models/text_build.py
-    model = build_text_model(cfg, len(classes)) if text else build_model(cfg, len(classes), pretrained=True)
-    console.print(f"model: {describe_model(model, cfg.model.pretrained if text else cfg.model.name)}")
+    model = train_model(cfg, len(classes))  # weights from model.pretrained, if set (one report)
+    console.print(f"model: {describe_model(model, cfg.model.pretrained if is_text(cfg) else cfg.model.name)}")
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)
@@ -179,78 +138,6 @@ def parse_args(argv: list[str]) -> tuple[str, list[str]]:
             rest.append(a)
         i += 1
     return config, rest
-
-
-def describe_data(cfg: Config, train_ds, val_ds, classes: list[str]) -> str:
-    what = "texts" if cfg.data.dataset == "text_csv" else "images"
-    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val {what}, {len(classes)} classes"
-    for split, ds in (("train", train_ds), ("val", val_ds)):
-        if getattr(ds, "bad", None):
-            line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
-                     + "; ".join(ds.bad[:5]) + (f" ... and {len(ds.bad) - 5} more" if len(ds.bad) > 5 else ""))
-    return line
-
-
-def prepare(accelerator, model, optimizer, *loaders):
-    """accelerator.prepare for the model, the optimizer and the DataLoaders; shard loaders
-    (vit/data/shard_loader.py) deal their shards to processes and workers themselves and are passed through."""
-    from torch.utils.data import DataLoader
-
-    plain = [i for i, ld in enumerate(loaders) if isinstance(ld, DataLoader)]
-    model, optimizer, *prepared = accelerator.prepare(model, optimizer, *(loaders[i] for i in plain))
-    out = list(loaders)
-    for i, ld in zip(plain, prepared):
-        out[i] = ld
-    return (model, optimizer, *out)
-
-
-def make_ema(cfg: Config, accelerator, model: torch.nn.Module):
-    """timm's EMA of the weights (optim.ema), saved and restored with the training state; None without it."""
-    if not cfg.optim.ema:
-        return None
-    from timm.utils import ModelEmaV3
-
-    if accelerator.distributed_type == "FSDP":  # the EMA copy would be a full replica of the sharded weights
-        raise ConfigError("optim.ema is not supported with FSDP yet; set optim.ema=false or launch with DDP.")
-    return ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
-
-
-def make_mixup(cfg: Config, num_classes: int):
-    """timm's Mixup/CutMix (with label smoothing) when aug.mixup or aug.cutmix is set; None otherwise."""
-    if cfg.aug.mixup <= 0 and cfg.aug.cutmix <= 0:
-        return None
-    from timm.data import Mixup
-
-    return Mixup(mixup_alpha=cfg.aug.mixup, cutmix_alpha=cfg.aug.cutmix, prob=cfg.aug.mixup_prob,
-                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes,
-                 multi_label=bool(cfg.data.labels_file))  # multi-hot targets mixed as they are
-
-
-def open_run_folder(run: Run) -> None:
-    """Create the run folder only now (a bad dataset or model has written nothing): the full config, metrics
-    trimmed to the resumed step, the trackers (run.log_with) with the resolved config; then the one warning a
-    schedule may deserve."""
-    cfg, run_dir = run.cfg, run.run_dir
-    if run.accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / "config.yaml", dump(cfg))
-        trim_metrics(run_dir / "metrics.csv", run.state.step)
-    run.accelerator.init_trackers(cfg.run.project, config=flat_config(cfg), init_kwargs=tracker_kwargs(cfg, run_dir))
-    warning = schedule_warning(run.total_steps, run.warmup_steps, cfg.run.epochs, bool(cfg.model.pretrained),
-                               cfg.run.max_steps)
-    if warning and not cfg.run.resume:
-        run.console.print(warning)
-
-
-def finish(run: Run) -> None:
-    """Draw the curves, give MLflow the run's files, close the trackers, name the best checkpoint."""
-    metrics = run.run_dir / "metrics.csv"
-    if run.accelerator.is_main_process and metrics.is_file():
-        plot_curves(metrics, run.run_dir / "curves.png")
-    log_artifacts(run.accelerator, run.run_dir)  # before end_training closes the MLflow run
-    run.accelerator.end_training()
-    if run.accelerator.is_main_process and run.state.best:
-        run.console.print(f"{describe_best(run.cfg, run.state.best)}; checkpoint {run.run_dir / 'best'}")
 
 
 _RUN: dict[str, Path] = {}  # the run folder, for the Ctrl-C message

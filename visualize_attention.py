@@ -267,17 +267,8 @@ def _visualize(args) -> int:
                   residual_alpha=args.residual_alpha, layer=args.layer)
     written = skipped = 0
     for start in range(0, len(items), args.batch_size):
-        batch, shown, names = [], [], []
-        for name, src, _ in items[start : start + args.batch_size]:
-            try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
-                x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
-            except BadImageError as e:
-                print(f"skipping {printable(e)}", file=sys.stderr)
-                skipped += 1
-                continue
-            batch.append(x)
-            names.append(name)
-            shown.append(to_display(x, cfg.aug.mean, cfg.aug.std))  # what the model saw, in [0, 1]
+        batch, shown, names, bad = _decode(items[start : start + args.batch_size], transform, cfg)
+        skipped += bad
         if not batch:
             continue
         x = torch.stack(batch)
@@ -307,17 +298,38 @@ def _visualize(args) -> int:
                                  for p, i in zip(top_p[j], top_i[j])])
             atomic_write_text(stem.with_suffix(".json"), json.dumps(sidecar, indent=1))
             if groups is not None:
-                labels, sizes = groups[0][j], groups[1][j]
-                buf = io.BytesIO()
-                np.save(buf, labels)
-                atomic_write_bytes(out / f"{name}_tokens.npy", buf.getvalue())
-                left = len(np.unique(labels[labels >= 0])) + int((labels < 0).any())
-                spec = args.token_reduction or cfg.model.token_reduction
-                plot_tokens(out / f"{name}_tokens.png", shown[j], labels, sizes,
-                            f"{name}: {left} tokens for {labels.size} patches ({spec})")
+                _write_tokens(out, name, shown[j], groups[0][j], groups[1][j],
+                              args.token_reduction or cfg.model.token_reduction)
             written += 1
     print(f"wrote {written} map(s) to {out}/" + (f"; skipped {skipped} unreadable file(s)" if skipped else ""))
     return 0 if written else 2
+
+
+def _decode(items, transform, cfg) -> tuple[list, list, list, int]:
+    """(model inputs, the images as shown, names, unreadable count) for one batch of `collect_inputs` items; an
+    unreadable file is named on stderr and skipped."""
+    batch, shown, names, skipped = [], [], [], 0
+    for name, src, _ in items:
+        try:  # a file is decoded at the smallest JPEG scale the evaluation resize allows
+            x = transform(src) if isinstance(src, np.ndarray) else transform.load(src)
+        except BadImageError as e:
+            print(f"skipping {printable(e)}", file=sys.stderr)
+            skipped += 1
+            continue
+        batch.append(x)
+        names.append(name)
+        shown.append(to_display(x, cfg.aug.mean, cfg.aug.std))  # what the model saw, in [0, 1]
+    return batch, shown, names, skipped
+
+
+def _write_tokens(out: Path, name: str, shown, labels, sizes, spec: str) -> None:
+    """<name>_tokens.npy (each patch's token id) and <name>_tokens.png (the merged tokens drawn)."""
+    buf = io.BytesIO()
+    np.save(buf, labels)
+    atomic_write_bytes(out / f"{name}_tokens.npy", buf.getvalue())
+    left = len(np.unique(labels[labels >= 0])) + int((labels < 0).any())
+    plot_tokens(out / f"{name}_tokens.png", shown, labels, sizes,
+                f"{name}: {left} tokens for {labels.size} patches ({spec})")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.layers import SparseOptions, indexer_loss, indexer_only_grads, indexer_schedule  # noqa: E402
+from vit.layers import SparseOptions, indexer_loss  # noqa: E402
 from vit.layers.sparse_attention import KL_ROWS, sparse_modules  # noqa: E402
 from vit.models import TextEncoder  # noqa: E402
+from vit.train.indexer import indexer_only_grads, indexer_schedule  # noqa: E402
 
 FILLER = 64  # filler ids 0..63; query ids follow, then one id per (key, value)
 

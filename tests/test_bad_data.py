@@ -73,10 +73,10 @@ def test_a_class_with_only_unreadable_images_is_refused_like_an_empty_one(tmp_pa
 
 
 def test_bad_images_are_named_by_file_and_listed_once(tmp_path, caplog):
-    from train import describe_data
     from vit.config import load_config
     from vit.data import FolderDataset
     from vit.data.decode import decode_bytes
+    from vit.train.console import describe_data
 
     with pytest.raises(BadImageError) as e:
         decode_bytes(b"not an image", "shard.tar:x.png")

@@ -76,8 +76,8 @@ def test_train_help_lists_every_config_key_with_its_default_and_meaning(helps):
             row = [i for i, line in enumerate(lines[start:], start) if line.startswith(f"  {f.name} = ")]
             assert row, f"{section.name}.{f.name} missing from train.py --help"
             assert lines[row[0]].startswith(f"  {f.name} = {shown}  ("), lines[row[0]]
-            # the meaning is the comment written beside the field in vit/config.py: it cannot drift from the code
-            assert comments.get(f.name), f"{section.name}.{f.name} has no comment in vit/config.py; add one"
+            # the meaning is the comment written beside the field in vit/config/schema.py: it cannot drift from the code
+            assert comments.get(f.name), f"{section.name}.{f.name} has no comment in vit/config/schema.py; add one"
             assert lines[row[0] + 1].strip() == comments[f.name][: len(lines[row[0] + 1].strip())]
     # the values configs/default.yaml sets instead are marked, so a user sees what a plain run uses
     assert "  img_size = 224  (int)  [file: 64]" in lines

@@ -309,7 +309,7 @@ def test_best_is_chosen_by_run_select_by(tmp_path, select_by, best_epoch):
     from vit.config import load_config
     from vit.eval.metrics import class_balanced_scores
     from vit.models.build import build_model
-    from vit.train.engine import keep_best
+    from vit.train.records import keep_best
 
     over = ["--data.dataset=synthetic", "--model.img_size=16", "--model.patch_size=8", "--model.embed_dim=16",
             "--model.depth=1", "--model.num_heads=2", "--run.keep_best=2"]
@@ -327,7 +327,7 @@ def test_best_is_chosen_by_run_select_by(tmp_path, select_by, best_epoch):
 
 
 def test_rank_best_keeps_the_earlier_epoch_on_a_tie_and_ranks_loss_lowest_first():
-    from vit.train.engine import rank_best
+    from vit.train.records import rank_best
 
     assert rank_best([[0.5, 1]], 0.5, 2) == [[0.5, 1], [0.5, 2]]
     assert rank_best([[0.5, 1]], 0.6, 2) == [[0.6, 2], [0.5, 1]]

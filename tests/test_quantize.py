@@ -16,13 +16,13 @@ from vit.config import load_config
 from vit.data import build_datasets
 from vit.data.transforms import build_transform
 from vit.deploy.int8 import budget_metric, choose_method, describe_change, resolution_warning
+from vit.deploy.onnx_predict import softmax
 from vit.deploy.quantize import (
     OnnxModel,
     QuantizeError,
     fewest_float_groups,
     quantize_within_budget,
     score,
-    softmax,
     within_budget,
 )
 from vit.models.build import build_model

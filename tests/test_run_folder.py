@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import ROOT, TINY, run_script
-from helpers import import_script as _script
 from safetensors.torch import load_file
 
 from vit.cli.runtime import make_accelerator
@@ -127,14 +126,13 @@ def _resume_in_process(run: Path, *overrides: str):
     from vit.models.build import build_model
     from vit.train.optim import build_optimizer
 
-    train = _script("train")
     cfg = resolve_data_config(load_config(  # as train.py: the preprocessing filled in, as the saved config has it
         ROOT / "configs/default.yaml",
         [*SMALL, f"--run.output_dir={run.parent}", f"--run.name={run.name}", *overrides]))
     accelerator = make_accelerator()
     model = build_model(cfg, cfg.data.synthetic_num_classes)
     model, optimizer = accelerator.prepare(model, build_optimizer(model, cfg.optim))
-    state = train.TrainState()
+    state = TrainState()
     resume_run(accelerator, cfg, run, state, None)
     return state
 
@@ -327,7 +325,6 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
     from vit.train.optim import build_optimizer
     from vit.train.runfolder import save_run_state
 
-    train = _script("train")
     cfg = load_config(ROOT / "configs/default.yaml", [*SMALL, f"--run.output_dir={tmp_path}", "--run.name=e",
                                                       "--optim.ema=true"])
     accelerator = make_accelerator()
@@ -338,14 +335,14 @@ def test_ema_weights_and_the_running_loss_round_trip_through_a_state(tmp_path):
         for p in ema.parameters():
             p.add_(1.0)  # EMA differs from the model, so a mix-up would show
     saved = {k: v.clone() for k, v in ema.state_dict().items()}
-    state = train.TrainState(step=3, epoch=1, batch_in_epoch=2, best=[[0.5, 0]])
+    state = TrainState(step=3, epoch=1, batch_in_epoch=2, best=[[0.5, 0]])
     save_run_state(accelerator, cfg, tmp_path / "e", state, model, ema, torch.tensor(2.5), 2)
     names = sorted(p.name for p in (tmp_path / "e/state/step-00000003").iterdir())
     assert "ema.safetensors" in names and [n for n in names if n.endswith(".pkl")] == ["random_states_0.pkl"]
     with torch.no_grad():
         for p in ema.parameters():
             p.zero_()
-    back = train.TrainState()
+    back = TrainState()
     resume_run(accelerator, load_config(ROOT / "configs/default.yaml", [
         *SMALL, f"--run.output_dir={tmp_path}", "--run.name=e", "--optim.ema=true", "--run.resume=auto"]),
         tmp_path / "e", back, ema)

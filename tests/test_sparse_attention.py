@@ -269,7 +269,7 @@ def test_indexer_loss_is_none_after_a_dense_forward():
     stale one from the previous step would be summed into this step's loss, and its graph is already freed
     ("backward through the graph a second time"), so training on mixed lengths crashed."""
     import vit
-    from vit.layers.sparse_attention import indexer_schedule
+    from vit.train.indexer import indexer_schedule
 
     te = vit.TextEncoder(50, D, 1, H, max_len=64, sparse_attention=SparseOptions("dsa", block_size=S, min_tokens=48))
     for step, n in enumerate([64, 32, 64]):
@@ -680,6 +680,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
     """The warm-up step updates the indexers alone (no weight decay or moment elsewhere) and toggles no
     requires_grad (DDP fixes the parameters it reduces when it wraps the model); the sparse stage moves all."""
     import vit
+    from vit.train.indexer import indexer_only_grads, indexer_schedule
 
     torch.manual_seed(0)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=D, depth=2, num_heads=H,
@@ -690,7 +691,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
     flags = {n: p.requires_grad for n, p in m.named_parameters()}
     x = torch.randn(2, 3, 32, 32)
     for step in range(2):
-        stage = sa.indexer_schedule(m, step, 1)
+        stage = indexer_schedule(m, step, 1)
         assert stage == ("warmup", "sparse")[step]
         task = m(x).logsumexp(-1).mean()
         loss = indexer_loss(m) + (0.0 * task if stage == "warmup" else task)
@@ -698,7 +699,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
         loss.backward()
         assert all(p.grad is not None for p in m.parameters())  # every parameter takes part (DDP)
         if stage == "warmup":
-            sa.indexer_only_grads(m)
+            indexer_only_grads(m)
         opt.step()
         assert {n: p.requires_grad for n, p in m.named_parameters()} == flags
         moved = {n for n, p in m.named_parameters() if not torch.equal(p, before[n])}
@@ -706,7 +707,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
             assert moved and all(".indexer." in n for n in moved)
         else:
             assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
-    assert sa.indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
+    assert indexer_schedule(vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1), 0, 2) is None
 
 
 def test_config_refuses_unknown_sparse_values():

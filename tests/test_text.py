@@ -95,21 +95,10 @@ def test_sincos_positions_and_errors():
         vit.TextEncoder(10, 16, 1, 2, global_pool="token")
 
 
-def test_old_keywords_warn_and_mean_the_same():
-    torch.manual_seed(0)
-    new = vit.TextEncoder(20, 16, 1, 2, max_len=8, class_token=True, global_pool="token").eval()
-    for kwargs, spelled in ((dict(cls_token=True, pool="cls"), "global_pool='token'"),
-                            (dict(class_token=True, pool="cls"), "global_pool='token'")):
-        with pytest.warns(DeprecationWarning, match=spelled):
-            old = vit.TextEncoder(20, 16, 1, 2, max_len=8, **kwargs).eval()
-        old.load_state_dict(new.state_dict())
-        ids = torch.randint(0, 20, (2, 5))
-        torch.testing.assert_close(old(ids).pooler_output, new(ids).pooler_output, atol=0, rtol=0)
-        assert old.global_pool == "token" and old.cls_token is not None
-    with pytest.warns(DeprecationWarning, match="class_token"):
-        vit.TextEncoder(20, 16, 1, 2, cls_token=True)
-    with pytest.warns(DeprecationWarning, match="global_pool='avg'"):
-        assert vit.TextEncoder(20, 16, 1, 2, pool="mean").global_pool == "avg"
+def test_pool_names_other_than_timms_are_refused_naming_the_choices():
+    for name in ("cls", "mean"):
+        with pytest.raises(ValueError, match=f"unknown global_pool '{name}'; choose one of 'token', 'avg'"):
+            vit.TextEncoder(20, 16, 1, 2, global_pool=name)
 
 
 def _torch_encoder(D=16, H=2, depth=1, norm_first=True, final_norm=True, **layer_kwargs):

@@ -51,7 +51,8 @@ def test_every_tracked_name_is_a_metrics_csv_column_or_its_step_value_once_per_s
     from vit.data import build_datasets, build_loaders
     from vit.models.build import build_model
     from vit.train.console import Console
-    from vit.train.engine import METRIC_FIELDS, Run, evaluate_and_checkpoint, train_one_epoch
+    from vit.train.engine import Run, evaluate_and_checkpoint, train_one_epoch
+    from vit.train.records import METRIC_FIELDS
 
     cfg = load_config(ROOT / "configs/default.yaml", [
         "--data.dataset=synthetic", "--data.synthetic_train_size=16", "--data.synthetic_val_size=4", *TINY,

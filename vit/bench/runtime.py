@@ -8,6 +8,7 @@ import statistics
 
 import torch
 
+from ..deploy.session import open_session
 from ..models.build import create_model
 from ..utils.timing import interleaved, ratio_stats
 
@@ -34,9 +35,7 @@ def bench_onnxruntime(model: str, batch_size: int = 32, img_size: int = 224, war
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         path = export_model(ExportableClassifier(net), "onnx", tmp, x)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = torch.get_num_threads(), 1  # same cores as torch
-        session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        session = open_session(path, torch.get_num_threads(), inter_op_threads=1)  # the same cores as torch
     feed = {"x": x.numpy()}
 
     def eager():

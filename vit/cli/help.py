@@ -2,7 +2,7 @@
 
 The scripts build their argparse parsers before their heavy imports and call `exit_if_help` first, so
 `python evaluate.py --help` prints in well under a second instead of after ~7 s of torch/timm imports. train.py has
-no argparse options of its own: its help is the config schema, read from the dataclasses in vit/config.py (key,
+no argparse options of its own: its help is the config schema, read from the dataclasses in vit/config/schema.py (key,
 type, default) and from the comment written beside each field, so the help cannot drift from the code:
 tests/test_cli_help.py fails when a field has no comment.
 
@@ -67,11 +67,9 @@ def format_value(v: Any) -> str:
 
 
 def field_comments(cls: type, source: str | None = None) -> dict[str, str]:
-    """{field: meaning} for a dataclass defined in vit/config.py: the comment on the field's own line(s), or
-    else the block of comment lines directly above it. Fields without either are missing from the result."""
-    from .. import config as C  # here, not at the top: predict.py --onnx builds its parser without PyYAML
-
-    source = source if source is not None else Path(C.__file__).read_text()
+    """{field: meaning} for a dataclass defined in vit/config/schema.py: the comment on the field's own line(s),
+    or else the block of comment lines directly above it. Fields without either are missing from the result."""
+    source = source if source is not None else Path(sys.modules[cls.__module__].__file__).read_text()
     comments: dict[int, str] = {}  # line -> comment text
     code_lines: set[int] = set()
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):

@@ -175,8 +175,8 @@ def resolve_threads(value: int | str, workers: int, cpus: int | None = None) -> 
 
 def resolve_precision(value: str | None, gpu_bf16: bool | None = None) -> str | None:
     """`run.mixed_precision`: auto is bf16 on a GPU that supports it (Ampere and later) and no elsewhere (fp16
-    needs loss scaling; on a CPU, even one with AMX, bf16 autocast made the digits model's step 2x slower here,
-    small matrices paying for the casts); other values are kept."""
+    needs loss scaling; on a CPU, even one with AMX, bf16 autocast slows a small model's step: its small matrices
+    pay more for the casts than they save); other values are kept."""
     if value != "auto":
         return value
     if gpu_bf16 is None:

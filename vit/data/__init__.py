@@ -1,6 +1,7 @@
 """Data: image decoding (`decode`), the augmentation pipelines (`transforms`), the datasets and loaders of
 every `data.dataset` (`datasets`; tar shards in `shards` + `shard_loader`, Hugging Face datasets in
-`hf_datasets`, multi-label labels files in `multilabel`) and generated images (`synthetic`).
+`hf_datasets`, multi-label labels files in `multilabel`), the config completed from the data (`resolve`) and
+generated images (`synthetic`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""
@@ -11,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {  # public name -> the module of this package that defines it
-    **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "absolute_root", "build_datasets",
-                     "build_loaders", "resolve_data_config", "build_eval_split", "choose_channels", "class_counts",
-                     "class_weights", "data_channels", "is_flat_folder"), "datasets"),
+    **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "build_datasets", "build_loaders",
+                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder"), "datasets"),
+    **dict.fromkeys(("absolute_root", "choose_channels", "data_channels", "resolve_data_config"), "resolve"),
     **dict.fromkeys(("MultiLabelDataset", "read_labels_file"), "multilabel"),
     **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
     **dict.fromkeys(("colour_coded", "photo_like", "SHAPES", "long_tailed_colours", "shapes_image"), "synthetic"),
@@ -45,18 +46,15 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
         DataError,
         EpochSampler,
         FolderDataset,
-        absolute_root,
         build_datasets,
         build_eval_split,
         build_loaders,
-        choose_channels,
         class_counts,
         class_weights,
-        data_channels,
         is_flat_folder,
-        resolve_data_config,
     )
     from .decode import IMG_EXTENSIONS, BadImageError, decode_image
     from .multilabel import MultiLabelDataset, read_labels_file
+    from .resolve import absolute_root, choose_channels, data_channels, resolve_data_config
     from .synthetic import SHAPES, colour_coded, long_tailed_colours, photo_like, shapes_image
     from .transforms import Pipeline, build_transform

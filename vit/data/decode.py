@@ -3,7 +3,7 @@ JPEG at the smallest scale its crop allows.
 
 Whatever a folder holds becomes RGB uint8 (H, W, 3): EXIF orientation applied, grayscale and 16-bit scaled to
 8 bits, palette and alpha images converted; an unreadable file raises `BadImageError`. Complete JPEGs go
-through OpenCV's libjpeg-turbo decoder (about 25% faster than PIL's here, same pixels) and can be decoded at
+through OpenCV's libjpeg-turbo decoder (faster than PIL's, same pixels) and can be decoded at
 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling); everything else, and any JPEG OpenCV refuses, through PIL, whose
 errors name the problem. A JPEG's size and orientation come from a small marker parser (~10 us).
 

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..models.vision_transformer import VisionTransformer
 from ..utils.atomic import atomic_write_text
+from .session import open_session
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",
            "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
@@ -123,9 +124,7 @@ def load_exported(path: str | Path, fmt: str):
     path = str(path)
     if fmt == "onnx":
         require_onnx()
-        import onnxruntime as ort
-
-        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session = open_session(path)
         name = session.get_inputs()[0].name
         return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
     if fmt == "torchscript":

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..data.decode import BadImageError
 from .preprocess import ReferencePreprocessing, read_preprocessing
+from .session import open_session
 
 __all__ = ["OnnxClassifier", "softmax", "sigmoid", "PROBLEM_TYPES"]
 
@@ -30,11 +31,11 @@ SINGLE, MULTI = "single_label_classification", "multi_label_classification"
 PROBLEM_TYPES = (SINGLE, MULTI)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row softmax in float64, returned as float32 (what torch's float32 softmax gives, within 1e-7)."""
+def softmax(logits: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """Row softmax in float64, returned as `dtype` (float32: what torch's float32 softmax gives, within 1e-7)."""
     z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
     e = np.exp(z)
-    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+    return (e / e.sum(-1, keepdims=True)).astype(dtype, copy=False)
 
 
 def sigmoid(logits: np.ndarray) -> np.ndarray:
@@ -76,7 +77,7 @@ def _regular_file(path: Path, what: str) -> None:
 
 class OnnxClassifier:
     def __init__(self, model: str | Path, preprocessing: str | Path | None = None, threads: int = 0) -> None:
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401 (not installed: the ImportError says so here, not as a load error below)
 
         model = Path(model)
         pre = Path(preprocessing) if preprocessing else model.parent / "preprocessing.json"
@@ -87,12 +88,8 @@ class OnnxClassifier:
             self.classes, self.problem_type, self.threshold = _heads(self.info)
         except ValueError as e:
             raise ValueError(f"{pre}: {e}; export the model again.") from None
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        opts.log_severity_level = 3
         try:
-            self.session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+            self.session = open_session(model, threads)
         except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
             raise ValueError(f"ONNX Runtime cannot load {model}: {str(e).splitlines()[0]}") from None
         self.model, self.pre = model, pre

@@ -44,8 +44,10 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.timing import interleaved, ratio_stats
+from .onnx_predict import softmax
+from .session import open_session
 
-__all__ = ["METHODS", "METRICS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel", "softmax",
+__all__ = ["METHODS", "METRICS", "QuantizeError", "prepare", "weight_groups", "quantize", "OnnxModel",
            "probabilities", "score", "decisions", "signed_points", "within_budget", "fewest_float_groups",
            "quantize_within_budget", "speed_ratios"]
 
@@ -79,7 +81,6 @@ def prepare(src: str | Path, dst: str | Path) -> Path:
     trip the quantizer's strict shape inference (the head's transposed Gemm weight: "(32) vs (5)"); they are
     only hints. Node names are kept, so `weight_groups(dst, scopes_from=src)` names the groups."""
     import onnx
-    import onnxruntime as ort
 
     model = onnx.load(str(src))
     del model.graph.value_info[:]
@@ -87,11 +88,7 @@ def prepare(src: str | Path, dst: str | Path) -> Path:
     bare = dst.with_name(f".bare-{dst.name}")
     onnx.save(model, str(bare))
     try:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        opts.optimized_model_filepath = str(dst)
-        opts.log_severity_level = 3
-        ort.InferenceSession(str(bare), opts, providers=["CPUExecutionProvider"])
+        open_session(bare, optimized_to=dst)
     finally:
         bare.unlink(missing_ok=True)
     return dst
@@ -166,12 +163,7 @@ class OnnxModel:
     """An ONNX file on ONNX Runtime's CPU provider, with a fixed thread count: numpy in, logits out."""
 
     def __init__(self, path: str | Path, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.session = open_session(path, threads, inter_op_threads=1)
         self.input = self.session.get_inputs()[0].name
 
     def __call__(self, x: np.ndarray, batch: int = 64) -> np.ndarray:
@@ -180,16 +172,10 @@ class OnnxModel:
         return np.concatenate(out)
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64) - logits.max(-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(-1, keepdims=True)
-
-
 def probabilities(logits: np.ndarray, metric: str) -> np.ndarray:
     """(N, C) probabilities: softmax for a single-label metric, a sigmoid per class for a multi-label one."""
     if metric == "top1":
-        return softmax(logits)
+        return softmax(logits, np.float64)
     return 1 / (1 + np.exp(-logits.astype(np.float64)))
 
 

@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, apply_overrides, from_dict, to_dict
-from ..data.datasets import resolve_data_config
 from ..data.decode import BadImageError
+from ..data.resolve import resolve_data_config
 from ..data.transforms import Pipeline
 from ..hub.weights import load_pretrained, read_state_dict
 from ..models.build import create_model

@@ -15,8 +15,6 @@ from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
     indexer_loss,
-    indexer_only_grads,
-    indexer_schedule,
     set_indexer_stage,
 )
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
@@ -47,8 +45,6 @@ __all__ = [
     "get_mlp_layer",
     "get_norm_layer",
     "indexer_loss",
-    "indexer_only_grads",
-    "indexer_schedule",
     "parse_token_reduction",
     "pool_tokens",
     "resample_abs_pos_embed",

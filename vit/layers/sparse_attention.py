@@ -24,8 +24,8 @@ are asked for (a sparse map is a map with zeros, so rollout works). Causal and p
 selection: a future or padded key is never attended, a block of padding never chosen. Below `min_tokens` (the
 measured crossover) attention stays dense, said once.
 
-Training the indexer follows DeepSeek's two stages (`indexer_schedule`): "warmup" keeps attention dense and
-teaches the indexer the dense attention's distribution, per query row, at the level selection uses:
+Training the indexer follows DeepSeek's two stages (scheduled by step in vit/train/indexer.py): "warmup" keeps
+attention dense and teaches the indexer the dense attention's distribution, per query row, at the level selection uses:
 KL(P_t || softmax_j(I[t, j])) with P_t[j] the attention that query t pays to block j, summed over heads;
 "sparse" attends sparsely, the indexer's input detached, its KL restricted to the selected blocks. The loss of
 the last forward is `indexer_loss(model)`. The rows are averaged alike (`kl_rows="mean"`, DeepSeek's, where every
@@ -52,7 +52,6 @@ from .sparse_kernels import flex, gathered, masked_attention
 __all__ = [
     "LightningIndexer", "SparseAttention", "select_blocks", "selection_mask", "moba_block_scores",
     "indexer_loss", "parse_sparse_spec", "resolve", "retune", "set_indexer_stage", "sparse_modules",
-    "indexer_schedule", "indexer_only_grads",
 ]
 
 STAGES = (None, "warmup", "sparse")
@@ -68,10 +67,9 @@ FLEX_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # what compile
 DEFAULTS = {"moba": dict(select="token", own_block=True, sink_block=False),
             "dsa": dict(select="block", own_block=True, sink_block=True)}
 DENSITY = 0.125  # the kept share of blocks when neither topk_blocks nor density is given
-# The sequence length below which dense SDPA is at least as fast (benchmark.py --sparse-attention, 2-core CPU,
-# ViT-B width, blocks of 128, selection per query block): at 1024 tokens, the shortest measured, the attention
-# layer at 1/8 density ran MoBA 1.38x, DSA 1.31x with FlexAttention and 1.18x / 1.00x with the gathered kernel
-# (one sample each; its kernel alone 3.7x / 2.6x), so dense wins below it.
+# The sequence length below which dense SDPA is at least as fast: the shortest length benchmark.py
+# --sparse-attention measured, where sparse attention at 1/8 density first matched or beat it (the table and
+# its conditions: docs/sparse-attention.md, "Speed").
 CROSSOVER_TOKENS = 1024
 _WARNED = set()
 
@@ -349,31 +347,6 @@ def set_indexer_stage(model: nn.Module, stage: str | None, kl_rows: str | None =
         m.stage = stage
         if kl_rows is not None:
             m.kl_rows = kl_rows
-
-
-def indexer_schedule(model: nn.Module, step: int, warmup_steps: int, kl_rows: str | None = None) -> str | None:
-    """DeepSeek's two stages by optimizer step, for a training loop: "warmup" for the first `warmup_steps`, then
-    "sparse"; None for a model with no DSA layer (nothing changes). Returns the stage, which says what to
-    minimise: in the warm-up only the indexers learn, so the loop minimises `indexer_loss` (plus 0 x the task loss,
-    so that DDP sees every parameter used) and calls `indexer_only_grads` before its optimizer step. No
-    `requires_grad` is toggled: DDP fixes the parameters it reduces when it wraps the model. `kl_rows`: see
-    `set_indexer_stage`."""
-    layers = [m for m in sparse_modules(model) if m.indexer is not None]
-    if not layers:
-        return None
-    stage = "warmup" if step < warmup_steps else "sparse"
-    if layers[0].stage != stage or (kl_rows is not None and layers[0].kl_rows != kl_rows):
-        set_indexer_stage(model, stage, kl_rows)
-    return stage
-
-
-def indexer_only_grads(model: nn.Module) -> None:
-    """Drop the gradient of every parameter outside the DSA indexers (set to None, so that the optimizer skips
-    them: no update, no weight decay, no moment change): the warm-up's optimizer step moves the indexers only."""
-    indexer = {id(p) for m in sparse_modules(model) if m.indexer is not None for p in m.indexer.parameters()}
-    for p in model.parameters():
-        if id(p) not in indexer:
-            p.grad = None
 
 
 def indexer_loss(model: nn.Module) -> torch.Tensor | None:

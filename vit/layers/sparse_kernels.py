@@ -76,8 +76,8 @@ def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor, 
     lists only where a backward may follow. Every kept block is "partial": a mask of "full" blocks only fails to
     compile on this CPU, and the full-block path ran slower there. Where nothing inside a kept block is masked (no
     causal or padding mask, N a multiple of the block) the compiled CPU kernel skips the mask function
-    (`SKIP_MASK_SCORE`, 1.6x faster at N = 8192, torch 2.14.1). Eager FlexAttention evaluates the mask function
-    alone, ignoring the block lists, so there the mask function reads the selection itself."""
+    (`SKIP_MASK_SCORE`: no mask call per score). Eager FlexAttention evaluates the mask function alone, ignoring
+    the block lists, so there the mask function reads the selection itself."""
     from torch.nn.attention.flex_attention import BlockMask
 
     B, H, N, _ = q.shape

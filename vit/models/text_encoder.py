@@ -14,7 +14,6 @@ oracle in the tests.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,10 +71,6 @@ def check_text_sizes(owner: str, vocab_size: int, embed_dim: int, depth: int, nu
         raise ValueError(f"{owner}: norm_eps={norm_eps!r} is not a finite number between 0 and 1; pass e.g. 1e-6.")
 
 
-# The spellings before timm's vocabulary was adopted; accepted for one release with a DeprecationWarning.
-_OLD_POOL = {"cls": "token", "mean": "avg"}
-
-
 class TextEncoder(nn.Module):
     """The shared encoder on token ids: (B, N) ids -> `TextEncoderOutput` with per-token states (B, N', D) and a
     pooled vector (B, D), N' = N plus one [CLS] slot with `class_token=True`.
@@ -84,8 +79,7 @@ class TextEncoder(nn.Module):
     token, `global_pool="token"` pools it and `"avg"` averages the real (unpadded) tokens; `norm_layer`,
     `norm_eps`, `mlp_layer`, `norm_first` and the drop rates configure the same `Encoder` as the image model.
     Positions are learned (`pos_embed="learn"`), fixed sinusoids (`"sincos"`) or absent (`"none"`), `max_len`
-    rows of them. The older keywords `cls_token=` and `pool="cls"|"mean"` still work for one release, with a
-    DeprecationWarning naming the new spelling. `sparse_attention` (a `SparseOptions` or its mapping) makes every
+    rows of them. `sparse_attention` (a `SparseOptions` or its mapping) makes every
     block attend to the top-k key blocks only (vit.layers.sparse_attention).
 
     What pretrained text models add (all off by default, so the model above is unchanged):
@@ -128,23 +122,8 @@ class TextEncoder(nn.Module):
         position_padding_idx: int | None = None,
         eos_token_id: int | None = None,
         pooler: bool = False,
-        cls_token: bool | None = None,
-        pool: str | None = None,
     ) -> None:
         super().__init__()
-        if cls_token is not None:
-            warnings.warn("TextEncoder(cls_token=...) is now class_token=... (timm's name, as on VisionTransformer); "
-                          "the old keyword goes in the next release.", DeprecationWarning, stacklevel=2)
-            class_token = cls_token
-        if pool is not None:
-            warnings.warn(f"TextEncoder(pool={pool!r}) is now global_pool={_OLD_POOL.get(pool, pool)!r} (timm's "
-                          "names, as on VisionTransformer); the old keyword goes in the next release.",
-                          DeprecationWarning, stacklevel=2)
-            global_pool = _OLD_POOL.get(pool, pool)
-        elif global_pool in _OLD_POOL:  # the old values given positionally or as global_pool
-            warnings.warn(f"global_pool={global_pool!r} is now {_OLD_POOL[global_pool]!r} (timm's name); the old "
-                          "value goes in the next release.", DeprecationWarning, stacklevel=2)
-            global_pool = _OLD_POOL[global_pool]
         check_text_sizes("TextEncoder", vocab_size, embed_dim, depth, num_heads, max_len, norm_eps)
         if global_pool not in POOLS:
             raise ValueError(f"unknown global_pool {global_pool!r}; choose one of {', '.join(map(repr, POOLS))}.")

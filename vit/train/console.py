@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Console", "describe_model", "schedule_warning", "rare_class_warning", "quiet_libraries", "MIN_STEPS",
-           "FEW_VAL_IMAGES"]
+__all__ = ["Console", "describe_model", "schedule_warning", "rare_class_warning", "describe_data", "val_class_warning",
+           "quiet_libraries", "MIN_STEPS", "FEW_VAL_IMAGES"]
 
 PLAIN_EVERY_S = 30.0  # a log file gets a progress line this often (a long epoch shows it is alive)
 # A run from scratch with fewer optimizer steps than this is warned about (a chosen round number): the digits
@@ -109,6 +109,26 @@ def rare_class_warning(counts: list[int] | None, classes: list[str], select_by: 
     return (f"warning: {len(rare)} of {len(classes)} classes have fewer than {FEW_VAL_IMAGES} validation images "
             f"({shown}), so the number that picks best/ moves by whole images and may follow noise; add validation "
             f"images{advice}.")
+
+
+def describe_data(cfg, train_ds, val_ds, classes: list[str]) -> str:
+    """The data line: dataset, images per split, classes; then the unreadable images skipped, five named."""
+    what = "texts" if cfg.data.dataset == "text_csv" else "images"
+    line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val {what}, {len(classes)} classes"
+    for split, ds in (("train", train_ds), ("val", val_ds)):
+        if getattr(ds, "bad", None):
+            line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "
+                     + "; ".join(ds.bad[:5]) + (f" ... and {len(ds.bad) - 5} more" if len(ds.bad) > 5 else ""))
+    return line
+
+
+def val_class_warning(cfg, val_ds, classes: list[str]) -> str | None:
+    """`rare_class_warning` for the held-out split's class counts, where the dataset lists its labels (shards
+    stream unlisted; multi-label data has no one class per image)."""
+    from ..data import class_counts
+
+    listed = not cfg.data.labels_file and getattr(val_ds, "labels", None) is not None  # shards stream unlisted
+    return rare_class_warning(class_counts(val_ds).tolist() if listed else None, classes, cfg.run.select_by)
 
 
 def _is_terminal() -> bool:

@@ -12,9 +12,7 @@ norm and no extra collective runs); a non-finite loss on any micro-batch makes t
 
 from __future__ import annotations
 
-import csv
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,29 +24,20 @@ import torch.nn.functional as F
 from ..eval.metrics import per_class_metrics, predict, summarize_logits
 from ..eval.multilabel import summarize_multilabel
 from ..eval.plots import plot_confusion
-from ..layers import indexer_loss, indexer_only_grads, indexer_schedule, topk_warmup
+from ..layers import indexer_loss, topk_warmup
 from ..models.checkpoint import save_checkpoint
-from ..utils.atomic import atomic_write_csv
 from ..utils.faults import fault_point, poison_loss
+from .indexer import indexer_only_grads, indexer_schedule
 from .optim import lr_at, set_lr
 from .preemption import Preempted
 from .preemption import requested as preemption_requested
-from .runfolder import check_weights, kept_note, save_run_state
+from .records import append_metrics, keep_best
+from .runfolder import check_run_weights, kept_note, save_run_state
 from .state import state_dir_name
 from .tracking import log_row, log_step
 
 __all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
-           "save_state_if_due", "stop_if_preempted", "finished", "METRIC_FIELDS", "append_metrics", "trim_metrics",
-           "SELECT_BY", "select_by", "rank_best", "keep_best", "describe_best"]
-
-METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
-                 "skipped_steps", "val_map", "indexer_loss",  # val_map: multi-label runs, which have no top-1
-                 "val_macro_f1", "val_balanced_accuracy"]
-
-# run.select_by -> (the checkpoint meta's key, its name in a sentence, higher is better)
-SELECT_BY = {"top1": ("val_acc1", "top-1", True), "macro_f1": ("val_macro_f1", "macro F1", True),
-             "balanced_accuracy": ("val_balanced_accuracy", "balanced accuracy", True),
-             "loss": ("val_loss", "loss", False), "map": ("val_map", "mAP", True)}
+           "save_state_if_due", "stop_if_preempted", "finished"]
 
 
 @dataclass
@@ -321,7 +310,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
             log_row(acc, row, cfg.run.log_every)
         return
     eval_model = run.ema.module if run.ema is not None else run.model
-    check_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
+    check_run_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
     out = predict(eval_model, run.val_loader, acc)
     if cfg.data.labels_file:
         return _evaluate_multilabel(run, stats, out, eval_model)
@@ -367,62 +356,3 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
         keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
         log_row(acc, row, cfg.run.log_every)
-
-
-def select_by(cfg) -> str:
-    """The run.select_by that ranks checkpoints: as set, else top1 (map for multi-label data)."""
-    return cfg.run.select_by or ("map" if cfg.data.labels_file else "top1")
-
-
-def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = True) -> list:
-    """[[score, epoch]] of the kept checkpoints and this epoch's, best first; a tie goes to the earlier epoch
-    (a later epoch must do better to replace best/)."""
-    sign = -1 if higher_is_better else 1
-    return sorted([*best, [score, epoch]], key=lambda t: (sign * t[0], t[1]))
-
-
-def describe_best(cfg, best: list) -> str:
-    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]])."""
-    score, epoch = best[0]
-    _, name, higher = SELECT_BY[select_by(cfg)]
-    return f"best val {name} {100 * score:.2f}% at epoch {epoch}" if higher else \
-        f"best val {name} {score:.4f} at epoch {epoch}"
-
-
-def keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
-    """`best/` holds the best checkpoint by run.select_by (top-1 unless set, mAP for multi-label); with
-    run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
-    k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
-    key, _, higher = SELECT_BY[select_by(run.cfg)]
-    score, epoch = meta[key], meta["epoch"]
-    ranked = rank_best(state.best, score, epoch, higher)
-    if [score, epoch] not in ranked[:k]:
-        return
-    if ranked[0] == [score, epoch]:
-        save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta, weights)
-    if k > 1:
-        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta, weights)
-        for _, e in ranked[k:]:
-            shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
-    state.best = ranked[:k]
-
-
-def _read_metrics(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def append_metrics(path: Path, row: dict) -> None:
-    """Add one row to the run's metrics.csv (rewritten atomically: a kill never leaves half a row)."""
-    rows = _read_metrics(path) + [{k: row.get(k, "") for k in METRIC_FIELDS}]
-    atomic_write_csv(path, METRIC_FIELDS, rows)
-
-
-def trim_metrics(path: Path, step: int) -> None:
-    """On resume, forget rows written after the state we resumed from (they will be written again)."""
-    rows = _read_metrics(path)
-    kept = [r for r in rows if int(r["step"]) <= step]
-    if len(kept) != len(rows) or (not kept and path.is_file()):
-        atomic_write_csv(path, METRIC_FIELDS, kept)

@@ -4,7 +4,7 @@ AdamW (Loshchilov & Hutter, 2019) built by timm's optimizer factory (`timm.optim
 train.py does: no weight decay on 1-D parameters (norms, biases) and on `model.no_weight_decay()` (position
 embeddings, [CLS]), as DeiT; with `layer_decay`, layer-wise learning-rate decay (BEiT, Bao et al., 2022) over the
 layers of `model.group_matcher()`: block i of L gets lr * decay^(L - i), the embeddings decay^(L + 1), the head
-the full lr. One difference from the BEiT recipe this module used to hand-write: timm's ViT grouping puts the final
+the full lr. One difference from the BEiT recipe: timm's ViT grouping puts the final
 norm with the last block (decay^1) where BEiT gives it the full lr; ViT-B fine-tuning recipes use timm's.
 The schedule is a pure function of the optimizer step: linear warmup, then cosine to `min_lr`.
 """

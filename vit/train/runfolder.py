@@ -30,7 +30,7 @@ from ..models.checkpoint import CheckpointError
 from .state import latest_state, save_state_atomic, verify_state
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
-           "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_weights",
+           "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_run_weights",
            "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count"]
 
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "wandb", "curves.png",
@@ -254,7 +254,7 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     """Accelerate's state plus ours (JSON), EMA weights (safetensors) and the config, in one verified folder."""
     from safetensors.torch import save
 
-    check_weights(accelerator, model, state, run_dir)
+    check_run_weights(accelerator, model, state, run_dir)
     # the running sum differs per process; its mean over processes, divided by loss_n, is the epoch's mean
     mine = torch.as_tensor(loss_sum, device=accelerator.device).float().reshape(1)
     state.loss_sums = [float(v) for v in accelerator.gather(mine).tolist()]  # exact, one per process
@@ -267,7 +267,8 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     save_state_atomic(accelerator, run_dir, state.step, keep=cfg.run.keep_states, extra=extra)
 
 
-def check_weights(accelerator, model, state, run_dir: Path) -> None:
+def check_run_weights(accelerator, model, state, run_dir: Path) -> None:
+    """Stop a run whose weights training made non-finite, in one sentence naming the step and what is kept."""
     weights = {k: v for k, v in accelerator.unwrap_model(model).state_dict().items()}
     check_finite(weights, f"the weights became non-finite by step {state.step} (epoch {state.epoch}); nothing was "
                           f"saved at this point and {kept_note(run_dir)}", "lower optim.lr or enable optim.clip_grad.")

@@ -13,7 +13,7 @@ checkpoint's model card, config.yaml, metrics.csv, curves.png and confusion.png;
 folder. `csv` is our own metrics.csv, which is always written (curves.png and a resume read it): naming it only
 makes the list say so.
 
-Where the files go: TensorBoard into <run>/tensorboard/ (as before this key existed); wandb into <run>/wandb/
+Where the files go: TensorBoard into <run>/tensorboard/; wandb into <run>/wandb/
 unless WANDB_DIR says otherwise (WANDB_MODE=offline keeps it on this machine; `wandb sync` uploads it later);
 MLflow wherever MLFLOW_TRACKING_URI points (MLflow 3's own default is sqlite:///mlflow.db in the current folder,
 which needs the full `mlflow` package; `file:` stores need MLFLOW_ALLOW_FILE_STORE=true). A tracker whose

@@ -1,0 +1,59 @@
+"""train.py's command line to a run: the config with every null and `auto` resolved (`train_config`), the lines
+printed once the Accelerator exists (`start_lines`) and the model it trains (`train_model`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import Config, check_dataset_keys, diff, load_config
+from ..data import absolute_root, choose_channels, resolve_data_config
+from ..models.build import build_model, pretrained_cfg_of, resolve_name
+from ..models.text_build import build_text_model
+from ..train.console import format_settings, processes
+from .runtime import apply_machine_defaults, single_process_note
+
+__all__ = ["train_config", "start_lines", "train_model", "is_text"]
+
+
+def is_text(cfg: Config) -> bool:
+    """A text run (data.dataset=text_csv): token ids, no input channels nor image preprocessing."""
+    return cfg.data.dataset == "text_csv"
+
+
+def train_model(cfg: Config, num_classes: int) -> torch.nn.Module:
+    """The model train.py trains, with the weights of model.pretrained if set: a text classifier for a text run
+    (vit/models/text_build.py), else the image model the config describes."""
+    return build_text_model(cfg, num_classes) if is_text(cfg) else build_model(cfg, num_classes, pretrained=True)
+
+
+def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | None]:
+    """(the config train.py runs, a line about the input channels to print or None): the YAML with `overrides`,
+    nulls filled from the weights (architecture, preprocessing) and the data (channels), `auto` from this machine,
+    data paths absolute."""
+    cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
+    check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
+    channel_note = None
+    if not is_text(cfg):
+        cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
+        cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
+    cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
+    cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
+    cfg.data.labels_file = absolute_root(cfg.data.labels_file)
+    return cfg, channel_note
+
+
+def start_lines(accelerator, cfg: Config, config_path: str, overrides: list[str],
+                channel_note: str | None = None) -> list[str]:
+    """What train.py prints before the data is read: the settings that differ from the YAML, a launch that
+    started one process of several, the device line, the channel note."""
+    lines = [format_settings(diff(load_config(config_path), load_config(config_path, overrides)), config_path)]
+    launch_note = single_process_note(accelerator)  # --num_processes 2 without --multi_gpu: one process ran
+    if launch_note and accelerator.is_main_process:
+        lines.append(launch_note)
+    lines.append(f"device {accelerator.device}, {processes(accelerator)}, "
+                 f"mixed precision {accelerator.mixed_precision}, {torch.get_num_threads()} thread(s), "
+                 f"{cfg.data.num_workers} loader worker(s); full config: "
+                 f"{Path(cfg.run.output_dir) / cfg.run.name / 'config.yaml'}")
+    return lines + ([channel_note] if channel_note else [])

@@ -1,0 +1,101 @@
+"""Options objects: one frozen dataclass per concern with several settings, checked once when made and
+passed whole from the YAML to the layer (SparseOptions: model.sparse_attention.*)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import ConfigError, OptionError
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SparseOptions:
+    """Dynamic sparse attention, top-k key blocks per query (vit/layers/sparse_attention.py): one object from the
+    YAML (`model.sparse_attention: {method: dsa, density: 0.25}`) through create_model, TextEncoder, Block and
+    Attention to the layer, checked once here; None in its place means dense attention."""
+
+    method: Literal["dsa", "moba"]  # dsa: a learned indexer (DeepSeek-V3.2); moba: a parameter-free gate (MoBA)
+    block_size: int = 128  # tokens per key (and query) block; a sequence shorter than a block is one block
+    topk_blocks: int | None = None  # key blocks kept per query, own block and sink included; or
+    density: float | None = None  # the kept share of the blocks; both null: 0.125
+    select: Literal[None, "token", "block"] = None  # per query token or per query block; null: the method's
+    own_block: bool | None = None  # always keep the query's own block; null: the method's (yes)
+    sink_block: bool | None = None  # always keep the first block ([CLS]); null: the method's (dsa yes, moba no)
+    min_tokens: int | None = None  # dense below this many tokens; null: the measured crossover, 0: never
+
+    def __post_init__(self) -> None:
+        def bad(key: str, problem: str) -> OptionError:
+            return OptionError("SparseOptions", key, problem)
+
+        if self.method not in ("dsa", "moba"):
+            raise bad("method", f"must be 'dsa' or 'moba', got {self.method!r} (dense attention: no options "
+                                "object, sparse_attention None).")
+        if not _is_int(self.block_size) or self.block_size < 1:
+            raise bad("block_size", f"must be a positive integer, got {self.block_size!r}.")
+        if self.topk_blocks is not None and self.density is not None:
+            raise bad("density", f"and topk_blocks both size the selection ({self.density!r}, {self.topk_blocks!r}); "
+                                 "set one of them.")
+        if self.topk_blocks is not None and (not _is_int(self.topk_blocks) or self.topk_blocks < 1):
+            raise bad("topk_blocks", f"must be a positive integer, got {self.topk_blocks!r}.")
+        if self.density is not None and (not isinstance(self.density, (int, float)) or isinstance(self.density, bool)
+                                         or not 0 < self.density <= 1):
+            raise bad("density", f"must be a number in (0, 1], got {self.density!r}.")
+        if self.select not in (None, "token", "block"):
+            raise bad("select", f"must be 'token', 'block' or None (the method's), got {self.select!r}.")
+        for key in ("own_block", "sink_block"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), bool):
+                raise bad(key, f"must be True, False or None (the method's), got {getattr(self, key)!r}.")
+        if self.min_tokens is not None and (not _is_int(self.min_tokens) or self.min_tokens < 0):
+            raise bad("min_tokens", f"must be a non-negative integer (0: always sparse), got {self.min_tokens!r}.")
+
+    @classmethod
+    def of(cls, value: SparseOptions | dict | None) -> SparseOptions | None:
+        """None, a SparseOptions or its mapping (a config.json's model_args) -> SparseOptions or None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - names)
+            if unknown:
+                raise OptionError("SparseOptions", unknown[0], f"is not one; valid: {', '.join(sorted(names))}.")
+            if "method" not in value:
+                raise OptionError("SparseOptions", "method", "is missing; set it to 'dsa' or 'moba'.")
+            return cls(**value)
+        raise ConfigError(f"sparse_attention must be a SparseOptions, its mapping or None (dense), got {value!r}.")
+
+
+# The flat keys of configs and config.json files saved before `SparseOptions` (model.sparse_attention: dsa,
+# model.sparse_block_size: 64, ...): {old key: (field, the value every dense config held)}. Read, never written.
+FLAT_SPARSE_KEYS = {"sparse_block_size": ("block_size", 128), "sparse_topk_blocks": ("topk_blocks", None),
+                    "sparse_density": ("density", None), "sparse_select": ("select", None),
+                    "sparse_own_block": ("own_block", None), "sparse_sink_block": ("sink_block", None),
+                    "sparse_min_tokens": ("min_tokens", None)}
+
+
+def nest_sparse_keys(args: dict, prefix: str = "") -> dict:
+    """A model section or config.json model_args written with the flat keys (`sparse_attention: dsa`,
+    `sparse_density: 0.25`, ...) -> a copy with one `sparse_attention` mapping; other input is returned as it is.
+    A flat option set without a method is refused: it built a dense model without a word."""
+    method = args.get("sparse_attention")
+    given = {FLAT_SPARSE_KEYS[k][0]: v for k, v in args.items()
+             if k in FLAT_SPARSE_KEYS and v != FLAT_SPARSE_KEYS[k][1]}
+    if not given and not isinstance(method, str) and not any(k in args for k in FLAT_SPARSE_KEYS):
+        return args
+    out = {k: v for k, v in args.items() if k not in FLAT_SPARSE_KEYS}
+    if method is None and given:
+        old = next(k for k in FLAT_SPARSE_KEYS if FLAT_SPARSE_KEYS[k][0] in given)
+        raise ConfigError(f"{'config key ' if prefix else ''}'{prefix}{old}' sets sparse attention, which "
+                          f"{prefix}sparse_attention leaves off; set {prefix}sparse_attention.method to dsa or moba "
+                          "(SparseOptions), or remove the key.")
+    if isinstance(method, str):
+        out["sparse_attention"] = {"method": method, **given}
+    elif given:
+        raise ConfigError(f"{'config key ' if prefix else ''}'{prefix}sparse_attention' is an options object and flat "
+                          f"sparse_* keys are given too; move {', '.join(given)} into it.")
+    return out

@@ -1,0 +1,233 @@
+"""The config schema: one dataclass per section (model, data, aug, optim, run), every field with its
+meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import ConfigError
+from .options import SparseOptions
+
+DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
+
+
+@dataclass
+class ModelConfig:
+    # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
+    # through): a new model option is one line here, its choices (if any) in a Literal type.
+    # a vit.create_model name; the fields below override it. null: the architecture of the weights
+    # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.models.build.resolve_name)
+    name: str | None = None
+    img_size: int = 224  # input height and width in pixels
+    patch_size: int | None = None  # patch side in pixels; null: the name's (16 for *_patch16_*)
+    # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
+    # vit.data.resolve.choose_channels; a number pins it
+    in_chans: int | None = None
+    # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
+    global_pool: Literal["token", "avg"] = "token"
+    embed_dim: int | None = None  # token width D; null: the name's
+    depth: int | None = None  # number of Transformer blocks; null: the name's
+    num_heads: int | None = None  # attention heads per block (must divide embed_dim); null: the name's
+    mlp_ratio: float | None = None  # MLP hidden width / embed_dim; null: the name's (4.0)
+    # learn: learned position embedding (ViT); sincos: fixed 2-D sin-cos
+    pos_embed: Literal["learn", "sincos"] = "learn"
+    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation in every block
+    mlp_layer: Literal["gelu", "swiglu"] = "gelu"  # gelu: fc-GELU-fc (ViT); swiglu: gated SiLU MLP
+    norm_first: bool = True  # pre-norm blocks (ViT); false: post-norm (original Transformer)
+    init_values: float | None = None  # LayerScale initial value (e.g. 1e-5, CaiT/DeiT III); null: none
+    drop_rate: float = 0.0  # dropout on the features before the head
+    attn_drop_rate: float = 0.0  # dropout on the attention weights
+    drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
+    # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
+    # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
+    # (a run's best/) or a weights file; see vit/hub/names.py
+    pretrained: bool | str | None = None
+    # e.g. merge:8 (ToMe) or topk:0.7@3,6,9 (EViT); see vit/layers/token_reduction.py
+    token_reduction: str | None = None
+    # top-k key blocks per query, e.g. {method: dsa, density: 0.25} (SparseOptions above); null: dense attention
+    sparse_attention: SparseOptions | None = None
+    grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv
+    # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
+    # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
+    # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
+    root: str | None = None
+    download: bool = True  # cifar only
+    val_fraction: float = 0.2  # digits, and an imagefolder without val/: stratified held-out share
+    split_seed: int = 0  # seed of the held-out split
+    batch_size: int = 64  # per process
+    eval_batch_size: int | None = None  # per process; null: batch_size
+    num_workers: int | str = "auto"  # loader processes per process (0: the main one); auto: from the CPUs, device
+    on_bad_image: str = "skip"  # skip | error
+    synthetic_train_size: int = 512  # synthetic only: training images
+    synthetic_val_size: int = 128  # synthetic only: held-out images
+    synthetic_num_classes: int = 4  # synthetic only: classes
+    # wds and hf: split names (_info.json's, the dataset's) or, for wds, brace patterns 'train-{00000..00099}.tar'
+    train_split: str = "train"  # wds and hf: the training split's name (wds: or a brace pattern)
+    val_split: str = "val"  # wds and hf: the held-out split's name (wds: or a brace pattern)
+    shuffle_buffer: int = 2048  # wds: samples shuffled together (held as raw bytes, per loader worker)
+    num_classes: int | None = None  # wds/hf: when the data does not name its classes (labels 0..n-1)
+    image_column: str = "image"  # hf: the column holding the images
+    label_column: str = "label"  # hf: the column holding the integer labels; text_csv: the class names
+    text_column: str = "text"  # text_csv: the CSV column holding the sentences (vit/data/text.py)
+    # imagefolder, multi-label: a CSV (image,labels[,split]) or JSON ({image: [labels]}) file listing images under
+    # data.root with any number of labels each (vit/data/multilabel.py); sigmoid + BCE, scored by mAP
+    labels_file: str | None = None
+    # shuffle: each image once per epoch; balanced: as many draws per epoch, each class equally likely (images
+    # drawn with replacement, weight 1 / their class's count), seeded per (seed, epoch) so a resume is exact
+    sampler: Literal["shuffle", "balanced"] = "shuffle"
+
+
+INTERPOLATIONS = ("bilinear", "bicubic")
+MIN_CROP_PCT = 0.1  # a smaller centre-crop share resizes images to over 10x the model's input before cropping
+
+
+@dataclass
+class AugConfig:
+    random_resized_crop: bool = True  # train crops of a random area (scale) and aspect (ratio), resized
+    scale: list[float] = field(default_factory=lambda: [0.08, 1.0])  # random_resized_crop: [min, max] image area share
+    ratio: list[float] = field(default_factory=lambda: [0.75, 1.3333])  # random_resized_crop: [min, max] aspect ratio
+    affine_translate: float = 0.0  # fraction of the image size
+    affine_rotate: float = 0.0  # degrees
+    affine_scale: float = 0.0  # +- fraction
+    hflip: float = 0.5  # probability of a horizontal flip
+    color_jitter: float = 0.0  # brightness/contrast/saturation jitter strength
+    rand_augment_ops: int = 0  # >0: apply that many random photometric/geometric ops (RandAugment-like)
+    random_erasing: float = 0.0  # probability of erasing a random rectangle
+    mixup: float = 0.0  # mixup alpha (0: off)
+    cutmix: float = 0.0  # cutmix alpha (0: off)
+    mixup_prob: float = 1.0  # probability of mixing a batch when mixup or cutmix is on
+    label_smoothing: float = 0.1  # share of the target spread over all classes
+    # Preprocessing; None (unset): the pretrained weights' own (model.pretrained_cfg, as timm's
+    # resolve_data_config), else the fallbacks in `resolved`. train.py saves the resolved values.
+    mean: list[float] | None = None  # per-channel mean subtracted; null: the pretrained weights' own, else 0.5
+    std: list[float] | None = None  # per-channel std divided by; null: the pretrained weights' own, else 0.5
+    eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' crop_pct, else 1.0
+    interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
+
+    def resolved(self, pretrained_cfg: dict | None = None, in_chans: int | None = 3) -> AugConfig:
+        """A copy with mean, std, eval_crop_pct and interpolation filled where unset: from the weights'
+        pretrained config (timm's keys mean, std, crop_pct, interpolation) where it has a usable value, else 0.5,
+        0.5, 1.0 and bilinear. Values taken from the weights pass the config's own checks (`check_preprocessing`,
+        one sentence if not); statistics for the weights' own channel count when the model has another (RGB
+        weights adapted to a grey model) fall back. A ViT fine-tuned with other statistics than its weights saw loses
+        accuracy silently, so values the config sets are kept and everything else follows the weights."""
+        p, in_chans = pretrained_cfg or {}, in_chans or 3
+        own = p.get("input_size")  # the weights' own channels: statistics for those are theirs, not malformed
+        own = own[0] if isinstance(own, (list, tuple)) and own and isinstance(own[0], int) else in_chans
+        unset = {"mean": self.mean, "std": self.std, "crop_pct": self.eval_crop_pct}
+        check_preprocessing({k: p.get(k) for k, v in unset.items() if v is None}, own,
+                            lambda k: f"the weights' pretrained config (config.json pretrained_cfg) '{k}'",
+                            lambda k: f"; fix it there, or set --aug.{'eval_crop_pct' if k == 'crop_pct' else k}")
+
+        def pick(value, key, fallback, usable):
+            if value is not None:
+                return value
+            return p[key] if p.get(key) is not None and usable(p[key]) else fallback
+
+        return dataclasses.replace(
+            self,
+            mean=[float(v) for v in pick(self.mean, "mean", [0.5] * in_chans, lambda v: len(v) == in_chans)],
+            std=[float(v) for v in pick(self.std, "std", [0.5] * in_chans, lambda v: len(v) == in_chans)],
+            eval_crop_pct=float(pick(self.eval_crop_pct, "crop_pct", 1.0, lambda v: True)),
+            interpolation=pick(self.interpolation, "interpolation", "bilinear", lambda v: v in INTERPOLATIONS),
+        )
+
+
+def check_preprocessing(values: dict[str, Any], channels: int, name, advice=lambda key: "") -> None:
+    """The checks every source of preprocessing passes (the config's aug.* keys, a weights' pretrained_cfg):
+    `mean` and `std` lists of `channels` finite numbers, `std` positive (images are divided by it), `crop_pct`
+    in [MIN_CROP_PCT, 1]; None: unset. Raises ConfigError: `name(key)` says where the value came from, and
+    `advice(key)` is added before the full stop."""
+    for key in ("mean", "std"):
+        v = values.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, (list, tuple)) or not all(type(x) in (int, float) for x in v):
+            raise ConfigError(f"{name(key)} must be a list of numbers, got {v!r}{advice(key)}.")
+        if not all(math.isfinite(x) for x in v):
+            raise ConfigError(f"{name(key)} must hold finite numbers, got {list(v)}{advice(key)}.")
+        if len(v) != channels:
+            raise ConfigError(f"{name(key)} needs {channels} values (one per input channel), got {list(v)}"
+                              f"{advice(key)}.")
+        if key == "std" and any(x <= 0 for x in v):
+            raise ConfigError(f"{name(key)} must hold positive values (images are divided by it), got {list(v)}"
+                              f"{advice(key)}.")
+    crop = values.get("crop_pct")
+    if crop is not None and (type(crop) not in (int, float) or not MIN_CROP_PCT <= crop <= 1):
+        raise ConfigError(f"{name('crop_pct')} must be between {MIN_CROP_PCT} and 1 (the centre crop's share of the "
+                          f"resized image), got {crop!r}{advice('crop_pct')}.")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak learning rate for the global batch
+    min_lr: float = 1e-6  # floor of the cosine schedule
+    weight_decay: float = 0.05  # AdamW decoupled weight decay (not on norms, biases, tokens)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    warmup_epochs: float = 5.0  # linear warm-up from 0 to lr (fractions allowed)
+    layer_decay: float | None = None  # e.g. 0.65 for fine-tuning
+    clip_grad: float | None = 1.0  # clip the global gradient norm to this; null: no clipping
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    ema: bool = False  # also keep an exponential moving average of the weights (timm ModelEmaV3); evaluated and saved
+    ema_decay: float = 0.9998  # EMA decay per optimizer step
+    # null: every class weighs the same in the loss; auto: inverse frequency in the training split,
+    # n / (num_classes * n_c), so that each class contributes as much in total (cross-entropy's weight)
+    class_weights: Literal["auto"] | None = None
+    # model.sparse_attention.method=dsa: DeepSeek's indexer warm-up, optimizer steps where only the indexer learns the
+    # dense attention (KL), the rest frozen; sparse training follows, the indexer still learning on its selection
+    indexer_warmup_steps: int = 0
+    # how the indexer's KL weighs query rows: mean (DeepSeek's, every row alike) or peaked (rows weighted by how
+    # concentrated their dense attention is; better where few rows are read, e.g. a [CLS] classifier)
+    indexer_kl_rows: Literal["mean", "peaked"] = "mean"
+
+
+@dataclass
+class RunConfig:
+    name: str = "default"  # the run folder is output_dir/name
+    output_dir: str = "runs"  # parent folder of run folders
+    epochs: int = 100  # training epochs
+    seed: int = 0  # seed for weights, augmentation and data order
+    # no | bf16 | fp16 | auto (bf16 on a GPU that has it, else no); None: what `accelerate launch` was told
+    mixed_precision: str | None = None
+    num_threads: int | str = "auto"  # torch threads per process; auto: its share of the CPUs minus the loader workers
+    compile: bool = False  # torch.compile the model
+    eval_every: int = 1  # epochs
+    save_state_every: int = 0  # steps; 0 = at the end of every epoch
+    keep_best: int = 1  # best checkpoints kept (by val_acc1)
+    # resumable training states kept in state/ (each: weights + optimizer moments, ~3x the model); the oldest is
+    # deleted once a newer one is complete. 2: a damaged newest state falls back to the one before; 1: half the disk
+    keep_states: int = 2
+    resume: str | None = None  # 'auto' or a state folder
+    overwrite: bool = False  # start afresh in a run folder that already holds a run (its files are deleted)
+    log_every: int = 10  # steps between the trackers' train-loss points
+    # experiment trackers, through Accelerate: tensorboard, csv (metrics.csv, always written), wandb, mlflow,
+    # comet_ml, aim, clearml, dvclive, swanlab, trackio; one name or a list; null: [tensorboard, csv]
+    # (see vit/train/tracking.py)
+    log_with: list[str] | str | None = None
+    project: str = "vit"  # the trackers' project (wandb project, MLflow experiment); each run is named run.name
+    on_nonfinite: str = "stop"  # stop | skip
+    max_steps: int | None = None  # stop early (smoke runs)
+    # the validation number that picks best/ and top/: top1, macro_f1, balanced_accuracy (mean per-class recall),
+    # loss (lowest), map (multi-label); null: top1, or map for multi-label data (data.labels_file)
+    select_by: Literal[None, "top1", "macro_f1", "balanced_accuracy", "loss", "map"] = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.log_with, str):  # one name, as Trainer(report_to="mlflow") takes it
+            self.log_with = [self.log_with]
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    aug: AugConfig = field(default_factory=AugConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
