@@ -97,6 +97,29 @@ def test_predict_gives_the_models_top5_and_the_rollout_overlay(checkpoint, image
     check_overlay(decode_overlay(answer["overlay"]), grid)
 
 
+def test_a_multi_label_checkpoint_shows_each_class_sigmoid(tmp_path, image):
+    """A model trained on label sets: the page's probabilities are its sigmoids, as predict.py's (a softmax
+    summed them to 1 and ranked shapes that are all present as if one excluded the others)."""
+    from vit.config import load_config
+    from vit.data.transforms import build_transform
+    from vit.explain.demo import Demo
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--data.dataset=imagefolder", "--data.root=d", "--data.labels_file=l.csv",
+                             "--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=1",
+                             "--model.num_heads=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 4).eval()
+    save_checkpoint(tmp_path / "best", model, cfg, list("abcd"), {"threshold": 0.5})
+    answer = Demo(tmp_path / "best").predict(image.read_bytes(), image.name)
+    with torch.no_grad():
+        want = model(build_transform(cfg.aug, 32, train=False).load(image)[None]).sigmoid()[0]
+    got = {t["label"]: t["prob"] for t in answer["top"]}
+    np.testing.assert_allclose([got[c] for c in "abcd"], want.numpy(), rtol=1e-4, atol=1e-6)
+    assert abs(sum(got.values()) - 1) > 0.1  # the guard: four sigmoids near 0.5 are no softmax
+
+
 def _post(url, data):
     req = urllib.request.Request(url, data=data, method="POST")
     try:
@@ -231,12 +254,13 @@ def _answer(raw: bytes) -> tuple[int, dict]:
 
 def _post_head(length: str | None) -> bytes:
     size = f"Content-Length: {length}\r\n" if length is not None else ""
-    return f"POST /predict HTTP/1.1\r\nHost: x\r\n{size}Connection: close\r\n\r\n".encode()
+    return f"POST /predict HTTP/1.1\r\nHost: x\r\n{size}Connection: close\r\n\r\n".encode("latin-1")
 
 
 @pytest.mark.parametrize("length, status, words", [
     ("-1", 400, "Content-Length header must be a whole number of bytes, got '-1'"),
     ("abc", 400, "Content-Length header must be a whole number of bytes, got 'abc'"),
+    ("\u00b2", 400, "Content-Length header must be a whole number of bytes, got '\u00b2'"),  # isdigit(), not int()
     (None, 411, "the upload has no Content-Length header"),
     (str(21 * 2**20), 413, "choose an image under 20 MB"),
 ])

@@ -204,6 +204,9 @@ def test_a_head_timm_lacks_is_refused(hub):
     ({"model_type": "vit", "image_size": [32, 48]}, "non-square image_size"),
     ({"model_type": "vit", "hidden_act": "relu"}, "its activation 'relu'"),
     ({"model_type": "dinov2", "use_swiglu_ffn": True}, "its SwiGLU MLP"),
+    ({"model_type": ["vit"]}, "sets model_type to \\['vit'\\], which is not a name"),  # TypeError: unhashable
+    ({"model_type": "vit", "architectures": [["ViTModel"]]}, "sets architectures\\[0\\] to \\['ViTModel'\\]"),
+    ({"model_type": "clip", "vision_config": "x"}, "sets vision_config to 'x', which is not an object"),
 ])
 def test_a_config_json_we_cannot_convert_is_refused_in_one_sentence(tmp_path, config, match):
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -219,3 +222,25 @@ def test_defaults_are_transformers(model_type):
     ref = cls()
     for key, value in DEFAULTS[model_type].items():
         assert getattr(ref, key) == value, key
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda q: q > 0, "query.weight is bool, not a floating-point tensor"),
+    (lambda q: (q * 100).to(torch.int8), "query.weight is int8, not a floating-point tensor"),
+    (lambda q: q[:, :8].contiguous(), "shape mismatch: blocks.0.attn weight query, key, value \\(16, 8\\), "
+                                      "\\(16, 16\\), \\(16, 16\\)"),
+])
+def test_qkv_are_checked_before_they_are_fused(tmp_path, bad, match):
+    """A bool or int8 query was joined to float key and value by torch.cat and cast without a word; a query of
+    another shape was torch.cat's RuntimeError."""
+    from safetensors.torch import load_file, save_file
+
+    T = transformers
+    T.ViTModel(T.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           image_size=32, patch_size=8)).save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    q = "encoder.layer.0.attention.attention.query.weight"
+    save_file({**state, q: bad(state[q])}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=match) as e:
+        vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    assert "\n" not in str(e.value)

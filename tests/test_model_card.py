@@ -270,3 +270,12 @@ def test_published_files_name_no_local_path(tmp_path, hub, monkeypatch):
         d["data"].pop("root"), d["data"].pop("labels_file"), d["run"].pop("output_dir")
     assert theirs == ours  # nothing else changed
     assert all(sent[n] == (folder / n).read_bytes() for n in sent if n != "config.yaml")
+
+
+def test_a_file_url_is_reduced_to_its_last_component_as_a_path_is():
+    """webdataset reads file:///home/me/val-{0..1}.tar as the path itself: it went up with the home folder in it."""
+    from vit.deploy.publish import public_config
+
+    got = public_config({"data": {"val_split": "file:///home/me/val-{0..1}.tar", "root": "file:/srv/me/data"},
+                         "run": {"name": "file-check"}})
+    assert got == {"data": {"val_split": "val-{0..1}.tar", "root": "data"}, "run": {"name": "file-check"}}

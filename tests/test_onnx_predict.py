@@ -4,6 +4,7 @@ files in skipped.csv as predict.py lists them; a tampered preprocessing.json, a 
 that does not fit its preprocessing is one sentence."""
 
 import csv
+import io
 import json
 import os
 import re
@@ -217,8 +218,18 @@ def test_a_file_without_problem_type_is_single_label_and_a_multi_label_one_gives
     (dict(problem_type="multi_label_classification", threshold=1.5), "threshold is 1.5, not a probability"),
     (dict(label_names=list("abcde"), num_classes=5), "model.onnx gives 4 outputs per image but preprocessing.json "
                                                      "names 5 classes"),
-    ({"step:center_crop": dict(size=[40, 40]), "step:resize": dict(shorter_side=46)},
+    ({"step:center_crop": dict(size=[40, 40]), "step:resize": dict(shorter_side=46), "input_size": [3, 40, 40]},
      "ONNX Runtime cannot run model.onnx on input \\(2, 3, 40, 40\\)"),
+
+    # every field the predictor could be read to follow agrees with what it does, else one sentence
+    (dict(std=[1e-320] * 3, **{"step:normalize": dict(std=[1e-320] * 3)}), "std .* under 1e-06"),  # inf, then NaN
+    ({"step:layout": dict(channel_order="BGR")}, "layout step's channel_order 'BGR' is not 'RGB'"),
+    ({"step:layout": dict(layout="NHWC")}, "layout step's layout 'NHWC' is not 'NCHW'"),
+    ({"step:resize": dict(filter="INTER_LINEAR")}, "filter 'INTER_LINEAR' differs from interpolation 'bicubic'"),
+    (dict(input_size=[3, 64, 64]), "input_size \\[3, 64, 64\\] differs from the 3 channel"),
+    (dict(steps=[{"step": "resize", "shorter_side": 64}]), "the resize step comes more than once"),
+    (dict(label_names=list("abca")), "has a repeated or blank name"),
+    (dict(label_names=["a", "b", " ", "d"]), "has a repeated or blank name"),
 ])
 def test_a_tampered_preprocessing_json_is_one_sentence(linear, tmp_path, capsys, changes, match):
     if "steps" in changes:  # an unknown step beside the real ones
@@ -238,8 +249,9 @@ def test_a_preprocessing_json_that_is_no_regular_file_or_too_large_is_named_so(l
                         (lambda: os.symlink("/dev/zero", pre), "is not a regular file"),  # never read
                         (lambda: pre.write_text(" " * (2**20 + 1) + "{}"), "1048579 bytes, over the 1048576"),
                         (lambda: pre.write_text("[1, 2]"), "holds a JSON list"),
+                        (lambda: pre.mkdir(), "is not a regular file"),  # os.fdopen raised IsADirectoryError
                         (lambda: None, "does not exist")):
-        pre.unlink(missing_ok=True)
+        pre.rmdir() if pre.is_dir() and not pre.is_symlink() else pre.unlink(missing_ok=True)
         make()
         code, err = _onnx(model, img, "--out", tmp_path / "o", capsys=capsys)
         assert code == 2 and err.count("\n") == 1 and match in err, err
@@ -288,6 +300,28 @@ def test_one_opening_rule_refuses_the_bomb_on_the_torch_path_and_the_reference(l
     for load in (pre.load, pipeline.load, lambda p: pipeline.load_bytes(p.read_bytes(), p)):
         with pytest.raises(BadImageError, match="16000x16000 pixels would take 1.9 GiB decoded"):
             load(bomb)
+
+
+def test_a_jpeg_header_of_billions_of_pixels_is_one_line_and_the_other_images_keep_their_rows(linear, tmp_path):
+    """A complete 8 x 8 JPEG whose frame header says 60000 x 60000: the reference's JPEG scale probe refuses it as
+    the torch path does (Pillow's DecompressionBombError escaped predict() and lost every row of the call)."""
+    from vit.data.transforms import build_transform
+    from vit.deploy.onnx_predict import OnnxClassifier
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5:sof + 9] = struct.pack(">HH", 60000, 60000)
+    (tmp_path / "big.jpg").write_bytes(bytes(data))
+    src = linear[0]
+    probs, ok, reasons = OnnxClassifier(src / "model.onnx").predict([src / "g0.png", tmp_path / "big.jpg",
+                                                                      src / "g1.png"])
+    assert ok.tolist() == [True, False, True] and np.isfinite(probs[[0, 2]]).all()
+    assert reasons[1] == f"cannot decode image {tmp_path / 'big.jpg'}: 60000x60000 pixels is over the limit of " \
+                         "256000000 (PIL.Image.MAX_IMAGE_PIXELS); shrink it or raise the limit."
+    with pytest.raises(ValueError, match=re.escape(reasons[1])):  # the torch path's sentence
+        build_transform(AugConfig(), 32, train=False).load(tmp_path / "big.jpg")
 
 
 def _probs(row) -> dict:

@@ -117,3 +117,13 @@ def test_unsupported_tower_options_are_refused(tmp_path, vision, match):
     with pytest.raises(ValueError, match=match) as e:
         vit.create_model(f"local-dir:{tmp_path}")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("model_cfg", [[1], dict(embed_dim=8, vision_cfg="x"),
+                                       dict(embed_dim=8, vision_cfg=dict(width=16, norm_kwargs="x"))])
+def test_a_config_whose_sections_are_not_objects_is_one_sentence(tmp_path, model_cfg):
+    """A list or string where open_clip writes an object was an AttributeError ('list' object has no attribute)."""
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": model_cfg}))
+    with pytest.raises(ValueError, match="model_cfg, vision_cfg or norm_kwargs is not an object") as e:
+        vit.create_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)

@@ -273,6 +273,8 @@ def test_generate_refuses_bad_requests():
     (dict(num_beams=2.0), "num_beams must be at least 1 .*got 2.0"),
     (dict(length_penalty=float("nan")), "length_penalty must be a finite number .*got nan"),
     (dict(length_penalty="1"), "length_penalty must be a finite number"),
+    (dict(length_penalty=-1e308), r"length_penalty=-1e\+308 makes length\*\*length_penalty overflow for up to "
+                                  r"16 tokens"),  # 16**-1e308 is 0: every score was -inf
     (dict(num_beams=10**8), r"beam search with num_beams=100000000 over 3 sources of 7 tokens, up to 16 new tokens "
                             r"each, needs about \d+ GB, more than the \d+ GB of this cpu device"),
 ])

@@ -207,6 +207,8 @@ def test_missing_model_offline_is_the_image_sides_sentence(hub):
     (dict(add_cross_attention=True), "sets add_cross_attention=true"),
     (dict(hidden_act="relu"), "sets the activation 'relu' \\(supported: gelu"),
     (dict(model_type="electra", embedding_size=16), "embedding_size=16 != hidden_size=32"),
+    (dict(model_type=["bert"]), "model_type \\['bert'\\] is not a text family"),  # TypeError: unhashable
+    (dict(model_type="clip", text_config="x"), "sets text_config='x', which is not an object of the text tower"),
 ])
 def test_unsupported_model_or_option_is_refused_by_name(hub, tmp_path, change, message):
     folder = tmp_path / "m"
@@ -284,7 +286,8 @@ def test_unreadable_config_is_one_sentence(tmp_path):
     folder = tmp_path / "m"
     folder.mkdir()
     for text, message in (("[1, 2]", "holds a JSON list, not an object"), ("{nope", "is not readable JSON"),
-                          (" " * (2**20 + 1), "larger than such a file can be")):
+                          (" " * (2**20 + 1), "larger than such a file can be"),
+                          ("[" * 10**5 + "]" * 10**5, "is not readable JSON \\(RecursionError")):
         (folder / "config.json").write_text(text)
         with pytest.raises(ValueError, match=message) as e:
             vit.create_text_model(f"local-dir:{folder}")

@@ -48,6 +48,8 @@ def _heads(info: dict) -> tuple[list[str], str, float | None]:
     names = info.get("label_names")
     if not isinstance(names, list) or not names or not all(isinstance(c, str) for c in names):
         raise ValueError(f"label_names is {str(names)[:60]}, not a list of class names")
+    if len(set(names)) < len(names) or not all(c.strip() for c in names):  # predictions.csv names a class once
+        raise ValueError(f"label_names {str(names)[:60]} has a repeated or blank name; each class needs its own")
     if "num_classes" in info and info["num_classes"] != len(names):
         raise ValueError(f"num_classes {info['num_classes']!r} differs from the {len(names)} label_names")
     problem = info.get("problem_type", SINGLE)  # files written before the key: single-label models

@@ -23,7 +23,8 @@ Before step 1 the file is opened by `vit.data.decode`'s rule, the one training a
 file of at most MAX_FILE_BYTES (`read_bytes`), refused from its header if it would decode to more than
 MAX_SAMPLE_BYTES (`check_image`: a 250 KB PNG can hold 16000 x 16000 pixels). `read_preprocessing` reads a
 preprocessing.json of at most MAX_JSON_BYTES and `ReferencePreprocessing.from_dict` checks every number it uses,
-so a tampered file (std 0, an unknown step, a size of a million) is one sentence, never NaN probabilities.
+so a tampered file (std 0, an unknown or repeated step, a size of a million, a layout or filter other than the
+one it runs) is one sentence, never NaN probabilities.
 """
 
 from __future__ import annotations
@@ -39,11 +40,15 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..data.decode import check_image, read_bytes
+from ..data.decode import check_image, jpeg_reduction, jpeg_size, read_bytes
 
 __all__ = ["ReferencePreprocessing", "decode", "read_preprocessing", "STEPS", "MAX_JSON_BYTES", "MAX_SIDE"]
 
 FILTERS = {"bicubic": cv2.INTER_CUBIC, "bilinear": cv2.INTER_LINEAR}
+FILTER_NAMES = {"bicubic": "INTER_CUBIC", "bilinear": "INTER_LINEAR"}  # the resize step's "filter" for each
+MIN_STD = 1e-6  # a smaller std overflows float32 ((v - 255 mean) / (255 std) past 3.4e38): inf, then NaN scores
+# the layout step's fields: what __call__ gives (a runtime reading another value would feed other numbers)
+LAYOUT = {"layout": "NCHW", "dtype": "float32"}
 STEPS = ("decode", "resize", "center_crop", "to_grey", "normalize", "layout")  # what this reference runs
 MAX_JSON_BYTES = 2**20  # export.py writes ~3 KB; a larger file is not one of its
 MAX_SIDE = 8192  # resize and crop sides; a larger one is a tampered file (the crop alone would be 800 MB)
@@ -75,13 +80,10 @@ def decode(data: bytes, resize: int, name: str | Path = "the image") -> np.ndarr
     """Step 1: image bytes -> RGB uint8 (H, W, 3), a JPEG at the reduced size `resize` allows; BadImageError
     (`name` in its sentence) for bytes over the decoded-size limit, checked before decoding."""
     r = 1
-    if _complete_jpeg(data):
-        with Image.open(io.BytesIO(data)) as probe:
-            w, h = probe.size
-            if probe.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # a quarter turn: displayed sides swap
-                w, h = h, w
+    if _complete_jpeg(data):  # displayed sides (a quarter turn swaps them); a header of 10**9 pixels is refused
+        w, h = jpeg_size(data, name)
         s = resize / min(w, h)
-        r = next((k for k in (8, 4, 2) if w // k >= w * s and h // k >= h * s), 1)
+        r = jpeg_reduction(w, h, w * s, h * s)
     check_image(data, name, r)
     if _complete_jpeg(data):
         bgr = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED_BGR[r])
@@ -104,11 +106,12 @@ def read_preprocessing(path: str | Path) -> dict:
     except OSError as e:
         raise ValueError(f"cannot read {path} ({e.strerror or e}); keep the preprocessing.json export.py wrote "
                          "beside the model.") from None
+    st = os.fstat(fd)  # before fdopen, which refuses a folder with IsADirectoryError
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ValueError(f"{path} is not a regular file (a folder, FIFO or device); keep the preprocessing.json "
+                         "export.py wrote beside the model.")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{path} is not a regular file (a folder, FIFO or device); keep the preprocessing.json "
-                             "export.py wrote beside the model.")
         if st.st_size > MAX_JSON_BYTES:
             raise ValueError(f"{path} is {st.st_size} bytes, over the {MAX_JSON_BYTES} a preprocessing.json may "
                              "have (export.py writes a few KB); export the model again.")
@@ -150,9 +153,9 @@ class ReferencePreprocessing:
         self.mean, self.std = _channels(mean, "normalize's mean"), _channels(std, "normalize's std")
         if len(self.mean) != len(self.std):
             raise ValueError(f"normalize has {len(self.mean)} mean(s) but {len(self.std)} std(s); one per channel")
-        if min(self.std) <= 0:
-            raise ValueError(f"normalize's std {self.std} has a value at or below 0 (dividing by it gives NaN or "
-                             "flips the image)")
+        if not min(self.std) >= MIN_STD:
+            raise ValueError(f"normalize's std {self.std} has a value at or below 0 or under {MIN_STD:g} (dividing "
+                             "by it gives NaN or flips the image)")
 
     @classmethod
     def from_dict(cls, info: dict) -> ReferencePreprocessing:
@@ -166,6 +169,9 @@ class ReferencePreprocessing:
         if unknown:
             raise ValueError(f"step(s) {', '.join(map(repr, unknown))} are not ones this predictor runs "
                              f"({', '.join(STEPS)}), so it would preprocess differently from the export")
+        twice = [n for n in STEPS[1:] if sum(s["step"] == n for s in steps) > 1]
+        if twice:  # decode comes twice (OpenCV for complete JPEGs, Pillow for the rest); the others once
+            raise ValueError(f"the {twice[0]} step comes more than once, so which one holds is unclear")
         by = {s["step"]: s for s in steps}
         missing = [k for k in ("resize", "center_crop", "normalize") if k not in by]
         if missing:
@@ -181,6 +187,18 @@ class ReferencePreprocessing:
         for key in ("mean", "std"):  # timm's keys beside the steps: a runtime may read either, so they must agree
             if key in info and info[key] != by["normalize"][key]:
                 raise ValueError(f"'{key}' {info[key]!r} differs from normalize's {by['normalize'][key]!r}")
+        flt = by["resize"].get("filter", FILTER_NAMES[interpolation])
+        if flt != FILTER_NAMES[interpolation]:
+            raise ValueError(f"the resize step's filter {flt!r} differs from interpolation {interpolation!r} "
+                             f"({FILTER_NAMES[interpolation]})")
+        want = {**LAYOUT, "channel_order": "RGB" if len(pre.mean) == 3 else "grey"}
+        for key, value in want.items():  # a runtime reading these would feed other numbers than __call__ gives
+            if key in by.get("layout", {}) and by["layout"][key] != value:
+                raise ValueError(f"the layout step's {key} {by['layout'][key]!r} is not {value!r}, what this "
+                                 "predictor gives the model")
+        if "input_size" in info and info["input_size"] != [len(pre.mean), pre.size, pre.size]:
+            raise ValueError(f"input_size {info['input_size']!r} differs from the {len(pre.mean)} channel(s) and "
+                             f"{pre.size} x {pre.size} crop of the steps")
         if "to_grey" in by and len(pre.mean) != 1:
             raise ValueError(f"a to_grey step goes with one mean and std (a grey model), not {len(pre.mean)}")
         if "to_grey" not in by and len(pre.mean) == 1:

@@ -53,8 +53,8 @@ def write_card(folder: Path, repo_id: str) -> None:
 
 
 def _local_path(text: str) -> bool:
-    """An absolute or home-relative path (POSIX or Windows), bare or after local-dir:."""
-    text = text.removeprefix("local-dir:")
+    """An absolute or home-relative path (POSIX or Windows), bare or after local-dir: or file: (a shard URL)."""
+    text = re.sub(r"^file:(//)?", "", text.removeprefix("local-dir:"))
     return text.startswith(("/", "~", "\\\\")) or re.match(r"[A-Za-z]:[\\/]", text) is not None
 
 

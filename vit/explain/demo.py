@@ -49,15 +49,16 @@ class Demo:
         self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
         self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
         self.top = min(top, len(self.classes))
+        self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
         self.lock = threading.Lock()
 
     def predict(self, data: bytes, name: str = "the upload") -> dict:
         """Image bytes -> {top: [{label, prob}], overlay: PNG data URL, size: [w, h]}; BadImageError for bytes
-        that are not a readable image."""
+        that are not a readable image. prob: the softmax, or for a multi-label model each class's sigmoid."""
         with self.lock:
             x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
             maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
-            probs = logits.float().softmax(1)[0]
+            probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
         p, i = probs.topk(self.top)
         seen = to_display(x, self.cfg.aug.mean, self.cfg.aug.std)  # what the model saw, (S, S, 3) in [0, 1]
         scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
@@ -102,7 +103,8 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860, timeout: 
             if length is None:
                 return self._error(HTTPStatus.LENGTH_REQUIRED, "the upload has no Content-Length header; send the "
                                    "file as the request's body, as the page's fetch() does.")
-            if not length.strip().isdigit():  # int() would take '-1' and ' +5 '; a size is digits only
+            if not (length.strip().isascii() and length.strip().isdigit()):  # int() takes '-1' and ' +5 ', and
+                # isdigit() alone takes '\xb2' (superscript two, a latin-1 header byte) that int() refuses
                 return self._error(HTTPStatus.BAD_REQUEST, f"the Content-Length header must be a whole number of "
                                    f"bytes, got {length[:40]!r}; send the file as the request's body.")
             size = int(length)

@@ -95,9 +95,16 @@ def _vision_config(config: dict, name: str) -> tuple[str, dict, str | None]:
     model_type = config.get("model_type")
     archs = config.get("architectures") or [None]
     arch = archs[0] if isinstance(archs, list) else None
+    for key, value, want in (("model_type", model_type, str), ("architectures[0]", arch, (str, type(None)))):
+        if not isinstance(value, want):  # a list is unhashable: the table look-ups below would raise TypeError
+            raise ValueError(f"{name}: its config.json sets {key} to {value!r:.60}, which is not a name; re-save it "
+                             "with transformers.")
     if model_type in _TOWERS:
         outer = config
         model_type, config = _TOWERS[model_type], config.get("vision_config") or {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{name}: its config.json sets vision_config to {config!r:.60}, which is not an object "
+                             "of the image tower's fields; re-save it with transformers.")
         if arch == "CLIPModel":  # its projection's width is the full model's
             config = {**config, "projection_dim": outer.get("projection_dim", 512)}
     if model_type not in DEFAULTS:
@@ -280,6 +287,11 @@ def hf_state_dict(state: dict[str, torch.Tensor], config: dict, report: Any) -> 
         if any(p is None for p in qkv):
             raise ValueError(f"the checkpoint has {key.replace('.qkv.', ' ')} without all of query, key and value; "
                              "it is incomplete or from another architecture.")
+        shapes = [tuple(p.shape) for p in qkv]
+        if len(set(shapes)) > 1 or len(shapes[0]) != (2 if key.endswith("weight") else 1):
+            raise ValueError(f"{report.path} does not fit this model (shape mismatch: {key.replace('.qkv.', ' ')} "
+                             f"query, key, value {', '.join(map(str, shapes))}, which must be one (D, D) matrix or "
+                             "(D,) vector each); it is from another architecture: create the model it was saved from.")
         out[key] = torch.cat(qkv, dim=0)  # (3D, D) or (3D,)
     if "cls_token" in out and out["cls_token"].ndim == 1:  # CLIP: (D,) -> (1, 1, D)
         out["cls_token"] = out["cls_token"][None, None]

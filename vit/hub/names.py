@@ -378,7 +378,7 @@ def read_json(path: Path, name: str, limit: int = MAX_CONFIG_BYTES) -> dict:
     data = read_regular_file(path, limit, f"{name}:")
     try:
         value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: [[[... 10**5 deep
         raise ValueError(f"{name}: {path} is not readable JSON ({type(e).__name__}: {e}).") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name}: {path} holds a JSON {type(value).__name__}, not an object; it is not a config.")

@@ -70,7 +70,11 @@ def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
     """An open_clip config -> (the timm architecture, the ViT's options). A native tower gives every size and
     `pre_norm`; a timm trunk gives its timm model name with the pooling and projection open_clip set on it."""
     model = config.get("model_cfg", config)
-    vision, embed_dim = model.get("vision_cfg") or {}, model.get("embed_dim")
+    vision = model.get("vision_cfg") or {} if isinstance(model, dict) else None
+    if not isinstance(vision, dict) or not isinstance(vision.get("norm_kwargs") or {}, dict):
+        raise ValueError(f"{name}: its open_clip config's model_cfg, vision_cfg or norm_kwargs is not an object; it "
+                         "is not an open_clip model config.")
+    embed_dim = model.get("embed_dim")
     if not isinstance(embed_dim, int):
         raise ValueError(f"{name}: its open_clip config has no integer embed_dim; it is not an open_clip model config.")
     if vision.get("timm_model_name"):

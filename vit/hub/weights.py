@@ -176,7 +176,8 @@ def converted_state_dict(state: dict[str, torch.Tensor], source: Source | None, 
     so by its source, or recognised by its `visual.` keys, as timm's filter recognises it) by
     vit.hub.open_clip_weights; timm's own as it is."""
     fmt = source.format if source is not None else "timm"
-    if fmt == "transformers":
+    if fmt == "transformers":  # dtypes before q/k/v are fused: torch.cat casts a bool or int8 part to float in silence
+        check_weights({k: v for k, v in state.items() if not k.endswith("position_ids")}, report.path)
         return hf_state_dict(state, source.format_config, report)
     if fmt == "open_clip" or is_open_clip_state(state):
         return open_clip_state_dict(state, report)

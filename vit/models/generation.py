@@ -66,6 +66,11 @@ def check_generate_args(decoder: TextDecoder, bos_id: int, eos_id: int, pad_id: 
     if type(length_penalty) not in (int, float) or not math.isfinite(length_penalty):
         raise ValueError(f"length_penalty must be a finite number (0: the summed log-probability, 1: per token), "
                          f"got {length_penalty!r}.")
+    bound = 80 / math.log(max(max_new_tokens, 2))  # length**penalty within float32 (e**88) for every length
+    if abs(length_penalty) > bound:  # past it the scores are divided by inf or 0: -inf or 0 for every hypothesis
+        raise ValueError(f"length_penalty={length_penalty!r} makes length**length_penalty overflow for up to "
+                         f"{max_new_tokens} tokens (every score would be -inf or 0); use a value between "
+                         f"{-bound:.0f} and {bound:.0f} (e.g. 1).")
     check_special_ids(bos_id, eos_id, pad_id, decoder.head.out_features)
 
 

@@ -145,8 +145,11 @@ def text_model_args(config: dict[str, Any], name: str = "the model") -> tuple[st
     (it exists when the weights have one)."""
     model_type = config.get("model_type")
     if model_type == "clip":  # a full CLIP repository: its text tower
-        config, model_type = {"model_type": "clip_text_model", **(config.get("text_config") or {})}, "clip_text_model"
-    if model_type not in FAMILIES:
+        tower = config.get("text_config") or {}
+        if not isinstance(tower, dict):
+            _bad(name, "text_config", tower, "an object of the text tower's fields")
+        config, model_type = {"model_type": "clip_text_model", **tower}, "clip_text_model"
+    if not isinstance(model_type, str) or model_type not in FAMILIES:  # a list is unhashable: no `in` test
         raise ValueError(f"{name}: model_type {model_type!r} is not a text family this library loads; supported: "
                          f"{', '.join(sorted(FAMILIES))}.")
     arch, layout = FAMILIES[model_type]
