@@ -36,6 +36,7 @@ def test_fuzz_config_loading_gives_config_or_clean_error(data):
     ("--optim.lr=inf", "optim.lr"), ("--optim.min_lr=.inf", "optim.min_lr"),
     ("--optim.weight_decay=nan", "optim.weight_decay"), ("--optim.clip_grad=nan", "optim.clip_grad"),
     ("--optim.warmup_epochs=inf", "optim.warmup_epochs"), ("--aug.std=[0.5,0.0,0.5]", "aug.std"),
+    ("--aug.std=[0.5,1e-320,0.5]", "aug.std"),
     ("--aug.mean=[0.5,.nan,0.5]", "aug.mean[1]"), ("--aug.scale=[0.9,0.1]", "aug.scale"),
     ("--run.name=../escape", "run.name"), ("--run.name=/tmp/abs", "run.name"), ("--run.name=''", "run.name"),
     ("--run.name=..", "run.name"),

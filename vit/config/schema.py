@@ -87,6 +87,7 @@ class DataConfig:
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 MIN_CROP_PCT = 0.1  # a smaller centre-crop share resizes images to over 10x the model's input before cropping
+MIN_STD = 1e-6  # a smaller std overflows float32 once images are divided by it: inf, then NaN scores
 
 
 @dataclass
@@ -157,9 +158,9 @@ def check_preprocessing(values: dict[str, Any], channels: int, name, advice=lamb
         if len(v) != channels:
             raise ConfigError(f"{name(key)} needs {channels} values (one per input channel), got {list(v)}"
                               f"{advice(key)}.")
-        if key == "std" and any(x <= 0 for x in v):
-            raise ConfigError(f"{name(key)} must hold positive values (images are divided by it), got {list(v)}"
-                              f"{advice(key)}.")
+        if key == "std" and not min(v) >= MIN_STD:
+            raise ConfigError(f"{name(key)} must hold values of at least {MIN_STD:g} (images are divided by it), got "
+                              f"{list(v)}{advice(key)}.")
     crop = values.get("crop_pct")
     if crop is not None and (type(crop) not in (int, float) or not MIN_CROP_PCT <= crop <= 1):
         raise ConfigError(f"{name('crop_pct')} must be between {MIN_CROP_PCT} and 1 (the centre crop's share of the "
