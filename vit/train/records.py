@@ -6,15 +6,11 @@ from __future__ import annotations
 import csv
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
-
-if TYPE_CHECKING:
-    from .engine import Run
 
 __all__ = ["METRIC_FIELDS", "append_metrics", "trim_metrics", "SELECT_BY", "select_by", "rank_best", "keep_best",
            "describe_best"]
@@ -49,9 +45,10 @@ def describe_best(cfg, best: list) -> str:
         f"best val {name} {score:.4f} at epoch {epoch}"
 
 
-def keep_best(run: Run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
+def keep_best(run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
     """`best/` holds the best checkpoint by run.select_by (top-1 unless set, mAP for multi-label); with
-    run.keep_best > 1 the runners-up live in top/epoch-XXXX."""
+    run.keep_best > 1 the runners-up live in top/epoch-XXXX. `run` is vit.train.engine.Run (not imported: the
+    engine imports this module)."""
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
     key, _, higher = SELECT_BY[select_by(run.cfg)]
     score, epoch = meta[key], meta["epoch"]
