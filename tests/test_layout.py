@@ -48,7 +48,9 @@ def test_public_api_is_unchanged_and_lazy():
         "attention_maps", "attention_rollout", "create_model", "gradient_rollout", "list_models", "load_pretrained",
         "raw_attention", "read_state_dict", "resample_abs_pos_embed", "to_grid",
         # issue 26: text models and their tokenizers by name
-        "Tokenizer", "create_text_model", "load_tokenizer", "text_encoder_from_config"]))
+        "Tokenizer", "create_text_model", "load_tokenizer", "text_encoder_from_config",
+        # issue 39: CLIP / SigLIP image and text towers by name
+        "CLIP", "create_clip_model", "load_clip_tokenizer"]))
 
 
 # --- the import graph: no cycles, arrows down, nothing private across modules (standard-library ast only) -------
