@@ -168,3 +168,66 @@ def test_not_a_clip_repository_is_one_sentence(hub, tmp_path):
     with pytest.raises(ValueError, match="not a CLIP or SigLIP repository") as e:
         vit.create_clip_model(f"local-dir:{tmp_path}")
     assert "\n" not in str(e.value)
+
+
+def _hash_tokenizer(length, vocab):
+    """Deterministic ids per caption (for a repository without a tokenizer.json): the same for both libraries."""
+    def tok(texts):
+        return torch.stack([torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(
+            sum(map(ord, t)) * 31 + len(t))) for t in texts])
+    return tok
+
+
+@pytest.mark.parametrize("name", list(OPEN_CLIP))
+def test_zero_shot_logits_equal_open_clip(hub, name):
+    """Our classifier (text side built once) against open_clip's build_zero_shot_classifier and its logits by hand:
+    softmax for CLIP, sigmoid with logit_bias for SigLIP."""
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+    from vit.eval.zero_shot import DEFAULT_TEMPLATES, ZeroShotClassifier
+
+    ref, model = hub[name], vit.create_clip_model(f"hf-hub:org/{name}")
+    text_cfg = OPEN_CLIP[name][1]["text_cfg"]
+    tok = model.tokenizer or _hash_tokenizer(text_cfg["context_length"], text_cfg["vocab_size"])
+    theirs_tok = open_clip.tokenizer.SimpleTokenizer(context_length=16) if model.tokenizer else tok
+    classes = ["red circle", "blue square", "scratched part", "cat"]
+    clf = ZeroShotClassifier(model, classes, tokenizer=tok)
+    images = _inputs(10, 4)[0]
+    with torch.no_grad():
+        weights = build_zero_shot_classifier(ref, theirs_tok, classes, DEFAULT_TEMPLATES)  # (E, C)
+        expected = ref.logit_scale.exp() * ref.encode_image(images, normalize=True) @ weights
+        if ref.logit_bias is not None:
+            expected = expected + ref.logit_bias
+        logits = clf(images)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    probs = clf.probabilities(logits)
+    torch.testing.assert_close(probs, expected.sigmoid() if name == "oc_siglip" else expected.softmax(-1))
+    assert expected.std() > 0.01  # not vacuous
+
+
+def test_zero_shot_accuracy_on_a_folder(hub, tmp_path):
+    """A generated image folder: class names read from its subfolders, the logits of every file equal open_clip's
+    on the same preprocessed pixels, and the accuracy is their argmax against the folder labels."""
+    from helpers import make_image_folder
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+    from vit.config import AugConfig
+    from vit.data.transforms import build_transform
+    from vit.eval.zero_shot import ZeroShotClassifier, class_names, read_templates, zero_shot_accuracy
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog", "fox"), n_val=3)
+    (tmp_path / "templates.txt").write_text("a photo of a {}.\n\nart of the {}\n")
+    model, ref = vit.create_clip_model("hf-hub:org/oc_clip"), hub["oc_clip"]
+    classes, templates = class_names(root / "val"), read_templates(tmp_path / "templates.txt")
+    assert classes == ["cat", "dog", "fox"] and class_names("cat, dog,fox") == classes
+    transform = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), IMG, train=False)
+    out = zero_shot_accuracy(ZeroShotClassifier(model, classes, templates), root / "val", transform, batch_size=4)
+    files = [p for c in classes for p in sorted((root / "val" / c).iterdir())]
+    with torch.no_grad():
+        weights = build_zero_shot_classifier(ref, open_clip.tokenizer.SimpleTokenizer(context_length=16), classes,
+                                             templates)
+        expected = ref.logit_scale.exp() * ref.encode_image(torch.stack([transform.load(p) for p in files]),
+                                                            normalize=True) @ weights
+    torch.testing.assert_close(out["logits"], expected, atol=1e-5, rtol=0)
+    assert out["count"] == 9 and out["chance"] == pytest.approx(1 / 3)
+    assert out["accuracy"] == pytest.approx((expected.argmax(1) == torch.arange(3).repeat_interleave(3)).float().mean())
