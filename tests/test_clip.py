@@ -231,3 +231,22 @@ def test_zero_shot_accuracy_on_a_folder(hub, tmp_path):
     torch.testing.assert_close(out["logits"], expected, atol=1e-5, rtol=0)
     assert out["count"] == 9 and out["chance"] == pytest.approx(1 / 3)
     assert out["accuracy"] == pytest.approx((expected.argmax(1) == torch.arange(3).repeat_interleave(3)).float().mean())
+
+
+def test_evaluate_script_zero_shot(hub, tmp_path):
+    """evaluate.py --clip NAME --classes DIR: the folder's accuracy (as the library computes it) in metrics.json;
+    --clip without --classes is one sentence."""
+    from helpers import import_script, make_image_folder
+
+    from vit.eval.zero_shot import evaluate_zero_shot
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog"), n_val=2)
+    evaluate = import_script("evaluate")
+    assert evaluate.main(["--clip", "hf-hub:org/oc_clip", "--classes", str(root / "val"), "--out",
+                          str(tmp_path / "out")]) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    expected = evaluate_zero_shot("hf-hub:org/oc_clip", "cat,dog", root / "val")
+    assert metrics["accuracy"] == pytest.approx(expected["accuracy"]) and metrics["count"] == 4
+    assert metrics["classes"] == ["cat", "dog"] and metrics["chance"] == 0.5
+    with pytest.raises(ValueError, match="--clip needs --classes"):
+        evaluate.main(["--clip", "hf-hub:org/oc_clip", "--out", str(tmp_path / "out2")])

@@ -21,7 +21,8 @@ from torch import nn
 
 from ..data.base import DataError, class_folders, image_files
 
-__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "read_templates", "zero_shot_accuracy"]
+__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "evaluate_zero_shot", "read_templates",
+           "zero_shot_accuracy"]
 
 # a short set of our own wording: the object named plainly, in a few photographic conditions
 DEFAULT_TEMPLATES = (
@@ -116,3 +117,21 @@ def zero_shot_accuracy(classifier: ZeroShotClassifier, folder: str | Path, trans
     labels = torch.tensor([y for _, y in files])
     return {"accuracy": (logits.argmax(1) == labels).float().mean().item(), "count": len(files),
             "chance": 1 / len(classifier.classes), "logits": logits, "labels": labels}
+
+
+def evaluate_zero_shot(name: str, classes: str | Sequence[str], folder: str | Path,
+                       templates: str | Path | None = None, batch_size: int = 64) -> dict:
+    """What `evaluate.py --clip NAME --classes ...` runs: the CLIP / SigLIP model `name` (vit.create_clip_model),
+    its classifier over `classes` (see `class_names`) with `templates` (a file; default: DEFAULT_TEMPLATES),
+    scored on `folder`/<class>/ images through the image tower's own preprocessing (its mean, std, size)."""
+    from ..config import AugConfig
+    from ..data.transforms import build_transform
+    from ..models.clip import create_clip_model
+
+    names = class_names(classes)
+    prompts = read_templates(templates) if templates else DEFAULT_TEMPLATES
+    model = create_clip_model(name)
+    size = model.visual.patch_embed.img_size[0]
+    transform = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), size, train=False)
+    out = zero_shot_accuracy(ZeroShotClassifier(model, names, prompts), folder, transform, batch_size)
+    return dict(out, classes=names, templates=list(prompts))
