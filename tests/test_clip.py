@@ -250,3 +250,28 @@ def test_evaluate_script_zero_shot(hub, tmp_path):
     assert metrics["classes"] == ["cat", "dog"] and metrics["chance"] == 0.5
     with pytest.raises(ValueError, match="--clip needs --classes"):
         evaluate.main(["--clip", "hf-hub:org/oc_clip", "--out", str(tmp_path / "out2")])
+
+
+def test_predict_script_zero_shot(hub, tmp_path):
+    """predict.py --clip NAME --classes LIST IMAGES: top-k rows whose probabilities are the classifier's softmax."""
+    import csv
+
+    from helpers import import_script, make_image_folder
+
+    from vit.eval.zero_shot import predict_zero_shot
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog"), n_train=0, n_val=2)
+    (root / "val" / "cat" / "broken.png").write_bytes(b"not an image")
+    predict = import_script("predict")
+    assert predict.main(["--clip", "hf-hub:org/oc_clip", "--classes", "cat,dog,fox", str(root / "val"), "--topk",
+                         "2", "--out", str(tmp_path / "out")]) == 0
+    rows = list(csv.DictReader((tmp_path / "out" / "predictions.csv").open()))
+    paths = sorted(p for p in (root / "val").rglob("*.png") if p.name != "broken.png")
+    classes, probs, ok = predict_zero_shot("hf-hub:org/oc_clip", ["cat", "dog", "fox"], paths)
+    assert len(rows) == 4 and ok.all() and "broken.png" in (tmp_path / "out" / "skipped.csv").read_text()
+    by_path = {r["path"]: r for r in rows}
+    for p, row in zip(paths, probs):
+        top = by_path[str(p)]
+        assert top["pred1_name"] == classes[int(row.argmax())]
+        assert float(top["prob1"]) == pytest.approx(float(row.max()), abs=1e-6)
+    torch.testing.assert_close(probs.sum(1), torch.ones(4))

@@ -21,8 +21,8 @@ from torch import nn
 
 from ..data.base import DataError, class_folders, image_files
 
-__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "evaluate_zero_shot", "read_templates",
-           "zero_shot_accuracy"]
+__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "evaluate_zero_shot", "load_zero_shot",
+           "predict_zero_shot", "read_templates", "zero_shot_accuracy"]
 
 # a short set of our own wording: the object named plainly, in a few photographic conditions
 DEFAULT_TEMPLATES = (
@@ -119,11 +119,10 @@ def zero_shot_accuracy(classifier: ZeroShotClassifier, folder: str | Path, trans
             "chance": 1 / len(classifier.classes), "logits": logits, "labels": labels}
 
 
-def evaluate_zero_shot(name: str, classes: str | Sequence[str], folder: str | Path,
-                       templates: str | Path | None = None, batch_size: int = 64) -> dict:
-    """What `evaluate.py --clip NAME --classes ...` runs: the CLIP / SigLIP model `name` (vit.create_clip_model),
-    its classifier over `classes` (see `class_names`) with `templates` (a file; default: DEFAULT_TEMPLATES),
-    scored on `folder`/<class>/ images through the image tower's own preprocessing (its mean, std, size)."""
+def load_zero_shot(name: str, classes: str | Sequence[str], templates: str | Path | None = None):
+    """(classifier, preprocessing) for the CLIP / SigLIP model `name` (vit.create_clip_model) over `classes` (see
+    `class_names`) with `templates` (a file; default: DEFAULT_TEMPLATES); the preprocessing is the image tower's
+    own (its mean, std, size), a vit.data.transforms.Pipeline."""
     from ..config import AugConfig
     from ..data.transforms import build_transform
     from ..models.clip import create_clip_model
@@ -133,5 +132,30 @@ def evaluate_zero_shot(name: str, classes: str | Sequence[str], folder: str | Pa
     model = create_clip_model(name)
     size = model.visual.patch_embed.img_size[0]
     transform = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), size, train=False)
-    out = zero_shot_accuracy(ZeroShotClassifier(model, names, prompts), folder, transform, batch_size)
-    return dict(out, classes=names, templates=list(prompts))
+    return ZeroShotClassifier(model, names, prompts), transform
+
+
+def evaluate_zero_shot(name: str, classes: str | Sequence[str], folder: str | Path,
+                       templates: str | Path | None = None, batch_size: int = 64) -> dict:
+    """What `evaluate.py --clip NAME --classes ...` runs: `zero_shot_accuracy` on `folder`/<class>/ images with
+    `load_zero_shot`'s classifier and preprocessing."""
+    clf, transform = load_zero_shot(name, classes, templates)
+    return dict(zero_shot_accuracy(clf, folder, transform, batch_size), classes=clf.classes, templates=clf.templates)
+
+
+@torch.no_grad()
+def predict_zero_shot(name: str, classes: str | Sequence[str], paths: Sequence[Path],
+                      templates: str | Path | None = None, batch_size: int = 64) -> tuple[list[str], torch.Tensor,
+                                                                                           torch.Tensor]:
+    """What `predict.py --clip NAME --classes ...` runs: (class names, (N, C) probabilities, (N,) readable flags)
+    for image files; an unreadable file gets a zero row and False, never stops the run."""
+    from .inference import ImageFiles
+
+    clf, transform = load_zero_shot(name, classes, templates)
+    files = ImageFiles(list(paths), transform)
+    probs, ok = [], []
+    for start in range(0, len(files), batch_size):
+        items = [files[i] for i in range(start, min(start + batch_size, len(files)))]
+        ok += [bool(item[1]) for item in items]
+        probs.append(clf.probabilities(clf(torch.stack([item[0] for item in items]))))
+    return clf.classes, torch.cat(probs), torch.tensor(ok)
