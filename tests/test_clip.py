@@ -275,3 +275,14 @@ def test_predict_script_zero_shot(hub, tmp_path):
         assert top["pred1_name"] == classes[int(row.argmax())]
         assert float(top["prob1"]) == pytest.approx(float(row.max()), abs=1e-6)
     torch.testing.assert_close(probs.sum(1), torch.ones(4))
+
+
+def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
+    """A config claiming a 10**10-token vocabulary is one sentence, not gigabytes allocated."""
+    cfg = json.loads(json.dumps(OPEN_CLIP["oc_clip"][1]))
+    cfg["text_cfg"]["vocab_size"] = 10**10
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({"logit_scale": torch.tensor(1.0)}, tmp_path / "open_clip_model.safetensors")
+    with pytest.raises(ValueError, match="would have more than") as e:
+        vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)

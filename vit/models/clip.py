@@ -32,7 +32,7 @@ from ..hub.open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
 from ..hub.open_clip_weights import open_clip_text_args, open_clip_text_state_dict
 from ..hub.text_weights import text_state_dict
 from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
-from .build import create_model
+from .build import MAX_PARAMS, create_model
 from .text_build import ACTIVATIONS, text_model_args
 from .text_encoder import TextEncoder
 
@@ -160,6 +160,13 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
         kwargs, text_state, extra, tok = _transformers_parts(name, config, cache_dir)
     else:
         raise _bad(name, f"its config.json is a {config.get('model_type')!r} model")
+    D, depth, V, P = kwargs["embed_dim"], kwargs["depth"], kwargs["vocab_size"], kwargs["max_len"]
+    if not all(isinstance(v, int) and v > 0 for v in (D, depth, V, P)):
+        raise _bad(name, f"its text tower's sizes (width {D!r}, layers {depth!r}, vocabulary {V!r}, context {P!r}) "
+                   "are not positive integers")
+    if depth * 13 * D * D + (V + P) * D > MAX_PARAMS:  # before anything is allocated (a hostile config)
+        raise _bad(name, f"its text tower would have more than {MAX_PARAMS:.0e} parameters (width {D}, layers "
+                   f"{depth}, vocabulary {V}); its config is wrong")
     if "proj.weight" not in extra or "logit_scale" not in extra:
         raise _bad(name, "its weights have no text projection or logit_scale")
     pool = kwargs.pop("global_pool")
