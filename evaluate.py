@@ -7,6 +7,8 @@
     python evaluate.py --model hf-hub:timm/vit_base_patch16_224.augreg2_in21k_ft_in1k --data.dataset=imagefolder ...
                                                    # hub weights (vit/hub/names.py); their mean/std/crop unless --aug.*
     accelerate launch --multi_gpu --num_processes 2 evaluate.py --checkpoint ...   # same numbers, one row per image
+    python evaluate.py --clip hf-hub:timm/ViT-B-16-SigLIP2 --classes data/val    # zero-shot: class names from the
+                                                   # folders (or --classes "cat,dog" --data-dir data/val); metrics.json
 
 Writes to --out (default: <checkpoint>/eval): metrics.json, per_class.csv, predictions.csv, confusion.png,
 reliability.png; prints a table.
@@ -30,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
                                         "e.g. --data.dataset=imagefolder --data.root=/data/other.")
-    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
+    add_model_source(ap, clip=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --clip NAME
+    ap.add_argument("--classes", metavar="DIR_OR_LIST", help="--clip: class names, a folder's subfolders (also the "
+                    "images scored unless --data-dir), a file of names or 'cat,dog'")
+    ap.add_argument("--templates", metavar="FILE", help="--clip: prompt templates, one per line with {} for the class "
+                    "(default: a short set of our own, vit/eval/zero_shot.py)")
     data = ap.add_mutually_exclusive_group()
     data.add_argument("--split", default="val",
                       help="the split of the config's data to score: val (default: the held-out split training "
@@ -104,6 +110,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.clip:
+        return main_zero_shot(args)
     out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
                                                  else Path("runs") / f"eval-{args.model}")
     check_writable(out_dir)  # before the model loads or an image is read
@@ -114,6 +122,25 @@ def main(argv=None) -> int:
                           "one class per image.")
     with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
         return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
+
+
+def main_zero_shot(args) -> int:
+    """--clip: zero-shot top-1 accuracy on a folder of <class>/ images, written to --out/metrics.json."""
+    from vit.eval.zero_shot import evaluate_zero_shot
+
+    if not args.classes:
+        raise ConfigError("--clip needs --classes: a folder of class subfolders, a file of names or 'cat,dog'.")
+    folder = args.data_dir or args.classes
+    if not Path(folder).is_dir():
+        raise ConfigError(f"--clip scores a folder of <class>/ images: pass --data-dir FOLDER (not {folder!r:.60}).")
+    out_dir = Path(args.out or Path("runs") / "eval-zero-shot")
+    check_writable(out_dir)
+    result = evaluate_zero_shot(args.clip, args.classes, folder, args.templates, args.batch_size or 64)
+    metrics = {k: result[k] for k in ("accuracy", "count", "chance", "classes")}
+    atomic_write_text(out_dir / "metrics.json", json.dumps(dict(metrics, model=args.clip), indent=2))
+    print(f"zero-shot top-1 {100 * result['accuracy']:.2f}% on {result['count']} images "
+          f"({len(result['classes'])} classes, chance {100 * result['chance']:.1f}%) -> {out_dir}/metrics.json")
+    return 0
 
 
 def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:

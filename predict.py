@@ -41,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
                                         "lists them), e.g. --aug.eval_crop_pct=1.0.")
-    add_model_source(ap, onnx=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --onnx FILE
+    add_model_source(ap, onnx=True, clip=True)  # --checkpoint | --model NAME [...] | --onnx FILE | --clip NAME
+    ap.add_argument("--classes", metavar="DIR_OR_LIST", help="--clip: class names (a folder's subfolders, a file of "
+                    "names or 'cat,dog')")
+    ap.add_argument("--templates", metavar="FILE", help="--clip: prompts, one per line with {} for the class")
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
     ap.add_argument("--topk", type=int, default=5, help="classes per row")
     ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv", help="output file format")
@@ -152,6 +155,27 @@ def main_onnx(args) -> int:
     return 0
 
 
+def main_clip(args) -> int:
+    """--clip: zero-shot top-k over --classes (vit.eval.zero_shot.predict_zero_shot); the same files as main()."""
+    from vit.eval.zero_shot import predict_zero_shot
+
+    if not args.classes:
+        raise ValueError("--clip needs --classes: a folder of class subfolders, a file of names or 'cat,dog'.")
+    paths, skipped = collect_images(args.images)
+    if not paths:
+        raise DataError("no image files given; pass image files, folders, globs or a .txt list of paths.")
+    check_writable(args.out)
+    classes, probs, ok = predict_zero_shot(args.clip, args.classes, paths, args.templates, args.batch_size or 64)
+    skipped += [(str(p), "not readable as an image") for p, good in zip(paths, ok) if not good]
+    staging = new_staging(Path(args.out), "predict")
+    atomic_write_csv(staging / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
+    rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok].numpy(), classes, args.topk)
+    written = Path(args.out) / write_rows(staging, args.format, rows).name
+    publish(staging, Path(args.out), OWNED)
+    print(f"{len(rows)} image(s), {len(classes)} classes (zero-shot, {args.clip}) -> {written}")
+    return 0
+
+
 def run_onnx(argv: list[str]) -> int:
     """main_onnx with run_cli's contract (one line and exit 2 for a user's mistake), without vit.cli.runtime's torch."""
     try:
@@ -235,6 +259,8 @@ def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.onnx:
         return main_onnx(args)
+    if args.clip:
+        return main_clip(args)
     check_writable(args.out)  # before the model loads or an image is read
     with OutputLock(args.out, hold=os.environ.get("RANK", "0") == "0"):  # one predict per --out at a time
         return _predict(args, overrides)

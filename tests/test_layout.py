@@ -49,8 +49,9 @@ def test_public_api_is_unchanged_and_lazy():
         "raw_attention", "read_state_dict", "resample_abs_pos_embed", "to_grid",
         # issue 26: text models and their tokenizers by name
         "Tokenizer", "create_text_model", "load_tokenizer", "text_encoder_from_config",
-        # issue 39: text classification, saved for transformers
-        "TextClassifier", "save_text_model", "text_classifier_from_config"]))
+        # issue 39: text classification, saved for transformers; CLIP / SigLIP image and text towers by name
+        "TextClassifier", "save_text_model", "text_classifier_from_config", "CLIP", "create_clip_model",
+        "load_clip_tokenizer"]))
 
 
 # --- the import graph: no cycles, arrows down, nothing private across modules (standard-library ast only) -------

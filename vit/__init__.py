@@ -3,6 +3,8 @@
 Public API:
     create_model, list_models, VisionTransformer   the image model (timm-compatible names and weights)
     TextEncoder                                    the same encoder on token ids
+    create_clip_model, CLIP, load_clip_tokenizer   CLIP / SigLIP image + text towers by name (open_clip's or
+                                                   transformers' layout), their tokenizers
     create_text_model, load_tokenizer, Tokenizer   BERT / RoBERTa / DistilBERT / CLIP-text weights and their
                                                    tokenizers by name (hf-hub:org/name, local-dir:/folder);
                                                    num_classes=N: a TextClassifier (transformers' heads)
@@ -39,6 +41,9 @@ _EXPORTS = {
     "Tokenizer": "hub.tokenizer",
     "load_tokenizer": "hub.tokenizer",
     "create_text_model": "models.text_build",
+    "CLIP": "models.clip",
+    "create_clip_model": "models.clip",
+    "load_clip_tokenizer": "hub.clip_tokenizer",
     "text_encoder_from_config": "models.text_build",
     "text_classifier_from_config": "models.text_build",
     "TextClassifier": "models.text_classifier",
@@ -51,6 +56,7 @@ _EXPORTS = {
 
 __all__ = [
     "Attention",
+    "CLIP",
     "Block",
     "Encoder",
     "TextClassifier",
@@ -64,9 +70,11 @@ __all__ = [
     "to_grid",
     "VARIANTS",
     "VisionTransformer",
+    "create_clip_model",
     "create_model",
     "create_text_model",
     "list_models",
+    "load_clip_tokenizer",
     "load_tokenizer",
     "load_pretrained",
     "read_state_dict",
@@ -97,10 +105,12 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .explain.rollout import attention_maps, attention_rollout, gradient_rollout, raw_attention, to_grid
+    from .hub.clip_tokenizer import load_clip_tokenizer
     from .hub.tokenizer import Tokenizer, load_tokenizer
     from .hub.weights import load_pretrained, read_state_dict
     from .layers import Attention, resample_abs_pos_embed
     from .models.build import create_model, list_models
+    from .models.clip import CLIP, create_clip_model
     from .models.encoder import Block, Encoder
     from .models.text_build import create_text_model, text_classifier_from_config, text_encoder_from_config
     from .models.text_classifier import TextClassifier

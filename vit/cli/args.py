@@ -17,15 +17,19 @@ __all__ = ["add_model_source", "check_model_source"]
 
 
 def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input size for --model (default: the "
-                     "weights' own, else 224)", onnx: bool = False) -> None:
+                     "weights' own, else 224)", onnx: bool = False, clip: bool = False) -> None:
     """Add --checkpoint | --model NAME [--pretrained | --weights FILE] and --img-size to `ap`; with `onnx`, also
-    --onnx FILE (predict.py: an export.py model run without torch)."""
+    --onnx FILE (predict.py: an export.py model run without torch); with `clip`, also --clip NAME (a CLIP /
+    SigLIP model for zero-shot classification, vit.eval.zero_shot)."""
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="a checkpoint folder written by train.py (best/ or last/)")
     src.add_argument("--model", help="a model name (vit_base_patch16_224, a .tag, hf-hub:org/repo, "
                      "local-dir:/folder): its weights by name, or with --weights those of a file")
     if onnx:
         src.add_argument("--onnx", help="a model.onnx written by export.py (preprocessing.json beside it); no torch")
+    if clip:
+        src.add_argument("--clip", metavar="NAME", help="a CLIP / SigLIP model (hf-hub:org/repo, local-dir:/folder) "
+                         "classifying zero-shot into --classes")
     weights = ap.add_mutually_exclusive_group()
     weights.add_argument("--pretrained", action="store_true",
                          help="--model's weights by name from the hub cache (what --model alone means)")
@@ -36,7 +40,7 @@ def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input si
 def check_model_source(args: argparse.Namespace) -> None:
     """One sentence (ValueError) for --pretrained, --weights or --img-size without --model; sets
     args.pretrained for a --model without --weights. An --onnx file is checked by the ONNX predictor."""
-    if getattr(args, "onnx", None):
+    if getattr(args, "onnx", None) or getattr(args, "clip", None):
         return
     if args.checkpoint:
         given = [f"--{k.replace('_', '-')}" for k in ("pretrained", "weights", "img_size") if getattr(args, k, None)]

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["OPENAI_MEAN", "OPENAI_STD", "is_open_clip_config", "open_clip_model_args", "open_clip_pretrained_cfg",
+__all__ = ["OPENAI_MEAN", "OPENAI_STD", "TEXT_POOLS", "is_open_clip_config", "open_clip_model_args",
+           "open_clip_pretrained_cfg", "open_clip_text_args", "open_clip_text_state_dict",
            "open_clip_state_dict", "is_open_clip_state"]
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's defaults when preprocess_cfg leaves them out
@@ -176,3 +177,72 @@ def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any) -> dict[st
     if others:
         report.actions.append(f"kept the image tower; dropped {', '.join(others)} (text tower, logit scale)")
     return out
+
+
+# text_cfg fields whose non-default value our TextEncoder does not compute: field -> (its default, what it is)
+_TEXT_UNSUPPORTED = {"hf_model_name": (None, "a Hugging Face text model inside"),
+                     "embed_cls": (False, "a class embedding (CoCa)"), "ls_init_value": (None, "layer scale"),
+                     "final_ln_after_pool": (False, "the final norm after pooling"),
+                     "act_kwargs": (None, "activation arguments"), "qk_norm": (False, "q/k normalisation"),
+                     "scaled_cosine_attn": (False, "scaled cosine attention"), "scale_heads": (False, "head scales"),
+                     "scale_attn_inner": (False, "an inner attention norm"), "scale_attn": (False, "an attention norm"),
+                     "scale_fc": (False, "an MLP norm"), "block_type": (None, "a custom block"),
+                     "tokenizer_mode": (None, "a custom tokenizer mode")}
+TEXT_POOLS = {"argmax": "eos", "eos": "eos", "first": "first", "last": "last"}  # open_clip's -> ours
+
+
+def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
+    """An open_clip config's text tower -> `TextEncoder` keyword arguments plus `pool` ('eos' | 'first' | 'last',
+    the token whose state is projected) and `context_length`. CLIP's: causal, pooled at the highest id (the
+    end-of-text token); SigLIP's: no mask, pooled at the last position."""
+    model = config.get("model_cfg", config)
+    text = model.get("text_cfg") or {}
+    for field, (default, what) in _TEXT_UNSUPPORTED.items():
+        if text.get(field, default) not in (default, "default"):
+            raise ValueError(f"{name}: its text tower has {what}, which our TextEncoder does not compute; load it "
+                             "with open_clip instead.")
+    pool = text.get("pool_type", "argmax")
+    if pool not in TEXT_POOLS:
+        raise ValueError(f"{name}: its text tower pools with {pool!r}; supported: {', '.join(TEXT_POOLS)}.")
+    width, heads = text.get("width", 512), text.get("heads", 8)
+    if not all(isinstance(v, int) and v > 0 for v in (width, heads, text.get("layers", 12))) or width % heads:
+        raise ValueError(f"{name}: its open_clip text_cfg has width {width!r}, heads {heads!r}; the width must be a "
+                         "positive multiple of the heads.")
+    eos = text.get("eos_id", 2) if pool == "eos" else None
+    return dict(vocab_size=text.get("vocab_size", 49408), embed_dim=width, depth=text.get("layers", 12),
+                num_heads=heads, max_len=text.get("context_length", 77),
+                mlp_ratio=_float(text.get("mlp_ratio", 4.0), "mlp_ratio", name), norm_first=True,
+                norm_eps=_float((text.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),
+                mlp_layer="quick_gelu" if model.get("quick_gelu") else "gelu",
+                causal=not text.get("no_causal_mask", False), global_pool=TEXT_POOLS[pool], eos_token_id=eos)
+
+
+_TEXT_SWAPS = [("token_embedding.", "token_embed."), ("transformer.resblocks.", "blocks."), ("ln_final.", "norm."),
+               (".ln_1.", ".norm1."), (".ln_2.", ".norm2."), ("attn.in_proj_", "attn.qkv."),
+               ("attn.out_proj.", "attn.proj."), ("mlp.c_fc.", "mlp.fc1."), ("mlp.c_proj.", "mlp.fc2.")]
+
+
+def open_clip_text_state_dict(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """A whole open_clip model's state dict -> (its text tower in `TextEncoder` names, the rest: `proj.weight`
+    (E, D) [and `proj.bias`] of the text projection as a Linear, `logit_scale`, `logit_bias`). The text tower is
+    at the top level (`CLIP`) or under `text.` (`CustomTextCLIP`, SigLIP's)."""
+    prefix = "module." if all(k.startswith("module.") for k in state) else ""
+    state = {k[len(prefix):]: v for k, v in state.items()}
+    extra = {k: state[k] for k in ("logit_scale", "logit_bias") if k in state}
+    inner = "text." if any(k.startswith("text.") for k in state) else ""
+    text: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        if not k.startswith(inner) or k.startswith("visual.") or k in extra or k == "attn_mask":
+            continue
+        k = k[len(inner):]
+        if k == "text_projection":  # (D, E), used as pooled @ proj
+            extra["proj.weight"] = v.T.contiguous()
+        elif k.startswith("text_projection."):  # an nn.Linear (SigLIP's, with a bias)
+            extra["proj." + k.split(".", 1)[1]] = v
+        elif k == "positional_embedding":
+            text["pos_embed"] = v[None]  # (N, D) -> (1, N, D)
+        else:
+            for old, new in _TEXT_SWAPS:
+                k = k.replace(old, new)
+            text[k] = v
+    return text, extra

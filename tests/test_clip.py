@@ -1,0 +1,288 @@
+"""vit.create_clip_model (our VisionTransformer + TextEncoder) against open_clip's and transformers' own CLIP / SigLIP.
+
+Tiny random models of each library are saved in their repository layouts (open_clip_config.json +
+open_clip_model.safetensors; transformers' save_pretrained) into a hub cache built in a temporary folder and read
+by `hf-hub:org/name` with HF_HUB_OFFLINE=1. Oracles: open_clip's encode_image / encode_text / forward, transformers'
+get_image_features / get_text_features / logits_per_image; the tokenizer against open_clip's SimpleTokenizer on
+generated prompts (CLIP's BPE vocabulary ships in open_clip's wheel; its tokenizer.json is written here with the
+`tokenizers` library as transformers' converter lays it out).
+"""
+
+import json
+import random
+
+import pytest
+import torch
+from helpers import hub_snapshot, perturb
+from safetensors.torch import save_file
+
+import vit
+
+open_clip = pytest.importorskip("open_clip")
+transformers = pytest.importorskip("transformers")
+
+IMG = 32
+OPEN_CLIP = {  # name -> (model class, model_cfg)
+    "oc_clip": ("CLIP", dict(embed_dim=24, quick_gelu=True,
+                             vision_cfg=dict(image_size=IMG, layers=2, width=32, head_width=8, patch_size=8),
+                             text_cfg=dict(context_length=16, vocab_size=49408, width=16, heads=2, layers=2))),
+    # SigLIP's layout: a timm trunk with attention-pool (map) head, bidirectional text pooled last, biased
+    # projection, a learned logit bias; the text tower under `text.` (CustomTextCLIP)
+    "oc_siglip": ("CustomTextCLIP", dict(
+        embed_dim=64, init_logit_bias=-10.0, custom_text=True,
+        vision_cfg=dict(image_size=IMG, timm_model_name="test_vit", timm_pool="map", timm_proj="none"),
+        text_cfg=dict(context_length=12, vocab_size=60, width=32, heads=4, layers=2, no_causal_mask=True,
+                      pool_type="last", proj_bias=True, norm_kwargs=dict(eps=1e-6)))),
+}
+TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=IMG, intermediate_size=96,
+             patch_size=8)
+TEXT = dict(vocab_size=70, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            max_position_embeddings=10, bos_token_id=68, eos_token_id=69)
+
+
+def clip_tokenizer_json() -> str:
+    """open_clip's CLIP BPE (its vocabulary and merges) as a tokenizer.json, laid out as transformers' CLIP
+    converter writes it: NFC, whitespace runs, lowercase; CLIP's split pattern, byte-level; BPE with '</w>'."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    t = open_clip.tokenizer.SimpleTokenizer()
+    names = {t.decoder[t.sot_token_id]: "<|startoftext|>", t.decoder[t.eot_token_id]: "<|endoftext|>"}
+    vocab = {names.get(k, k): v for k, v in t.encoder.items()}
+    merges = sorted(t.bpe_ranks, key=t.bpe_ranks.get)
+    tok = Tokenizer(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="</w>",
+                        unk_token="<|endoftext|>"))
+    tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Replace(Regex(r"\s+"), " "),
+                                           normalizers.Lowercase()])
+    split = Regex(r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+""")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(split, behavior="removed", invert=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|startoftext|>", "<|endoftext|>"])
+    return tok.to_str()
+
+
+def prompts(n=300, seed=0):
+    """Captions with what open_clip's cleaning touches: case, HTML entities, tabs and runs of spaces, accents,
+    apostrophes, digits, emoji, CJK, underscores, and ones longer than the context."""
+    words = ["a", "photo", "of", "the", "Cat", "DOG's", "naïve", "café", "3", "42x", "!!", "  ", "\t", "&amp;",
+             "don't", "We'll", "🙂", "日本", "über", "_under_", "scratched", "part.", "x" * 30]
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(1, 25))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clip")
+    refs = {}
+    torch.manual_seed(0)
+    bpe = clip_tokenizer_json()
+    for name, (cls, cfg) in OPEN_CLIP.items():
+        model = perturb(getattr(open_clip.model, cls)(**{k: v for k, v in cfg.items() if k != "custom_text"}))
+        folder = hub_snapshot(root / "hub", f"org/{name}")
+        (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, folder / "open_clip_model.safetensors")
+        if name == "oc_clip":
+            (folder / "tokenizer.json").write_text(bpe)
+        refs[name] = model
+    T = transformers
+    for name, model in {
+        "hf_clip": T.CLIPModel(T.CLIPConfig(text_config=TEXT, vision_config=TOWER, projection_dim=20)),
+        "hf_siglip": T.SiglipModel(T.SiglipConfig(
+            text_config=dict(TEXT, hidden_act="gelu_pytorch_tanh", projection_size=32), vision_config=TOWER)),
+    }.items():
+        model = perturb(model)
+        model.save_pretrained(hub_snapshot(root / "hub", f"org/{name}"))
+        refs[name] = model
+    return root, refs
+
+
+@pytest.fixture
+def hub(cache, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache[0] / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    return cache[1]
+
+
+def _inputs(vocab, length, n=5):
+    g = torch.Generator().manual_seed(3)
+    images = torch.randn(4, 3, IMG, IMG, generator=g)
+    ids = torch.randint(1, vocab, (n, length), generator=g)
+    return images, ids
+
+
+@pytest.mark.parametrize("name", list(OPEN_CLIP))
+def test_open_clip_features_and_logits(hub, name):
+    ref = hub[name]
+    model = vit.create_clip_model(f"hf-hub:org/{name}")
+    assert isinstance(model.visual, vit.VisionTransformer) and isinstance(model.text, vit.TextEncoder)
+    text_cfg = OPEN_CLIP[name][1]["text_cfg"]
+    images, ids = _inputs(text_cfg["vocab_size"], text_cfg["context_length"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image(images), ref.encode_image(images), atol=1e-5, rtol=0)
+        expected = ref.encode_text(ids)
+        torch.testing.assert_close(model.encode_text(ids), expected, atol=1e-5, rtol=0)
+        ours, theirs = model(images, ids), ref(images, ids)
+        assert len(ours) == len(theirs) == (4 if name == "oc_siglip" else 3)
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.logits(ours[0], ours[1]), ref.get_logits(images, ids)[0], atol=1e-5, rtol=0)
+    assert expected.std(0).mean() > 0.05  # not vacuous: features vary by caption
+
+
+def test_hf_models_features_and_logits(hub):
+    for name in ("hf_clip", "hf_siglip"):
+        ref = hub[name]
+        model = vit.create_clip_model(f"hf-hub:org/{name}")
+        images, ids = _inputs(TEXT["vocab_size"], TEXT["max_position_embeddings"])
+        with torch.no_grad():
+            out = ref(input_ids=ids, pixel_values=images)
+            torch.testing.assert_close(model.encode_image(images), ref.get_image_features(pixel_values=images)
+                                       .pooler_output, atol=1e-5, rtol=0)
+            torch.testing.assert_close(model.encode_text(ids), ref.get_text_features(input_ids=ids).pooler_output,
+                                       atol=1e-5, rtol=0)
+            image, text = model(images, ids)[:2]
+            torch.testing.assert_close(model.logits(image, text), out.logits_per_image, atol=1e-5, rtol=0)
+        assert out.logits_per_image.std() > 0.05, name
+        assert (model.logit_bias is not None) == (name == "hf_siglip")
+
+
+def test_tokenizer_ids_equal_open_clip(hub):
+    """CLIP's BPE through `tokenizers` against open_clip's SimpleTokenizer on 300 generated captions (case, HTML
+    entities, whitespace, accents, emoji, CJK; some cut at the context length), then through the model."""
+    model = vit.create_clip_model("hf-hub:org/oc_clip")
+    texts = prompts()
+    ours, theirs = model.tokenizer(texts), open_clip.tokenizer.SimpleTokenizer(context_length=16)(texts)
+    assert torch.equal(ours, theirs)
+    assert (theirs[:, -1] != 0).any() and (theirs[:, -1] == 0).any()  # cut and padded captions both present
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_text(ours[:20]), hub["oc_clip"].encode_text(theirs[:20]),
+                                   atol=1e-5, rtol=0)
+
+
+def test_not_a_clip_repository_is_one_sentence(hub, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(ValueError, match="not a CLIP or SigLIP repository") as e:
+        vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
+
+
+def _hash_tokenizer(length, vocab):
+    """Deterministic ids per caption (for a repository without a tokenizer.json): the same for both libraries."""
+    def tok(texts):
+        return torch.stack([torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(
+            sum(map(ord, t)) * 31 + len(t))) for t in texts])
+    return tok
+
+
+@pytest.mark.parametrize("name", list(OPEN_CLIP))
+def test_zero_shot_logits_equal_open_clip(hub, name):
+    """Our classifier (text side built once) against open_clip's build_zero_shot_classifier and its logits by hand:
+    softmax for CLIP, sigmoid with logit_bias for SigLIP."""
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+    from vit.eval.zero_shot import DEFAULT_TEMPLATES, ZeroShotClassifier
+
+    ref, model = hub[name], vit.create_clip_model(f"hf-hub:org/{name}")
+    text_cfg = OPEN_CLIP[name][1]["text_cfg"]
+    tok = model.tokenizer or _hash_tokenizer(text_cfg["context_length"], text_cfg["vocab_size"])
+    theirs_tok = open_clip.tokenizer.SimpleTokenizer(context_length=16) if model.tokenizer else tok
+    classes = ["red circle", "blue square", "scratched part", "cat"]
+    clf = ZeroShotClassifier(model, classes, tokenizer=tok)
+    images = _inputs(10, 4)[0]
+    with torch.no_grad():
+        weights = build_zero_shot_classifier(ref, theirs_tok, classes, DEFAULT_TEMPLATES)  # (E, C)
+        expected = ref.logit_scale.exp() * ref.encode_image(images, normalize=True) @ weights
+        if ref.logit_bias is not None:
+            expected = expected + ref.logit_bias
+        logits = clf(images)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+    probs = clf.probabilities(logits)
+    torch.testing.assert_close(probs, expected.sigmoid() if name == "oc_siglip" else expected.softmax(-1))
+    assert expected.std() > 0.01  # not vacuous
+
+
+def test_zero_shot_accuracy_on_a_folder(hub, tmp_path):
+    """A generated image folder: class names read from its subfolders, the logits of every file equal open_clip's
+    on the same preprocessed pixels, and the accuracy is their argmax against the folder labels."""
+    from helpers import make_image_folder
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+    from vit.config import AugConfig
+    from vit.data.transforms import build_transform
+    from vit.eval.zero_shot import ZeroShotClassifier, class_names, read_templates, zero_shot_accuracy
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog", "fox"), n_val=3)
+    (tmp_path / "templates.txt").write_text("a photo of a {}.\n\nart of the {}\n")
+    model, ref = vit.create_clip_model("hf-hub:org/oc_clip"), hub["oc_clip"]
+    classes, templates = class_names(root / "val"), read_templates(tmp_path / "templates.txt")
+    assert classes == ["cat", "dog", "fox"] and class_names("cat, dog,fox") == classes
+    transform = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), IMG, train=False)
+    out = zero_shot_accuracy(ZeroShotClassifier(model, classes, templates), root / "val", transform, batch_size=4)
+    files = [p for c in classes for p in sorted((root / "val" / c).iterdir())]
+    with torch.no_grad():
+        weights = build_zero_shot_classifier(ref, open_clip.tokenizer.SimpleTokenizer(context_length=16), classes,
+                                             templates)
+        expected = ref.logit_scale.exp() * ref.encode_image(torch.stack([transform.load(p) for p in files]),
+                                                            normalize=True) @ weights
+    torch.testing.assert_close(out["logits"], expected, atol=1e-5, rtol=0)
+    assert out["count"] == 9 and out["chance"] == pytest.approx(1 / 3)
+    assert out["accuracy"] == pytest.approx((expected.argmax(1) == torch.arange(3).repeat_interleave(3)).float().mean())
+
+
+def test_evaluate_script_zero_shot(hub, tmp_path):
+    """evaluate.py --clip NAME --classes DIR: the folder's accuracy (as the library computes it) in metrics.json;
+    --clip without --classes is one sentence."""
+    from helpers import import_script, make_image_folder
+
+    from vit.eval.zero_shot import evaluate_zero_shot
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog"), n_val=2)
+    evaluate = import_script("evaluate")
+    assert evaluate.main(["--clip", "hf-hub:org/oc_clip", "--classes", str(root / "val"), "--out",
+                          str(tmp_path / "out")]) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    expected = evaluate_zero_shot("hf-hub:org/oc_clip", "cat,dog", root / "val")
+    assert metrics["accuracy"] == pytest.approx(expected["accuracy"]) and metrics["count"] == 4
+    assert metrics["classes"] == ["cat", "dog"] and metrics["chance"] == 0.5
+    with pytest.raises(ValueError, match="--clip needs --classes"):
+        evaluate.main(["--clip", "hf-hub:org/oc_clip", "--out", str(tmp_path / "out2")])
+
+
+def test_predict_script_zero_shot(hub, tmp_path):
+    """predict.py --clip NAME --classes LIST IMAGES: top-k rows whose probabilities are the classifier's softmax."""
+    import csv
+
+    from helpers import import_script, make_image_folder
+
+    from vit.eval.zero_shot import predict_zero_shot
+
+    root = make_image_folder(tmp_path / "data", classes=("cat", "dog"), n_train=0, n_val=2)
+    (root / "val" / "cat" / "broken.png").write_bytes(b"not an image")
+    predict = import_script("predict")
+    assert predict.main(["--clip", "hf-hub:org/oc_clip", "--classes", "cat,dog,fox", str(root / "val"), "--topk",
+                         "2", "--out", str(tmp_path / "out")]) == 0
+    rows = list(csv.DictReader((tmp_path / "out" / "predictions.csv").open()))
+    paths = sorted(p for p in (root / "val").rglob("*.png") if p.name != "broken.png")
+    classes, probs, ok = predict_zero_shot("hf-hub:org/oc_clip", ["cat", "dog", "fox"], paths)
+    assert len(rows) == 4 and ok.all() and "broken.png" in (tmp_path / "out" / "skipped.csv").read_text()
+    by_path = {r["path"]: r for r in rows}
+    for p, row in zip(paths, probs):
+        top = by_path[str(p)]
+        assert top["pred1_name"] == classes[int(row.argmax())]
+        assert float(top["prob1"]) == pytest.approx(float(row.max()), abs=1e-6)
+    torch.testing.assert_close(probs.sum(1), torch.ones(4))
+
+
+def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
+    """A config claiming a 10**10-token vocabulary is one sentence, not gigabytes allocated."""
+    cfg = json.loads(json.dumps(OPEN_CLIP["oc_clip"][1]))
+    cfg["text_cfg"]["vocab_size"] = 10**10
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({"logit_scale": torch.tensor(1.0)}, tmp_path / "open_clip_model.safetensors")
+    with pytest.raises(ValueError, match="would have more than") as e:
+        vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)

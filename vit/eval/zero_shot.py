@@ -1,0 +1,161 @@
+"""Zero-shot classification with a CLIP / SigLIP model (Radford et al., 2021, section 3.1.4): class names become
+captions through prompt templates, their text embeddings the weights of a linear classifier over the image
+embeddings, built once.
+
+    model = vit.create_clip_model("hf-hub:timm/ViT-B-16-SigLIP2")
+    clf = ZeroShotClassifier(model, class_names("data/parts/val"))   # the text side, computed here once
+    probs = clf.probabilities(clf(images))                             # (B, C): softmax (CLIP), sigmoid (SigLIP)
+
+The classifier weight of class c is the normalised mean of the normalised embeddings of its prompts (open_clip's
+`build_zero_shot_classifier`); logits are exp(logit_scale) * image_features @ W.T (+ logit_bias for SigLIP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.base import DataError, class_folders, image_files
+
+__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "evaluate_zero_shot", "load_zero_shot",
+           "predict_zero_shot", "read_templates", "zero_shot_accuracy"]
+
+# a short set of our own wording: the object named plainly, in a few photographic conditions
+DEFAULT_TEMPLATES = (
+    "a photo of a {}.",
+    "a close-up photo of a {}.",
+    "a blurry photo of a {}.",
+    "a bright photo of a {}.",
+    "a photo of the {}, seen from the side.",
+    "a cropped photo of a {}.",
+    "a drawing of a {}.",
+)
+
+
+def class_names(spec: str | Path | Sequence[str]) -> list[str]:
+    """Class names from a list, a folder (its class subfolders, sorted: a dataset's split folder), a text file
+    (one name per line) or a comma-separated string ("cat,dog,scratched part")."""
+    if not isinstance(spec, (str, Path)):
+        names = [str(n).strip() for n in spec]
+    elif Path(spec).is_dir():
+        names = class_folders(Path(spec))
+    elif Path(spec).is_file():
+        names = [line.strip() for line in Path(spec).read_text(encoding="utf-8").splitlines() if line.strip()]
+    else:
+        names = [n.strip() for n in str(spec).split(",")]
+    if not names or any(not n for n in names):
+        raise DataError(f"no class names in {str(spec)!r:.80} (or an empty one); pass a folder of class subfolders, "
+                        "a text file with one name per line, or names separated by commas.")
+    if len(set(names)) != len(names):
+        raise DataError(f"class names repeat in {str(spec)!r:.80}; give each class once.")
+    return names
+
+
+def read_templates(path: str | Path) -> list[str]:
+    """Prompt templates from a text file, one per line, each with one `{}` where the class name goes."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    bad = [t for t in lines if t.count("{}") != 1]
+    if not lines or bad:
+        raise DataError(f"{path}: every line must be a prompt with one {{}} for the class name (e.g. 'a photo of a "
+                        f"{{}}.'); {'it has none' if not lines else f'this one is not: {bad[0]!r:.80}'}.")
+    return lines
+
+
+class ZeroShotClassifier(nn.Module):
+    """Images (B, 3, H, W) -> (B, C) logits against `classes`; the (C, E) text weights are computed at
+    construction (under no_grad, `batch_size` prompts at a time) and kept as a buffer, so classifying many images
+    runs the image tower only."""
+
+    def __init__(self, model: nn.Module, classes: Sequence[str], templates: Sequence[str] = DEFAULT_TEMPLATES,
+                 tokenizer=None, batch_size: int = 256) -> None:
+        super().__init__()
+        tokenizer = tokenizer or getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("the model has no tokenizer (its repository holds no tokenizer.json); pass tokenizer=.")
+        self.model, self.classes, self.templates = model, list(classes), list(templates)
+        self.sigmoid = getattr(model, "logit_bias", None) is not None  # SigLIP: one yes/no per class
+        self.register_buffer("weights", self._text_weights(tokenizer, batch_size), persistent=False)
+
+    @torch.no_grad()
+    def _text_weights(self, tokenizer, batch_size: int) -> torch.Tensor:
+        prompts = [t.format(c) for c in self.classes for t in self.templates]  # class-major: (C * T,)
+        device = next(self.model.parameters()).device
+        feats = torch.cat([self.model.encode_text(tokenizer(prompts[i:i + batch_size]).to(device), normalize=True)
+                           for i in range(0, len(prompts), batch_size)])  # (C * T, E)
+        mean = feats.reshape(len(self.classes), len(self.templates), -1).mean(1)  # (C, E)
+        return F.normalize(mean, dim=-1)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        image = self.model.encode_image(images, normalize=True)  # (B, E)
+        logits = self.model.logit_scale.exp() * image @ self.weights.T  # (B, C)
+        return logits + self.model.logit_bias if self.sigmoid else logits
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax over the classes for CLIP; SigLIP's sigmoid, each class scored on its own."""
+        return torch.sigmoid(logits) if self.sigmoid else logits.softmax(-1)
+
+
+@torch.no_grad()
+def zero_shot_accuracy(classifier: ZeroShotClassifier, folder: str | Path, transform, batch_size: int = 64) -> dict:
+    """Top-1 accuracy of `classifier` on `folder`/<class>/*.jpg (the subfolders named as the classifier's classes);
+    `transform`: a vit.data.transforms.Pipeline (its `load(path)` gives a (C, S, S) tensor). Returns accuracy,
+    count, chance (1 / C) and the per-image logits and labels."""
+    folder = Path(folder)
+    files = [(p, classifier.classes.index(c)) for c in class_folders(folder) if c in classifier.classes
+             for p in sorted(image_files(folder / c))]
+    if not files:
+        named = ", ".join(classifier.classes[:5])
+        raise DataError(f"{folder} holds no images in subfolders named as the classes ({named}, ...); put each "
+                        "class's images in <folder>/<class name>/.")
+    device = classifier.weights.device
+    logits = torch.cat([classifier(torch.stack([transform.load(p) for p, _ in files[i:i + batch_size]]).to(device))
+                        for i in range(0, len(files), batch_size)]).cpu()
+    labels = torch.tensor([y for _, y in files])
+    return {"accuracy": (logits.argmax(1) == labels).float().mean().item(), "count": len(files),
+            "chance": 1 / len(classifier.classes), "logits": logits, "labels": labels}
+
+
+def load_zero_shot(name: str, classes: str | Sequence[str], templates: str | Path | None = None):
+    """(classifier, preprocessing) for the CLIP / SigLIP model `name` (vit.create_clip_model) over `classes` (see
+    `class_names`) with `templates` (a file; default: DEFAULT_TEMPLATES); the preprocessing is the image tower's
+    own (its mean, std, size), a vit.data.transforms.Pipeline."""
+    from ..config import AugConfig
+    from ..data.transforms import build_transform
+    from ..models.clip import create_clip_model
+
+    names = class_names(classes)
+    prompts = read_templates(templates) if templates else DEFAULT_TEMPLATES
+    model = create_clip_model(name)
+    size = model.visual.patch_embed.img_size[0]
+    transform = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), size, train=False)
+    return ZeroShotClassifier(model, names, prompts), transform
+
+
+def evaluate_zero_shot(name: str, classes: str | Sequence[str], folder: str | Path,
+                       templates: str | Path | None = None, batch_size: int = 64) -> dict:
+    """What `evaluate.py --clip NAME --classes ...` runs: `zero_shot_accuracy` on `folder`/<class>/ images with
+    `load_zero_shot`'s classifier and preprocessing."""
+    clf, transform = load_zero_shot(name, classes, templates)
+    return dict(zero_shot_accuracy(clf, folder, transform, batch_size), classes=clf.classes, templates=clf.templates)
+
+
+@torch.no_grad()
+def predict_zero_shot(name: str, classes: str | Sequence[str], paths: Sequence[Path],
+                      templates: str | Path | None = None, batch_size: int = 64) -> tuple[list[str], torch.Tensor,
+                                                                                           torch.Tensor]:
+    """What `predict.py --clip NAME --classes ...` runs: (class names, (N, C) probabilities, (N,) readable flags)
+    for image files; an unreadable file gets a zero row and False, never stops the run."""
+    from .inference import ImageFiles
+
+    clf, transform = load_zero_shot(name, classes, templates)
+    files = ImageFiles(list(paths), transform)
+    probs, ok = [], []
+    for start in range(0, len(files), batch_size):
+        items = [files[i] for i in range(start, min(start + batch_size, len(files)))]
+        ok += [bool(item[1]) for item in items]
+        probs.append(clf.probabilities(clf(torch.stack([item[0] for item in items]))))
+    return clf.classes, torch.cat(probs), torch.tensor(ok)

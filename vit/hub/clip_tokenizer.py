@@ -1,0 +1,83 @@
+"""Captions -> the (B, context_length) token ids a CLIP or SigLIP text tower reads, as open_clip's tokenizers give
+them, run by the `tokenizers` library from the repository's tokenizer.json (vit.hub.tokenizer).
+
+    bpe   CLIP's byte-pair encoding (open_clip's `SimpleTokenizer`): text cleaned (ftfy when installed, HTML
+          entities, whitespace) and lowercased; ids [start-of-text] + BPE + [end-of-text], cut to
+          context_length with end-of-text kept last, padded with 0.
+    hf    the repository's own tokenizer (open_clip's `HFTokenizer`, SigLIP's SentencePiece): text cleaned as
+          the config says ('canonicalize': punctuation removed, lowercased; 'lower'; 'whitespace'), its own
+          special tokens, padded with its padding id to context_length and cut there.
+"""
+
+from __future__ import annotations
+
+import html
+import string
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .tokenizer import Tokenizer, load_tokenizer
+
+__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer"]
+
+CLEANERS = ("lower", "whitespace", "canonicalize")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def clean_text(text: str, clean: str) -> str:
+    """open_clip's text cleaning: `basic_clean` (ftfy's fixes, HTML entities twice, stripped), then 'lower':
+    whitespace runs to one space, lowercased; 'whitespace': the same without lowercasing; 'canonicalize':
+    underscores to spaces, punctuation removed, lowercased, whitespace runs to one space (big_vision's)."""
+    try:
+        import ftfy  # open_clip's own dependency; without it text with mojibake tokenizes as it is
+
+        text = ftfy.fix_text(text)
+    except ImportError:
+        pass
+    text = html.unescape(html.unescape(text)).strip()
+    if clean == "canonicalize":
+        return " ".join(text.replace("_", " ").translate(_PUNCTUATION).lower().split())
+    text = " ".join(text.split())
+    return text.lower() if clean == "lower" else text
+
+
+class ClipTokenizer:
+    """`tok(["a photo of a cat", ...])` -> (B, context_length) int64 ids, open_clip's tokenizer's. `kind`: 'bpe'
+    or 'hf' (see the module docstring); `tokenizer`: the repository's tokenizer.json as a vit.hub.Tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer, context_length: int, kind: str = "bpe", clean: str = "lower") -> None:
+        if kind not in ("bpe", "hf"):
+            raise ValueError(f"unknown tokenizer kind {kind!r}; use 'bpe' (CLIP) or 'hf' (the repository's own).")
+        if clean not in CLEANERS:
+            raise ValueError(f"unknown text cleaning {clean!r}; use one of {', '.join(CLEANERS)}.")
+        self.tokenizer, self.context_length, self.kind, self.clean = tokenizer, int(context_length), kind, clean
+        if kind == "bpe":
+            vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+            if "<|startoftext|>" not in vocab or "<|endoftext|>" not in vocab:
+                raise ValueError("this tokenizer.json has no <|startoftext|> / <|endoftext|> tokens; it is not "
+                                 "CLIP's BPE tokenizer.")
+            self.sot_token_id, self.eot_token_id = vocab["<|startoftext|>"], vocab["<|endoftext|>"]
+
+    def __call__(self, texts: str | list[str], context_length: int | None = None) -> torch.Tensor:
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        n = context_length or self.context_length
+        cleaned = [clean_text(t, self.clean) for t in texts]
+        if self.kind == "hf":
+            return self.tokenizer(cleaned, padding="max_length", truncation=True, max_length=n,
+                                  return_tensors="pt")["input_ids"]
+        out = torch.zeros(len(texts), n, dtype=torch.long)  # open_clip pads with 0 whatever the vocabulary
+        for i, ids in enumerate(self.tokenizer(cleaned, add_special_tokens=False)["input_ids"]):
+            ids = [self.sot_token_id, *ids, self.eot_token_id][:n]
+            ids[-1] = self.eot_token_id  # a cut caption still ends at end-of-text, where CLIP pools
+            out[i, : len(ids)] = torch.tensor(ids)
+        return out
+
+
+def load_clip_tokenizer(name: str, context_length: int, kind: str = "bpe", clean: str = "lower",
+                        cache_dir: str | Path | None = None) -> ClipTokenizer:
+    """The tokenizer of the CLIP / SigLIP repository `name` (`hf-hub:org/repo`, `local-dir:/folder`): its
+    tokenizer.json, cleaned and laid out as open_clip does (see `ClipTokenizer`)."""
+    tok: Any = load_tokenizer(name, cache_dir)
+    return ClipTokenizer(tok, context_length, kind, clean)

@@ -1,0 +1,184 @@
+"""Two towers, one encoder: CLIP (Radford et al., 2021) and SigLIP (Zhai et al., 2023) by repository name, the
+image tower our `VisionTransformer`, the text tower our `TextEncoder`.
+
+    model = vit.create_clip_model("hf-hub:timm/ViT-B-16-SigLIP2")    # or local-dir:/folder
+    ids = model.tokenizer(["a photo of a cat", "a photo of a dog"])  # (2, context_length), open_clip's ids
+    image_features, text_features, scale, *bias = model(images, ids) # normalised (B, E), (T, E); exp(scale)
+    logits = scale * image_features @ text_features.T (+ bias)       # softmax (CLIP) / sigmoid (SigLIP) per image
+
+Repositories in two layouts load:
+    open_clip      open_clip_config.json + open_clip_model.safetensors (or open_clip_pytorch_model.bin): image tower
+                   by vit.hub.open_clip_weights (`visual.*` or a timm trunk), text tower by its text functions
+                   (`transformer.*` at the top level for CLIP, under `text.` for SigLIP's CustomTextCLIP)
+    transformers   config.json of a CLIPModel or SiglipModel + model.safetensors: image tower by vit.hub.hf_vision,
+                   text tower by vit.hub.text_weights (`text_model.*`), `text_projection` (CLIP, no bias) or
+                   `text_model.head` (SigLIP, biased) as the projection
+The text tower pools one token: CLIP's end-of-text (causal attention), SigLIP's last position (no mask); the
+projection is a Linear (E, D). `logit_scale` is stored as its logarithm, as both libraries store it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..hub.clip_tokenizer import ClipTokenizer, load_clip_tokenizer
+from ..hub.names import WEIGHT_FILES, read_json, repo_file
+from ..hub.open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
+from ..hub.open_clip_weights import open_clip_text_args, open_clip_text_state_dict
+from ..hub.text_weights import text_state_dict
+from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
+from .build import MAX_PARAMS, create_model
+from .text_build import ACTIVATIONS, text_model_args
+from .text_encoder import TextEncoder
+
+__all__ = ["CLIP", "create_clip_model"]
+
+# transformers' SiglipTextConfig defaults (config.json leaves out what equals them)
+SIGLIP_TEXT = dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                   num_attention_heads=12, max_position_embeddings=64, hidden_act="gelu_pytorch_tanh",
+                   layer_norm_eps=1e-6, attention_dropout=0.0)
+
+
+class CLIP(nn.Module):
+    """An image tower and a text tower projected into one space of width E.
+
+    visual: images (B, 3, H, W) -> (B, E) (its head is the image projection); text: ids (T, N) -> states;
+    `pool`: which token's state is projected ('eos' / 'first': the TextEncoder's pooled output; 'last': the last
+    position's); text_projection: (D,) -> (E,). `logit_bias` is None for CLIP, a learned scalar for SigLIP."""
+
+    def __init__(self, visual: nn.Module, text: TextEncoder, text_projection: nn.Module, pool: str = "eos",
+                 logit_scale: float = 2.6592600, logit_bias: float | None = None,
+                 tokenizer: ClipTokenizer | None = None) -> None:
+        super().__init__()
+        if pool not in ("eos", "first", "last"):
+            raise ValueError(f"unknown text pool {pool!r}; use 'eos' (CLIP), 'first' or 'last' (SigLIP).")
+        self.visual, self.text, self.text_projection, self.pool = visual, text, text_projection, pool
+        self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale)))  # log of the similarity scale
+        self.logit_bias = nn.Parameter(torch.tensor(float(logit_bias))) if logit_bias is not None else None
+        self.tokenizer = tokenizer
+
+    @property
+    def embed_dim(self) -> int:
+        return self.text_projection.weight.shape[0]
+
+    def encode_image(self, images: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        x = self.visual(images)  # (B, E)
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def encode_text(self, input_ids: torch.Tensor, normalize: bool = False) -> torch.Tensor:
+        out = self.text(input_ids)  # no padding mask: open_clip's towers attend over the padded context
+        pooled = out.last_hidden_state[:, -1] if self.pool == "last" else out.pooler_output  # (T, D)
+        x = self.text_projection(pooled)  # (T, E)
+        return F.normalize(x, dim=-1) if normalize else x
+
+    def forward(self, images: torch.Tensor | None = None, input_ids: torch.Tensor | None = None) -> tuple:
+        """(image features, text features) normalised, exp(logit_scale)[, logit_bias], as open_clip's forward."""
+        image = self.encode_image(images, normalize=True) if images is not None else None
+        text = self.encode_text(input_ids, normalize=True) if input_ids is not None else None
+        if self.logit_bias is not None:
+            return image, text, self.logit_scale.exp(), self.logit_bias
+        return image, text, self.logit_scale.exp()
+
+    def logits(self, image_features: torch.Tensor, text_features: torch.Tensor) -> torch.Tensor:
+        """Normalised (B, E) and (T, E) -> (B, T) scaled similarities (+ SigLIP's bias)."""
+        out = self.logit_scale.exp() * image_features @ text_features.T
+        return out + self.logit_bias if self.logit_bias is not None else out
+
+
+def _bad(name: str, what: str) -> ValueError:
+    return ValueError(f"{name}: {what}; it is not a CLIP or SigLIP repository this library loads (open_clip's "
+                      "open_clip_config.json, or transformers' CLIPModel / SiglipModel config.json).")
+
+
+def _open_clip_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
+    """(TextEncoder options, its state, projection and logit tensors, tokenizer) of an open_clip repository."""
+    kwargs = open_clip_text_args(config, name)
+    weights = repo_file(name, OPEN_CLIP_FILES, cache_dir, "its weights")
+    state = read_state_dict(weights)
+    check_weights(state, weights)
+    text, extra = open_clip_text_state_dict(state)
+    text_cfg = config.get("model_cfg", config).get("text_cfg") or {}
+    hf = bool(text_cfg.get("hf_tokenizer_name"))
+    clean = (text_cfg.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
+    tok = _tokenizer(name, kwargs["max_len"], "hf" if hf else "bpe", clean, cache_dir)
+    return kwargs, text, extra, tok
+
+
+def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
+    """The same for a transformers CLIPModel / SiglipModel repository."""
+    weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
+    state = read_state_dict(weights)
+    extra = {k: state[k] for k in ("logit_scale", "logit_bias") if k in state}
+    if config["model_type"] == "clip":
+        _, kwargs = text_model_args(config, name)
+        if "text_projection.weight" in state:
+            extra["proj.weight"] = state["text_projection.weight"]  # (E, D), no bias
+        kind, clean = "bpe", "lower"
+    else:  # siglip: the text tower's names are CLIP-text's; its head is the projection
+        c = {**SIGLIP_TEXT, **(config.get("text_config") or {})}
+        if c["hidden_act"] not in ACTIVATIONS:
+            raise _bad(name, f"its text activation {c['hidden_act']!r} is not one of {', '.join(ACTIVATIONS)}")
+        kwargs = dict(vocab_size=c["vocab_size"], embed_dim=c["hidden_size"], depth=c["num_hidden_layers"],
+                      num_heads=c["num_attention_heads"], max_len=c["max_position_embeddings"],
+                      mlp_ratio=c["intermediate_size"] / c["hidden_size"], norm_eps=c["layer_norm_eps"],
+                      mlp_layer=ACTIVATIONS[c["hidden_act"]], norm_first=True, causal=False, global_pool="last")
+        for part in ("weight", "bias"):
+            if f"text_model.head.{part}" in state:
+                extra[f"proj.{part}"] = state[f"text_model.head.{part}"]
+        kind, clean = "hf", "canonicalize"
+    report = LoadReport(f"{name} ({weights})")
+    text = text_state_dict({k: v for k, v in state.items() if not k.startswith("text_model.head.")}, "clip_text",
+                           report)
+    return kwargs, text, extra, _tokenizer(name, kwargs["max_len"], kind, clean, cache_dir)
+
+
+def _tokenizer(name: str, context_length: int, kind: str, clean: str, cache_dir: Any) -> ClipTokenizer | None:
+    """The repository's tokenizer, or None when it has no tokenizer.json (the model then takes ids only)."""
+    try:
+        return load_clip_tokenizer(name, context_length, kind, clean, cache_dir)
+    except FileNotFoundError:
+        return None
+
+
+def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
+    """The CLIP or SigLIP model `name` names (`hf-hub:org/repo[@revision]` or `local-dir:/folder`, in open_clip's
+    or transformers' layout) with its weights, in eval mode; `model.tokenizer` is its tokenizer (None when the
+    repository has no tokenizer.json). Pickled .bin weights load with weights_only=True."""
+    try:
+        path, is_open_clip = repo_file(name, ("open_clip_config.json",), cache_dir), True
+    except FileNotFoundError:
+        path, is_open_clip = repo_file(name, ("config.json",), cache_dir), False
+    config = read_json(path, name)
+    if is_open_clip:
+        kwargs, text_state, extra, tok = _open_clip_parts(name, config, cache_dir)
+    elif config.get("model_type") in ("clip", "siglip"):
+        kwargs, text_state, extra, tok = _transformers_parts(name, config, cache_dir)
+    else:
+        raise _bad(name, f"its config.json is a {config.get('model_type')!r} model")
+    D, depth, V, P = kwargs["embed_dim"], kwargs["depth"], kwargs["vocab_size"], kwargs["max_len"]
+    if not all(isinstance(v, int) and v > 0 for v in (D, depth, V, P)):
+        raise _bad(name, f"its text tower's sizes (width {D!r}, layers {depth!r}, vocabulary {V!r}, context {P!r}) "
+                   "are not positive integers")
+    if depth * 13 * D * D + (V + P) * D > MAX_PARAMS:  # before anything is allocated (a hostile config)
+        raise _bad(name, f"its text tower would have more than {MAX_PARAMS:.0e} parameters (width {D}, layers "
+                   f"{depth}, vocabulary {V}); its config is wrong")
+    if "proj.weight" not in extra or "logit_scale" not in extra:
+        raise _bad(name, "its weights have no text projection or logit_scale")
+    pool = kwargs.pop("global_pool")
+    text = TextEncoder(**kwargs, global_pool="avg" if pool == "last" else pool)  # 'last' is read in CLIP
+    where = f"{name} (text tower)"
+    check_fit(text_state, text.state_dict(), where)
+    text.load_state_dict(text_state)
+    proj_w = extra["proj.weight"]
+    projection = nn.Linear(proj_w.shape[1], proj_w.shape[0], bias="proj.bias" in extra)
+    projection.load_state_dict({k[5:]: v for k, v in extra.items() if k.startswith("proj.")})
+    visual = create_model(name, pretrained=True, cache_dir=cache_dir)
+    bias = extra.get("logit_bias")
+    model = CLIP(visual, text, projection, pool, float(extra["logit_scale"].reshape(-1)[0]),
+                 None if bias is None else float(bias.reshape(-1)[0]), tok)
+    return model.eval()
