@@ -126,3 +126,29 @@ def test_per_image_tables_equal_a_shared_table():
 def test_bad_rotary_settings_say_what_to_do(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+@pytest.mark.parametrize("arch,pool", [("vit_small_patch16_dinov3", "avg"), ("vit_small_plus_patch16_dinov3", "token")])
+def test_dinov3_loads_timms_weights_and_gives_its_logits(arch, pool):
+    """A tiny DINOv3 (timm's Eva class with DINOv3 rope): timm's random weights load strictly under timm's names
+    (gamma_1 / gamma_2 included); logits and intermediate maps equal timm's within 1e-5 on a square and a
+    non-square input ('token' pooling also runs the [CLS]-only last block with rotated keys)."""
+    import timm
+
+    torch.manual_seed(0)
+    kw = dict(img_size=64, embed_dim=64, depth=2, num_heads=2, num_classes=5, global_pool=pool)
+    ref = timm.create_model(arch, pretrained=False, **kw).eval()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.1)  # LayerScale and biases away from their init, so every parameter counts
+    import vit
+
+    ours = vit.create_model(arch, **kw).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    for shape in [(2, 3, 64, 64), (2, 3, 48, 80)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
+            mine, theirs = ours.forward_intermediates(x)[1], ref.forward_intermediates(x)[1]
+        torch.testing.assert_close(mine[-1], theirs[-1], rtol=0, atol=1e-5)

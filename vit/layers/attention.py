@@ -100,9 +100,9 @@ class Attention(nn.Module):
         Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
         and the module traces with torch.fx as well as it scripts."""
         N = x.shape[1]
-        if rope is not None and (num_queries is not None or self.sparse is not None):
-            raise ValueError("rotary positions run on dense attention over all queries; drop num_queries or "
-                             "sparse_attention when passing a rope table.")
+        if rope is not None and self.sparse is not None:
+            raise ValueError("rotary positions run on dense attention; drop sparse_attention when passing a rope "
+                             "table.")
         if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
             if self.sparse is not None and num_queries is None and self.sparse.runs(N):
                 return self._sparse_forward(x, mask, is_causal, return_attention)
@@ -110,7 +110,7 @@ class Attention(nn.Module):
                 self.sparse.last_loss = None  # dense this time: no indexer KL (a stale one would be summed again)
         if num_queries is not None:  # a few queries (the [CLS] of a last block) attend densely: O(N) anyway
             mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
-            return self._first_queries(x, num_queries, mask, is_causal), None
+            return self._first_queries(x, num_queries, mask, is_causal, rope), None
         mask, is_causal = sdpa_mask(mask, is_causal, N, N)
         q, k, v = self._qkv(x)
         if rope is not None:  # (B, H, N, d): positions enter as rotations of q and k, before the fused kernel
@@ -168,7 +168,8 @@ class Attention(nn.Module):
         return self._project(out), attn, stat
 
     def _first_queries(
-        self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False
+        self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False,
+        rope: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention output for the first `q` tokens: Q from those tokens, K and V from all. Same numbers as the
         full computation's first rows, at about (2N + 2q) / 4N of its projection cost. `mask` has q rows
@@ -177,6 +178,10 @@ class Attention(nn.Module):
         w, b = self.qkv.weight, self.qkv.bias
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
         k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
+        if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone
+            if q > x.shape[1] - rope.shape[-2]:
+                raise ValueError(f"num_queries={q} reaches into the rotated patch tokens; use at most the prefix.")
+            k = apply_rope(k, rope, self.rotate_half)
         out, _ = attend(split_heads(query, self.num_heads), k, v, mask, is_causal, self._dropout_p())
         return self._project(out)  # (B, q, D)
 
