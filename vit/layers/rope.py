@@ -145,7 +145,8 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         self._cached: tuple[tuple[int, int], torch.Tensor] | None = None
 
-    def forward(self, grid, device: torch.device | None = None) -> torch.Tensor:
+    @torch.jit.unused  # Python: the model calls it from a @torch.jit.ignore method, scripted or not
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
         grid = _grid(grid)
         if self._cached is None or self._cached[0] != grid or (device is not None and self._cached[1].device != device):
             self._cached = (grid, rope_table(self.rope, self.head_dim, grid).to(device))

@@ -336,6 +336,9 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         """The rotary table (h*w, 2 * head_dim) for images x (B, C, H, W), or None without rotary positions."""
         if self.rope is None:
             return None
+        if isinstance(self.rope, torch.jit.ScriptModule):
+            raise RuntimeError("a model with rotary positions runs eagerly or under torch.compile; TorchScript "
+                               "cannot compute its rotary tables, so use the unscripted model.")
         grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1]) if self.dynamic_img_size else \
             self.patch_embed.grid_size
         return self.rope(grid, x.device)
