@@ -120,8 +120,8 @@ def test_per_image_tables_equal_a_shared_table():
     (lambda: Rope(min_period=1.0), "give both min_period and max_period"),
     (lambda: RotaryEmbedding(Rope(), 30), "head width divisible by 4"),
     (lambda: rope_table(Rope(), 32, (0, 4)), "two whole numbers > 0"),
-    (lambda: Attention(32, 2, rope=Rope())(torch.randn(1, 5, 32), num_queries=1, rope=torch.zeros(4, 32)),
-     "drop num_queries"),
+    (lambda: Attention(32, 2, rope=Rope())(torch.randn(1, 5, 32), num_queries=2, rope=torch.zeros(4, 32)),
+     "reaches into the rotated patch tokens"),
 ])
 def test_bad_rotary_settings_say_what_to_do(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
