@@ -11,6 +11,7 @@ from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .prefix_tokens import PrefixTokens
+from .rope import Rope, RotaryEmbedding, apply_rope, rope_table
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
@@ -34,11 +35,14 @@ __all__ = [
     "Pooling",
     "PrefixTokens",
     "QuickGELU",
+    "Rope",
+    "RotaryEmbedding",
     "SparseAttention",
     "SparseOptions",
     "SwiGLU",
     "TokenState",
     "add_pos_embed_1d",
+    "apply_rope",
     "attend",
     "build_token_reduction",
     "expand_mask",
@@ -48,6 +52,7 @@ __all__ = [
     "parse_token_reduction",
     "pool_tokens",
     "resample_abs_pos_embed",
+    "rope_table",
     "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",

@@ -10,6 +10,8 @@ score matrix; the explicit path computes softmax(QK^T/sqrt(d))V step by step and
 for the attention probabilities, for inspection and attention rollout.
 With `sparse_attention=SparseOptions("dsa" | "moba", ...)` each query attends only to the top-k key blocks a
 scorer picks (vit.layers.sparse_attention, which holds the scorers and kernels; this module only dispatches to it).
+With `rope=Rope(...)` the caller passes a rotary table (vit.layers.rope) to `forward`, and the patch tokens' q and
+k are rotated before `attend` (fused or explicit alike); prefix tokens are not rotated.
 
 For a decoder (section 3.2.3): `CachedSelfAttention` is `Attention` run step by step over cached keys and values,
 and `CrossAttention` takes its queries from the decoder and its keys and values from an encoder's memory.
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import SparseOptions
+from .rope import Rope, apply_rope
 from .sdpa import attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
 from .sparse_attention import SparseAttention
 
@@ -52,6 +55,8 @@ class Attention(nn.Module):
         fused_attn: use `F.scaled_dot_product_attention` (default); False selects the explicit path always.
         sparse_attention: None (dense) or a `SparseOptions`: top-k key blocks per query, run by the sparse core
             `self.sparse` (a `vit.layers.sparse_attention.SparseAttention`).
+        rope: None, or a `Rope`: `forward(..., rope=table)` rotates q and k of the last M tokens by the table
+            (M, 2d) of `vit.layers.rope.rope_table` / `RotaryEmbedding` (this layer keeps only its pair layout).
     """
 
     def __init__(
@@ -63,6 +68,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: SparseOptions | None = None,
+        rope: Rope | None = None,
     ) -> None:
         super().__init__()
         _check_heads(dim, num_heads)
@@ -75,6 +81,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.sparse = None if sparse_attention is None else SparseAttention(sparse_attention, dim, num_heads)
+        self.rotate_half = rope is not None and rope.rotate_half  # the table's pair layout (vit.layers.rope)
 
     def forward(
         self,
@@ -83,14 +90,19 @@ class Attention(nn.Module):
         is_causal: bool = False,
         return_attention: bool = False,
         num_queries: int | None = None,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, N, D). mask: see `expand_mask`. Returns (output (B, N, D), probabilities (B, H, N, N) or None).
+        """x: (B, N, D). mask: see `expand_mask`. rope: a rotary table (M, 2d) or (B, M, 2d) for the last M tokens.
+        Returns (output (B, N, D), probabilities (B, H, N, N) or None).
 
         `num_queries=q` computes the output of the first q tokens only (all N tokens still serve as keys and
         values): (B, q, D). A classifier that reads only [CLS] needs nothing else from its last layer.
         Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
         and the module traces with torch.fx as well as it scripts."""
         N = x.shape[1]
+        if rope is not None and self.sparse is not None:
+            raise ValueError("rotary positions run on dense attention; drop sparse_attention when passing a rope "
+                             "table.")
         if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
             if self.sparse is not None and num_queries is None and self.sparse.runs(N):
                 return self._sparse_forward(x, mask, is_causal, return_attention)
@@ -98,9 +110,11 @@ class Attention(nn.Module):
                 self.sparse.last_loss = None  # dense this time: no indexer KL (a stale one would be summed again)
         if num_queries is not None:  # a few queries (the [CLS] of a last block) attend densely: O(N) anyway
             mask, is_causal = sdpa_mask(mask, is_causal, N, num_queries)
-            return self._first_queries(x, num_queries, mask, is_causal), None
+            return self._first_queries(x, num_queries, mask, is_causal, rope), None
         mask, is_causal = sdpa_mask(mask, is_causal, N, N)
         q, k, v = self._qkv(x)
+        if rope is not None:  # (B, H, N, d): positions enter as rotations of q and k, before the fused kernel
+            q, k = apply_rope(q, rope, self.rotate_half), apply_rope(k, rope, self.rotate_half)
         out, attn = attend(q, k, v, mask, is_causal, self._dropout_p(), return_attention or not self.fused_attn)
         return self._project(out), attn
 
@@ -154,7 +168,8 @@ class Attention(nn.Module):
         return self._project(out), attn, stat
 
     def _first_queries(
-        self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False
+        self, x: torch.Tensor, q: int, mask: torch.Tensor | None = None, is_causal: bool = False,
+        rope: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention output for the first `q` tokens: Q from those tokens, K and V from all. Same numbers as the
         full computation's first rows, at about (2N + 2q) / 4N of its projection cost. `mask` has q rows
@@ -163,6 +178,10 @@ class Attention(nn.Module):
         w, b = self.qkv.weight, self.qkv.bias
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
         k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
+        if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone
+            if q > x.shape[1] - rope.shape[-2]:
+                raise ValueError(f"num_queries={q} reaches into the rotated patch tokens; use at most the prefix.")
+            k = apply_rope(k, rope, self.rotate_half)
         out, _ = attend(split_heads(query, self.num_heads), k, v, mask, is_causal, self._dropout_p())
         return self._project(out)  # (B, q, D)
 

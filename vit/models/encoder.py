@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import SparseOptions
-from ..layers import Attention, DropPath, LayerScale, TokenState, get_mlp_layer, get_norm_layer
+from ..layers import Attention, DropPath, LayerScale, Rope, TokenState, get_mlp_layer, get_norm_layer
 from ..layers.sparse_attention import retune
 
 __all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
@@ -36,6 +36,21 @@ def block_stack(block_layer: Callable[..., nn.Module], depth: int, dim: int, num
     `drop_path_rate`: the layers of `Encoder` and `Decoder`."""
     return [block_layer(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
             for rate in drop_path_rates(depth, drop_path_rate)]
+
+
+def _gamma_names_out(module, state, prefix, local_metadata):
+    """state_dict hook: `ls1.gamma` / `ls2.gamma` saved as Eva's `gamma_1` / `gamma_2`."""
+    for i in (1, 2):
+        if f"{prefix}ls{i}.gamma" in state:
+            state[f"{prefix}gamma_{i}"] = state.pop(f"{prefix}ls{i}.gamma")
+    return state
+
+
+def _gamma_names_in(state, prefix, *args):
+    """load_state_dict pre-hook: Eva's `gamma_1` / `gamma_2` read into `ls1.gamma` / `ls2.gamma`."""
+    for i in (1, 2):
+        if f"{prefix}gamma_{i}" in state:
+            state[f"{prefix}ls{i}.gamma"] = state.pop(f"{prefix}gamma_{i}")
 
 
 class Block(nn.Module):
@@ -64,6 +79,8 @@ class Block(nn.Module):
         fused_attn: bool = True,
         sparse_attention: SparseOptions | None = None,
         attn_layer: type[Attention] = Attention,
+        rope: Rope | None = None,
+        layer_scale_names: str = "ls",
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
@@ -71,13 +88,20 @@ class Block(nn.Module):
         self.norm_first = norm_first
         self.norm1 = norm(dim)
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                               fused_attn=fused_attn, sparse_attention=sparse_attention)
+                               fused_attn=fused_attn, sparse_attention=sparse_attention,
+                               **({} if rope is None else {"rope": rope}))
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if layer_scale_names not in ("ls", "gamma"):
+            raise ValueError(f"layer_scale_names must be 'ls' (timm's ViT) or 'gamma' (Eva, BEiT), got "
+                             f"{layer_scale_names!r}.")
+        if layer_scale_names == "gamma" and init_values:  # Eva's checkpoints: gamma_1 / gamma_2, same tensors
+            self._register_state_dict_hook(_gamma_names_out)
+            self._register_load_state_dict_pre_hook(_gamma_names_in)
         # token reduction between attention and MLP (vit.layers.token_reduction), set by the model's
         # `set_token_reduction`; None keeps this block exactly the plain one
         self.token_reduction: nn.Module | None = None
@@ -89,14 +113,16 @@ class Block(nn.Module):
         is_causal: bool = False,
         return_attention: bool = False,
         num_queries: int | None = None,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: (B, N, D) -> (B, N, D), plus this layer's attention probabilities (B, H, N, N) when asked.
-        With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D)."""
+        With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D). `rope`: a rotary table
+        for the patch tokens (vit.layers.rope), passed to the attention."""
         if num_queries is not None:
-            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries)
+            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries, rope=rope)
             x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
-        y, attn = self.attn(self.attn_input(x), mask, is_causal, return_attention)
+        y, attn = self.attn(self.attn_input(x), mask, is_causal, return_attention, rope=rope)
         return self.ffn(self.attn_residual(x, y)), attn
 
     def attn_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,9 +205,11 @@ class Encoder(nn.ModuleList):
         is_causal: bool = False,
         return_attention: bool = False,
         last_queries: int | None = None,
+        rope: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """x: (B, N, D). Returns the last block's output and, when asked, one (B, H, N, N) map per block.
-        `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D)."""
+        `last_queries=q` computes the last block for the first q tokens only (see `Block`): (B, q, D).
+        `rope`: one rotary table (vit.layers.rope) shared by every block."""
         attentions: list[torch.Tensor] = []
         if self.reduces_tokens and not torch.jit.is_scripting():  # TorchScript keeps the plain stack only
             return self._forward_reduced(x, mask, is_causal, return_attention, last_queries)
@@ -191,9 +219,9 @@ class Encoder(nn.ModuleList):
         for i, blk in enumerate(self):
             queries = last_queries if i == last else None
             if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, use_reentrant=False)
+                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, rope, use_reentrant=False)
             else:
-                x, attn = blk(x, mask, is_causal, return_attention, queries)
+                x, attn = blk(x, mask, is_causal, return_attention, queries, rope)
             if return_attention and attn is not None:
                 attentions.append(attn)
         return x, attentions

@@ -94,6 +94,7 @@ class FeatureIntermediates:
         take, max_index = feature_take_indices(len(self.blocks), indices)
         B, _, height, width = x.shape
         h, w = self.grid_size((height, width))
+        rope = self.rope_table(x)
         x = self._embed(x)
         intermediates = []
         stop = max_index if stop_early else len(self.blocks) - 1
@@ -101,9 +102,9 @@ class FeatureIntermediates:
             if i > stop:
                 break
             if self.blocks.grad_checkpointing and self.training:
-                x, _ = checkpoint(blk, x, attn_mask, is_causal, use_reentrant=False)
+                x, _ = checkpoint(blk, x, attn_mask, is_causal, False, None, rope, use_reentrant=False)
             else:
-                x, _ = blk(x, attn_mask, is_causal)
+                x, _ = blk(x, attn_mask, is_causal, rope=rope)
             if i in take:
                 intermediates.append(self.norm(x) if norm else x)  # (B, prefix + h*w, D)
         p = self.num_prefix_tokens

@@ -6,12 +6,19 @@ by tests/test_variants.py (same parameter names and shapes for every entry) so i
 norm's eps `norm_eps`); the image size and class count are those of timm's default tag, as timm's factory sets them.
 Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT (Touvron et al., 2021), DeiT III
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
-gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma.
+gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
+DINOv3 (rotary positions).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["VARIANTS", "REFUSED"]
+__all__ = ["DINOV3", "VARIANTS", "REFUSED"]
+
+# DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
+# Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
+DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, pos_embed="none",
+              rope=dict(kind="dinov3", temperature=100.0, rotate_half=True), layer_scale_names="gamma",
+              reg_tokens=4, global_pool="avg", fc_norm=False, norm_eps=1e-05, dynamic_img_size=True, num_classes=0)
 
 VARIANTS: dict[str, dict] = {
 "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,
@@ -297,7 +304,14 @@ VARIANTS: dict[str, dict] = {
                                          mlp_ratio=5, class_token=False, reg_tokens=1, no_embed_class=True,
                                          global_pool='avg', init_values=1e-05),
     "vit_xsmall_patch16_clip_224": dict(embed_dim=256, depth=10, num_heads=4, pre_norm=True, norm_eps=1e-05,
-                                        num_classes=512),}
+                                        num_classes=512),
+    "vit_small_patch16_dinov3": dict(DINOV3, embed_dim=384, depth=12, num_heads=6),
+    "vit_small_plus_patch16_dinov3": dict(DINOV3, embed_dim=384, depth=12, num_heads=6, mlp_layer='swiglu'),
+    "vit_base_patch16_dinov3": dict(DINOV3, embed_dim=768, depth=12, num_heads=12),
+    "vit_large_patch16_dinov3": dict(DINOV3, embed_dim=1024, depth=24, num_heads=16),
+    "vit_huge_plus_patch16_dinov3": dict(DINOV3, embed_dim=1280, depth=32, num_heads=20, mlp_layer='swiglu'),
+    "vit_7b_patch16_dinov3": dict(DINOV3, embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2, mlp_layer='swiglu'),
+}
 
 REFUSED: dict[str, str] = {
     "vit_so400m_patch14_siglip_gap_384":
@@ -360,10 +374,8 @@ REFUSED: dict[str, str] = {
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "test_vit3": 'pooling over prefix tokens too (pool_include_prefix=True)',
     "vit_5b_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_7b_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_mci_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_base_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_base_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
+    "vit_base_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_base_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
@@ -384,10 +396,8 @@ REFUSED: dict[str, str] = {
     "vit_giant_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_giant_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_huge_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_huge_plus_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_huge_plus_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_large_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_large_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
+    "vit_huge_plus_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
+    "vit_large_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_large_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_large_patch16_rope_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_large_patch16_rope_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
@@ -418,20 +428,18 @@ REFUSED: dict[str, str] = {
     "vit_relpos_medium_patch16_cls_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_relpos_medium_patch16_rpn_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_relpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_small_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_small_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
+    "vit_small_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_small_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_mixed_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_mixed_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_small_plus_patch16_dinov3": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_small_plus_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
+    "vit_small_plus_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_small_r26_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_small_r26_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_srelpos_medium_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_srelpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_tiny_patch16_dinov3_qkvb": "rotary position embeddings and EVA's blocks (timm's Eva class)",
+    "vit_tiny_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_tiny_r_s16_p8_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_tiny_r_s16_p8_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vitamin_base_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",

@@ -27,6 +27,8 @@ from ..layers import (
     PatchEmbed,
     Pooling,
     PrefixTokens,
+    Rope,
+    RotaryEmbedding,
     build_token_reduction,
     get_mlp_layer,
     get_norm_layer,
@@ -89,7 +91,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         prefix: PrefixTokens = PrefixTokens(),  # noqa: B008 (frozen: one shared default is safe)
-        pos_embed: Literal["learn", "sincos"] = "learn",
+        pos_embed: Literal["learn", "sincos", "none"] = "learn",
         pre_norm: bool = False,
         dynamic_img_size: bool = False,
         init_values: float | None = None,
@@ -103,13 +105,16 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         drop_path_rate: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: SparseOptions | dict | None = None,
+        rope: Rope | dict | None = None,
+        layer_scale_names: str = "ls",
     ) -> None:
         super().__init__()
         pooling.check(prefix.class_token)
         if prefix.dist_token and pooling.global_pool != "token":
             raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
-        if pos_embed not in ("learn", "sincos"):
-            raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn' or 'sincos'.")
+        if pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
+        rope = Rope(**rope) if isinstance(rope, dict) else rope
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -137,8 +142,12 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, embed_dim)) if prefix.reg_tokens else None
         if pos_embed == "learn":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + num_patches, embed_dim))
-        else:  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zero vectors
+        elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
             self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
+        else:  # positions come from rotary embeddings only (DINOv3)
+            self.pos_embed = None
+        # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
+        self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
 
@@ -146,6 +155,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
             fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
+            rope=rope, layer_scale_names=layer_scale_names,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [
@@ -293,7 +303,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         if isinstance(self.pos_embed, nn.Parameter):
             pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
             self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
-        else:
+        elif self.pos_embed is not None:
             self.pos_embed = self._sincos(grid).to(self.pos_embed)
 
     def grid_size(self, img_size: tuple[int, int] | None = None) -> tuple[int, int]:
@@ -317,11 +327,23 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """x: (B, h*w, D) patch tokens -> (B, prefix + h*w, D) with prefix tokens prepended and positions added."""
         pos = self.pos_embed
-        if self.dynamic_img_size:
+        if self.dynamic_img_size and pos is not None:
             pos = self._resized_pos_embed(grid).to(x.dtype)
         return self.pos_drop(self.add_positions(x, pos))
 
-    def add_positions(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    @torch.jit.ignore  # Python inside a scripted model, as _resized_pos_embed
+    def rope_table(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The rotary table (h*w, 2 * head_dim) for images x (B, C, H, W), or None without rotary positions."""
+        if self.rope is None:
+            return None
+        if isinstance(self.rope, torch.jit.ScriptModule):
+            raise RuntimeError("a model with rotary positions runs eagerly or under torch.compile; TorchScript "
+                               "cannot compute its rotary tables, so use the unscripted model.")
+        grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1]) if self.dynamic_img_size else \
+            self.patch_embed.grid_size
+        return self.rope(grid, x.device)
+
+    def add_positions(self, x: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
         """x: (B, h*w, D) patch tokens, pos: (1, num_pos_prefix + h*w, D) -> (B, prefix + h*w, D): [CLS], [DIST],
         registers prepended; positions added to every token, or to the patches only (`no_embed_class`)."""
         B = x.shape[0]
@@ -333,11 +355,11 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         if self.reg_token is not None:
             tokens.append(self.reg_token.expand(B, -1, -1))
         if self.no_embed_class:
-            x = x + pos
+            x = x if pos is None else x + pos
             return torch.cat(tokens + [x], dim=1) if len(tokens) > 0 else x
         if len(tokens) > 0:
             x = torch.cat(tokens + [x], dim=1)
-        return x + pos
+        return x if pos is None else x + pos
 
     @torch.jit.ignore  # runs as Python inside a scripted model (so a scripted model cannot be saved with it)
     def _resized_pos_embed(self, grid: tuple[int, int]) -> torch.Tensor:
@@ -364,19 +386,23 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
+        rope = self.rope_table(x)
+        if rope is not None and patch_keep is not None:
+            raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
+                             "drop patch_keep for a model with rotary positions.")
         x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
             idx = patch_keep[..., None].expand(-1, -1, x.shape[-1])  # (B, K, D)
             x = torch.cat([x[:, :p], x[:, p:].gather(1, idx)], dim=1)  # (B, prefix + K, D)
-        x, attentions = self.blocks(x, attn_mask, is_causal, return_attention, last_queries)
+        x, attentions = self.blocks(x, attn_mask, is_causal, return_attention, last_queries, rope)
         return self.norm(x), attentions
 
     def forward_features(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
         """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes."""
-        x, _ = self.blocks(self._embed(x), attn_mask, is_causal)
+        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, rope=self.rope_table(x))
         return self.norm(x)
 
     def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
@@ -408,7 +434,8 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         FLOPs at 12 blocks."""
         prune = self.prune_last_block and self.global_pool == "token" and self.norm_first and (
             torch.jit.is_scripting() or not (self.training and self._last_block_learns_an_indexer()))
-        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None)
+        x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None,
+                           self.rope_table(x))
         return self.forward_head(self.norm(x))
 
     @torch.jit.unused

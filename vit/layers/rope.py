@@ -1,0 +1,156 @@
+"""Rotary position embeddings (RoPE; Su et al., 2021, "RoFormer", eq. 34) on a 2-D grid of patches.
+
+Each pair of channels of a query or key is rotated by an angle proportional to the token's position, so the score
+q_i . k_j depends on positions only through i - j. Axial 2-D RoPE gives half of the d/2 pairs to the row
+coordinate and half to the column coordinate (Heo et al., 2024, "Rotary Position Embedding for Vision
+Transformer"; EVA-02, Fang et al., 2023). Nothing is added to the tokens: attention rotates q and k of the patch
+tokens, after the projections and before the fused SDPA; prefix tokens ([CLS], registers) are not rotated.
+
+Two schedules, as timm 1.0.31 computes them (`RotaryEmbeddingCat`, `RotaryEmbeddingDinoV3`):
+
+    'axial'   EVA02 / RoPE-ViT: integer positions p (+ grid_offset), rescaled to `ref_grid` when given (a model
+              fine-tuned on a new grid keeps its pretraining range); frequencies 1 / temperature^(i / n),
+              i < n = d / 4; angle = p * frequency.
+    'dinov3'  DINOv3 (Simeoni et al., 2025): centred coordinates (p + 0.5 + grid_offset) / size mapped to
+              [-1, 1]; periods temperature^(2i / (d / 2)) (or min_period..max_period geometrically);
+              angle = 2 pi p / period.
+
+A table (N, 2d) holds [sin | cos] of the N = H * W patches' angles in row-major order, each d wide in one of
+two layouts of the d/2 angles [a_row..., a_col...]: interleaved (pairs are channels 2i, 2i + 1; EVA02) or
+`rotate_half` (pairs are channels i, i + d/2; DINOv3). Tables are recomputed for any grid, square or not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["Rope", "RotaryEmbedding", "apply_rope", "rope_table"]
+
+_KINDS = ("axial", "dinov3")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Which rotary positions a model's attention uses (timm's Eva keyword names in comments), validated once."""
+
+    kind: str = "axial"  # 'axial' (rope_type='cat') or 'dinov3'
+    temperature: float = 10000.0  # rope_temperature; DINOv3 uses 100
+    rotate_half: bool = False  # rope_rotate_half: pairs (i, i + d/2) instead of (2i, 2i + 1)
+    grid_offset: float = 0.0  # rope_grid_offset, added to every coordinate
+    grid_indexing: str = "ij"  # 'ij': (row, column) angles; 'xy': (column, row)
+    ref_grid: tuple[int, int] | None = None  # 'axial' only: ref_feat_shape, positions rescaled onto this grid
+    normalize_coords: str = "separate"  # 'dinov3' only: divide each axis by its size, or both by 'min' / 'max'
+    min_period: float | None = None  # 'dinov3' only: periods min..max instead of the temperature schedule
+    max_period: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _KINDS:
+            raise ValueError(f"rope kind must be one of {', '.join(_KINDS)}, got {self.kind!r}.")
+        if not isinstance(self.rotate_half, bool):
+            raise TypeError(f"rotate_half must be true or false, got {self.rotate_half!r}.")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise ValueError(f"rope temperature must be a positive number, got {self.temperature!r}.")
+        if self.grid_indexing not in ("ij", "xy"):
+            raise ValueError(f"grid_indexing must be 'ij' or 'xy', got {self.grid_indexing!r}.")
+        if self.normalize_coords not in ("separate", "min", "max"):
+            raise ValueError(f"normalize_coords must be 'separate', 'min' or 'max', got {self.normalize_coords!r}.")
+        if self.ref_grid is not None:
+            if self.kind != "axial":
+                raise ValueError("ref_grid rescales 'axial' positions only; DINOv3's coordinates are already [-1, 1].")
+            object.__setattr__(self, "ref_grid", _grid(self.ref_grid))
+        if (self.min_period is None) != (self.max_period is None):
+            raise ValueError("give both min_period and max_period, or neither (then the temperature sets periods).")
+
+
+def _grid(grid) -> tuple[int, int]:
+    g = (grid, grid) if isinstance(grid, int) else tuple(grid)
+    if len(g) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in g):
+        raise ValueError(f"a rotary grid is (height, width) in patches, two whole numbers > 0; got {grid!r}.")
+    return g  # type: ignore[return-value]
+
+
+def _coords(rope: Rope, grid: tuple[int, int]) -> torch.Tensor:
+    """Per-axis coordinates (H * W, 2) in float32, row-major, channels (row, column) ('ij') or swapped ('xy')."""
+    axes = []
+    for size, ref, other in zip(grid, rope.ref_grid or (None, None), (grid[1], grid[0])):
+        if rope.kind == "axial":
+            t = torch.arange(size, dtype=torch.float32) + rope.grid_offset
+            if ref is not None:
+                t = t / size * ref
+        else:
+            denom = {"separate": size, "min": min(size, other), "max": max(size, other)}[rope.normalize_coords]
+            t = 2.0 * ((torch.arange(0.5, size, dtype=torch.float32) + rope.grid_offset) / float(denom)) - 1.0
+        axes.append(t)
+    coords = torch.stack(torch.meshgrid(axes[0], axes[1], indexing="ij"), dim=-1).flatten(0, 1)  # (H * W, 2)
+    return coords.flip(-1) if rope.grid_indexing == "xy" else coords
+
+
+def _angles(rope: Rope, head_dim: int, coords: torch.Tensor) -> torch.Tensor:
+    """coords (N, 2) -> angles (N, 2, d / 4) in float32, in timm's order of operations (so tables agree bitwise)."""
+    n = head_dim // 4
+    if rope.kind == "axial":
+        return coords[:, :, None] * (1.0 / rope.temperature ** (torch.arange(n, dtype=torch.float32) / n))
+    if rope.min_period is not None:
+        periods = rope.min_period * (rope.max_period / rope.min_period) ** torch.linspace(0, 1, n)
+    else:
+        periods = rope.temperature ** (2.0 * torch.arange(n, dtype=torch.float32) / (head_dim // 2))
+    return 2 * math.pi * coords[:, :, None] / periods
+
+
+def rope_table(rope: Rope, head_dim: int, grid) -> torch.Tensor:
+    """[sin | cos] of the rotation angles for a (height, width) grid of patches: (H * W, 2 * head_dim), float32,
+    in `rope`'s layout (see the module docstring). head_dim must be a multiple of 4 (two axes, pairs)."""
+    if head_dim % 4:
+        raise ValueError(f"2-D rotary positions need a head width divisible by 4, got {head_dim}.")
+    angles = _angles(rope, head_dim, _coords(rope, _grid(grid))).flatten(1)  # (N, d / 2)
+    angles = torch.cat([angles, angles], -1) if rope.rotate_half else angles.repeat_interleave(2, -1)  # (N, d)
+    return torch.cat([angles.sin(), angles.cos()], -1)
+
+
+def _rotate_pairs(x: torch.Tensor, half: bool) -> torch.Tensor:
+    """The 90-degree turn of every pair: (a, b) -> (-b, a). Pairs are (2i, 2i + 1), or (i, i + d/2) if `half`."""
+    if half:
+        a, b = x.chunk(2, dim=-1)
+        return torch.cat([-b, a], dim=-1)
+    return torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool = False) -> torch.Tensor:
+    """Rotate the last M tokens of x (B, H, N, d) by a table (M, 2d) or (B, M, 2d); the N - M tokens before them
+    (prefix tokens) pass unchanged. Computed in the table's precision (float32 at least), returned in x's dtype."""
+    sin, cos = table.to(x.device).chunk(2, dim=-1)  # (M, d) each, or (B, M, d)
+    if sin.dim() == 3:
+        sin, cos = sin[:, None], cos[:, None]  # (B, 1, M, d): one table per image, shared by heads
+    m = table.shape[-2]
+    patches = x[..., x.shape[-2] - m :, :]
+    rotated = (patches * cos + _rotate_pairs(patches, half) * sin).to(x.dtype)
+    if m == x.shape[-2]:
+        return rotated
+    return torch.cat([x[..., : x.shape[-2] - m, :], rotated], dim=-2)
+
+
+class RotaryEmbedding(nn.Module):
+    """The table for a grid, computed on first use and kept for the last grid seen (a non-persistent cache: no
+    state-dict entries, so timm checkpoints, which store none, load strictly). forward(grid) -> (H * W, 2d)."""
+
+    def __init__(self, rope: Rope, head_dim: int) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"2-D rotary positions need a head width divisible by 4, got {head_dim}.")
+        self.rope = rope
+        self.head_dim = head_dim
+        self._cached: tuple[tuple[int, int], torch.Tensor] | None = None
+
+    @torch.jit.unused  # Python: the model calls it from a @torch.jit.ignore method, scripted or not
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        grid = _grid(grid)
+        if self._cached is None or self._cached[0] != grid or (device is not None and self._cached[1].device != device):
+            self._cached = (grid, rope_table(self.rope, self.head_dim, grid).to(device))
+        return self._cached[1]
+
+    def extra_repr(self) -> str:
+        return f"{self.rope}, head_dim={self.head_dim}"
