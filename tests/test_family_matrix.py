@@ -33,10 +33,10 @@ FAMILIES = {
     "deit_distilled": ("deit_tiny_distilled_patch16_224", "fb_in1k", 2, IMAGENET),
 }
 # the tiny instance: 4x4 patches of 8 px, width 32, 2 blocks; the family's own options come from its name
-TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 TINY_ARGS = ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
              "--model.num_heads=2"]
-CLASSES = ["a", "b", "c", "d", "e"]
+CLASSES = [str(i) for i in range(10)]  # the config's data: digits, whose split export.py verifies on
 
 
 def _tiny(family: str, seed: int = 0) -> torch.nn.Module:
@@ -121,7 +121,7 @@ def test_the_weights_preprocessing_reaches_the_data_pipeline(family):
 
     arch, tag, _, want = FAMILIES[family]
     cfg = load_config(None, [f"--model.name={arch}.{tag}", *TINY_ARGS])
-    pre = build_model(cfg, 5).pretrained_cfg  # the tag's, from the registry (no weights read)
+    pre = build_model(cfg, 10).pretrained_cfg  # the tag's, from the registry (no weights read)
     registry = timm.models.get_pretrained_cfg(f"{arch}.{tag}").to_dict()
     for key in ("mean", "std"):
         np.testing.assert_allclose(pre[key], registry[key], rtol=0, atol=0)
@@ -338,7 +338,7 @@ def test_predict_onnx_runs_every_family(family, tmp_path):
     rng = np.random.default_rng(0)
     for i in range(3):
         Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(images / f"{i}.png")
-    assert import_script("predict").main(["--onnx", str(tmp_path / "exp"), str(images), "--out",
+    assert import_script("predict").main(["--onnx", str(tmp_path / "exp" / "model.onnx"), str(images), "--out",
                                           str(tmp_path / "onnx")]) == 0
     assert import_script("predict").main(["--checkpoint", str(tmp_path / "best"), str(images), "--out",
                                           str(tmp_path / "torch"), "--num-workers", "0"]) == 0
@@ -346,3 +346,42 @@ def test_predict_onnx_runs_every_family(family, tmp_path):
     torch_rows = (tmp_path / "torch" / "predictions.csv").read_text().splitlines()
     assert len(onnx_rows) == len(torch_rows) == 4
     assert [r.split(",")[:2] for r in onnx_rows] == [r.split(",")[:2] for r in torch_rows]  # file, top-1
+
+
+# --- fine-tuning through train.py from a hub cache, by the tag's name -----------------------------------------
+
+@pytest.mark.slow
+def test_train_fine_tunes_clip_by_its_tag_from_a_hub_cache(tmp_path):
+    """`--model.pretrained=vit_base_patch16_clip_224.openai` (tiny weights under that repository in an offline
+    cache): the architecture and CLIP's mean and std come from the weights, the 1000-way head is replaced, layer
+    decay runs, and timm loads the run's best/ back with the same logits."""
+    import json
+
+    import yaml
+    from helpers import make_image_folder, run_script
+    from timm.models import save_for_hf
+
+    arch, tag = FAMILIES["clip"][:2]
+    repo = tmp_path / "hub" / f"models--timm--{arch}.{tag}"
+    torch.manual_seed(0)
+    save_for_hf(timm.create_model(arch, **{**TINY, "num_classes": 1000}), str(repo / "snapshots" / ("c" * 40)),
+                safe_serialization=True)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("c" * 40)
+    root = make_image_folder(tmp_path / "data", n_train=6, n_val=3, size=40)
+    r = run_script("train.py", f"--model.pretrained={arch}.{tag}", "--model.img_size=32", "--data.dataset=imagefolder",
+                   f"--data.root={root}", "--data.batch_size=6", "--data.num_workers=0", "--run.epochs=1",
+                   "--optim.layer_decay=0.75", "--run.name=clip", f"--run.output_dir={tmp_path / 'runs'}",
+                   env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    best = tmp_path / "runs" / "clip" / "best"
+    saved = yaml.safe_load((best / "config.yaml").read_text())
+    assert saved["model"]["name"] == arch
+    np.testing.assert_allclose(saved["aug"]["mean"], OPENAI_CLIP["mean"], atol=1e-8)
+    np.testing.assert_allclose(saved["aug"]["std"], OPENAI_CLIP["std"], atol=1e-8)
+    assert json.loads((best / "config.json").read_text())["num_classes"] == 3  # the head was replaced
+    model = load_checkpoint(best)[0]
+    theirs = timm.create_model(f"local-dir:{best}", pretrained=True).eval()
+    x = _images()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
