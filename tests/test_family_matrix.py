@@ -352,9 +352,9 @@ def test_predict_onnx_runs_every_family(family, tmp_path):
 
 @pytest.mark.slow
 def test_train_fine_tunes_clip_by_its_tag_from_a_hub_cache(tmp_path):
-    """`--model.pretrained=vit_base_patch16_clip_224.openai` (tiny weights under that repository in an offline
-    cache): the architecture and CLIP's mean and std come from the weights, the 1000-way head is replaced, layer
-    decay runs, and timm loads the run's best/ back with the same logits."""
+    """The fine-tune recipe (layer decay 0.75) with `--model.pretrained=vit_base_patch16_clip_224.openai` (tiny
+    weights under that repository in an offline cache): the architecture and CLIP's mean and std come from the
+    weights, the 1000-way head is replaced, and timm loads the run's best/ back with the same logits."""
     import json
 
     import yaml
@@ -369,9 +369,10 @@ def test_train_fine_tunes_clip_by_its_tag_from_a_hub_cache(tmp_path):
     (repo / "refs").mkdir(parents=True)
     (repo / "refs" / "main").write_text("c" * 40)
     root = make_image_folder(tmp_path / "data", n_train=6, n_val=3, size=40)
-    r = run_script("train.py", f"--model.pretrained={arch}.{tag}", "--model.img_size=32", "--data.dataset=imagefolder",
-                   f"--data.root={root}", "--data.batch_size=6", "--data.num_workers=0", "--run.epochs=1",
-                   "--optim.layer_decay=0.75", "--run.name=clip", f"--run.output_dir={tmp_path / 'runs'}",
+    r = run_script("train.py", "--config", "configs/finetune_imagefolder.yaml", f"--model.pretrained={arch}.{tag}",
+                   "--model.img_size=32", f"--data.root={root}", "--data.batch_size=6", "--data.num_workers=0",
+                   "--run.epochs=1", "--optim.warmup_epochs=0", "--run.name=clip",
+                   f"--run.output_dir={tmp_path / 'runs'}",
                    env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     best = tmp_path / "runs" / "clip" / "best"
