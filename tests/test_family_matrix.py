@@ -391,3 +391,12 @@ def test_train_fine_tunes_clip_by_its_tag_from_a_hub_cache(tmp_path):
     x = _images()
     with torch.no_grad():
         torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_benchmark_takes_a_family_by_its_tag(capsys):
+    """benchmark.py --model with a tag (random weights either way) compares against timm's twin of that family."""
+    assert import_script("benchmark").main(["--model", "deit_tiny_distilled_patch16_224.fb_in1k", "--img-size", "32",
+                                            "--batch-size", "2", "--repeats", "1", "--warmup", "0",
+                                            "--peak-size", "64", "--device", "cpu"]) == 0
+    assert "deit_tiny_distilled_patch16_224.fb_in1k  batch 2  32 px" in capsys.readouterr().out
