@@ -65,6 +65,11 @@ def _images(n: int = 3, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
 
 
+def fast_for(*fast: str) -> list:
+    """Every family as a parameter, those not in `fast` marked slow (the fast run keeps the multi-prefix ones)."""
+    return [pytest.param(f, marks=() if f in fast else pytest.mark.slow) for f in FAMILIES]
+
+
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request):
     return request.param
@@ -217,8 +222,10 @@ def _grid(R, p, pooled_by_token):
     return row.reshape(-1, 4, 4)
 
 
-def test_attention_and_gradient_rollout_leave_prefix_tokens_out_of_the_grid(pair):
-    family, model, twin = pair
+@pytest.mark.parametrize("name", fast_for("dinov2_reg4", "deit_distilled"))
+def test_attention_and_gradient_rollout_leave_prefix_tokens_out_of_the_grid(name):
+    family, model = name, _tiny(name)
+    twin = _twin(model, family)
     p = FAMILIES[family][2]
     x = _images()
     logits, attns = _timm_attentions(twin, x)
@@ -260,8 +267,7 @@ def test_token_merging_keeps_every_prefix_token_itself(pair):
 
 
 # FlexAttention compiles its kernel per shape on CPU: the family with the most prefix tokens in the fast run
-@pytest.mark.parametrize("name", [pytest.param(f, marks=() if f == "dinov2_reg4" else pytest.mark.slow)
-                                  for f in FAMILIES])
+@pytest.mark.parametrize("name", fast_for("dinov2_reg4"))
 def test_sparse_attention_on_every_family(name):
     """MoBA over 4-token key blocks: keeping every block is dense attention (timm's logits); keeping 2 of them, the
     kernel computes what the explicit softmax does (every query of the last block: a pruned one attends densely,
@@ -299,6 +305,7 @@ def _checkpoint(family, folder):
     return model.eval()
 
 
+@pytest.mark.parametrize("family", fast_for("dinov2_reg4", "deit_distilled"))
 def test_timm_loads_our_checkpoint_of_every_family(family, tmp_path):
     model = _checkpoint(family, tmp_path / "best")
     theirs = timm.create_model(f"local-dir:{tmp_path / 'best'}", pretrained=True).eval()
