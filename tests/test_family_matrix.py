@@ -407,3 +407,19 @@ def test_benchmark_takes_a_family_by_its_tag(capsys):
                                             "--batch-size", "2", "--repeats", "1", "--warmup", "0",
                                             "--peak-size", "64", "--device", "cpu"]) == 0
     assert "deit_tiny_distilled_patch16_224.fb_in1k  batch 2  32 px" in capsys.readouterr().out
+
+
+def test_a_config_sets_the_family_options_by_timms_names():
+    """model.reg_tokens / class_token / global_pool: map / no_embed_class / pre_norm in a config build what timm
+    builds from the same keywords (same logits on the same weights); left out, they are the name's."""
+    opts = dict(reg_tokens=2, class_token=False, global_pool="map", no_embed_class=True, pre_norm=True)
+    cfg = load_config(None, ["--model.name=vit_small_patch16_224", *TINY_ARGS,
+                             *(f"--model.{k}={str(v).lower()}" for k, v in opts.items())])
+    model = build_model(cfg, 10).eval()
+    twin = timm.create_model("vit_small_patch16_224", **TINY, **opts).eval()
+    twin.load_state_dict(model.state_dict())
+    x = _images()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), twin(x), atol=1e-5, rtol=0)
+    plain = build_model(load_config(None, ["--model.name=vit_small_patch14_reg4_dinov2", *TINY_ARGS]), 10)
+    assert plain.num_reg_tokens == 4 and plain.no_embed_class  # the name's
