@@ -156,7 +156,7 @@ def run_modes(args, device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.model not in vit.list_models():
+    if args.model.split(".")[0] not in vit.list_models():  # a tag (vit_base_patch16_clip_224.openai) names its arch
         print(f"error: unknown model {args.model!r}; known: {', '.join(vit.list_models())}", file=sys.stderr)
         return 2
     try:

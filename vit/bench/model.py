@@ -31,12 +31,15 @@ __all__ = ["build_sides", "bench_model", "bench_scaling", "format_model_report"]
 
 def build_sides(model: str, img_size: int, device: torch.device, precision: str = "fp32",
                 compile: bool = False) -> list[Side]:
-    """Ours and timm's `model` with the same weights, each with its toolkit's AdamW (lr 1e-4, weight decay 0.05)."""
+    """Ours and timm's `model` (any family by name or tag: CLIP, SigLIP, DINOv2 with registers, DeiT3, distilled
+    DeiT, ...) with the same weights, each with its toolkit's AdamW (lr 1e-4, weight decay 0.05)."""
     import timm
     import timm.optim
 
-    ours = create_model(model, img_size=img_size).to(device)
-    ref = timm.create_model(model, pretrained=False, img_size=img_size).to(device)
+    # a 1000-way head on both (a tag's own may have none, e.g. DINOv2, or CLIP's 512-wide projection); the rest,
+    # prefix tokens and pooling included, is the name's in each toolkit
+    ours = create_model(model, img_size=img_size, num_classes=1000).to(device)
+    ref = timm.create_model(model, pretrained=False, img_size=img_size, num_classes=1000).to(device)
     ref.load_state_dict(ours.state_dict())
     cfg = OptimConfig(lr=1e-4, weight_decay=0.05)
     sides = [Side("ours", ours, build_optimizer(ours, cfg), device, precision),

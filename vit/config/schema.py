@@ -26,8 +26,16 @@ class ModelConfig:
     # input channels, 3 (RGB) or 1 (grey); null: the data's (1 when its images are grey, else 3), see
     # vit.data.resolve.choose_channels; a number pins it
     in_chans: int | None = None
-    # token: the [CLS] token feeds the head; avg: the mean of the patch tokens
-    global_pool: Literal["token", "avg"] = "token"
+    # token: the [CLS] token feeds the head; avg / max / avgmax: of the patch tokens; map: attention pooling
+    # (SigLIP); null: the name's (token for most)
+    global_pool: Literal[None, "token", "avg", "max", "avgmax", "map"] = None
+    # prefix tokens and norms (vit.layers.PrefixTokens, Pooling); null: the name's, e.g. 4 registers for *_reg4_*
+    class_token: bool | None = None  # a [CLS] token first
+    reg_tokens: int | None = None  # register tokens after [CLS] (DINOv2-reg4: 4)
+    dist_token: bool | None = None  # DeiT's distillation token and its second head
+    no_embed_class: bool | None = None  # prefix tokens get no position embedding (DeiT III)
+    pre_norm: bool | None = None  # a norm after the embeddings (CLIP's image tower)
+    fc_norm: bool | None = None  # norm the pooled vector instead of the tokens
     embed_dim: int | None = None  # token width D; null: the name's
     depth: int | None = None  # number of Transformer blocks; null: the name's
     num_heads: int | None = None  # attention heads per block (must divide embed_dim); null: the name's

@@ -229,7 +229,7 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's set
+        return {"pos_embed", "cls_token", "reg_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
