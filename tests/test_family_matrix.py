@@ -122,7 +122,7 @@ def test_features_only_model_equals_timms(pair):
 # --- the weights' own preprocessing ------------------------------------------------------------------------------
 
 def test_the_weights_preprocessing_reaches_the_data_pipeline(family):
-    from vit.data.datasets import resolve_data_config
+    from vit.data.resolve import resolve_data_config
 
     arch, tag, _, want = FAMILIES[family]
     cfg = load_config(None, [f"--model.name={arch}.{tag}", *TINY_ARGS])
