@@ -7,10 +7,11 @@ import torch
 from timm.layers import LayerNorm
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.vision_transformer import VisionTransformer as TimmViT
+from timm.models.vision_transformer import global_pool_nlc
 
 import vit
 from vit.explain.rollout import attention_maps
-from vit.layers import Pooling, PrefixTokens
+from vit.layers import Pooling, PrefixTokens, pool_tokens
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=5)
 
@@ -76,6 +77,14 @@ def test_option_matches_timm(case):
     torch.testing.assert_close(pa, pb, atol=1e-5, rtol=0)
     assert a.abs().max() > 1e-2 and (a[0] - a[1]).abs().max() > 1e-3  # not a constant output
 
+
+
+@pytest.mark.parametrize("kind", ["token", "avg", "max", "avgmax", ""])
+def test_pool_tokens_equals_timms_global_pool_nlc(kind):
+    """The pooling function alone against timm's, with 3 prefix tokens: through a model, the fc_norm after 'avg',
+    'max' and 'avgmax' is scale-invariant and would hide a pooled vector off by a factor."""
+    x = torch.randn(2, 3 + 7, 16, generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(pool_tokens(x, kind, 3), global_pool_nlc(x, kind, num_prefix_tokens=3), atol=0, rtol=0)
 
 def test_distilled_deit_matches_timm_in_eval_and_in_distilled_training():
     ref = _randomized(VisionTransformerDistilled(**SMALL))

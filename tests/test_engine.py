@@ -326,6 +326,19 @@ def test_best_is_chosen_by_run_select_by(tmp_path, select_by, best_epoch):
     assert sorted(p.name for p in (tmp_path / "top").iterdir()) == ["epoch-0001", "epoch-0002"]
 
 
+
+def test_select_by_defaults_to_map_for_multi_label_data_and_follows_the_setting():
+    """A multi-label run logs val_map and no val_acc1: left unset, run.select_by must rank by mAP there."""
+    from types import SimpleNamespace
+
+    from vit.train.records import SELECT_BY, select_by
+
+    def cfg(labels_file, chosen=None):
+        return SimpleNamespace(run=SimpleNamespace(select_by=chosen), data=SimpleNamespace(labels_file=labels_file))
+
+    assert select_by(cfg("labels.csv")) == "map" and SELECT_BY["map"][0] == "val_map"
+    assert select_by(cfg(None)) == "top1" and select_by(cfg("labels.csv", "loss")) == "loss"
+
 def test_rank_best_keeps_the_earlier_epoch_on_a_tie_and_ranks_loss_lowest_first():
     from vit.train.records import rank_best
 

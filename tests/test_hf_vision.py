@@ -224,6 +224,26 @@ def test_defaults_are_transformers(model_type):
         assert getattr(ref, key) == value, key
 
 
+
+# transformers' image processor for each model type (AutoImageProcessor's mapping; the *_vision_model types have none
+# of their own). DeiT's and DINOv2's class defaults (0.5 / OpenAI's mean) differ from our table's ImageNet mean.
+PROCESSORS = [("vit", "ViTImageProcessor"), ("clip_vision_model", "CLIPImageProcessor"),
+              ("siglip_vision_model", "SiglipImageProcessor"),
+              *(pytest.param(t, c, marks=pytest.mark.xfail(strict=True, reason="our table uses ImageNet's mean"))
+                for t, c in (("deit", "DeiTImageProcessor"), ("dinov2", "BitImageProcessor")))]
+
+
+@pytest.mark.parametrize("model_type, processor", PROCESSORS)
+def test_preprocessing_without_a_processor_file_is_the_processor_classs_defaults(model_type, processor):
+    """No preprocessor_config.json: mean, std and resampling are those transformers' processor class defaults to
+    (the other tests give every field, so they cannot see a wrong default)."""
+    from vit.hub.hf_vision import hf_pretrained_cfg
+
+    ref = getattr(transformers, processor)()
+    cfg = hf_pretrained_cfg({"model_type": model_type}, None, dict(in_chans=3, img_size=32, num_classes=0), "m")
+    assert (cfg["mean"], cfg["std"]) == (tuple(ref.image_mean), tuple(ref.image_std))
+    assert cfg["interpolation"] == {2: "bilinear", 3: "bicubic"}[int(ref.resample)]
+
 @pytest.mark.parametrize("bad, match", [
     (lambda q: q > 0, "query.weight is bool, not a floating-point tensor"),
     (lambda q: (q * 100).to(torch.int8), "query.weight is int8, not a floating-point tensor"),

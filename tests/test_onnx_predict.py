@@ -216,6 +216,7 @@ def test_a_file_without_problem_type_is_single_label_and_a_multi_label_one_gives
     (dict(steps=[{"step": "sharpen"}]), "step.*'sharpen' are not ones this predictor runs"),
     (dict(problem_type="regression"), "problem_type 'regression' is not one of"),
     (dict(problem_type="multi_label_classification", threshold=1.5), "threshold is 1.5, not a probability"),
+    (dict(problem_type="multi_label_classification", threshold=1), "threshold is 1, not a probability"),  # no class
     (dict(label_names=list("abcde"), num_classes=5), "model.onnx gives 4 outputs per image but preprocessing.json "
                                                      "names 5 classes"),
     ({"step:center_crop": dict(size=[40, 40]), "step:resize": dict(shorter_side=46), "input_size": [3, 40, 40]},

@@ -92,6 +92,20 @@ def test_a_plain_checkpoint_is_recognised_by_its_keys(hub):
     assert "dropped" in report.actions[0] and "transformer" in report.actions[0]
 
 
+
+def test_a_config_without_preprocess_cfg_gets_open_clips_own_defaults():
+    """open_clip's PreprocessCfg is the oracle for what a config leaves out (OpenAI's mean and std, bicubic,
+    shortest side then centre crop); the tests above give every field, so they cannot see a wrong default."""
+    from open_clip.transform import PreprocessCfg
+
+    from vit.hub.open_clip_weights import open_clip_pretrained_cfg
+
+    ref = PreprocessCfg()
+    cfg = open_clip_pretrained_cfg({"model_cfg": {"vision_cfg": {"image_size": ref.size}}}, num_classes=4)
+    assert (cfg["mean"], cfg["std"], cfg["interpolation"], cfg["crop_mode"], cfg["crop_pct"]) == (
+        tuple(ref.mean), tuple(ref.std), ref.interpolation, "center", 1.0)
+    assert cfg["input_size"] == (3, ref.size, ref.size) and cfg["num_classes"] == 4
+
 @pytest.mark.parametrize("name", ["clip", "trunk_map"])
 def test_a_tower_by_name_equals_encode_image(hub, name):
     """create_model by hub name: a visual.* CLIP tower and a timm trunk with map pooling (SigLIP's layout)."""

@@ -533,6 +533,7 @@ def test_dense_below_crossover_says_so_once():
     (dict(method="nsa"), "'method' must be 'dsa' or 'moba', got 'nsa'"),
     (dict(method="dsa", topk_blocks=2, density=0.5), "'density' and topk_blocks both size the selection"),
     (dict(method="dsa", density=1.5), "'density' must be a number in"),
+    (dict(method="dsa", density=0), "'density' must be a number in"),  # no block selected at all
     (dict(method="dsa", density="0.5"), "'density' must be a number in"),
     (dict(method="dsa", density=True), "'density' must be a number in"),
     (dict(method="dsa", topk_blocks=True), "'topk_blocks' must be a positive integer"),
