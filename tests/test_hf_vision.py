@@ -226,11 +226,10 @@ def test_defaults_are_transformers(model_type):
 
 
 # transformers' image processor for each model type (AutoImageProcessor's mapping; the *_vision_model types have none
-# of their own). DeiT's and DINOv2's class defaults (0.5 / OpenAI's mean) differ from our table's ImageNet mean.
+# of their own)
 PROCESSORS = [("vit", "ViTImageProcessor"), ("clip_vision_model", "CLIPImageProcessor"),
-              ("siglip_vision_model", "SiglipImageProcessor"),
-              *(pytest.param(t, c, marks=pytest.mark.xfail(strict=True, reason="our table uses ImageNet's mean"))
-                for t, c in (("deit", "DeiTImageProcessor"), ("dinov2", "BitImageProcessor")))]
+              ("siglip_vision_model", "SiglipImageProcessor"), ("deit", "DeiTImageProcessor"),
+              ("dinov2", "BitImageProcessor"), ("dinov2_with_registers", "BitImageProcessor")]
 
 
 @pytest.mark.parametrize("model_type, processor", PROCESSORS)

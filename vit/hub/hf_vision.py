@@ -71,9 +71,12 @@ _SIZES = {(192, 12): "tiny", (384, 12): "small", (768, 12): "base", (1024, 24): 
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}  # PIL's numbers
 _PREPROCESS = {  # the image processors' defaults, for a preprocessor_config.json that leaves a field out
     "vit": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=2),
-    "deit": dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3),
-    "dinov2": dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3),
-    "dinov2_with_registers": dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225], resample=3),
+    "deit": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3),  # DeiTImageProcessor's
+    # DINOv2 repositories name BitImageProcessor, whose defaults are OpenAI's (their files give ImageNet's)
+    "dinov2": dict(image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711],
+                   resample=3),
+    "dinov2_with_registers": dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
+                                  image_std=[0.26862954, 0.26130258, 0.27577711], resample=3),
     "clip_vision_model": dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
                               image_std=[0.26862954, 0.26130258, 0.27577711], resample=3),
     "siglip_vision_model": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3),
