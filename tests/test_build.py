@@ -12,7 +12,7 @@ import vit
 from vit.config import CHOICES, ConfigError, ModelConfig, load_config
 from vit.data.transforms import build_transform
 from vit.models.build import build_model, check_model_config, model_kwargs
-from vit.models.vision_transformer import OPTIONS
+from vit.models.vit_options import OPTIONS
 
 
 def test_every_model_key_is_a_create_model_option_and_reaches_the_model():

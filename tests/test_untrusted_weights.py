@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 import vit
 from vit.hub import timm_config
-from vit.models.vision_transformer import architecture_defaults
+from vit.models.vit_options import architecture_defaults
 
 
 def test_checkpoint_from_another_architecture_for_fine_tuning(tmp_path):

@@ -31,7 +31,8 @@ from ..hub.weights import load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
 from .variants import REFUSED, VARIANTS
-from .vision_transformer import OPTIONS, VisionTransformer, constructor_kwargs, option_types
+from .vision_transformer import VisionTransformer
+from .vit_options import OPTIONS, constructor_kwargs, option_types
 
 __all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
            "check_model_config", "resolve_name"]

@@ -39,7 +39,8 @@ from .model_card import model_card
 from .text_build import create_text_model
 from .text_classifier import TextClassifier
 from .text_save import save_text_model
-from .vision_transformer import VisionTransformer, architecture_defaults
+from .vision_transformer import VisionTransformer
+from .vit_options import architecture_defaults
 
 log = logging.getLogger(__name__)
 # Written into model.safetensors' metadata by save_checkpoint: the fixed sin-cos position table follows

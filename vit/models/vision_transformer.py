@@ -12,9 +12,6 @@ written for timm's ViT runs unchanged; the default forward traces with torch.fx 
 Attention maps come from a separate method, `forward_with_attention`, whose return type never changes.
 """
 
-import dataclasses
-import inspect
-import typing
 from typing import Any, Literal
 
 import torch
@@ -29,22 +26,17 @@ from ..layers import (
     PrefixTokens,
     Rope,
     RotaryEmbedding,
-    build_token_reduction,
     get_mlp_layer,
     get_norm_layer,
-    parse_token_reduction,
     pool_tokens,
     resample_abs_pos_embed,
     sincos_2d,
 )
-from ..layers.sparse_attention import parse_sparse_spec
 from .encoder import Encoder
 from .features import FeatureIntermediates
-from .variants import VARIANTS
-from .vision_weights import checkpoint_filter_fn
+from .vit_api import ModelApi
 
-__all__ = ["VisionTransformer", "OPTIONS", "architecture_defaults", "constructor_kwargs",
-           "default_pretrained_cfg", "option_types"]
+__all__ = ["VisionTransformer"]
 
 
 def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
@@ -60,7 +52,7 @@ def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
 torch.fx.wrap("check_img_size")
 
 
-class VisionTransformer(FeatureIntermediates, nn.Module):
+class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` become
     D = `embed_dim` tokens (`patch_embed`), a [CLS] token is prepended (`class_token`), positions are added
     (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
@@ -202,90 +194,6 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-
-    # --- timm's model API: what optimizers, feature extractors and training loops read -----------------------
-
-    @property
-    def pretrained_cfg(self) -> dict[str, Any]:
-        """timm's pretrained config. Set by weights that come with one; otherwise, for a named model, the
-        registry's default for that name (as `timm.create_model(name, pretrained=False)` has it)."""
-        if self._pretrained_cfg is None:
-            self._pretrained_cfg = default_pretrained_cfg(self._variant, self)
-        return self._pretrained_cfg
-
-    @pretrained_cfg.setter
-    def pretrained_cfg(self, cfg: dict[str, Any]) -> None:
-        self._pretrained_cfg = cfg
-
-    @property
-    def default_cfg(self) -> dict[str, Any]:
-        """timm's older name for `pretrained_cfg`."""
-        return self.pretrained_cfg
-
-    @default_cfg.setter
-    def default_cfg(self, cfg: dict[str, Any]) -> None:
-        self._pretrained_cfg = cfg
-
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token", "reg_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        """Parameter groups by depth, as timm's (layer-wise lr decay: timm.optim.create_optimizer_v2(...,
-        layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
-        dist = "|dist_token" if self.head_dist is not None else ""
-        stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
-        return dict(stem=stem,
-                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute block activations in backward while training (memory for compute); outputs unchanged."""
-        self.blocks.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def checkpoint_filter_fn(self, state: dict[str, torch.Tensor], report: Any) -> dict[str, torch.Tensor]:
-        """Pretrained weights fitted to this model (positions resampled, input channels adapted); see
-        vit/models/vision_weights.py. `vit.load_pretrained` calls it before its strict check."""
-        return checkpoint_filter_fn(state, self, report)
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
-        """The head; a distilled model's two heads (head, head_dist), as timm's VisionTransformerDistilled."""
-        return self.head if self.head_dist is None else (self.head, self.head_dist)
-
-    @torch.jit.ignore
-    def set_distilled_training(self, enable: bool = True) -> None:
-        """A distilled model in training returns (logits, distillation logits) instead of their mean (timm)."""
-        self.distilled_training = enable
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new head for `num_classes` (0: none, forward returns pooled features) and optionally another pooling
-        ('' returns every token). The norms stay where they are, as in timm; leaving 'map' drops the attention
-        pool, and 'map' needs a model built with it."""
-        if global_pool is not None:
-            pooling = dataclasses.replace(self.pooling, global_pool=global_pool)
-            pooling.check(self.has_class_token)
-            if global_pool == "map" and self.attn_pool is None:
-                raise ValueError("global_pool='map' needs attention-pooling weights; build the model with "
-                                 "global_pool='map' instead of switching to it.")
-            if self.head_dist is not None and global_pool not in ("token", ""):
-                raise ValueError("a distilled model's heads read [CLS] and [DIST]; keep global_pool='token'.")
-            if global_pool != "map":
-                self.attn_pool = None
-            self.pooling, self.global_pool = pooling, global_pool
-        self.num_classes = num_classes
-        ref = self.patch_embed.proj.weight
-        new_head = lambda: (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)  # noqa: E731
-                            if num_classes > 0 else nn.Identity())
-        self.head = new_head()
-        if self.head_dist is not None:
-            self.head_dist = new_head()
-
-    def set_fused_attn(self, enabled: bool) -> None:
-        self.blocks.fused_attn = enabled
 
     @torch.jit.ignore
     def set_input_size(
@@ -453,85 +361,3 @@ class VisionTransformer(FeatureIntermediates, nn.Module):
         (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
         return self.forward_head(feats), attentions
-
-    def set_sparse_attention(self, method: str | None, density: float | None = None, topk_blocks: int | None = None,
-                             select: str | None = None, min_tokens: int | None = None) -> None:
-        """Attend sparsely (vit.layers.sparse_attention) with other options than the model was built with, or
-        densely (`None`); a spec string "METHOD[:DENSITY][:SELECT]" works too ("moba:0.25", "dsa:0.125:block",
-        "none"). A model built without "dsa" has no indexer, so it may switch to "moba" only."""
-        if method is not None and ":" in method or method in ("none", ""):
-            if density is not None or topk_blocks is not None or select is not None:
-                raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
-            opts = parse_sparse_spec(method)
-            method, density, select = opts["method"], opts["density"], opts["select"]
-        self.blocks.set_sparse_attention(method, density=density, topk_blocks=topk_blocks, select=select,
-                                         min_tokens=min_tokens)
-
-    # --- token reduction ----------------------------------------------------------------------------------------
-
-    def set_token_reduction(
-        self,
-        method: str | None,
-        r: int | list[int] | None = None,
-        keep_rate: float | None = None,
-        layers: tuple[int, ...] | None = None,
-    ) -> None:
-        """Reduce tokens between attention and MLP (vit.layers.token_reduction), or stop (`None`):
-        `set_token_reduction("merge", r=8)` (ToMe, off the shelf), `("topk", keep_rate=0.7, layers=(3, 6, 9))`
-        (EViT, trained in), or a spec string such as "merge:8" or "topk:0.7@3,6,9". Weights are untouched."""
-        if method is not None and ":" in method or method in ("none", ""):
-            if r is not None or keep_rate is not None or layers is not None:
-                raise ValueError(f"pass either the spec {method!r} or keyword options, not both.")
-            opts = parse_token_reduction(method)
-            method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
-                                            opts.get("layers"))
-        self.blocks.set_token_reduction(
-            build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
-
-
-# --- create_model's options ----------------------------------------------------------------------------
-
-# create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
-# objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
-OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling}
-_PARAMS = {k: p for k, p in inspect.signature(VisionTransformer.__init__).parameters.items() if k != "self"}
-_FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
-OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
-
-
-def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, ...) -> VisionTransformer's arguments, each
-    options object built (and so validated) once from its fields."""
-    flat = {k: v for k, v in options.items() if k not in _FIELDS}
-    for key, cls in OBJECTS.items():
-        flat[key] = cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options})
-    return flat
-
-
-def option_types() -> dict[str, Any]:
-    """The type of every create_model option (for checking a config.json's model_args before building)."""
-    hints = typing.get_type_hints(VisionTransformer.__init__)
-    for key, cls in OBJECTS.items():
-        hints.pop(key, None)
-        hints.update(typing.get_type_hints(cls))
-    return hints
-
-
-def architecture_defaults(name: str) -> dict[str, Any]:
-    """Every create_model option at its value for the variant `name` (the defaults, then the variant's own); an
-    unknown name gets the defaults. What a checkpoint's config.json leaves out."""
-    defaults = {k: p.default for k, p in _PARAMS.items() if k not in OBJECTS}
-    defaults.update({name: f.default for name, (_, f) in _FIELDS.items()})
-    return {**defaults, **VARIANTS.get(name, {})}
-
-
-def default_pretrained_cfg(name: str | None, model: VisionTransformer) -> dict[str, Any]:
-    """timm's pretrained config for `name` (its default tag) from timm's registry; for a model built without a
-    name, one describing the model itself (timm's ViT defaults: bicubic, crop 0.9, mean = std = 0.5)."""
-    if name is not None:
-        from timm.models import resolve_pretrained_cfg  # imported on first use only: importing timm takes seconds
-
-        return resolve_pretrained_cfg(name).to_dict()
-    return dict(input_size=(model.in_chans, *model.patch_embed.img_size), fixed_input_size=not model.dynamic_img_size,
-                interpolation="bicubic", crop_pct=0.9, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5),
-                num_classes=model.num_classes, pool_size=None, first_conv="patch_embed.proj", classifier="head")

@@ -1,0 +1,47 @@
+"""create_model's vocabulary: timm's keywords (the VisionTransformer constructor's flat options, and the fields of
+its options objects under their own names), their types, their defaults per architecture, and the constructor
+arguments they become."""
+
+import dataclasses
+import inspect
+import typing
+from typing import Any
+
+from ..layers import Pooling, PrefixTokens
+from .variants import VARIANTS
+from .vision_transformer import VisionTransformer
+
+__all__ = ["OBJECTS", "OPTIONS", "architecture_defaults", "constructor_kwargs", "option_types"]
+
+# create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
+# objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
+OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling}
+_PARAMS = {k: p for k, p in inspect.signature(VisionTransformer.__init__).parameters.items() if k != "self"}
+_FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
+OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
+
+
+def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, ...) -> VisionTransformer's arguments, each
+    options object built (and so validated) once from its fields."""
+    flat = {k: v for k, v in options.items() if k not in _FIELDS}
+    for key, cls in OBJECTS.items():
+        flat[key] = cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options})
+    return flat
+
+
+def option_types() -> dict[str, Any]:
+    """The type of every create_model option (for checking a config.json's model_args before building)."""
+    hints = typing.get_type_hints(VisionTransformer.__init__)
+    for key, cls in OBJECTS.items():
+        hints.pop(key, None)
+        hints.update(typing.get_type_hints(cls))
+    return hints
+
+
+def architecture_defaults(name: str) -> dict[str, Any]:
+    """Every create_model option at its value for the variant `name` (the defaults, then the variant's own); an
+    unknown name gets the defaults. What a checkpoint's config.json leaves out."""
+    defaults = {k: p.default for k, p in _PARAMS.items() if k not in OBJECTS}
+    defaults.update({name: f.default for name, (_, f) in _FIELDS.items()})
+    return {**defaults, **VARIANTS.get(name, {})}
