@@ -65,6 +65,7 @@ from vit.train.engine import (  # noqa: F401 (TrainState, mix_batch: imported fr
     train_one_epoch,
     trim_metrics,
 )
+from vit.train.lora import add_lora, trainable_share
 from vit.train.optim import build_optimizer
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
 from vit.train.tracking import accelerator_trackers, check_trackers, flat_config, tracker_kwargs, tracker_names
@@ -114,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- model and optimizer ----------------------------------------------------------------------------------
     model = build_model(cfg, len(classes), pretrained=True)  # weights from model.pretrained, if set (one report)
+    if cfg.optim.lora_rank:  # adapters on the projections, merged into the weights on every save
+        add_lora(model, cfg.optim.lora_rank, cfg.optim.lora_alpha)
     console.print(f"model: {describe_model(model, cfg.model.name)}")
+    trained, total = trainable_share(model)  # model.freeze, optim.lora_rank: part of the model learns
+    if trained < total:
+        console.print(f"training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)

@@ -76,6 +76,7 @@ class ModelConfig:
     sparse_sink_block: bool | None = None  # always keep the first block ([CLS]); null: the method's (dsa yes, moba no)
     sparse_min_tokens: int | None = None  # dense below this many tokens; null: the measured crossover, 0: never
     grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
+    freeze: bool = False  # train the head only: the backbone keeps the weights it was loaded with (docs/few-labels.md)
 
 
 @dataclass
@@ -212,6 +213,10 @@ class OptimConfig:
     # how the indexer's KL weighs query rows: mean (DeepSeek's, every row alike) or peaked (rows weighted by how
     # concentrated their dense attention is; better where few rows are read, e.g. a [CLS] classifier)
     indexer_kl_rows: Literal["mean", "peaked"] = "mean"
+    # LoRA adapters of this rank on every block's qkv, proj, fc1 and fc2 (peft; vit/train/lora.py), the rest but
+    # the head frozen; merged into the weights on save, so checkpoints hold a plain model. 0: none
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # the LoRA update's scale is lora_alpha / lora_rank; null: lora_rank (scale 1)
 
 
 @dataclass
@@ -275,7 +280,7 @@ POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
             "data.shuffle_buffer", "data.num_classes", "run.num_threads", "model.sparse_block_size",
             "model.sparse_topk_blocks", "model.sparse_density"}
-NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps",
+NON_NEGATIVE = {"model.sparse_min_tokens", "optim.indexer_warmup_steps", "optim.lora_rank",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
@@ -381,6 +386,8 @@ def validate(cfg: Config) -> None:
     if cfg.optim.indexer_warmup_steps and m.sparse_attention != "dsa":
         raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set model.sparse_attention "
                           "to dsa or the warm-up to 0.")
+    if cfg.optim.lora_rank and m.freeze:
+        raise ConfigError("config keys 'model.freeze' and 'optim.lora_rank' both choose what trains; set one of them.")
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
     for name in cfg.run.log_with or []:

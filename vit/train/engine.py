@@ -29,6 +29,7 @@ from ..layers import indexer_loss, indexer_only_grads, indexer_schedule, topk_wa
 from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
 from ..utils.faults import fault_point, poison_loss
+from .lora import has_lora, merged_state_dict
 from .optim import lr_at, set_lr
 from .preemption import Preempted
 from .preemption import requested as preemption_requested
@@ -331,6 +332,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         row = dict(_train_columns(state, stats), val_loss=m["loss"], val_acc1=m["acc1"], val_acc5=m.get("acc5", ""))
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"])
         unwrapped = acc.unwrap_model(eval_model)
+        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         _keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
@@ -352,6 +354,7 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
         meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
                     threshold=m["threshold"], val_micro_f1=m["micro_f1"])
         unwrapped = acc.unwrap_model(eval_model)
+        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         _keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)
