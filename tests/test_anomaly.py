@@ -3,6 +3,8 @@ brute-force k-center greedy, AUROC against scikit-learn; the generated inspectio
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +105,42 @@ def test_a_defect_changes_only_its_mask(kind):
         assert not none.any() and 0.002 < mask.mean() < 0.06
         changed = (good != bad).any(axis=2)
         assert changed.any() and not (changed & ~mask).any()
+
+
+def test_script_fits_scores_and_maps(tiny_run, tmp_path):
+    import csv
+    import json
+    import shutil
+
+    from helpers import run_script
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    run, _ = tiny_run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run / "best", ckpt)
+    rng = np.random.default_rng(0)
+    for split, names in (("train", {"good": 6}), ("val", {"good": 3}), ("test", {"good": 3, "stain": 3})):
+        for name, n in names.items():
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(n):
+                img, _ = inspection_part(rng, 32, "weave", None if name == "good" else name)
+                Image.fromarray(img).save(tmp_path / split / name / f"{i}.png")
+    fit = run_script("anomaly.py", "fit", "--checkpoint", str(ckpt), "--good", str(tmp_path / "train"),
+                     "--val", str(tmp_path / "val"), "--ratio", "0.5")
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    settings = json.loads((ckpt / "anomaly" / "patchcore.json").read_text())
+    assert settings["bank_size"] == 6 * 4 // 2 and settings["threshold"] > 0  # 32 px, patch 16: 2x2 patches
+    out = tmp_path / "out"
+    score = run_script("anomaly.py", "score", "--checkpoint", str(ckpt), str(tmp_path / "test"), "--out", str(out),
+                       "--maps")
+    assert score.returncode == 0, score.stderr[-2000:]
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert len(rows) == 6 and all(Path(r["map"]).is_file() for r in rows)
+    assert all(r["verdict"] == ("defect" if float(r["score"]) >= settings["threshold"] else "good") for r in rows)
+    y = [Path(r["path"]).parent.name != "good" for r in rows]
+    auc = json.loads((out / "metrics.json").read_text())["auroc"]
+    assert auc == pytest.approx(roc_auc_score(y, [float(r["score"]) for r in rows]), abs=1e-6)
+    bad = run_script("anomaly.py", "score", "--checkpoint", str(run / "best"), str(tmp_path / "test"), "--out",
+                     str(out))
+    assert bad.returncode == 2 and "build them with anomaly.py fit" in bad.stderr

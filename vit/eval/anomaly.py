@@ -3,7 +3,9 @@ Anomaly Detection") on a ViT's intermediate patch tokens.
 
 1. Patch features (sec. 3.1): the tokens of a few middle blocks (`forward_intermediates`, (B, D, h, w) each),
    each averaged over its 3x3 neighbourhood (local context, eq. 2), concatenated along channels: one
-   (len(layers) * D)-vector per patch.
+   (len(layers) * D)-vector per patch. The neighbourhood is an option: on a coarse grid (8x8 patches of a 64 px
+   image) 3x3 covers a third of the image and dilutes a one-patch defect ninefold (docs/few-labels.md measures
+   it); PatchCore's own grid is 28x28, where 3x3 is 1% of the image.
 2. Memory bank (sec. 3.2): the patch features of the good training images, subsampled by greedy k-center
    coreset selection on a random projection (Johnson-Lindenstrauss) of them: start at a random patch, then add the
    patch farthest from everything chosen, until the bank has `ratio` of them (Alg. 1).
@@ -40,11 +42,15 @@ def middle_layers(depth: int) -> tuple[int, ...]:
 
 
 @torch.no_grad()
-def patch_features(model, x: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
-    """Images (B, C, H, W) -> locally aggregated patch features (B, h*w, len(layers) * D)."""
+def patch_features(model, x: torch.Tensor, layers: tuple[int, ...], neighbourhood: int = 3) -> torch.Tensor:
+    """Images (B, C, H, W) -> patch features averaged over their `neighbourhood` x `neighbourhood` neighbours
+    (odd; 1: none), (B, h*w, len(layers) * D)."""
+    if neighbourhood < 1 or neighbourhood % 2 == 0:
+        raise ValueError(f"the neighbourhood must be an odd number of patches (3, or 1 for none), got {neighbourhood}.")
     maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
-    # each patch with its 3x3 neighbours (edges: the mean of those that exist), (B, D, h, w) per layer
-    maps = [F.avg_pool2d(m.float(), 3, stride=1, padding=1, count_include_pad=False) for m in maps]
+    # each patch with its neighbours (edges: the mean of those that exist), (B, D, h, w) per layer
+    maps = [F.avg_pool2d(m.float(), neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=False)
+            for m in maps]
     return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)  # (B, h*w, L*D)
 
 
@@ -87,13 +93,15 @@ def nearest_distance(queries: torch.Tensor, bank: torch.Tensor, chunk: int = 204
 class PatchCore:
     """A memory bank of good patch features (K, F) for one backbone, the blocks it reads and a threshold."""
 
-    def __init__(self, bank: torch.Tensor, layers: tuple[int, ...], threshold: float | None = None) -> None:
+    def __init__(self, bank: torch.Tensor, layers: tuple[int, ...], threshold: float | None = None,
+                 neighbourhood: int = 3) -> None:
         self.bank, self.layers, self.threshold = bank.float(), tuple(int(i) for i in layers), threshold
+        self.neighbourhood = int(neighbourhood)
 
     @torch.no_grad()
     def score(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w))."""
-        feats = patch_features(model, x, self.layers)  # (B, h*w, F)
+        feats = patch_features(model, x, self.layers, self.neighbourhood)  # (B, h*w, F)
         B, P, _ = feats.shape
         patch = nearest_distance(feats.reshape(B * P, -1), self.bank).reshape(B, P)
         h, w = model.grid_size(tuple(x.shape[-2:]))
@@ -117,7 +125,7 @@ class PatchCore:
 
 @torch.no_grad()
 def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = None, ratio: float = 0.1,
-                  batch_size: int = 32, seed: int = 0, projection_dim: int = 128) -> PatchCore:
+                  batch_size: int = 32, seed: int = 0, projection_dim: int = 128, neighbourhood: int = 3) -> PatchCore:
     """The bank of the good images in `dataset`: all their patch features, subsampled to `ratio` of them by the
     greedy coreset (at least one). `layers`: the blocks read (default: `middle_layers`)."""
     if not 0 < ratio <= 1:
@@ -129,12 +137,13 @@ def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = N
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         items = [it for it in items if it[1]]  # unreadable images teach nothing
         if items:
-            feats.append(patch_features(model, torch.stack([it[0] for it in items]), layers).flatten(0, 1))
+            x = torch.stack([it[0] for it in items])
+            feats.append(patch_features(model, x, layers, neighbourhood).flatten(0, 1))
     if not feats:
         raise ValueError("none of the good images could be read; pass a folder of readable images of good parts.")
     feats = torch.cat(feats)  # (N * h*w, F)
     keep = coreset(feats, max(1, int(round(ratio * len(feats)))), projection_dim, seed) if ratio < 1 else None
-    return PatchCore(feats if keep is None else feats[keep], layers)
+    return PatchCore(feats if keep is None else feats[keep], layers, None, neighbourhood)
 
 
 def choose_threshold(good_scores: np.ndarray, false_alarm_rate: float = 0.0) -> float:
@@ -171,8 +180,9 @@ def save_patchcore(folder: str | Path, pc: PatchCore, extra: dict | None = None)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(folder / BANK_FILE, save({"bank": pc.bank.contiguous()}))
-    atomic_write_text(folder / SETTINGS_FILE, json.dumps({"layers": list(pc.layers), "threshold": pc.threshold,
-                                                          "bank_size": len(pc.bank), **(extra or {})}, indent=1))
+    settings = {"layers": list(pc.layers), "neighbourhood": pc.neighbourhood, "threshold": pc.threshold,
+                "bank_size": len(pc.bank), **(extra or {})}
+    atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=1))
     return folder
 
 
@@ -187,9 +197,9 @@ def load_patchcore(folder: str | Path) -> PatchCore:
     try:
         bank = load_file(folder / BANK_FILE)["bank"]
         settings = json.loads((folder / SETTINGS_FILE).read_text())
-        layers, threshold = settings["layers"], settings.get("threshold")
+        layers, threshold, hood = settings["layers"], settings.get("threshold"), int(settings["neighbourhood"])
     except (SafetensorError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); rebuild it with anomaly.py fit.") from None
     if bank.ndim != 2 or not torch.isfinite(bank).all():
         raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank; rebuild it with anomaly.py fit.")
-    return PatchCore(bank, tuple(layers), threshold)
+    return PatchCore(bank, tuple(layers), threshold, hood)
