@@ -3,8 +3,8 @@ digits 5-9 with 1, 5 and 10 labels per class by k-NN, linear probe, LoRA and ful
 
     python scripts/digits_transfer.py --out /tmp/digits      # ~40 min on 2 busy CPU cores
 
-scikit-learn's 8x8 digits (nothing downloaded) as PNG folders: 0-4 split 80/20 for the backbone (configs/default
-.yaml's model and preprocessing, --epochs epochs); 5-9 split in half, a labelled pool and a test set. Then
+scikit-learn's 8x8 digits (nothing downloaded) as PNG folders: 0-4 split 80/20 for the backbone (the model
+and preprocessing of configs/default.yaml, --epochs epochs); 5-9 split in half, a labelled pool and a test set. Then
 few_shot.py writes the table (few_shot.csv, summary.csv, few_shot.png) into --out/table.
 """
 
