@@ -42,7 +42,7 @@ from accelerate.utils import set_seed
 
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import make_accelerator, run_cli
-from vit.cli.training import is_text, start_lines, train_config, train_model
+from vit.cli.training import is_text, start_lines, train_config, train_model, trained_note
 from vit.data import build_datasets, build_loaders, class_weights
 from vit.train import preemption
 from vit.train.console import Console, describe_data, describe_model, val_class_warning
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     # --- model and optimizer ----------------------------------------------------------------------------------
     model = train_model(cfg, len(classes))  # weights from model.pretrained, if set (one report)
     console.print(f"model: {describe_model(model, cfg.model.pretrained if is_text(cfg) else cfg.model.name)}")
+    if trained_note(model):
+        console.print(trained_note(model))
     optimizer = build_optimizer(model, cfg.optim)
     if cfg.run.compile:
         model = torch.compile(model)

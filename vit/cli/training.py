@@ -12,9 +12,10 @@ from ..data import absolute_root, choose_channels, resolve_data_config
 from ..models.build import build_model, pretrained_cfg_of, resolve_name
 from ..models.text_build import build_text_model
 from ..train.console import format_settings, processes
+from ..train.lora import add_lora, trainable_share
 from .runtime import apply_machine_defaults, single_process_note
 
-__all__ = ["train_config", "start_lines", "train_model", "is_text"]
+__all__ = ["train_config", "start_lines", "train_model", "trained_note", "is_text"]
 
 
 def is_text(cfg: Config) -> bool:
@@ -24,8 +25,20 @@ def is_text(cfg: Config) -> bool:
 
 def train_model(cfg: Config, num_classes: int) -> torch.nn.Module:
     """The model train.py trains, with the weights of model.pretrained if set: a text classifier for a text run
-    (vit/models/text_build.py), else the image model the config describes."""
-    return build_text_model(cfg, num_classes) if is_text(cfg) else build_model(cfg, num_classes, pretrained=True)
+    (vit/models/text_build.py), else the image model the config describes, with LoRA adapters if
+    optim.lora_rank is set."""
+    if is_text(cfg):
+        return build_text_model(cfg, num_classes)
+    model = build_model(cfg, num_classes, pretrained=True)
+    if cfg.optim.lora_rank:  # adapters on the projections, merged into the weights on every save
+        add_lora(model, cfg.optim.lora_rank, cfg.optim.lora_alpha)
+    return model
+
+
+def trained_note(model: torch.nn.Module) -> str | None:
+    """'training N of M parameters (P%)' where part of the model learns (model.freeze, optim.lora_rank)."""
+    trained, total = trainable_share(model)
+    return f"training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)" if trained < total else None
 
 
 def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | None]:

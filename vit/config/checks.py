@@ -48,7 +48,7 @@ POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed
             "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
             "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
-NON_NEGATIVE = {"optim.indexer_warmup_steps",
+NON_NEGATIVE = {"optim.indexer_warmup_steps", "optim.lora_rank",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
@@ -175,6 +175,8 @@ def validate(cfg: Config) -> None:
     if cfg.optim.indexer_warmup_steps and getattr(m.sparse_attention, "method", None) != "dsa":
         raise ConfigError("config key 'optim.indexer_warmup_steps' trains DSA's indexer; set "
                           "model.sparse_attention.method to dsa or the warm-up to 0.")
+    if cfg.optim.lora_rank and m.freeze:
+        raise ConfigError("config keys 'model.freeze' and 'optim.lora_rank' both choose what trains; set one of them.")
     _validate_lists(cfg)
     _validate_run_name(cfg.run.name)
     for name in cfg.run.log_with or []:

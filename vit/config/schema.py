@@ -58,6 +58,7 @@ class ModelConfig:
     # top-k key blocks per query, e.g. {method: dsa, density: 0.25} (SparseOptions above); null: dense attention
     sparse_attention: SparseOptions | None = None
     grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
+    freeze: bool = False  # train the head only: the backbone keeps the weights it was loaded with (docs/few-labels.md)
 
 
 @dataclass
@@ -196,6 +197,10 @@ class OptimConfig:
     # how the indexer's KL weighs query rows: mean (DeepSeek's, every row alike) or peaked (rows weighted by how
     # concentrated their dense attention is; better where few rows are read, e.g. a [CLS] classifier)
     indexer_kl_rows: Literal["mean", "peaked"] = "mean"
+    # LoRA adapters of this rank on every block's qkv, proj, fc1 and fc2 (peft; vit/train/lora.py), the rest but
+    # the head frozen; merged into the weights on save, so checkpoints hold a plain model. 0: none
+    lora_rank: int = 0
+    lora_alpha: float | None = None  # the LoRA update's scale is lora_alpha / lora_rank; null: lora_rank (scale 1)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Every generated image: noise whose mean colour encodes its class (`data.dataset: synthetic`, learnable in a
-few steps, for smoke runs), and noise with the statistics of photographs (benchmarks, export checks, tests).
+few steps, for smoke runs), noise with the statistics of photographs (benchmarks, export checks, tests), and
+textured parts with scratches, dents and stains for anomaly detection (`inspection_part`).
 
 Natural photographs have an amplitude spectrum close to 1/f (Field, 1987, "Relations between the statistics of
 natural images and the response properties of cortical cells"); noise with that spectrum decodes, compresses
@@ -11,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["photo_like", "colour_coded", "SHAPES", "shapes_image", "long_tailed_colours"]
+__all__ = ["photo_like", "colour_coded", "SHAPES", "shapes_image", "long_tailed_colours", "DEFECTS", "PART_KINDS",
+           "inspection_part"]
 
 SHAPES = ("disc", "square", "triangle", "bar")  # each drawn in its own colour, so position never decides
 _SHAPE_COLOURS = {"disc": (230, 40, 40), "square": (40, 200, 60), "triangle": (50, 80, 230), "bar": (230, 210, 40)}
@@ -77,3 +79,59 @@ def long_tailed_colours(rng: np.random.Generator, counts: list[int], size: int =
     tint = np.array([1.0, 0.8, 0.6])  # a colour, not grey, so that the RGB pipeline has something to see
     imgs = level[:, None, None, None] * tint + rng.normal(0, 10, size=(len(labels), size, size, 3))
     return np.clip(imgs, 0, 255).astype(np.uint8), labels
+
+
+DEFECTS = ("scratch", "dent", "stain")  # what an inspection line rejects; only ever in test images
+PART_KINDS = ("brushed", "grain", "weave", "knurl")  # surface textures, each a class for training a backbone
+
+
+def inspection_part(rng: np.random.Generator, size: int = 64, kind: str = "brushed", defect: str | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """A textured part as an RGB uint8 (size, size, 3) image and the defect's mask (size, size) bool (all False
+    for a good part). The texture (`kind` from PART_KINDS, random phase, orientation jitter and brightness) is
+    drawn first and the defect after it, so the same generator state gives the same part with or without it:
+    a scratch (a thin bright or dark line), a dent (a disc shaded light on one side, dark on the other) or a
+    stain (a soft dark-brown blob). Defects cover about 1-4% of the image."""
+    yy, xx = np.mgrid[:size, :size].astype(np.float64) / size
+    angle = rng.normal(0, 0.08)
+    u = xx * np.cos(angle) + yy * np.sin(angle)
+    v = -xx * np.sin(angle) + yy * np.cos(angle)
+    phase = rng.uniform(0, 2 * np.pi, 2)
+    if kind == "brushed":  # fine streaks along one direction
+        tex = 0.6 * np.sin(2 * np.pi * 24 * v + phase[0]) + 0.4 * np.sin(2 * np.pi * 41 * v + phase[1])
+        tex = tex + 0.5 * rng.normal(size=(size, 1))  # streaks vary row to row
+    elif kind == "grain":  # isotropic fine grain
+        tex = (photo_like(rng, size, size, slope=0.6, contrast=30)[..., 0].astype(np.float64) - 128) / 30
+    elif kind == "weave":  # a checked weave
+        tex = np.sin(2 * np.pi * 8 * u + phase[0]) * np.sin(2 * np.pi * 8 * v + phase[1])
+    elif kind == "knurl":  # diagonal cross-hatch
+        tex = np.sin(2 * np.pi * 10 * (u + v) + phase[0]) + np.sin(2 * np.pi * 10 * (u - v) + phase[1])
+    else:
+        raise ValueError(f"unknown part kind {kind!r}; choose from {', '.join(PART_KINDS)}.")
+    base = rng.uniform(110, 150)
+    grey = base + 18 * tex + rng.normal(0, 4, size=(size, size))
+    img = np.repeat(grey[..., None], 3, axis=2) * np.array([1.0, 1.0, 1.05])  # a faint blue steel tint
+    mask = np.zeros((size, size), bool)
+    if defect is not None:
+        cy, cx = rng.uniform(0.25, 0.75, 2)
+        if defect == "scratch":
+            theta, length = rng.uniform(0, np.pi), rng.uniform(0.2, 0.35)
+            t = (xx - cx) * np.cos(theta) + (yy - cy) * np.sin(theta)  # along the scratch
+            d = -(xx - cx) * np.sin(theta) + (yy - cy) * np.cos(theta)  # across it
+            mask = (np.abs(t) <= length / 2) & (np.abs(d) <= 0.9 / size)
+            img[mask] = rng.choice([235.0, 25.0])
+        elif defect == "dent":
+            r = rng.uniform(0.06, 0.09)
+            dy, dx = yy - cy, xx - cx
+            mask = dy**2 + dx**2 <= r * r
+            shade = (dx + dy) / (r * np.sqrt(2))  # -1 .. 1 across the dent: lit on one side, shadowed on the other
+            img[mask] += 70 * shade[mask][:, None]
+        elif defect == "stain":
+            ry, rx = rng.uniform(0.05, 0.09, 2)
+            e = ((yy - cy) / ry) ** 2 + ((xx - cx) / rx) ** 2
+            alpha = np.clip(1.2 - e, 0, 1)[..., None] * 0.8  # soft edge
+            mask = alpha[..., 0] > 0
+            img = (1 - alpha) * img + alpha * np.array([70.0, 50.0, 30.0])
+        else:
+            raise ValueError(f"unknown defect {defect!r}; choose from {', '.join(DEFECTS)}.")
+    return np.clip(img, 0, 255).astype(np.uint8), mask

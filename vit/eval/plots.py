@@ -235,3 +235,23 @@ def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Fig
     fig.colorbar(im, ax=list(axes), fraction=0.025, pad=0.02, label="relevance (min-max scaled)")
     fig.suptitle(title, fontsize=9)
     return fig
+
+
+def plot_few_shot(summary: list[dict], path: Path) -> None:
+    """Top-1 against labelled images per class, one line per method with its spread over seeds as error bars;
+    `summary`: vit.train.few_shot.summarize's rows (method, shots, mean, std)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 3.8))
+    ax = fig.add_subplot()
+    for method in dict.fromkeys(r["method"] for r in summary):
+        pts = sorted((r["shots"], r["mean"], r["std"]) for r in summary if r["method"] == method and r["shots"] > 0)
+        if pts:
+            n, m, s = zip(*pts)
+            ax.errorbar(n, [100 * v for v in m], yerr=[100 * v for v in s], marker="o", capsize=3, label=method)
+    ax.set_xscale("log")
+    ax.set_xlabel("labelled images per class")
+    ax.set_ylabel("top-1 (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, path, dpi=100)

@@ -61,6 +61,14 @@ class ModelApi:
         self.blocks.grad_checkpointing = enable
 
     @torch.jit.ignore
+    def set_freeze(self, enable: bool = True) -> None:
+        """Train the head only (a linear probe trained end to end): every other parameter stops requiring a
+        gradient, so timm's optimizer factory leaves it out. The head's own parameters keep theirs."""
+        head = {id(p) for p in self.get_classifier().parameters()}
+        for p in self.parameters():
+            p.requires_grad_(not enable or id(p) in head)
+
+    @torch.jit.ignore
     def checkpoint_filter_fn(self, state: dict[str, torch.Tensor], report: Any) -> dict[str, torch.Tensor]:
         """Pretrained weights fitted to this model (positions resampled, input channels adapted); see
         vit/models/vision_weights.py. `vit.load_pretrained` calls it before its strict check."""

@@ -28,6 +28,7 @@ from ..layers import indexer_loss, topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.faults import fault_point, poison_loss
 from .indexer import indexer_only_grads, indexer_schedule
+from .lora import has_lora, merged_state_dict
 from .optim import lr_at, set_lr
 from .preemption import Preempted
 from .preemption import requested as preemption_requested
@@ -329,6 +330,7 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
                    **balanced)
         meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"], **balanced)
         unwrapped = acc.unwrap_model(eval_model)
+        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         keep_best(run, unwrapped, meta, weights)
         if state.best and state.best[0][1] == state.epoch:  # best/'s confusion matrix, for a look and for MLflow
@@ -352,6 +354,7 @@ def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: tor
         meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
                     threshold=m["threshold"], val_micro_f1=m["micro_f1"])
         unwrapped = acc.unwrap_model(eval_model)
+        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
         save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
         keep_best(run, unwrapped, meta, weights)
         append_metrics(run.run_dir / "metrics.csv", row)

@@ -1,0 +1,109 @@
+"""A few-shot table in one command: N labelled images per class (--shots), several seeds, each way of using a
+backbone (k-NN and linear probe on frozen features, LoRA, full fine-tuning), on the same sampled images.
+
+    python few_shot.py --checkpoint runs/digits04/best --train data/new/train --test data/new/test --out fewshot/
+    python few_shot.py --checkpoint runs/x/best --train a/ --test b/ --shots 1 5 10 0 --methods knn linear
+
+--train and --test are folders of <class>/ image folders (their classes need not be the backbone's: a new head
+is trained). --shots 0 means every training image. Writes to --out: few_shot.csv (one row per method, N, seed),
+summary.csv (mean and standard deviation over the seeds) and few_shot.png; prints the summary. Small data only:
+the images are held in memory and fine-tuning is full-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.help import HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="the backbone: a checkpoint folder written by train.py")
+    ap.add_argument("--train", required=True, help="the labelled pool: a folder of <class>/ folders")
+    ap.add_argument("--test", required=True, help="the images scored: a folder of <class>/ folders")
+    ap.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10], help="labelled images per class (0: all)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one sample per seed")
+    ap.add_argument("--methods", nargs="+", default=["knn", "linear", "lora", "full"],
+                    choices=("knn", "linear", "lora", "full"), help="which methods")
+    ap.add_argument("--steps", type=int, default=100, help="lora/full: full-batch AdamW steps")
+    ap.add_argument("--lr", type=float, default=1e-3, help="full: learning rate")
+    ap.add_argument("--lr-lora", type=float, default=1e-2, help="lora: learning rate")
+    ap.add_argument("--lora-rank", type=int, default=4, help="lora: adapter rank")
+    ap.add_argument("--out", default="few-shot", help="output folder")
+    return ap
+
+
+if __name__ == "__main__":  # --help answers here, before torch is imported
+    from vit.cli.help import exit_if_help
+
+    exit_if_help(build_parser)
+
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit.cli.images import collect_images
+from vit.cli.outputs import check_writable
+from vit.cli.runtime import run_cli
+from vit.config import ConfigError
+from vit.data import DataError
+from vit.data.transforms import build_transform
+from vit.eval.inference import ImageFiles
+from vit.eval.plots import plot_few_shot
+from vit.models.checkpoint import load_checkpoint
+from vit.train.few_shot import few_shot_rows, summarize
+from vit.utils.atomic import atomic_write_csv
+
+
+def load_folder(folder: str, transform, in_chans: int, classes: list[str] | None = None):
+    """(images (N, C, S, S), labels (N,) indices into the class list, class list) of a <class>/ folder tree."""
+    paths, _ = collect_images([folder])
+    if not paths:
+        raise DataError(f"no images in {folder}; pass a folder of <class>/ image folders.")
+    classes = classes or sorted({p.parent.name for p in paths})
+    unseen = sorted({p.parent.name for p in paths} - set(classes))
+    if unseen:
+        raise DataError(f"{folder} has class {unseen[0]!r}, which --train has not; give both the same classes.")
+    ds = ImageFiles(paths, transform, in_chans)
+    items = [ds[i] for i in range(len(ds))]
+    bad = [str(paths[i]) for i, it in enumerate(items) if not it[1]]
+    if bad:
+        raise DataError(f"{bad[0]} could not be read as an image; remove it or replace it.")
+    labels = np.array([classes.index(p.parent.name) for p in paths], dtype=np.int64)
+    return torch.stack([it[0] for it in items]), labels, classes
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1:
+        raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1.")
+    out = Path(args.out)
+    check_writable(out)
+    model, cfg, _, _ = load_checkpoint(args.checkpoint)
+    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
+    test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)
+    rows = few_shot_rows(model, train_x, train_y, test_x, test_y, tuple(args.shots), tuple(args.seeds),
+                         tuple(args.methods), args.steps, args.lr, args.lora_rank, args.lr_lora)
+    table = summarize(rows)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out / "few_shot.csv", list(rows[0]), rows)
+    atomic_write_csv(out / "summary.csv", list(table[0]), table)
+    plot_few_shot(table, out / "few_shot.png")
+    print(f"{len(classes)} classes, {len(test_y)} test images, seeds {args.seeds}")
+    print(f"{'method':>8s} {'N':>4s}  top-1 (mean +- std)")
+    for r in table:
+        print(f"{r['method']:>8s} {r['shots'] or 'all':>4}  {100 * r['mean']:6.2f} +- {100 * r['std']:.2f}")
+    share = {r["method"]: r["trained_share"] for r in rows if r["trained_share"]}
+    if share:
+        print("trained share: " + ", ".join(f"{m} {100 * s:.2f}%" for m, s in share.items()))
+    print(f"wrote {out}/few_shot.csv, summary.csv, few_shot.png")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,146 @@
+"""PatchCore from good parts only (vit/eval/anomaly.py): scores against a float64 formula, the coreset against
+brute-force k-center greedy, AUROC against scikit-learn; the generated inspection parts (vit/data/synthetic.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vit import create_model
+from vit.data.synthetic import DEFECTS, PART_KINDS, inspection_part
+from vit.eval.anomaly import (
+    PatchCore,
+    auroc,
+    choose_threshold,
+    coreset,
+    k_center_greedy,
+    load_patchcore,
+    random_projection,
+    save_patchcore,
+)
+
+
+def _brute_k_center(z: np.ndarray, n: int, start: int) -> list[int]:
+    """Each step recomputes, from the full float64 distance matrix, every row's distance to its nearest chosen row."""
+    d = np.sqrt(((z[:, None, :] - z[None, :, :]) ** 2).sum(-1))
+    chosen = [start]
+    for _ in range(n - 1):
+        chosen.append(int(np.argmax(d[:, chosen].min(axis=1))))
+    return chosen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_k_center_greedy_equals_brute_force(seed):
+    z = np.random.default_rng(seed).normal(size=(40, 6))
+    got = k_center_greedy(torch.from_numpy(z), 10, start=seed)
+    assert got.tolist() == _brute_k_center(z, 10, seed)
+
+
+def test_coreset_is_k_center_on_the_projection():
+    x = torch.randn(50, 300, dtype=torch.float64)
+    got = coreset(x, 7, projection_dim=16, seed=3)
+    z = random_projection(x, 16, seed=3).numpy()
+    assert got.tolist() == _brute_k_center(z, 7, int(got[0]))
+    assert len(set(got.tolist())) == 7
+
+
+def _aggregate64(m: np.ndarray) -> np.ndarray:
+    """(B, D, h, w) -> each position's mean over its existing 3x3 neighbours, by loops in float64."""
+    B, D, h, w = m.shape
+    out = np.zeros_like(m, dtype=np.float64)
+    for i in range(h):
+        for j in range(w):
+            out[:, :, i, j] = m[:, :, max(0, i - 1):i + 2, max(0, j - 1):j + 2].mean(axis=(2, 3))
+    return out
+
+
+def test_scores_equal_a_float64_recomputation():
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=4, num_classes=2).eval()
+    layers = (1, 2)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
+    feats = np.concatenate([_aggregate64(m.double().numpy()) for m in maps], axis=1)  # (B, 2D, 4, 4)
+    feats = feats.reshape(3, feats.shape[1], 16).transpose(0, 2, 1)  # (B, 16, 2D)
+    bank = feats[1:].reshape(-1, feats.shape[2])[::3]  # the other images' patches, a third of them
+    pc = PatchCore(torch.from_numpy(bank).float(), layers)
+    scores, heat = pc.score(model, x)
+    dist = np.sqrt(((feats[:, :, None, :] - bank[None, None]) ** 2).sum(-1)).min(-1)  # (B, 16)
+    np.testing.assert_allclose(heat.numpy().reshape(3, 16), dist, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(scores.numpy(), dist.max(1), rtol=1e-4, atol=1e-5)
+    assert dist[0].min() > 1e-3 and (dist[1:] < 1e-3).sum() == len(bank)  # image 0 is new; banked patches found
+
+
+def test_auroc_equals_sklearn_with_ties():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 200).astype(bool)
+    s = np.round(rng.normal(size=200) + y, 1)  # rounded: many ties
+    assert auroc(s, y) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    with pytest.raises(ValueError, match="both good and defective"):
+        auroc(s, np.ones(200, bool))
+
+
+def test_threshold_and_files_round_trip(tmp_path):
+    assert choose_threshold(np.array([0.1, 0.4, 0.3, np.nan])) == 0.4
+    assert choose_threshold(np.arange(100.0), 0.05) == 95.0
+    pc = PatchCore(torch.randn(20, 8), (1, 2), threshold=0.7)
+    back = load_patchcore(save_patchcore(tmp_path / "anomaly", pc))
+    assert torch.equal(back.bank, pc.bank) and back.layers == (1, 2) and back.threshold == 0.7
+    (tmp_path / "anomaly" / "bank.safetensors").write_bytes(b"\x80\x04 not safetensors")
+    with pytest.raises(ValueError, match="does not hold a PatchCore bank"):
+        load_patchcore(tmp_path / "anomaly")
+
+
+@pytest.mark.parametrize("kind", PART_KINDS)
+def test_a_defect_changes_only_its_mask(kind):
+    for i, defect in enumerate(DEFECTS):
+        good, none = inspection_part(np.random.default_rng(i), 48, kind)
+        bad, mask = inspection_part(np.random.default_rng(i), 48, kind, defect)
+        assert not none.any() and 0.002 < mask.mean() < 0.06
+        changed = (good != bad).any(axis=2)
+        assert changed.any() and not (changed & ~mask).any()
+
+
+def test_script_fits_scores_and_maps(tiny_run, tmp_path):
+    import csv
+    import json
+    import shutil
+
+    from helpers import run_script
+    from PIL import Image
+    from sklearn.metrics import roc_auc_score
+
+    run, _ = tiny_run
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(run / "best", ckpt)
+    rng = np.random.default_rng(0)
+    for split, names in (("train", {"good": 6}), ("val", {"good": 3}), ("test", {"good": 3, "stain": 3})):
+        for name, n in names.items():
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(n):
+                img, _ = inspection_part(rng, 32, "weave", None if name == "good" else name)
+                Image.fromarray(img).save(tmp_path / split / name / f"{i}.png")
+    fit = run_script("anomaly.py", "fit", "--checkpoint", str(ckpt), "--good", str(tmp_path / "train"),
+                     "--val", str(tmp_path / "val"), "--ratio", "0.5")
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    settings = json.loads((ckpt / "anomaly" / "patchcore.json").read_text())
+    assert settings["bank_size"] == 6 * 4 // 2 and settings["threshold"] > 0  # 32 px, patch 16: 2x2 patches
+    out = tmp_path / "out"
+    score = run_script("anomaly.py", "score", "--checkpoint", str(ckpt), str(tmp_path / "test"), "--out", str(out),
+                       "--maps")
+    assert score.returncode == 0, score.stderr[-2000:]
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert len(rows) == 6 and all(Path(r["map"]).is_file() for r in rows)
+    assert all(r["verdict"] == ("defect" if float(r["score"]) >= settings["threshold"] else "good") for r in rows)
+    y = [Path(r["path"]).parent.name != "good" for r in rows]
+    auc = json.loads((out / "metrics.json").read_text())["auroc"]
+    assert auc == pytest.approx(roc_auc_score(y, [float(r["score"]) for r in rows]), abs=1e-6)
+    bad = run_script("anomaly.py", "score", "--checkpoint", str(run / "best"), str(tmp_path / "test"), "--out",
+                     str(out))
+    assert bad.returncode == 2 and "build them with anomaly.py fit" in bad.stderr

@@ -1,0 +1,64 @@
+"""The few-shot table (vit/train/few_shot.py): samples, k-NN rows against scikit-learn, what each method trains."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vit import create_model
+from vit.train.few_shot import embed, few_shot_rows, finetune, sample_per_class, summarize
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 12)
+    colours = torch.tensor([[1.0, -1, -1], [-1, 1, -1], [-1, -1, 1]])
+    x = colours[y][:, :, None, None] + 0.5 * torch.from_numpy(rng.normal(size=(36, 3, 16, 16))).float()
+    return x, y
+
+
+def _backbone():
+    torch.manual_seed(0)
+    return create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, depth=2, embed_dim=32, num_heads=2,
+                        num_classes=4).eval()
+
+
+def test_sample_per_class_takes_n_of_each():
+    y = np.array([0] * 5 + [1] * 2 + [2] * 7)
+    idx = sample_per_class(y, 3, seed=1)
+    assert np.bincount(y[idx]).tolist() == [3, 2, 3] and len(set(idx)) == len(idx)
+    assert not np.array_equal(idx, sample_per_class(y, 3, seed=2))
+
+
+def test_knn_rows_match_sklearn(data):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = data
+    tr, te = np.arange(0, 36, 2), np.arange(1, 36, 2)
+    model = _backbone()
+    rows = few_shot_rows(model, x[tr], y[tr], x[te], y[te], shots=(2,), seeds=(0, 1), methods=("knn",), k=3,
+                         temperature=0.1)
+    feats_tr, feats_te = embed(model, x[tr]).numpy(), embed(model, x[te]).numpy()
+    for r in rows:
+        idx = sample_per_class(y[tr], 2, r["seed"])
+        ref = KNeighborsClassifier(n_neighbors=3, metric="cosine", algorithm="brute",
+                                   weights=lambda d: np.exp((1 - d) / 0.1)).fit(feats_tr[idx], y[tr][idx])
+        assert r["top1"] == pytest.approx(float((ref.predict(feats_te) == y[te]).mean()))
+    table = summarize(rows)
+    assert table[0]["mean"] == pytest.approx(np.mean([r["top1"] for r in rows]))
+
+
+def test_lora_trains_a_small_share_and_full_everything(data):
+    pytest.importorskip("peft")
+    x, y = data
+    backbone = _backbone()
+    before = {k: v.clone() for k, v in backbone.state_dict().items()}
+    lora, share = finetune(backbone, x, torch.from_numpy(y), 3, steps=3, lr=1e-2, lora_rank=2)
+    full, full_share = finetune(backbone, x, torch.from_numpy(y), 3, steps=3, lr=1e-2)
+    assert full_share == 1.0 and 0 < share < 0.2
+    assert all(torch.equal(v, backbone.state_dict()[k]) for k, v in before.items())  # the backbone is copied
+    base = {k.replace(".base_layer", ""): v for k, v in lora.state_dict().items() if "lora_" not in k}
+    assert torch.equal(base["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])  # frozen under LoRA
+    assert not torch.equal(full.state_dict()["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])

@@ -1,0 +1,120 @@
+"""k-NN and linear probes on frozen features (vit/eval/probes.py) against scikit-learn on the same features."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vit.eval.probes import choose_validation, class_index, fit_logistic, knn_scores, linear_probe, probe
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """L-BFGS on 60 samples is thousands of tiny operations: a second thread on a busy machine only waits."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _blobs(n=60, d=16, k=4, seed=0, spread=1.5):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(k, d))
+    y = rng.integers(0, k, n)
+    return (centres[y] + spread * rng.normal(size=(n, d))).astype(np.float32), y
+
+
+@pytest.mark.parametrize("k,T", [(1, 0.07), (5, 0.07), (20, 0.5)])
+def test_knn_matches_sklearn_weighted_vote(k, T):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = _blobs(seed=1)
+    q, _ = _blobs(n=40, seed=2)
+    # cosine distance d = 1 - s, so the DINO weight exp(s / T) is exp((1 - d) / T)
+    ref = KNeighborsClassifier(n_neighbors=k, metric="cosine", algorithm="brute",
+                               weights=lambda d: np.exp((1 - d) / T)).fit(x, y)
+    scores = knn_scores(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(q), 4, k=k, temperature=T,
+                        chunk=7)  # several chunks
+    np.testing.assert_array_equal(scores.argmax(1).numpy(), ref.predict(q))
+    np.testing.assert_allclose((scores / scores.sum(1, keepdim=True)).numpy(), ref.predict_proba(q), atol=1e-5)
+    assert len(set(ref.predict(q))) > 1  # a vote that always said one class would match trivially
+
+
+@pytest.mark.parametrize("C", [0.1, 10.0])
+def test_logistic_matches_sklearn(C):
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = _blobs(seed=3)
+    q, _ = _blobs(n=50, seed=4)
+    xn = F.normalize(torch.from_numpy(x).double(), dim=1)
+    ref = LogisticRegression(C=C, tol=1e-12, max_iter=10000).fit(xn.numpy(), y)
+    W, b = fit_logistic(xn, torch.from_numpy(y), 4, C)
+    np.testing.assert_allclose(W.numpy(), ref.coef_, atol=1e-4 * max(1.0, np.abs(ref.coef_).max()))
+    np.testing.assert_allclose(b.numpy() - b.numpy().mean(), ref.intercept_ - ref.intercept_.mean(), atol=1e-3)
+    scores, info = linear_probe(torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(q), 4, Cs=(C,))
+    qn = F.normalize(torch.from_numpy(q).double(), dim=1).numpy()
+    np.testing.assert_array_equal(scores.argmax(1).numpy(), ref.predict(qn))
+    assert info["C"] == C
+
+
+def test_sweep_picks_c_by_validation_top1():
+    x, y = _blobs(n=80, seed=5, spread=3.0)
+    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+    _, info = linear_probe(xt, yt, xt[:3], 4, Cs=(0.01, 1.0, 100.0))
+    mask = torch.from_numpy(choose_validation(y))
+    xn = F.normalize(xt.double(), dim=1)
+    for C, top1 in info["val_top1"].items():  # each score is the fit on the rest, scored on the held-out fifth
+        W, b = fit_logistic(xn[~mask], yt[~mask], 4, C)
+        assert top1 == pytest.approx(float(((xn[mask] @ W.T + b).argmax(1) == yt[mask]).double().mean()))
+    assert info["C"] == max(info["val_top1"], key=lambda c: (info["val_top1"][c], -c))
+
+
+def test_one_sample_per_class_cannot_hold_out():
+    assert choose_validation(np.array([0, 1, 2])) is None
+    m = choose_validation(np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]))
+    assert m[:2].sum() == 1 and m[2:].sum() == 2
+
+
+def test_an_unseen_test_class_is_named():
+    with pytest.raises(ValueError, match="class 'dog', which no training feature has"):
+        class_index(["cat", "cat"], ["cat", "dog"])
+
+
+def _feats(x, y, names=("ant", "bee", "cat", "dog")):
+    return {"paths": np.array([f"{names[c]}/{i}.png" for i, c in enumerate(y)]),
+            "labels": np.array([names[c] for c in y]), "embeddings": x}
+
+
+def test_probe_reports_as_sklearn_scores(tmp_path):
+    from sklearn.metrics import f1_score
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = _blobs(seed=6)
+    q, yq = _blobs(n=30, seed=7)
+    ref = KNeighborsClassifier(n_neighbors=5, metric="cosine", algorithm="brute",
+                               weights=lambda d: np.exp((1 - d) / 0.1)).fit(x, y).predict(q)
+    r = probe(_feats(x, y), _feats(q, yq), "knn", k=5, temperature=0.1)
+    assert r["top1"] == pytest.approx(float((ref == yq).mean()))
+    np.testing.assert_allclose([row["f1"] for row in r["per_class"]], f1_score(yq, ref, average=None, labels=range(4)))
+
+
+def test_probe_script_writes_the_report(tmp_path):
+    from helpers import run_script
+
+    from vit.eval.features import save_features
+
+    x, y = _blobs(seed=8)
+    q, yq = _blobs(n=20, seed=9)
+    save_features(tmp_path / "tr.npz", _feats(x, y), parquet=False)
+    save_features(tmp_path / "te.npz", _feats(q, yq))
+    r = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "te.parquet"),
+                   "--method", "linear", "--C", "1", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["settings"]["C"] == 1.0 and m["n"] == 20 and f"top-1 {100 * m['top1']:.2f}%" in r.stdout
+    bad = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "missing.npz"))
+    assert bad.returncode == 2 and "no features file" in bad.stderr

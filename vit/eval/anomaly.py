@@ -1,0 +1,205 @@
+"""Anomaly detection from good parts only: PatchCore (Roth et al., 2022, "Towards Total Recall in Industrial
+Anomaly Detection") on a ViT's intermediate patch tokens.
+
+1. Patch features (sec. 3.1): the tokens of a few middle blocks (`forward_intermediates`, (B, D, h, w) each),
+   each averaged over its 3x3 neighbourhood (local context, eq. 2), concatenated along channels: one
+   (len(layers) * D)-vector per patch. The neighbourhood is an option: on a coarse grid (8x8 patches of a 64 px
+   image) 3x3 covers a third of the image and dilutes a one-patch defect ninefold (docs/few-labels.md measures
+   it); PatchCore's own grid is 28x28, where 3x3 is 1% of the image.
+2. Memory bank (sec. 3.2): the patch features of the good training images, subsampled by greedy k-center
+   coreset selection on a random projection (Johnson-Lindenstrauss) of them: start at a random patch, then add the
+   patch farthest from everything chosen, until the bank has `ratio` of them (Alg. 1).
+3. Score (sec. 3.3): a patch's score is the Euclidean distance to its nearest bank feature; an image's score is
+   its worst patch's, s = max_p min_m ||f_p - m||_2; the (h, w) patch scores are its heat map.
+
+The threshold comes from good validation images only (`choose_threshold`); `auroc` is the image-level ROC AUC.
+Bank and threshold are saved as plain arrays (safetensors + JSON), never pickled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..utils.atomic import atomic_write_bytes, atomic_write_text
+from .inference import ImageFiles
+
+__all__ = ["middle_layers", "patch_features", "random_projection", "k_center_greedy", "coreset",
+           "nearest_distance", "PatchCore", "fit_patchcore", "choose_threshold", "auroc", "save_patchcore",
+           "load_patchcore", "BANK_FILE", "SETTINGS_FILE"]
+
+BANK_FILE, SETTINGS_FILE = "bank.safetensors", "patchcore.json"
+
+
+def middle_layers(depth: int) -> tuple[int, ...]:
+    """The two blocks around the middle (PatchCore reads a ResNet's layer2 and layer3: mid-level, not the
+    classifier's last, features); one for a 1- or 2-block model."""
+    return tuple(sorted({max(0, depth // 2 - 1), depth // 2 if depth > 1 else 0}))
+
+
+@torch.no_grad()
+def patch_features(model, x: torch.Tensor, layers: tuple[int, ...], neighbourhood: int = 3) -> torch.Tensor:
+    """Images (B, C, H, W) -> patch features averaged over their `neighbourhood` x `neighbourhood` neighbours
+    (odd; 1: none), (B, h*w, len(layers) * D)."""
+    if neighbourhood < 1 or neighbourhood % 2 == 0:
+        raise ValueError(f"the neighbourhood must be an odd number of patches (3, or 1 for none), got {neighbourhood}.")
+    maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
+    # each patch with its neighbours (edges: the mean of those that exist), (B, D, h, w) per layer
+    maps = [F.avg_pool2d(m.float(), neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=False)
+            for m in maps]
+    return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)  # (B, h*w, L*D)
+
+
+def random_projection(x: torch.Tensor, dim: int, seed: int = 0) -> torch.Tensor:
+    """(N, D) -> (N, dim) through a seeded Gaussian matrix scaled by 1/sqrt(dim) (distances kept in expectation)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(x.shape[1], dim, generator=g, dtype=torch.float64) / dim**0.5
+    return (x.double() @ w.to(x.device)).to(x.dtype)
+
+
+def k_center_greedy(z: torch.Tensor, n: int, start: int = 0) -> torch.Tensor:
+    """Indices of `n` rows of z (N, D) chosen greedily: `start`, then each time the row whose distance to its
+    nearest chosen row is largest (the first such row on a tie). O(N n) time, O(N) memory."""
+    n = min(n, len(z))
+    chosen = torch.empty(n, dtype=torch.long)
+    chosen[0] = start
+    nearest = (z - z[start]).norm(dim=1)  # (N,) distance of each row to its nearest chosen row
+    for i in range(1, n):
+        chosen[i] = int(nearest.argmax())
+        nearest = torch.minimum(nearest, (z - z[chosen[i]]).norm(dim=1))
+    return chosen
+
+
+def coreset(features: torch.Tensor, n: int, projection_dim: int = 128, seed: int = 0) -> torch.Tensor:
+    """PatchCore's subsampling: k-center greedy on a random projection of `features` (N, D) (kept as they are
+    when D <= projection_dim), started at a seeded random row. -> indices (n,)."""
+    z = random_projection(features, projection_dim, seed) if features.shape[1] > projection_dim else features
+    start = int(torch.randint(len(features), (1,), generator=torch.Generator().manual_seed(seed)))
+    return k_center_greedy(z, n, start)
+
+
+def nearest_distance(queries: torch.Tensor, bank: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
+    """Euclidean distance of each query (M, D) to its nearest bank row (K, D) -> (M,). Differences, not the
+    |q|^2 + |m|^2 - 2 q.m expansion, whose cancellation would blur the small distances of good patches."""
+    out = [torch.cdist(queries[i:i + chunk], bank, compute_mode="donot_use_mm_for_euclid_dist").amin(dim=1)
+           for i in range(0, len(queries), chunk)]
+    return torch.cat(out) if out else queries.new_zeros(0)
+
+
+class PatchCore:
+    """A memory bank of good patch features (K, F) for one backbone, the blocks it reads and a threshold."""
+
+    def __init__(self, bank: torch.Tensor, layers: tuple[int, ...], threshold: float | None = None,
+                 neighbourhood: int = 3) -> None:
+        self.bank, self.layers, self.threshold = bank.float(), tuple(int(i) for i in layers), threshold
+        self.neighbourhood = int(neighbourhood)
+
+    @torch.no_grad()
+    def score(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w))."""
+        feats = patch_features(model, x, self.layers, self.neighbourhood)  # (B, h*w, F)
+        B, P, _ = feats.shape
+        patch = nearest_distance(feats.reshape(B * P, -1), self.bank).reshape(B, P)
+        h, w = model.grid_size(tuple(x.shape[-2:]))
+        return patch.amax(dim=1), patch.reshape(B, h, w)
+
+    def score_files(self, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray,
+                                                                                      np.ndarray]:
+        """(scores (N,), maps (N, h, w), readable (N,) bool) of every file of `dataset`, in order; an unreadable
+        file scores nan."""
+        scores, maps, ok = [], [], []
+        model.eval()
+        for start in range(0, len(dataset), batch_size):
+            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+            s, m = self.score(model, torch.stack([it[0] for it in items]))
+            good = torch.tensor([bool(it[1]) for it in items])
+            scores.append(torch.where(good, s, torch.nan))
+            maps.append(m)
+            ok.append(good)
+        return torch.cat(scores).numpy(), torch.cat(maps).numpy(), torch.cat(ok).numpy()
+
+
+@torch.no_grad()
+def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = None, ratio: float = 0.1,
+                  batch_size: int = 32, seed: int = 0, projection_dim: int = 128, neighbourhood: int = 3) -> PatchCore:
+    """The bank of the good images in `dataset`: all their patch features, subsampled to `ratio` of them by the
+    greedy coreset (at least one). `layers`: the blocks read (default: `middle_layers`)."""
+    if not 0 < ratio <= 1:
+        raise ValueError(f"the coreset ratio must be in (0, 1], got {ratio}; 0.1 keeps a tenth of the patches.")
+    model.eval()
+    layers = tuple(layers) if layers is not None else middle_layers(len(model.blocks))
+    feats = []
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        items = [it for it in items if it[1]]  # unreadable images teach nothing
+        if items:
+            x = torch.stack([it[0] for it in items])
+            feats.append(patch_features(model, x, layers, neighbourhood).flatten(0, 1))
+    if not feats:
+        raise ValueError("none of the good images could be read; pass a folder of readable images of good parts.")
+    feats = torch.cat(feats)  # (N * h*w, F)
+    keep = coreset(feats, max(1, int(round(ratio * len(feats)))), projection_dim, seed) if ratio < 1 else None
+    return PatchCore(feats if keep is None else feats[keep], layers, None, neighbourhood)
+
+
+def choose_threshold(good_scores: np.ndarray, false_alarm_rate: float = 0.0) -> float:
+    """The score from which an image is called defective, from good validation images alone: the (1 -
+    false_alarm_rate) quantile of their scores (0: the highest, so no good validation image is flagged)."""
+    s = np.asarray(good_scores, np.float64)
+    s = s[np.isfinite(s)]
+    if not len(s):
+        raise ValueError("no good validation image could be scored; a threshold needs some.")
+    return float(np.quantile(s, 1.0 - false_alarm_rate, method="higher"))
+
+
+def auroc(scores: np.ndarray, defective: np.ndarray) -> float:
+    """Image-level ROC AUC: the chance that a defective image scores above a good one, ties counted half (the
+    Mann-Whitney U statistic over both counts)."""
+    s, y = np.asarray(scores, np.float64), np.asarray(defective, bool)
+    if y.all() or not y.any():
+        raise ValueError("AUROC needs both good and defective images.")
+    ranks = np.empty(len(s))
+    order = np.argsort(s, kind="stable")
+    ranks[order] = np.arange(1, len(s) + 1)
+    for v in np.unique(s):  # tied scores share their mean rank
+        tie = s == v
+        ranks[tie] = ranks[tie].mean()
+    n1, n0 = y.sum(), (~y).sum()
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def save_patchcore(folder: str | Path, pc: PatchCore, extra: dict | None = None) -> Path:
+    """Write `folder`/bank.safetensors (the bank, float32) and patchcore.json (layers, threshold, and `extra`),
+    each atomically. -> the folder."""
+    from safetensors.torch import save
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(folder / BANK_FILE, save({"bank": pc.bank.contiguous()}))
+    settings = {"layers": list(pc.layers), "neighbourhood": pc.neighbourhood, "threshold": pc.threshold,
+                "bank_size": len(pc.bank), **(extra or {})}
+    atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=1))
+    return folder
+
+
+def load_patchcore(folder: str | Path) -> PatchCore:
+    """The PatchCore `save_patchcore` wrote into `folder`; a missing or foreign file: one sentence."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if not (folder / BANK_FILE).is_file() or not (folder / SETTINGS_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no {BANK_FILE} and {SETTINGS_FILE}; build them with anomaly.py fit.")
+    try:
+        bank = load_file(folder / BANK_FILE)["bank"]
+        settings = json.loads((folder / SETTINGS_FILE).read_text())
+        layers, threshold, hood = settings["layers"], settings.get("threshold"), int(settings["neighbourhood"])
+    except (SafetensorError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); rebuild it with anomaly.py fit.") from None
+    if bank.ndim != 2 or not torch.isfinite(bank).all():
+        raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank; rebuild it with anomaly.py fit.")
+    return PatchCore(bank, tuple(layers), threshold, hood)

@@ -1,0 +1,154 @@
+"""Frozen-backbone evaluation: classify images from their features alone (vit.eval.features), as the DINO and
+DINOv2 papers evaluate a backbone.
+
+Weighted k-NN (Wu et al. 2018; DINO, Caron et al. 2021, sec. 4.1): features L2-normalised, the k training
+samples of highest cosine similarity s_j vote for their class with weight exp(s_j / T):
+
+    score(c) = sum_{j in top-k} exp(s_j / T) [y_j = c]          prediction: argmax_c score(c)
+
+Linear probe: multinomial logistic regression on the normalised features, the objective scikit-learn's
+LogisticRegression minimises (an unpenalised bias):
+
+    C * sum_i CE(W x_i + b, y_i) + ||W||^2 / 2
+
+solved in float64 by L-BFGS (on the features' device: a GPU takes a large feature set), its C chosen from a small
+sweep by top-1 on a validation split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["probe", "knn_scores", "fit_logistic", "linear_probe", "choose_validation", "class_index", "CS"]
+
+CS = (0.01, 0.1, 1.0, 10.0, 100.0)  # the regularisation sweep of linear_probe (inverse strength, as scikit-learn)
+
+
+def class_index(train_labels, test_labels=None) -> tuple[list[str], np.ndarray, np.ndarray | None]:
+    """(sorted class names, train label indices, test label indices) from string labels. A test label that no
+    training sample has cannot be predicted: a ValueError that names it."""
+    classes = sorted(set(np.asarray(train_labels).tolist()))
+    lookup = {c: i for i, c in enumerate(classes)}
+    y_train = np.array([lookup[c] for c in np.asarray(train_labels).tolist()], dtype=np.int64)
+    if test_labels is None:
+        return classes, y_train, None
+    unseen = sorted(set(np.asarray(test_labels).tolist()) - set(classes))
+    if unseen:
+        raise ValueError(f"the test features have class {unseen[0]!r}, which no training feature has; extract the "
+                         "training features from a folder with every class.")
+    return classes, y_train, np.array([lookup[c] for c in np.asarray(test_labels).tolist()], dtype=np.int64)
+
+
+@torch.no_grad()
+def knn_scores(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, num_classes: int, k: int = 20,
+               temperature: float = 0.07, chunk: int = 1024) -> torch.Tensor:
+    """Class scores (N_test, num_classes) of the weighted k-NN vote above. train_x (N, D), train_y (N,) int,
+    test_x (M, D); queries in chunks of `chunk` so that memory stays (chunk, N)."""
+    if k < 1 or temperature <= 0:
+        raise ValueError(f"k-NN needs k >= 1 and a temperature > 0, got k={k}, T={temperature}.")
+    k = min(k, len(train_x))
+    train_x, test_x = F.normalize(train_x.float(), dim=1), F.normalize(test_x.float(), dim=1)
+    out = []
+    for start in range(0, len(test_x), chunk):
+        sim = test_x[start:start + chunk] @ train_x.T  # (m, N) cosine similarities
+        top, idx = sim.topk(k, dim=1)  # (m, k)
+        votes = torch.zeros(len(sim), num_classes, dtype=sim.dtype, device=sim.device)
+        out.append(votes.scatter_add_(1, train_y[idx], (top / temperature).exp()))
+    return torch.cat(out)
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, C: float, max_iter: int = 1000
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W (K, D), b (K,)) minimising C * sum_i CE(W x_i + b, y_i) + ||W||^2 / 2 in float64 (L-BFGS with a strong
+    Wolfe line search): scikit-learn's multinomial LogisticRegression(C=C) optimum. The objective is divided by
+    C * n (the same minimiser) so that its gradient has one scale whatever C and n, and one tolerance fits all."""
+    x = x.double()
+    W = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, device=x.device, requires_grad=True)
+    b = torch.zeros(num_classes, dtype=torch.float64, device=x.device, requires_grad=True)
+    opt = torch.optim.LBFGS([W, b], lr=1, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=0,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ W.T + b, y) + 0.5 * (W * W).sum() / (C * len(x))
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return W.detach(), b.detach()
+
+
+def choose_validation(y: np.ndarray, fraction: float = 0.2, seed: int = 0) -> np.ndarray | None:
+    """A boolean mask of a stratified validation share of `y` (at least one per class), or None when some class
+    has fewer than 2 samples (then nothing can be held out and the sweep keeps C = 1)."""
+    counts = np.bincount(y)
+    if (counts[counts > 0] < 2).any():
+        return None
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(y), bool)
+    for c in np.flatnonzero(counts):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        mask[idx[:max(1, int(round(fraction * len(idx))))]] = True
+    return mask
+
+
+def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, num_classes: int,
+                 Cs: tuple[float, ...] = CS, val: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 seed: int = 0) -> tuple[torch.Tensor, dict]:
+    """Class scores (M, K) of the linear probe on L2-normalised features, and {C, val_top1: {C: top-1}}. C is
+    chosen by top-1 on `val` (features, labels), else on a stratified fifth of the training features (then the
+    final fit uses them all); the smallest C among equals (the strongest regularisation)."""
+    xs, xt = F.normalize(train_x.double(), dim=1), F.normalize(test_x.double(), dim=1)
+    if val is not None:
+        fit_x, fit_y, val_x, val_y = xs, train_y, F.normalize(val[0].double(), dim=1), val[1]
+    else:
+        mask = choose_validation(train_y.cpu().numpy(), seed=seed)
+        if mask is None or len(Cs) == 1:
+            fit_x = fit_y = val_x = val_y = None
+        else:
+            m = torch.from_numpy(mask).to(xs.device)
+            fit_x, fit_y, val_x, val_y = xs[~m], train_y[~m], xs[m], train_y[m]
+    scores: dict[float, float] = {}
+    if val_x is not None:
+        for C in Cs:
+            W, b = fit_logistic(fit_x, fit_y, num_classes, C)
+            scores[C] = float(((val_x @ W.T + b).argmax(1) == val_y).double().mean())
+        best = max(Cs, key=lambda c: (scores[c], -c))
+    else:
+        best = 1.0 if 1.0 in Cs or len(Cs) != 1 else Cs[0]
+    W, b = fit_logistic(xs, train_y, num_classes, best)
+    return (xt @ W.T + b).float(), {"C": best, "val_top1": scores}
+
+
+def probe(train: dict, test: dict, method: str = "knn", k: int = 20, temperature: float = 0.07,
+          Cs: tuple[float, ...] = CS, val: dict | None = None) -> dict:
+    """Evaluate features files (`vit.eval.features.load_features` dicts) as evaluate.py reports a model: {method,
+    classes, top1, macro, weighted, per_class (rows: precision, recall, f1, support), pred (M,) int, labels (M,)
+    int, scores (M, K), settings}. `method`: knn or linear; `val` (linear): the features that choose C."""
+    from .metrics import per_class_metrics
+
+    if method not in ("knn", "linear"):
+        raise ValueError(f"unknown probe {method!r}; choose knn or linear.")
+    classes, y_train, y_test = class_index(train["labels"], test["labels"])
+    x_train, x_test = torch.from_numpy(train["embeddings"]), torch.from_numpy(test["embeddings"])
+    if x_train.shape[1] != x_test.shape[1]:
+        raise ValueError(f"the training features are {x_train.shape[1]}-d but the test features {x_test.shape[1]}-d; "
+                         "extract both with the same model.")
+    yt = torch.from_numpy(y_train)
+    if method == "knn":
+        scores = knn_scores(x_train, yt, x_test, len(classes), k, temperature)
+        settings = {"k": min(k, len(x_train)), "temperature": temperature}
+    else:
+        held = None
+        if val is not None:
+            y_val = class_index(train["labels"], val["labels"])[2]
+            held = (torch.from_numpy(val["embeddings"]), torch.from_numpy(y_val))
+        scores, settings = linear_probe(x_train, yt, x_test, len(classes), tuple(Cs), held)
+    pred = scores.argmax(1).numpy()
+    conf, rows, avgs = per_class_metrics(y_test, pred, len(classes))
+    return {"method": method, "classes": classes, "n_train": len(y_train), "n": len(y_test),
+            "top1": float((pred == y_test).mean()), "macro": avgs["macro"], "weighted": avgs["weighted"],
+            "per_class": rows, "confusion": conf, "pred": pred, "labels": y_test, "scores": scores.numpy(),
+            "settings": settings}
