@@ -2,6 +2,7 @@
 ratios are the paired repeats' (no timing asserted); the script itself only for its parsing and messages."""
 
 import json
+import os
 import statistics
 import sys
 
@@ -52,9 +53,12 @@ def test_ratio_stats_are_the_paired_repeats_ratios():
 
 
 @pytest.mark.slow
-def test_ours_against_timm_and_the_scaling_table(capfd):
+def test_ours_against_timm_and_the_scaling_table(monkeypatch):
     from vit.bench.model import bench_model, bench_scaling, format_model_report
 
+    # kineto reads its level when a process's first profiler starts (another test in this worker may have started
+    # one already), so what is checked is that the benchmark sets it, not this process's stderr
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
     res = bench_model("vit_tiny_patch16_224", CPU, batch_size=2, img_size=32, warmup=1, repeats=2, peak_size=256)
     for mode in ("inference", "train_step"):
         for side in ("ours", "timm"):
@@ -68,8 +72,7 @@ def test_ours_against_timm_and_the_scaling_table(capfd):
     res["scaling"] = bench_scaling("vit_tiny_patch16_224", CPU, [32, 48], repeats=1)
     assert [row["tokens"] for row in res["scaling"]] == [5, 10]
     assert "ratio" in format_model_report(res)
-    err = capfd.readouterr().err
-    assert "gpuGetDeviceCount" not in err and "profiler_start" not in err  # kineto silenced
+    assert os.environ.get("KINETO_LOG_LEVEL") == "6"  # kineto's 'profiler_start' / 'gpuGetDeviceCount' lines off
 
 
 @pytest.mark.slow

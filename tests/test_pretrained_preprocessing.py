@@ -23,7 +23,7 @@ def _args(folder, **kw):
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("std", [0.0, 0.5, 0.5], r"'std'.*positive"),
+    ("std", [0.0, 0.5, 0.5], r"'std'.*at least"),
     ("mean", ["NaN", 0.5, 0.5], r"'mean'.*finite"),
     ("std", [0.5, "Infinity", 0.5], r"'std'.*finite"),
     ("crop_pct", 1e-6, r"'crop_pct'.*between"),
