@@ -159,6 +159,21 @@ def test_a_save_pretrained_folder_with_pytorch_model_bin(hub, tmp_path):
     _check(model, "vit_cls", ref, IMG)
 
 
+@pytest.mark.parametrize("family", ["vit", "clip_full"])
+def test_a_config_deeper_than_its_weights_is_refused_before_building(hub, tmp_path, family):
+    """num_hidden_layers 10**5 at width 32 passes the parameter bound but would allocate ~5 GB: the weights'
+    header (key names only) says how many blocks there are, and nothing is built. CLIPModel holds two towers."""
+    import shutil
+
+    src = vit.hub.repo_file(f"hf-hub:org/{family}", ("model.safetensors",))
+    shutil.copy(src, tmp_path / "model.safetensors")
+    config = json.loads(vit.hub.repo_file(f"hf-hub:org/{family}", ("config.json",)).read_text())
+    (config.get("vision_config") or config)["num_hidden_layers"] = 10**5
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"asks for 100000 blocks but its weights hold 2; fix"):
+        vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
+
+
 def test_the_pipeline_gets_the_processor_preprocessing(hub):
     """evaluate.py's / predict.py's path: the model by name, its data config from its preprocessor_config.json."""
     from argparse import Namespace

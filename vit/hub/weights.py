@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,8 @@ from .hf_vision import hf_state_dict
 from .names import Source, regular_file, weights_file
 from .open_clip_weights import is_open_clip_state, open_clip_state_dict
 
-__all__ = ["load_pretrained", "read_state_dict", "LoadReport", "check_fit", "check_weights", "check_finite",
-           "converted_state_dict", "timm_weights"]
+__all__ = ["check_depth_fits", "load_pretrained", "read_state_dict", "LoadReport", "check_fit", "check_weights",
+           "check_finite", "converted_state_dict", "timm_weights"]
 log = logging.getLogger(__name__)
 
 PICKLE_SUFFIXES = {".pth", ".pt", ".bin", ".ckpt"}
@@ -229,3 +230,25 @@ def load_pretrained(model: nn.Module, path: str | Path | Source, strict: bool = 
     model.load_state_dict(state, strict=False)
     log.info("%s", report)
     return report
+
+
+_BLOCK_KEY = re.compile(r"(?:^|\.)(?:blocks|layer|layers|resblocks)\.(\d+)\.")  # timm, transformers, open_clip
+
+
+def check_depth_fits(depth: int | None, weights: Path | None, name: str) -> None:
+    """Refuse a config asking for more blocks than a .safetensors file holds, from the file's header alone (the key
+    names), before a model of that depth is allocated: a config.json saying 10**6 layers at width 16 passes the
+    parameter bound yet needs ~13 GB. The most blocks any tower holds is the bound, so a two-tower file (open_clip,
+    CLIPModel) never refuses a real image tower."""
+    if not isinstance(depth, int) or weights is None or Path(weights).suffix != ".safetensors":
+        return
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            found = [int(m.group(1)) + 1 for k in f.keys() for m in [_BLOCK_KEY.search(k)] if m]
+    except Exception:  # an unreadable header is the loader's to report, in its own sentence
+        return
+    if found and depth > max(found):
+        raise ValueError(f"{name}: its config asks for {depth} blocks but its weights hold {max(found)}; fix the "
+                         "config's depth (num_hidden_layers, layers or depth) to match the weights.")

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args, nest_sparse_keys
 from ..hub.names import resolve_source, weights_architecture
-from ..hub.weights import load_pretrained
+from ..hub.weights import check_depth_fits, load_pretrained
 from ..layers import to_2tuple
 from .features import features_only_model
 from .variants import REFUSED, VARIANTS
@@ -132,6 +132,8 @@ def create_model(
         about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
         raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
                          f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
+    if source is not None:
+        check_depth_fits(kwargs.get("depth"), source.weights, source.name)
     model = VisionTransformer(**constructor_kwargs(kwargs))
     model._variant = name
     # what a checkpoint's config.json records (timm's name for it), options objects as their mappings
