@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from .qkv import fuse_qkv
+
 __all__ = ["DEFAULTS", "is_transformers_config", "hf_model_args", "hf_pretrained_cfg", "hf_state_dict"]
 
 _VIT = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
@@ -286,16 +288,7 @@ def hf_state_dict(state: dict[str, torch.Tensor], config: dict, report: Any) -> 
             parts.setdefault(f"{m[1]}.qkv.{m[3]}", [None, None, None])[_QKV[m[2]]] = value
         else:
             out[key] = value
-    for key, qkv in parts.items():
-        if any(p is None for p in qkv):
-            raise ValueError(f"the checkpoint has {key.replace('.qkv.', ' ')} without all of query, key and value; "
-                             "it is incomplete or from another architecture.")
-        shapes = [tuple(p.shape) for p in qkv]
-        if len(set(shapes)) > 1 or len(shapes[0]) != (2 if key.endswith("weight") else 1):
-            raise ValueError(f"{report.path} does not fit this model (shape mismatch: {key.replace('.qkv.', ' ')} "
-                             f"query, key, value {', '.join(map(str, shapes))}, which must be one (D, D) matrix or "
-                             "(D,) vector each); it is from another architecture: create the model it was saved from.")
-        out[key] = torch.cat(qkv, dim=0)  # (3D, D) or (3D,)
+    out.update(fuse_qkv(parts, report.path))
     if "cls_token" in out and out["cls_token"].ndim == 1:  # CLIP: (D,) -> (1, 1, D)
         out["cls_token"] = out["cls_token"][None, None]
     if "pos_embed" in out and out["pos_embed"].ndim == 2:  # CLIP / SigLIP: an embedding table (N, D)

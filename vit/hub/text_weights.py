@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from .qkv import fuse_qkv
 from .weights import check_weights
 
 __all__ = ["FAMILIES", "HEAD_KEYS", "PREFIXES", "head_state_dict", "hf_state_dict", "text_state_dict"]
@@ -133,18 +134,7 @@ def text_state_dict(state: dict[str, torch.Tensor], family: str, report: Any) ->
     separate = {key.replace(".qkv.", f".{n}."): p for key, qkv in parts.items()
                 for n, p in zip(("q", "k", "v"), qkv) if p is not None}
     check_weights({**out, **separate}, report.path)
-    for key, qkv in parts.items():
-        if any(p is None for p in qkv):
-            missing = [n for n, p in zip(("query", "key", "value"), qkv) if p is None]
-            raise ValueError(f"the checkpoint has {key.replace('.qkv.', ' ')} without its {' and '.join(missing)} "
-                             "projection; it is incomplete or from another architecture.")
-        shapes = [tuple(p.shape) for p in qkv]
-        if len(set(shapes)) > 1 or len(shapes[0]) != (2 if key.endswith("weight") else 1):
-            raise ValueError(f"{report.path} does not fit this model (shape mismatch: {key.replace('.qkv.', ' ')} "
-                             f"query, key, value {', '.join(map(str, shapes))}, which must be one (D, D) matrix or "
-                             "(D,) vector each); it is from another architecture: create the model it was saved from.")
-        out[key] = torch.cat(qkv, dim=0)  # (3D, D) or (3D,)
-    return out
+    return {**out, **fuse_qkv(parts, report.path)}
 
 
 def head_state_dict(state: dict[str, torch.Tensor], model_type: str) -> dict[str, torch.Tensor]:
