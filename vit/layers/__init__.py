@@ -3,9 +3,10 @@
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention
 from .attention_pool import AttentionPoolLatent
+from .block_parts import BlockParts
 from .drop import DropPath
 from .layer_scale import LayerScale
-from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
+from .mlp import MLP_LAYERS, GELUTanh, GluMlp, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
@@ -23,10 +24,12 @@ from .token_reduction import TokenState, build_token_reduction, parse_token_redu
 __all__ = [
     "Attention",
     "AttentionPoolLatent",
+    "BlockParts",
     "CachedSelfAttention",
     "CrossAttention",
     "DropPath",
     "GELUTanh",
+    "GluMlp",
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",

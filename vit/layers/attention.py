@@ -19,12 +19,15 @@ and `CrossAttention` takes its queries from the decoder and its keys and values 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
 from ..config import SparseOptions
+from .block_parts import BlockParts, join_qkv, split_qkv_names
 from .rope import Rope, apply_rope
 from .sdpa import attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
 from .sparse_attention import SparseAttention
@@ -49,7 +52,8 @@ class Attention(nn.Module):
     Args:
         dim: token width D.
         num_heads: number of heads H; D must be divisible by H (head width D / H).
-        qkv_bias: add a bias to the QKV projection (ViT and BERT do).
+        qkv_bias: add a bias to the QKV projection (ViT and BERT do); "qv": learned q and v biases with the k bias
+            fixed at zero (Eva, BEiT, DINOv3 `_qkvb`: `q_bias`, `v_bias`; `qkv` itself has none).
         attn_drop: dropout on the attention probabilities.
         proj_drop: dropout after the output projection.
         fused_attn: use `F.scaled_dot_product_attention` (default); False selects the explicit path always.
@@ -57,29 +61,43 @@ class Attention(nn.Module):
             `self.sparse` (a `vit.layers.sparse_attention.SparseAttention`).
         rope: None, or a `Rope`: `forward(..., rope=table)` rotates q and k of the last M tokens by the table
             (M, 2d) of `vit.layers.rope.rope_table` / `RotaryEmbedding` (this layer keeps only its pair layout).
+        parts: a `BlockParts` (vit.layers.block_parts): q / k / v saved as three Linears, a norm (`norm_layer`)
+            on the heads' output before `proj`, `proj` without bias.
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int = 8,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         fused_attn: bool = True,
         sparse_attention: SparseOptions | None = None,
         rope: Rope | None = None,
+        parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
+        norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
     ) -> None:
         super().__init__()
         _check_heads(dim, num_heads)
+        if qkv_bias not in (True, False, "qv"):
+            raise ValueError(f"qkv_bias must be true, false or 'qv' (q and v biases only), got {qkv_bias!r}.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused_attn = fused_attn
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias is True)
+        # Eva's q / v biases: the k bias stays zero (a buffer: with rotary positions it would not cancel in softmax)
+        self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
+        self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
+        self.register_buffer("k_bias", torch.zeros(dim) if qkv_bias == "qv" else None, persistent=False)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(dim, dim)
+        self.norm = norm_layer(dim) if parts.scale_attn_norm else nn.Identity()
+        self.proj = nn.Linear(dim, dim, bias=parts.proj_bias)
         self.proj_drop = nn.Dropout(proj_drop)
+        if not parts.qkv_fused:  # saved as q_proj / k_proj / v_proj (timm's Eva), computed as one matmul
+            self._register_state_dict_hook(split_qkv_names)
+            self._register_load_state_dict_pre_hook(join_qkv)
         self.sparse = None if sparse_attention is None else SparseAttention(sparse_attention, dim, num_heads)
         self.rotate_half = rope is not None and rope.rotate_half  # the table's pair layout (vit.layers.rope)
 
@@ -120,11 +138,21 @@ class Attention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each: one matmul for all three."""
-        return split_qkv(self.qkv(x), self.num_heads)
+        qkv = self.qkv(x)  # through the module, so an adapter wrapped around it (LoRA) takes part
+        if self.q_bias is not None and self.k_bias is not None and self.v_bias is not None:
+            qkv = qkv + torch.cat([self.q_bias, self.k_bias, self.v_bias])
+        return split_qkv(qkv, self.num_heads)
+
+    def _qkv_bias(self) -> torch.Tensor | None:
+        """The bias (3D,) of q, k, v together: qkv's own, Eva's [q_bias; 0; v_bias], or None."""
+        if self.q_bias is not None and self.k_bias is not None and self.v_bias is not None:
+            return torch.cat([self.q_bias, self.k_bias, self.v_bias])
+        return self.qkv.bias
 
     def _project(self, out: torch.Tensor) -> torch.Tensor:
-        """Heads (B, H, N, d) -> the layer's output (B, N, D): heads side by side, output projection, dropout."""
-        return self.proj_drop(self.proj(merge_heads(out)))
+        """Heads (B, H, N, d) -> the layer's output (B, N, D): heads side by side, the optional inner norm
+        (`parts.scale_attn_norm`), output projection, dropout."""
+        return self.proj_drop(self.proj(self.norm(merge_heads(out))))
 
     def _dropout_p(self) -> float:
         return self.attn_drop.p if self.training else 0.0
@@ -175,7 +203,7 @@ class Attention(nn.Module):
         full computation's first rows, at about (2N + 2q) / 4N of its projection cost. `mask` has q rows
         (`sdpa_mask`); SDPA's causal mask for q < N queries is aligned top-left, i.e. row i sees keys <= i."""
         D = x.shape[2]
-        w, b = self.qkv.weight, self.qkv.bias
+        w, b = self.qkv.weight, self._qkv_bias()
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
         k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
         if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone

@@ -3,8 +3,11 @@
 `Mlp` is ViT's FFN: Linear(D -> 4D), GELU (erf form), Linear(4D -> D), named `fc1`/`fc2` as in timm.
 `SwiGLU` (Shazeer, 2020, "GLU Variants Improve Transformer") gates the hidden layer:
     FFN(x) = W2 (SiLU(x W_g) * (x W_x))
-with timm's parameter names (`fc1_g`, `fc1_x`, `fc2`). `MLP_LAYERS` maps the names a model option takes
-(`mlp_layer="gelu"|"swiglu"|"gelu_tanh"|"quick_gelu"`) to these classes, as norm.py's `NORM_LAYERS` does for norms.
+with timm's parameter names (`fc1_g`, `fc1_x`, `fc2`); `GluMlp` is the same gate with both input projections
+packed in one `fc1` (timm's `SwiGLUPacked`: DINOv2-giant, EVA02 tiny / small). Each may normalise its hidden
+layer before `fc2` (`norm_layer`: `mlp.norm`, NormFormer's extra norm in EVA02 and BEiT-3). `MLP_LAYERS` maps
+the names a model option takes (`mlp_layer="gelu"|"swiglu"|"swiglu_packed"|"gelu_tanh"|"quick_gelu"`) to these
+classes, as norm.py's `NORM_LAYERS` does for norms.
 The last two are `Mlp` with the activations pretrained text models use: GELU's tanh approximation (Hendrycks &
 Gimpel, 2016; BERT's and GPT-2's "gelu_new") and CLIP's quick GELU, x * sigmoid(1.702 x) (Radford et al., 2021),
 which are 1e-3 and 2e-2 away from the erf form: enough to move a 12-layer model's outputs visibly.
@@ -18,7 +21,7 @@ from functools import partial
 import torch
 from torch import nn
 
-__all__ = ["MLP_LAYERS", "GELUTanh", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
+__all__ = ["MLP_LAYERS", "GELUTanh", "GluMlp", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
 
 
 class GELUTanh(nn.GELU):
@@ -37,7 +40,8 @@ class QuickGELU(nn.Module):
 
 class Mlp(nn.Module):
     """ViT's feed-forward network: (..., D) -> (..., D) through a hidden width `hidden_features` (4D in ViT),
-    fc2(drop(act(fc1(x)))) with GELU (erf form) by default; `act_layer` may be any activation class."""
+    fc2(norm(drop(act(fc1(x))))) with GELU (erf form) by default; `act_layer` may be any activation class, and
+    the hidden norm is there only with `norm_layer`."""
 
     def __init__(
         self,
@@ -46,16 +50,18 @@ class Mlp(nn.Module):
         act_layer: type[nn.Module] = nn.GELU,
         drop: float = 0.0,
         bias: bool = True,
+        norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
         self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
 
 
 class SwiGLU(nn.Module):
@@ -70,23 +76,56 @@ class SwiGLU(nn.Module):
         act_layer: type[nn.Module] = nn.SiLU,
         drop: float = 0.0,
         bias: bool = True,
+        norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.fc1_g = nn.Linear(in_features, hidden_features, bias=bias)
         self.fc1_x = nn.Linear(in_features, hidden_features, bias=bias)
         self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
         self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
         x = self.act(self.fc1_g(x)) * self.fc1_x(x)
-        return self.drop2(self.fc2(self.drop1(x)))
+        return self.drop2(self.fc2(self.norm(self.drop1(x))))
+
+
+class GluMlp(nn.Module):
+    """SwiGLU with its gate and value projections packed in one `fc1` (D -> `hidden_features`, gate first, value
+    second): fc2(norm(SiLU(g) * v)) with [g | v] = fc1(x), so fc2 reads hidden_features / 2. timm's `SwiGLUPacked`
+    (GluMlp, gate_last=False), whose width convention this keeps: `hidden_features` counts both halves."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int,
+        act_layer: type[nn.Module] = nn.SiLU,
+        drop: float = 0.0,
+        bias: bool = True,
+        norm_layer: Callable[[int], nn.Module] | None = None,
+    ) -> None:
+        super().__init__()
+        if hidden_features % 2:
+            raise ValueError(f"a packed SwiGLU splits its hidden layer in two halves; got an odd width "
+                             f"{hidden_features}, so pick an mlp_ratio giving an even one.")
+        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = act_layer()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = norm_layer(hidden_features // 2) if norm_layer is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_features // 2, in_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden / 2) each
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 
 MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {
     "gelu": Mlp,
     "swiglu": SwiGLU,
+    "swiglu_packed": GluMlp,
     "gelu_tanh": partial(Mlp, act_layer=GELUTanh),
     "quick_gelu": partial(Mlp, act_layer=QuickGELU),
 }

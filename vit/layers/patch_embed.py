@@ -6,6 +6,8 @@ A Conv2d with kernel = stride = P is exactly that linear map applied to every pa
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -25,7 +27,8 @@ class PatchEmbed(nn.Module):
     """Images (B, C, H, W) -> patch tokens (B, h*w, D), row-major, h = H / P_h and w = W / P_w: one Conv2d
     (`proj`, kernel = stride = patch size) is the same linear map applied to every flattened patch. The image
     size fixes `grid_size` and `num_patches`; `dynamic_grid` gives the grid of another size that the patches
-    tile, and `set_input_size` changes size or patch size in place (the projection resampled as FlexiViT)."""
+    tile, and `set_input_size` changes size or patch size in place (the projection resampled as FlexiViT).
+    `norm_layer` normalises every patch token after the projection (`norm`, timm's embed_norm_layer)."""
 
     def __init__(
         self,
@@ -34,6 +37,7 @@ class PatchEmbed(nn.Module):
         in_chans: int = 3,
         embed_dim: int = 768,
         bias: bool = True,
+        norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         self.img_size = to_2tuple(img_size)
@@ -47,6 +51,7 @@ class PatchEmbed(nn.Module):
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()  # AIMv2's token norm
 
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
@@ -60,7 +65,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # (B, C, H, W) -> (B, D, h, w) -> (B, h*w, D), patches in row-major order.
-        return self.proj(x).flatten(2).transpose(1, 2)
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))
 
     def set_input_size(
         self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None

@@ -8,7 +8,9 @@
     ''      no pooling: every token
 
 The final norm sits either on every token before pooling (`norm`, ViT) or on the pooled vector (`fc_norm`, timm's
-default for the averaging kinds), or nowhere (`final_norm=False`). Options are timm's keyword names.
+default for the averaging kinds), or nowhere (`final_norm=False`). Pooling reads the patch tokens only, or every
+token, prefix included (`pool_include_prefix`; Eva's attention pooling always does). Options are timm's keyword
+names.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class Pooling:
     global_pool: str = "token"  # one of POOL_KINDS
     fc_norm: bool | None = None  # norm the pooled vector instead of the tokens; None: for avg / max / avgmax
     final_norm: bool = True  # False: no final norm at all (neither `norm` nor `fc_norm`)
+    pool_include_prefix: bool = False  # avg / max / map over the prefix tokens too (Perception Encoder's map)
+    attn_pool_num_heads: int | None = None  # 'map': its heads; None: the blocks' (PE: 8)
+    attn_pool_mlp_ratio: float | None = None  # 'map': its MLP's ratio; None: the blocks'
 
     def __post_init__(self) -> None:
         if self.global_pool not in POOL_KINDS:
@@ -38,6 +43,14 @@ class Pooling:
             raise TypeError(f"fc_norm must be true, false or null, got {self.fc_norm!r}.")
         if not isinstance(self.final_norm, bool):
             raise TypeError(f"final_norm must be true or false, got {self.final_norm!r}.")
+        if not isinstance(self.pool_include_prefix, bool):
+            raise TypeError(f"pool_include_prefix must be true or false, got {self.pool_include_prefix!r}.")
+        heads = self.attn_pool_num_heads
+        if heads is not None and (isinstance(heads, bool) or not isinstance(heads, int) or heads < 1):
+            raise ValueError(f"attn_pool_num_heads must be a whole number >= 1 or null, got {heads!r}.")
+        ratio = self.attn_pool_mlp_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0):
+            raise ValueError(f"attn_pool_mlp_ratio must be a number > 0 or null, got {ratio!r}.")
 
     @property
     def use_fc_norm(self) -> bool:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import SparseOptions
-from ..layers import Attention, DropPath, LayerScale, Rope, TokenState, get_mlp_layer, get_norm_layer
+from ..layers import Attention, BlockParts, DropPath, LayerScale, Rope, TokenState, get_mlp_layer, get_norm_layer
 from ..layers.sparse_attention import retune
 
 __all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
@@ -56,12 +56,13 @@ def _gamma_names_in(state, prefix, *args):
 class Block(nn.Module):
     """One Transformer layer: tokens (B, N, D) -> (B, N, D). Two residual sub-layers, attention then the FFN,
     each with its norm before (`norm_first=True`, ViT) or after the residual sum (post-norm, BERT), an optional
-    LayerScale (`init_values`) and stochastic depth (`drop_path`); `sparse_attention` (a `SparseOptions`, None
-    for dense) goes to `Attention` whole. `norm_layer` ('layernorm' | 'rmsnorm' or a constructor), `mlp_layer`
-    ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a subclass, e.g. the decoder's cached one)
-    pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's
-    weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`, then `ffn`: a block that adds a
-    sub-layer (the decoder's cross-attention) reuses them."""
+    LayerScale (`init_values`) and stochastic depth (`drop_path`); `parts` (vit.layers.BlockParts: Eva's separate
+    q / k / v names, NormFormer's inner norms, projections without bias) goes to both sub-layers;
+    `sparse_attention` (a `SparseOptions`, None for dense) goes to `Attention` whole. `norm_layer` ('layernorm' |
+    'rmsnorm' or a constructor), `mlp_layer` ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a
+    subclass, e.g. the decoder's cached one) pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`,
+    `norm2`, `mlp`, `ls2`), so timm's weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`,
+    then `ffn`: a block that adds a sub-layer (the decoder's cross-attention) reuses them."""
 
     def __init__(
         self,
@@ -81,19 +82,24 @@ class Block(nn.Module):
         attn_layer: type[Attention] = Attention,
         rope: Rope | None = None,
         layer_scale_names: str = "ls",
+        parts: BlockParts | None = None,
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
         self.norm1 = norm(dim)
+        # optional parts (vit.layers.block_parts) only when asked, so attention / MLP classes without them still fit
+        attn_parts = {} if parts is None else {"parts": parts, "norm_layer": norm}
+        mlp_parts = {} if parts is None else {"bias": parts.proj_bias,
+                                              "norm_layer": norm if parts.scale_mlp_norm else None}
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
                                fused_attn=fused_attn, sparse_attention=sparse_attention,
-                               **({} if rope is None else {"rope": rope}))
+                               **({} if rope is None else {"rope": rope}), **attn_parts)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
-        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
+        self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop, **mlp_parts)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if layer_scale_names not in ("ls", "gamma"):

@@ -21,6 +21,7 @@ from torch import nn
 from ..config import SparseOptions
 from ..layers import (
     AttentionPoolLatent,
+    BlockParts,
     PatchEmbed,
     Pooling,
     PrefixTokens,
@@ -59,6 +60,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     heads transform the (B, prefix + h*w, D) sequence, and the head pools it. Two options objects choose the
     rest: `prefix` (vit.layers.PrefixTokens: [CLS], registers, DeiT's distillation token, positions for them or
     not) and `pooling` (vit.layers.Pooling: [CLS], average, max, attention pooling; where the final norm is).
+    `parts` (vit.layers.BlockParts) adds Eva's, NormFormer's and AIMv2's optional norms, biases and saved names.
     `pre_norm` adds CLIP's norm after the embeddings (and drops the patch projection's bias, as timm). Other
     options and parameter names are timm's (plus `norm_first`, `norm_layer`, `norm_eps`, `mlp_layer`,
     `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping, see
@@ -99,6 +101,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         sparse_attention: SparseOptions | dict | None = None,
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
+        parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
     ) -> None:
         super().__init__()
         pooling.check(prefix.class_token)
@@ -108,26 +111,25 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
         rope = Rope(**rope) if isinstance(rope, dict) else rope
         norm = get_norm_layer(norm_layer, norm_eps)
-        self.num_classes = num_classes
-        self.in_chans = in_chans
+        self.num_classes, self.in_chans = num_classes, in_chans
         self.prefix, self.pooling = prefix, pooling
         self.global_pool = pooling.global_pool
         # timm's names for the token width: features, pre-logits and embedding are all D in a plain ViT
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = prefix.count
+        self.pool_skip = 0 if pooling.pool_include_prefix else prefix.count  # tokens before the ones pooled
         self.num_reg_tokens = prefix.reg_tokens
-        self.has_class_token = prefix.class_token
-        self.no_embed_class = prefix.no_embed_class
+        self.has_class_token, self.no_embed_class = prefix.class_token, prefix.no_embed_class
         self.num_pos_prefix = prefix.embedded  # prefix rows of the position table
         self.head_tokens = 1 + int(prefix.dist_token)  # tokens a 'token' head reads: [CLS] (and [DIST])
         self.dynamic_img_size = dynamic_img_size
-        self.pos_embed_type = pos_embed
-        self.norm_first = norm_first
+        self.pos_embed_type, self.norm_first = pos_embed, norm_first
         self._variant: str | None = None  # the name create_model built, for pretrained_cfg
         self._pretrained_cfg: dict[str, Any] | None = None
 
         # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, not pre_norm,
+                                      norm if parts.embed_norm else None)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
@@ -147,7 +149,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
             fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
-            rope=rope, layer_scale_names=layer_scale_names,
+            rope=rope, layer_scale_names=layer_scale_names, parts=parts,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [
@@ -158,8 +160,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         # stack already ends in a norm, so it gets none here.
         final = norm_first and pooling.final_norm
         self.norm = norm(embed_dim) if final and not pooling.use_fc_norm else nn.Identity()
-        self.attn_pool = (AttentionPoolLatent(embed_dim, num_heads, get_mlp_layer(mlp_layer), norm, mlp_ratio)
-                          if pooling.global_pool == "map" else None)
+        self.attn_pool = (AttentionPoolLatent(embed_dim, pooling.attn_pool_num_heads or num_heads, get_mlp_layer(
+            mlp_layer), norm, pooling.attn_pool_mlp_ratio or mlp_ratio) if pooling.global_pool == "map" else None)
         self.fc_norm = norm(embed_dim) if final and pooling.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
@@ -317,8 +319,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         """(B, prefix + N, D) -> (B, D): attention pooling of the patch tokens ('map'), [CLS] ('token'),
         mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling)."""
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])
-        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens)
+            return self.attn_pool(x[:, self.pool_skip :])
+        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.pool_skip)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model

@@ -7,7 +7,7 @@ import inspect
 import typing
 from typing import Any
 
-from ..layers import Pooling, PrefixTokens
+from ..layers import BlockParts, Pooling, PrefixTokens
 from .variants import VARIANTS
 from .vision_transformer import VisionTransformer
 
@@ -15,7 +15,7 @@ __all__ = ["OBJECTS", "OPTIONS", "architecture_defaults", "constructor_kwargs", 
 
 # create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
 # objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
-OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling}
+OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling, "parts": BlockParts}
 _PARAMS = {k: p for k, p in inspect.signature(VisionTransformer.__init__).parameters.items() if k != "self"}
 _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
 OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
