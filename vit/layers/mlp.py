@@ -93,9 +93,10 @@ class SwiGLU(nn.Module):
 
 
 class GluMlp(nn.Module):
-    """SwiGLU with its gate and value projections packed in one `fc1` (D -> `hidden_features`, gate first, value
-    second): fc2(norm(SiLU(g) * v)) with [g | v] = fc1(x), so fc2 reads hidden_features / 2. timm's `SwiGLUPacked`
-    (GluMlp, gate_last=False), whose width convention this keeps: `hidden_features` counts both halves."""
+    """SwiGLU with its gate and value projections packed in one `fc1` (D -> 2 * `hidden_features`, gate first,
+    value second): fc2(norm(SiLU(g) * v)) with [g | v] = fc1(x). `hidden_features` is each half's width, as in
+    `SwiGLU` (Eva's convention); timm's `GluMlp` / `SwiGLUPacked` counts both halves, so timm's ViT entries with
+    `SwiGLUPacked` (DINOv2-giant) give half their mlp_ratio here."""
 
     def __init__(
         self,
@@ -107,18 +108,15 @@ class GluMlp(nn.Module):
         norm_layer: Callable[[int], nn.Module] | None = None,
     ) -> None:
         super().__init__()
-        if hidden_features % 2:
-            raise ValueError(f"a packed SwiGLU splits its hidden layer in two halves; got an odd width "
-                             f"{hidden_features}, so pick an mlp_ratio giving an even one.")
-        self.fc1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.fc1 = nn.Linear(in_features, 2 * hidden_features, bias=bias)
         self.act = act_layer()
         self.drop1 = nn.Dropout(drop)
-        self.norm = norm_layer(hidden_features // 2) if norm_layer is not None else nn.Identity()
-        self.fc2 = nn.Linear(hidden_features // 2, in_features, bias=bias)
+        self.norm = norm_layer(hidden_features) if norm_layer is not None else nn.Identity()
+        self.fc2 = nn.Linear(hidden_features, in_features, bias=bias)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
-        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden / 2) each
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden) each
         return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 

@@ -23,11 +23,10 @@ DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, po
 # EVA02 (Fang et al., 2023; timm's Eva class): axial rotary positions on top of a learned table (rescaled onto the
 # 16x16 pretraining grid), q / v biases with k's fixed at zero, SwiGLU with a norm on its hidden layer
 # (NormFormer), q / k / v saved as three Linears; mean of the patch tokens, then fc_norm. Tiny and small pack the
-# SwiGLU's two input projections in one fc1 (2 * int(8/3 D) wide) and save a fused qkv; CLIP adds a norm inside
-# attention and reads [CLS].
+# SwiGLU's two input projections in one fc1 and save a fused qkv; CLIP adds a norm inside attention and reads [CLS].
 EVA02 = dict(patch_size=14, qkv_bias="qv", qkv_fused=False, mlp_layer="swiglu", mlp_ratio=4 * 2 / 3,
              scale_mlp_norm=True, rope=dict(ref_grid=(16, 16)), global_pool="avg")
-EVA02_PACKED = dict(EVA02, qkv_fused=True, mlp_layer="swiglu_packed", mlp_ratio=16 / 3, scale_mlp_norm=False)
+EVA02_PACKED = dict(EVA02, qkv_fused=True, mlp_layer="swiglu_packed", scale_mlp_norm=False)
 EVA02_CLIP = dict(EVA02, scale_attn_norm=True, global_pool="token")
 # EVA (Fang et al., 2023, "EVA: Exploring the Limits of Masked Visual Representation Learning"): a giant ViT with
 # Eva's q / v biases
@@ -49,6 +48,8 @@ PE_FEATURES = dict(patch_size=14, pre_norm=True, norm_eps=1e-05, global_pool="av
 AIMV2 = dict(patch_size=14, mlp_ratio=2.75, class_token=False, global_pool="avg", fc_norm=False, qkv_bias=False,
              proj_bias=False, norm_layer="rmsnorm", norm_eps=1e-05, embed_norm=True, mlp_layer="swiglu")
 
+# DINOv2-giant's SwiGLU packs gate and value in one fc1 ('swiglu_packed': mlp_ratio is each half's, timm's 2.66667 * 2
+# counts both)
 VARIANTS: dict[str, dict] = {
     "beit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, scale_attn_norm=True,
                                    scale_mlp_norm=True, global_pool='avg', norm_eps=1e-05),
@@ -57,13 +58,13 @@ VARIANTS: dict[str, dict] = {
     "test_vit3": dict(img_size=160, patch_size=16, embed_dim=96, depth=9, num_heads=3, mlp_ratio=2, class_token=False,
                       reg_tokens=1, global_pool='map', pool_include_prefix=True, init_values=1e-05),
     "vit_giant_patch14_dinov2": dict(img_size=518, patch_size=14, embed_dim=1536, depth=40, num_heads=24,
-                                     mlp_ratio=2.66667 * 2, mlp_layer='swiglu_packed', init_values=1e-05,
+                                     mlp_ratio=2.66667, mlp_layer='swiglu_packed', init_values=1e-05,
                                      num_classes=0),
     "vit_giant_patch14_reg4_dinov2": dict(img_size=518, patch_size=14, embed_dim=1536, depth=40, num_heads=24,
-                                          mlp_ratio=2.66667 * 2, mlp_layer='swiglu_packed', reg_tokens=4,
+                                          mlp_ratio=2.66667, mlp_layer='swiglu_packed', reg_tokens=4,
                                           no_embed_class=True, init_values=1e-05, num_classes=0),
     "vit_giant_patch14_reg1_tipsv2": dict(img_size=448, patch_size=14, embed_dim=1536, depth=40, num_heads=24,
-                                          mlp_ratio=2.66667 * 2, mlp_layer='swiglu_packed', reg_tokens=1,
+                                          mlp_ratio=2.66667, mlp_layer='swiglu_packed', reg_tokens=1,
                                           no_embed_class=True, init_values=1.0, num_classes=0),
     "aimv2_1b_patch14_224": dict(AIMV2, embed_dim=2048, depth=24, num_heads=16, num_classes=0),
     "aimv2_1b_patch14_336": dict(AIMV2, img_size=336, embed_dim=2048, depth=24, num_heads=16, num_classes=0),
