@@ -25,6 +25,8 @@ CASES = {  # arch: what it exercises
     "aimv2_large_patch14_224": "AIMv2: RMSNorm (patch tokens too), no projection biases",
     "beit3_base_patch16_224": "BEiT-3: attn.norm and mlp.norm",
     "vit_giant_patch14_reg4_dinov2": "DINOv2-giant: packed SwiGLU (one fc1)",
+    "vit_base_patch16_rpn_224": "res-post-norm: x + Norm(f(x)) (timm's ResPostBlock)",
+    "eva02_enormous_patch14_clip_224": "res-post-norm with Eva's q / v biases, [CLS]",
 }
 
 

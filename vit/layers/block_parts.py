@@ -7,6 +7,8 @@
     scale_mlp_norm    a norm on the MLP's hidden layer before `fc2` (`mlp.norm`; EVA02's `scale_mlp`, BEiT-3)
     proj_bias         biases of `attn.proj` and of the MLP's linears (AIMv2 has none)
     embed_norm        a norm on the patch tokens inside the patch embedding (`patch_embed.norm`, AIMv2)
+    res_post_norm     x + Norm(f(x)): each sub-layer's norm on its output, inside the residual (Swin v2, Liu et al.,
+                      2022; timm's ResPostBlock, EVA02-enormous's use_post_norm)
 
 The q / v-only bias with a fixed zero k bias (Eva, BEiT, DINOv3 `_qkvb`: `q_bias`, `v_bias`) is the attention's
 `qkv_bias="qv"`, next to its `qkv_bias=True / False`. Field names are timm's keywords.
@@ -30,6 +32,7 @@ class BlockParts:
     scale_mlp_norm: bool = False  # mlp.norm on the MLP's hidden layer before fc2
     proj_bias: bool = True  # biases of attn.proj, mlp.fc1 / fc2 (and SwiGLU's fc1_g / fc1_x)
     embed_norm: bool = False  # patch_embed.norm after the patch projection
+    res_post_norm: bool = False  # norm1 / norm2 on the attention's / MLP's output, inside the residual
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -88,6 +88,11 @@ class Block(nn.Module):
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
+        # res-post-norm (Swin v2; timm's ResPostBlock, Eva's use_post_norm): x + Norm(f(x)), no norm on the input
+        self.res_post = parts is not None and parts.res_post_norm
+        if self.res_post and not norm_first:
+            raise ValueError("res_post_norm puts the norm inside the residual; it cannot be combined with "
+                             "norm_first=False (a norm after the residual sum).")
         self.norm1 = norm(dim)
         # optional parts (vit.layers.block_parts) only when asked, so attention / MLP classes without them still fit
         attn_parts = {} if parts is None else {"parts": parts, "norm_layer": norm}
@@ -96,11 +101,15 @@ class Block(nn.Module):
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
                                fused_attn=fused_attn, sparse_attention=sparse_attention,
                                **({} if rope is None else {"rope": rope}), **attn_parts)
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        layer_scale = init_values and not self.res_post  # res-post-norm: init_values starts the norms' weights
+        self.ls1 = LayerScale(dim, init_values) if layer_scale else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop, **mlp_parts)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.ls2 = LayerScale(dim, init_values) if layer_scale else nn.Identity()
+        if self.res_post and init_values:  # timm's ResPostBlock: each branch starts near zero through its norm
+            for n in (self.norm1, self.norm2):
+                nn.init.constant_(n.weight, init_values)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         if layer_scale_names not in ("ls", "gamma"):
             raise ValueError(f"layer_scale_names must be 'ls' (timm's ViT) or 'gamma' (Eva, BEiT), got "
@@ -125,24 +134,27 @@ class Block(nn.Module):
         With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D). `rope`: a rotary table
         for the patch tokens (vit.layers.rope), passed to the attention."""
         if num_queries is not None:
-            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries, rope=rope)
-            x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
+            y, _ = self.attn(self.attn_input(x), mask, is_causal, num_queries=num_queries, rope=rope)
+            return self.ffn(self.attn_residual(x[:, :num_queries], y)), None
         y, attn = self.attn(self.attn_input(x), mask, is_causal, return_attention, rope=rope)
         return self.ffn(self.attn_residual(x, y)), attn
 
     def attn_input(self, x: torch.Tensor) -> torch.Tensor:
-        """What the attention sub-layer reads: Norm(x) pre-norm, x post-norm."""
-        return self.norm1(x) if self.norm_first else x
+        """What the attention sub-layer reads: Norm(x) pre-norm, x post-norm and res-post-norm."""
+        return self.norm1(x) if self.norm_first and not self.res_post else x
 
     def attn_residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The attention sub-layer's residual sum with its output y: x + DropPath(LS(y)), normalised after the
-        sum post-norm."""
+        sum post-norm; x + DropPath(LS(Norm(y))) res-post-norm."""
+        if self.res_post:
+            return x + self.drop_path1(self.ls1(self.norm1(y)))
         x = x + self.drop_path1(self.ls1(y))
         return x if self.norm_first else self.norm1(x)
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward sub-layer with its residual: (B, N, D) -> (B, N, D)."""
+        if self.res_post:
+            return x + self.drop_path2(self.ls2(self.norm2(self.mlp(x))))
         if self.norm_first:
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

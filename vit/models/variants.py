@@ -51,6 +51,11 @@ AIMV2 = dict(patch_size=14, mlp_ratio=2.75, class_token=False, global_pool="avg"
 # DINOv2-giant's SwiGLU packs gate and value in one fc1 ('swiglu_packed': mlp_ratio is each half's, timm's 2.66667 * 2
 # counts both)
 VARIANTS: dict[str, dict] = {
+    "eva02_enormous_patch14_clip_224": dict(patch_size=14, embed_dim=1792, depth=64, num_heads=16,
+                                            mlp_ratio=15360 / 1792, qkv_bias="qv", res_post_norm=True,
+                                            num_classes=1024),
+    "vit_base_patch16_rpn_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, qkv_bias=False,
+                                     init_values=1e-05, class_token=False, global_pool='avg', res_post_norm=True),
     "beit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, scale_attn_norm=True,
                                    scale_mlp_norm=True, global_pool='avg', norm_eps=1e-05),
     "beit3_large_patch16_224": dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, scale_attn_norm=True,
@@ -467,8 +472,6 @@ REFUSED: dict[str, str] = {
     "beit_large_patch16_512": "BEiT's relative position bias (timm's Beit class)",
     "beitv2_base_patch16_224": "BEiT's relative position bias (timm's Beit class)",
     "beitv2_large_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "eva02_enormous_patch14_clip_224": "Eva's post-norm blocks (use_post_norm: a norm on each sub-layer's output "
-                                       "inside the residual)",
     "naflexvit_base_patch16_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "naflexvit_base_patch16_par_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "naflexvit_base_patch16_parfac_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
@@ -490,7 +493,6 @@ REFUSED: dict[str, str] = {
     "vit_base_mci_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_base_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_base_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_base_patch16_rpn_224": 'another block design (ResPostBlock)',
     "vit_base_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
     "vit_base_r50_s16_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_base_r50_s16_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
