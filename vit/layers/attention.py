@@ -138,10 +138,18 @@ class Attention(nn.Module):
 
     def _qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each: one matmul for all three."""
-        qkv = self.qkv(x)  # through the module, so an adapter wrapped around it (LoRA) takes part
         if self.q_bias is not None and self.k_bias is not None and self.v_bias is not None:
-            qkv = qkv + torch.cat([self.q_bias, self.k_bias, self.v_bias])
-        return split_qkv(qkv, self.num_heads)
+            bias = torch.cat([self.q_bias, self.k_bias, self.v_bias])
+            if not torch.jit.is_scripting():
+                if self._plain_qkv():  # the bias inside the matmul, as timm: no extra pass over (B, N, 3D)
+                    return split_qkv(F.linear(x, self.qkv.weight, bias), self.num_heads)
+            return split_qkv(self.qkv(x) + bias, self.num_heads)  # an adapter around qkv (LoRA) takes part
+        return split_qkv(self.qkv(x), self.num_heads)
+
+    @torch.jit.unused
+    def _plain_qkv(self) -> bool:
+        """Whether `qkv` is still a plain Linear (not wrapped by an adapter such as LoRA)."""
+        return type(self.qkv) is nn.Linear
 
     def _qkv_bias(self) -> torch.Tensor | None:
         """The bias (3D,) of q, k, v together: qkv's own, Eva's [q_bias; 0; v_bias], or None."""
