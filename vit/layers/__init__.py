@@ -11,6 +11,7 @@ from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .prefix_tokens import PrefixTokens
+from .rel_pos import RelPos, rel_pos_layers
 from .rope import Rope, RotaryEmbedding, apply_rope, rope_table
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
@@ -35,6 +36,7 @@ __all__ = [
     "Pooling",
     "PrefixTokens",
     "QuickGELU",
+    "RelPos",
     "Rope",
     "RotaryEmbedding",
     "SparseAttention",
@@ -51,6 +53,7 @@ __all__ = [
     "indexer_loss",
     "parse_token_reduction",
     "pool_tokens",
+    "rel_pos_layers",
     "resample_abs_pos_embed",
     "rope_table",
     "set_indexer_stage",

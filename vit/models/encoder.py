@@ -3,6 +3,7 @@
 A block is two residual sub-layers, attention then feed-forward (Vaswani et al., 2017, section 3.1):
     pre-norm  (ViT, GPT-2, default):   x = x + DropPath(LS(Attn(Norm(x))));  x = x + DropPath(LS(FFN(Norm(x))))
     post-norm (original Transformer, BERT): x = Norm(x + Attn(x));           x = Norm(x + FFN(x))
+    residual post-norm (Swin-V2; timm's ResPostBlock): x = x + DropPath(Norm(Attn(x)));  x = x + DropPath(Norm(FFN(x)))
 Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train without warmup
 tricks; a pre-norm stack needs one final norm after the last block (the model owns it, named `norm`).
 Disabled options become `nn.Identity()`, so `forward` has no branches on them.
@@ -61,7 +62,9 @@ class Block(nn.Module):
     ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a subclass, e.g. the decoder's cached one)
     pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`, `norm2`, `mlp`, `ls2`), so timm's
     weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`, then `ffn`: a block that adds a
-    sub-layer (the decoder's cross-attention) reuses them."""
+    sub-layer (the decoder's cross-attention) reuses them. `res_post_norm` normalises each sub-layer's output
+    before its residual sum (Swin-V2): no LayerScale then, the norms' weights start at `init_values` (timm's
+    ResPostBlock). `rel_pos` (a factory, vit.layers.rel_pos) gives the attention a relative position bias."""
 
     def __init__(
         self,
@@ -81,21 +84,30 @@ class Block(nn.Module):
         attn_layer: type[Attention] = Attention,
         rope: Rope | None = None,
         layer_scale_names: str = "ls",
+        rel_pos: Callable[[], nn.Module] | None = None,
+        res_post_norm: bool = False,
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
+        self.res_post_norm = res_post_norm
+        if res_post_norm and not norm_first:
+            raise ValueError("res_post_norm places the norms on the residual branches; it needs norm_first=True.")
+        position = {k: v for k, v in (("rope", rope), ("rel_pos", rel_pos)) if v is not None}
         self.norm1 = norm(dim)
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                               fused_attn=fused_attn, sparse_attention=sparse_attention,
-                               **({} if rope is None else {"rope": rope}))
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+                               fused_attn=fused_attn, sparse_attention=sparse_attention, **position)
+        scale = init_values and not res_post_norm  # residual post-norm scales through its norms instead
+        self.ls1 = LayerScale(dim, init_values) if scale else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.ls2 = LayerScale(dim, init_values) if scale else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        if res_post_norm and init_values:
+            for n in (self.norm1, self.norm2):
+                nn.init.constant_(n.weight, init_values)
         if layer_scale_names not in ("ls", "gamma"):
             raise ValueError(f"layer_scale_names must be 'ls' (timm's ViT) or 'gamma' (Eva, BEiT), got "
                              f"{layer_scale_names!r}.")
@@ -119,24 +131,27 @@ class Block(nn.Module):
         With `num_queries=q` (pre-norm) only the first q tokens are computed: (B, q, D). `rope`: a rotary table
         for the patch tokens (vit.layers.rope), passed to the attention."""
         if num_queries is not None:
-            y, _ = self.attn(self.norm1(x), mask, is_causal, num_queries=num_queries, rope=rope)
-            x = x[:, :num_queries] + self.drop_path1(self.ls1(y))
-            return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x)))), None
+            y, _ = self.attn(self.attn_input(x), mask, is_causal, num_queries=num_queries, rope=rope)
+            return self.ffn(self.attn_residual(x[:, :num_queries], y)), None
         y, attn = self.attn(self.attn_input(x), mask, is_causal, return_attention, rope=rope)
         return self.ffn(self.attn_residual(x, y)), attn
 
     def attn_input(self, x: torch.Tensor) -> torch.Tensor:
-        """What the attention sub-layer reads: Norm(x) pre-norm, x post-norm."""
-        return self.norm1(x) if self.norm_first else x
+        """What the attention sub-layer reads: Norm(x) pre-norm, x post-norm and residual post-norm."""
+        return self.norm1(x) if self.norm_first and not self.res_post_norm else x
 
     def attn_residual(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The attention sub-layer's residual sum with its output y: x + DropPath(LS(y)), normalised after the
-        sum post-norm."""
+        sum post-norm, y normalised before it residual post-norm."""
+        if self.res_post_norm:
+            return x + self.drop_path1(self.norm1(y))
         x = x + self.drop_path1(self.ls1(y))
         return x if self.norm_first else self.norm1(x)
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
         """The feed-forward sub-layer with its residual: (B, N, D) -> (B, N, D)."""
+        if self.res_post_norm:
+            return x + self.drop_path2(self.norm2(self.mlp(x)))
         if self.norm_first:
             return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))

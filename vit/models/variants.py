@@ -7,18 +7,23 @@ norm's eps `norm_eps`); the image size and class count are those of timm's defau
 Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT (Touvron et al., 2021), DeiT III
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
-DINOv3 (rotary positions).
+DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["DINOV3", "VARIANTS", "REFUSED"]
+__all__ = ["DINOV3", "RELPOS", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
 DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, pos_embed="none",
               rope=dict(kind="dinov3", temperature=100.0, rotate_half=True), layer_scale_names="gamma",
               reg_tokens=4, global_pool="avg", fc_norm=False, norm_eps=1e-05, dynamic_img_size=True, num_classes=0)
+
+# timm's VisionTransformerRelPos: no absolute positions, an MLP relative position bias in every block (or shared),
+# no [CLS], mean of the tokens, LayerScale 1e-6; the rpn models put their norms on the residual branches instead
+RELPOS = dict(pos_embed="none", rel_pos=dict(kind="mlp"), class_token=False, global_pool="avg", fc_norm=False,
+              init_values=1e-06, qkv_bias=False)
 
 VARIANTS: dict[str, dict] = {
 "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,
@@ -311,6 +316,22 @@ VARIANTS: dict[str, dict] = {
     "vit_large_patch16_dinov3": dict(DINOV3, embed_dim=1024, depth=24, num_heads=16),
     "vit_huge_plus_patch16_dinov3": dict(DINOV3, embed_dim=1280, depth=32, num_heads=20, mlp_layer='swiglu'),
     "vit_7b_patch16_dinov3": dict(DINOV3, embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2, mlp_layer='swiglu'),
+    "vit_relpos_small_patch16_224": dict(RELPOS, embed_dim=384, depth=12, num_heads=6, fc_norm=True),
+    "vit_relpos_medium_patch16_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, fc_norm=True),
+    "vit_relpos_base_patch16_224": dict(RELPOS, embed_dim=768, depth=12, num_heads=12, fc_norm=True),
+    "vit_srelpos_small_patch16_224": dict(RELPOS, embed_dim=384, depth=12, num_heads=6,
+                                          rel_pos=dict(kind="mlp", hidden_dim=384, shared=True)),
+    "vit_srelpos_medium_patch16_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8,
+                                           rel_pos=dict(kind="mlp", hidden_dim=512, shared=True)),
+    "vit_relpos_medium_patch16_cls_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, class_token=True,
+                                              global_pool="token", rel_pos=dict(kind="mlp", hidden_dim=256)),
+    "vit_relpos_base_patch16_clsgap_224": dict(RELPOS, embed_dim=768, depth=12, num_heads=12, class_token=True,
+                                               fc_norm=True),
+    "vit_relpos_medium_patch16_rpn_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, res_post_norm=True),
+    "vit_relpos_base_patch32_plus_rpn_256": dict(RELPOS, img_size=256, patch_size=32, embed_dim=896, depth=12,
+                                                 num_heads=14, qkv_bias=True, res_post_norm=True),
+    "vit_base_patch16_rpn_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, qkv_bias=False,
+                                     init_values=1e-05, class_token=False, global_pool="avg", res_post_norm=True),
 }
 
 REFUSED: dict[str, str] = {
@@ -382,7 +403,6 @@ REFUSED: dict[str, str] = {
     "vit_base_patch16_rope_mixed_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_mixed_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_reg1_gap_256": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_base_patch16_rpn_224": 'another block design (ResPostBlock)',
     "vit_base_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_r50_s16_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_base_r50_s16_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
@@ -421,13 +441,6 @@ REFUSED: dict[str, str] = {
     "vit_pe_spatial_small_patch16_512": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_pe_spatial_tiny_patch16_512": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_pwee_patch16_reg1_gap_256": 'another block design (ParallelScalingBlock)',
-    "vit_relpos_base_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_base_patch16_clsgap_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_base_patch32_plus_rpn_256": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_cls_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_rpn_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_small_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_small_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
@@ -437,8 +450,6 @@ REFUSED: dict[str, str] = {
     "vit_small_plus_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_small_r26_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_small_r26_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_srelpos_medium_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_srelpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_tiny_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_tiny_r_s16_p8_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_tiny_r_s16_p8_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",

@@ -24,11 +24,13 @@ from ..layers import (
     PatchEmbed,
     Pooling,
     PrefixTokens,
+    RelPos,
     Rope,
     RotaryEmbedding,
     get_mlp_layer,
     get_norm_layer,
     pool_tokens,
+    rel_pos_layers,
     resample_abs_pos_embed,
     sincos_2d,
 )
@@ -50,6 +52,21 @@ def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
 
 
 torch.fx.wrap("check_img_size")
+
+
+def _check_options(prefix: PrefixTokens, pooling: Pooling, pos_embed: str, rope: Rope | dict | None,
+                   rel_pos: RelPos | dict | None, dynamic_img_size: bool) -> tuple[Rope | None, RelPos | None]:
+    """The constructor's options checked together, one sentence per conflict; mappings made options objects."""
+    pooling.check(prefix.class_token)
+    if prefix.dist_token and pooling.global_pool != "token":
+        raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
+    if pos_embed not in ("learn", "sincos", "none"):
+        raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
+    if rel_pos is not None and dynamic_img_size:
+        raise ValueError("a relative position bias is built for one patch grid (as timm's); build the model with "
+                         "dynamic_img_size=False and change its size with set_input_size.")
+    rope = Rope(**rope) if isinstance(rope, dict) else rope
+    return rope, RelPos(**rel_pos) if isinstance(rel_pos, dict) else rel_pos
 
 
 class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
@@ -99,14 +116,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         sparse_attention: SparseOptions | dict | None = None,
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
+        rel_pos: RelPos | dict | None = None,
+        res_post_norm: bool = False,
     ) -> None:
         super().__init__()
-        pooling.check(prefix.class_token)
-        if prefix.dist_token and pooling.global_pool != "token":
-            raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
-        if pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
-        rope = Rope(**rope) if isinstance(rope, dict) else rope
+        rope, rel_pos = _check_options(prefix, pooling, pos_embed, rope, rel_pos, dynamic_img_size)
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -140,6 +154,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             self.pos_embed = None
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
         self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
+        # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
+        self.shared_rel_pos, rel_pos_layer = rel_pos_layers(rel_pos, self.patch_embed.grid_size, num_heads,
+                                                            prefix.count)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
 
@@ -147,7 +164,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
             fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
-            rope=rope, layer_scale_names=layer_scale_names,
+            rope=rope, layer_scale_names=layer_scale_names, rel_pos=rel_pos_layer, res_post_norm=res_post_norm,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [
@@ -173,6 +190,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.init_weights()
 
     # --- construction helpers -------------------------------------------------------------------------------
+
+    def rel_pos_modules(self) -> list[nn.Module]:
+        """The relative position bias modules (the shared one, or one per block), each built for one grid."""
+        own = [b.attn.rel_pos for b in self.blocks if isinstance(getattr(b.attn, "rel_pos", None), nn.Module)]
+        return own + ([self.shared_rel_pos] if self.shared_rel_pos is not None else [])
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
@@ -208,6 +230,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             info["reduction"] = max(self.patch_embed.patch_size)
         if grid == prev_grid:
             return
+        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
+            m.set_grid(grid)
         if isinstance(self.pos_embed, nn.Parameter):
             pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
             self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
@@ -295,9 +319,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
         rope = self.rope_table(x)
-        if rope is not None and patch_keep is not None:
-            raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
-                             "drop patch_keep for a model with rotary positions.")
+        if (rope is not None or self.rel_pos_modules()) and patch_keep is not None:
+            raise ValueError("patch_keep removes patches whose rotary positions or relative position bias the model "
+                             "would still apply; drop patch_keep for this model.")
         x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
