@@ -4,6 +4,7 @@ from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention
 from .attention_pool import AttentionPoolLatent
 from .drop import DropPath
+from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
@@ -28,6 +29,7 @@ __all__ = [
     "CrossAttention",
     "DropPath",
     "GELUTanh",
+    "HybridEmbed",
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
@@ -41,6 +43,7 @@ __all__ = [
     "RotaryEmbedding",
     "SparseAttention",
     "SparseOptions",
+    "Stem",
     "SwiGLU",
     "TokenState",
     "add_pos_embed_1d",
@@ -52,6 +55,7 @@ __all__ = [
     "get_norm_layer",
     "indexer_loss",
     "parse_token_reduction",
+    "patch_embedding",
     "pool_tokens",
     "rel_pos_layers",
     "resample_abs_pos_embed",

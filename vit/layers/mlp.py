@@ -3,8 +3,10 @@
 `Mlp` is ViT's FFN: Linear(D -> 4D), GELU (erf form), Linear(4D -> D), named `fc1`/`fc2` as in timm.
 `SwiGLU` (Shazeer, 2020, "GLU Variants Improve Transformer") gates the hidden layer:
     FFN(x) = W2 (SiLU(x W_g) * (x W_x))
-with timm's parameter names (`fc1_g`, `fc1_x`, `fc2`). `MLP_LAYERS` maps the names a model option takes
-(`mlp_layer="gelu"|"swiglu"|"gelu_tanh"|"quick_gelu"`) to these classes, as norm.py's `NORM_LAYERS` does for norms.
+with timm's parameter names (`fc1_g`, `fc1_x`, `fc2`); `GeGluMlp` is ViTamin's GeGLU (Chen et al., 2024), a LayerNorm
+first, then W2 (GELU(x W0) * (x W1)) (timm's names `norm`, `w0`, `w1`, `w2`). `MLP_LAYERS` maps the names a model
+option takes (`mlp_layer="gelu"|"swiglu"|"geglu"|"gelu_tanh"|"quick_gelu"`) to these classes, as norm.py's
+`NORM_LAYERS` does for norms.
 The last two are `Mlp` with the activations pretrained text models use: GELU's tanh approximation (Hendrycks &
 Gimpel, 2016; BERT's and GPT-2's "gelu_new") and CLIP's quick GELU, x * sigmoid(1.702 x) (Radford et al., 2021),
 which are 1e-3 and 2e-2 away from the erf form: enough to move a 12-layer model's outputs visibly.
@@ -18,7 +20,7 @@ from functools import partial
 import torch
 from torch import nn
 
-__all__ = ["MLP_LAYERS", "GELUTanh", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
+__all__ = ["MLP_LAYERS", "GELUTanh", "GeGluMlp", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
 
 
 class GELUTanh(nn.GELU):
@@ -84,9 +86,29 @@ class SwiGLU(nn.Module):
         return self.drop2(self.fc2(self.drop1(x)))
 
 
+class GeGluMlp(nn.Module):
+    """ViTamin's gated FFN: (..., D) -> (..., D), w2(GELU(w0(n)) * w1(n)) with n = LayerNorm(x) (eps 1e-6): the block
+    normalises before the FFN and the FFN normalises again, as timm's vitamin GeGluMlp."""
+
+    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(in_features, eps=1e-6)
+        self.w0 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = nn.GELU()
+        self.w1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.drop1 = nn.Dropout(drop)
+        self.w2 = nn.Linear(hidden_features, in_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        x = self.norm(x)
+        return self.drop2(self.w2(self.drop1(self.act(self.w0(x)) * self.w1(x))))
+
+
 MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {
     "gelu": Mlp,
     "swiglu": SwiGLU,
+    "geglu": GeGluMlp,
     "gelu_tanh": partial(Mlp, act_layer=GELUTanh),
     "quick_gelu": partial(Mlp, act_layer=QuickGELU),
 }

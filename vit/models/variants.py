@@ -7,12 +7,13 @@ norm's eps `norm_eps`); the image size and class count are those of timm's defau
 Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT (Touvron et al., 2021), DeiT III
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
-DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm).
+DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm),
+hybrid ViTs (a convolutional stem before the tokens: BiT ResNetV2, MobileCLIP's, ViTamin's with its GeGLU MLP).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["DINOV3", "RELPOS", "VARIANTS", "REFUSED"]
+__all__ = ["DINOV3", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
@@ -24,6 +25,17 @@ DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, po
 # no [CLS], mean of the tokens, LayerScale 1e-6; the rpn models put their norms on the residual branches instead
 RELPOS = dict(pos_embed="none", rel_pos=dict(kind="mlp"), class_token=False, global_pool="avg", fc_norm=False,
               init_values=1e-06, qkv_bias=False)
+
+# ViTamin (Chen et al., 2024): MBConv stages (widths w, 2w) then a ViT with GeGLU MLPs, mean of the tokens
+VITAMIN = dict(patch_size=1, mlp_layer="geglu", mlp_ratio=2.0, class_token=False, global_pool="avg")
+
+
+def _vitamin(width: int, embed_dim: int, depth: int, num_heads: int, img_size: int = 224,
+             num_classes: int = 768) -> dict:
+    """A ViTamin entry; num_classes is the width of the default tag's CLIP projection head."""
+    return dict(VITAMIN, stem=dict(kind="vitamin", widths=(width, 2 * width)), img_size=img_size,
+                embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_classes=num_classes)
+
 
 VARIANTS: dict[str, dict] = {
 "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,
@@ -330,6 +342,36 @@ VARIANTS: dict[str, dict] = {
     "vit_relpos_medium_patch16_rpn_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, res_post_norm=True),
     "vit_relpos_base_patch32_plus_rpn_256": dict(RELPOS, img_size=256, patch_size=32, embed_dim=896, depth=12,
                                                  num_heads=14, qkv_bias=True, res_post_norm=True),
+    "vit_tiny_r_s16_p8_224": dict(stem=dict(kind="resnetv2"), patch_size=8, embed_dim=192, depth=12, num_heads=3),
+    "vit_tiny_r_s16_p8_384": dict(stem=dict(kind="resnetv2"), img_size=384, patch_size=8, embed_dim=192, depth=12,
+                                  num_heads=3),
+    "vit_small_r26_s32_224": dict(stem=dict(kind="resnetv2", layers=(2, 2, 2, 2)), patch_size=1, embed_dim=384,
+                                  depth=12, num_heads=6),
+    "vit_small_r26_s32_384": dict(stem=dict(kind="resnetv2", layers=(2, 2, 2, 2)), img_size=384, patch_size=1,
+                                  embed_dim=384, depth=12, num_heads=6),
+    "vit_base_r50_s16_224": dict(stem=dict(kind="resnetv2", layers=(3, 4, 9)), patch_size=1, embed_dim=768, depth=12,
+                                 num_heads=12, num_classes=0),
+    "vit_base_r50_s16_384": dict(stem=dict(kind="resnetv2", layers=(3, 4, 9)), img_size=384, patch_size=1,
+                                 embed_dim=768, depth=12, num_heads=12),
+    "vit_large_r50_s32_224": dict(stem=dict(kind="resnetv2", layers=(3, 4, 6, 3)), patch_size=1, embed_dim=1024,
+                                  depth=24, num_heads=16),
+    "vit_large_r50_s32_384": dict(stem=dict(kind="resnetv2", layers=(3, 4, 6, 3)), img_size=384, patch_size=1,
+                                  embed_dim=1024, depth=24, num_heads=16),
+    "vit_base_mci_224": dict(stem=dict(kind="mci"), patch_size=1, embed_dim=768, depth=12, num_heads=12,
+                             no_embed_class=True, num_classes=512),
+    "vitamin_small_224": _vitamin(64, 384, 14, 6),
+    "vitamin_base_224": _vitamin(128, 768, 14, 12),
+    "vitamin_large_224": _vitamin(160, 1024, 31, 16),
+    "vitamin_large_256": _vitamin(160, 1024, 31, 16, 256),
+    "vitamin_large_336": _vitamin(160, 1024, 31, 16, 336),
+    "vitamin_large_384": _vitamin(160, 1024, 31, 16, 384),
+    "vitamin_large2_224": _vitamin(160, 1024, 31, 16, 224, 1024),
+    "vitamin_large2_256": _vitamin(160, 1024, 31, 16, 256, 1024),
+    "vitamin_large2_336": _vitamin(160, 1024, 31, 16, 336, 1024),
+    "vitamin_large2_384": _vitamin(160, 1024, 31, 16, 384, 1024),
+    "vitamin_xlarge_256": _vitamin(192, 1152, 32, 16, 256, 1152),
+    "vitamin_xlarge_336": _vitamin(192, 1152, 32, 16, 336, 1152),
+    "vitamin_xlarge_384": _vitamin(192, 1152, 32, 16, 384, 1152),
     "vit_base_patch16_rpn_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, qkv_bias=False,
                                      init_values=1e-05, class_token=False, global_pool="avg", res_post_norm=True),
 }
@@ -395,7 +437,6 @@ REFUSED: dict[str, str] = {
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "test_vit3": 'pooling over prefix tokens too (pool_include_prefix=True)',
     "vit_5b_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_base_mci_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_base_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
     "vit_base_patch16_lingbot": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
@@ -404,8 +445,6 @@ REFUSED: dict[str, str] = {
     "vit_base_patch16_rope_mixed_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_rope_reg1_gap_256": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_base_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_base_r50_s16_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_base_r50_s16_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_betwixt_patch16_rope_reg4_gap_256": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_dlittle_patch16_reg1_gap_256": 'diff attention',
     "vit_dpwee_patch16_reg1_gap_256": 'another block design (DiffParallelScalingBlock)',
@@ -424,8 +463,6 @@ REFUSED: dict[str, str] = {
     "vit_large_patch16_rope_mixed_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_large_patch16_rope_mixed_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_large_patch16_sapiens2": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "vit_large_r50_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_large_r50_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_medium_patch16_rope_reg1_gap_256": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_mediumd_patch16_rope_reg1_gap_256": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_pe_core_base_patch16_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
@@ -448,22 +485,5 @@ REFUSED: dict[str, str] = {
     "vit_small_patch16_rope_mixed_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_patch16_rope_mixed_ape_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "vit_small_plus_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
-    "vit_small_r26_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_small_r26_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_tiny_patch16_dinov3_qkvb": "a fixed zero key bias (timm's q_bias / v_bias)",
-    "vit_tiny_r_s16_p8_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_tiny_r_s16_p8_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_base_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_small_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
 }

@@ -21,14 +21,15 @@ from torch import nn
 from ..config import SparseOptions
 from ..layers import (
     AttentionPoolLatent,
-    PatchEmbed,
     Pooling,
     PrefixTokens,
     RelPos,
     Rope,
     RotaryEmbedding,
+    Stem,
     get_mlp_layer,
     get_norm_layer,
+    patch_embedding,
     pool_tokens,
     rel_pos_layers,
     resample_abs_pos_embed,
@@ -70,7 +71,8 @@ def _check_options(prefix: PrefixTokens, pooling: Pooling, pos_embed: str, rope:
 
 
 class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
-    """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` become
+    """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` (after a
+    convolutional `stem`, vit.layers.hybrid_embed.Stem, in hybrid models) become
     D = `embed_dim` tokens (`patch_embed`), a [CLS] token is prepended (`class_token`), positions are added
     (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
     heads transform the (B, prefix + h*w, D) sequence, and the head pools it. Two options objects choose the
@@ -78,8 +80,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     not) and `pooling` (vit.layers.Pooling: [CLS], average, max, attention pooling; where the final norm is).
     `pre_norm` adds CLIP's norm after the embeddings (and drops the patch projection's bias, as timm). Other
     options and parameter names are timm's (plus `norm_first`, `norm_layer`, `norm_eps`, `mlp_layer`,
-    `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping, see
-    vit.layers.sparse_attention); `vit.create_model` builds named variants and takes timm's keywords
+    `pos_embed`, `sparse_attention`, a `SparseOptions` or its mapping, see vit.layers.sparse_attention, `rope`
+    and `rel_pos`, rotary positions and relative position bias, see vit.layers.rope / rel_pos, and
+    `res_post_norm`, see vit.models.encoder.Block); `vit.create_model` builds named variants and takes timm's keywords
     (`class_token`, `reg_tokens`, `global_pool`, `fc_norm`, ...) for the objects' fields.
     """
 
@@ -118,6 +121,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         layer_scale_names: str = "ls",
         rel_pos: RelPos | dict | None = None,
         res_post_norm: bool = False,
+        stem: Stem | dict | None = None,
     ) -> None:
         super().__init__()
         rope, rel_pos = _check_options(prefix, pooling, pos_embed, rope, rel_pos, dynamic_img_size)
@@ -140,8 +144,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self._variant: str | None = None  # the name create_model built, for pretrained_cfg
         self._pretrained_cfg: dict[str, Any] | None = None
 
-        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
+        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm); a `stem`
+        # (vit.layers.hybrid_embed) puts a convolutional network before it
+        self.patch_embed = patch_embedding(stem, img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
@@ -167,10 +172,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             rope=rope, layer_scale_names=layer_scale_names, rel_pos=rel_pos_layer, res_post_norm=res_post_norm,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
-        self.feature_info = [
-            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=max(self.patch_embed.patch_size))
-            for i in range(depth)
-        ]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.reduction)
+                             for i in range(depth)]
         # timm: mean/max pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
         # stack already ends in a norm, so it gets none here.
         final = norm_first and pooling.final_norm
@@ -227,7 +230,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.patch_embed.set_input_size(img_size, patch_size)
         grid = self.patch_embed.grid_size
         for info in self.feature_info:
-            info["reduction"] = max(self.patch_embed.patch_size)
+            info["reduction"] = self.patch_embed.reduction
         if grid == prev_grid:
             return
         for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
