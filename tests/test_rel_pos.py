@@ -133,3 +133,62 @@ def test_relpos_models_give_timms_logits(arch):
 def test_bad_relative_position_settings_say_what_to_do(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+def test_beit_gives_timms_logits_and_keys():
+    """BEiT v2 (timm's Beit): per-block tables with [CLS] entries, q_bias / v_bias (k's fixed at zero), gamma_1 /
+    gamma_2; timm's logits within 1e-5 on both attention paths, again after set_input_size to a non-square grid
+    (both resample the tables the same way), and a checkpoint from another grid resampled as timm's loader does."""
+    from timm.models.beit import checkpoint_filter_fn as timm_filter
+
+    from vit.models.vision_weights import checkpoint_filter_fn
+
+    ours, ref = _pair("beitv2_base_patch16_224", **TINY)
+    keys = set(ours.state_dict())
+    assert {"blocks.0.attn.q_bias", "blocks.0.attn.v_bias", "blocks.0.attn.relative_position_bias_table",
+            "blocks.0.gamma_1"} <= keys and "blocks.0.attn.qkv.bias" not in keys
+    assert ours.blocks[0].attn.qkv.bias[48:96].abs().max() == 0  # k's third of the fused bias
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = ref(x)
+        torch.testing.assert_close(ours(x), expected, rtol=0, atol=1e-5)
+        ours.blocks.fused_attn = False
+        torch.testing.assert_close(ours(x), expected, rtol=0, atol=1e-5)
+        ref.blocks[0].attn.relative_position_bias_table.zero_()
+        assert (ref(x) - expected).abs().max() > 1e-4  # the tables matter (10x the tolerance above)
+        ours.blocks[0].attn.rel_pos.relative_position_bias_table.zero_()
+    saved = ref.state_dict()
+    ours.set_input_size((48, 80))
+    ref.set_input_size((48, 80))
+    x = torch.randn(2, 3, 48, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
+    big = vit.create_model("beitv2_base_patch16_224", **{**TINY, "img_size": 96})
+    theirs = timm_filter(saved, timm.create_model("beitv2_base_patch16_224", **{**TINY, "img_size": 96}))
+    mine = checkpoint_filter_fn(saved, big, type("Report", (), {"actions": []})())
+    key = "blocks.1.attn.relative_position_bias_table"
+    assert mine[key].shape == (11 * 11 + 3, 3)
+    torch.testing.assert_close(mine[key], theirs[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow  # builds a 224 px model four times (timm's and ours, saved and loaded)
+def test_beit_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, monkeypatch):
+    """A new tag by name, pretrained=True, from a Hugging Face cache that timm's save_for_hf wrote (HF_HUB_OFFLINE):
+    the same logits as timm's own pretrained=True."""
+    import huggingface_hub.constants
+    from helpers import hub_snapshot
+    from timm.models import save_for_hf
+
+    tag, small = "beitv2_base_patch16_224.in1k_ft_in1k", dict(embed_dim=48, depth=2, num_heads=3)
+    torch.manual_seed(0)
+    save_for_hf(_perturbed(timm.create_model(tag, **small)), str(hub_snapshot(tmp_path, f"timm/{tag}")),
+                safe_serialization=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    ours = vit.create_model(tag, pretrained=True, **small).eval()
+    ref = timm.create_model(tag, pretrained=True, cache_dir=tmp_path, **small).eval()
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
+    assert ours.pretrained_cfg["hf_hub_id"] == f"timm/{tag}"

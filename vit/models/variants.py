@@ -8,12 +8,13 @@ Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT 
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
 DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm),
-hybrid ViTs (a convolutional stem before the tokens: BiT ResNetV2, MobileCLIP's, ViTamin's with its GeGLU MLP).
+hybrid ViTs (a convolutional stem before the tokens: BiT ResNetV2, MobileCLIP's, ViTamin's with its GeGLU MLP), BEiT
+and BEiT v2 (a relative position table per block, q / v biases, Eva's LayerScale names).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["DINOV3", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
+__all__ = ["BEIT", "DINOV3", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
@@ -25,6 +26,11 @@ DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, po
 # no [CLS], mean of the tokens, LayerScale 1e-6; the rpn models put their norms on the residual branches instead
 RELPOS = dict(pos_embed="none", rel_pos=dict(kind="mlp"), class_token=False, global_pool="avg", fc_norm=False,
               init_values=1e-06, qkv_bias=False)
+
+# BEiT (Bao et al., 2022) and BEiT v2 (timm's Beit class): no absolute positions, a relative position table in every
+# block ([CLS] included), q and v biases with a fixed zero k bias, LayerScale saved as gamma_1 / gamma_2, mean pooling
+BEIT = dict(pos_embed="none", rel_pos=dict(kind="table"), qkv_bias="qv", layer_scale_names="gamma",
+            global_pool="avg", patch_size=16)
 
 # ViTamin (Chen et al., 2024): MBConv stages (widths w, 2w) then a ViT with GeGLU MLPs, mean of the tokens
 VITAMIN = dict(patch_size=1, mlp_layer="geglu", mlp_ratio=2.0, class_token=False, global_pool="avg")
@@ -372,6 +378,13 @@ VARIANTS: dict[str, dict] = {
     "vitamin_xlarge_256": _vitamin(192, 1152, 32, 16, 256, 1152),
     "vitamin_xlarge_336": _vitamin(192, 1152, 32, 16, 336, 1152),
     "vitamin_xlarge_384": _vitamin(192, 1152, 32, 16, 384, 1152),
+    "beit_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
+    "beit_base_patch16_384": dict(BEIT, img_size=384, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
+    "beit_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beit_large_patch16_384": dict(BEIT, img_size=384, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beit_large_patch16_512": dict(BEIT, img_size=512, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beitv2_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=1e-05),
+    "beitv2_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
     "vit_base_patch16_rpn_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, qkv_bias=False,
                                      init_values=1e-05, class_token=False, global_pool="avg", res_post_norm=True),
 }
@@ -395,13 +408,6 @@ REFUSED: dict[str, str] = {
     "aimv2_large_patch14_448": 'attention and MLP projections without bias (proj_bias=False)',
     "beit3_base_patch16_224": 'extra norms inside attention and MLP (scale_attn_norm, scale_mlp_norm)',
     "beit3_large_patch16_224": 'extra norms inside attention and MLP (scale_attn_norm, scale_mlp_norm)',
-    "beit_base_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beit_base_patch16_384": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_384": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_512": "BEiT's relative position bias (timm's Beit class)",
-    "beitv2_base_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beitv2_large_patch16_224": "BEiT's relative position bias (timm's Beit class)",
     "eva02_base_patch14_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "eva02_base_patch14_448": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "eva02_base_patch16_clip_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
