@@ -79,7 +79,7 @@ def bench_edge(models: list[str], batches: list[int] = (1, 16), threads: list[in
     for name, model in todo:
         torch.manual_seed(0)
         model = (model or create_model(name)).eval()
-        chans, img = model.patch_embed.proj.in_channels, model.patch_embed.img_size[0]
+        chans, img = model.in_chans, model.patch_embed.img_size[0]
         calib = data["calib"] if data else np.random.default_rng(0).normal(0, 1, (16, chans, img, img)).astype(
             np.float32)
         eager = {"eager fp32": model}

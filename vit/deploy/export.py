@@ -185,7 +185,7 @@ def preprocessing(model: VisionTransformer, aug, classes: list[str], threshold: 
     `vit.eval.multilabel.decision_threshold`), the probability from which a class is predicted."""
     aug = aug.resolved()
     ph, pw = model.patch_embed.patch_size
-    chans = model.patch_embed.proj.in_channels
+    chans = model.in_chans
     size = model.patch_embed.img_size[0]
     resize = int(round(size / aug.eval_crop_pct))
     flt = "INTER_CUBIC" if aug.interpolation == "bicubic" else "INTER_LINEAR"

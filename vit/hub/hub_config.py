@@ -24,7 +24,7 @@ def timm_config(model, architecture: str, label_names: list[str], data: dict, de
     crop_pct, interpolation), the current input size and class count. `defaults`: every architecture option at
     its value for `architecture` (the caller's: the model code knows them, the hub does not)."""
     h, w = model.patch_embed.img_size
-    current = dict(img_size=[h, w], in_chans=model.patch_embed.proj.in_channels, num_classes=model.num_classes,
+    current = dict(img_size=[h, w], in_chans=model.in_chans, num_classes=model.num_classes,
                    global_pool=model.global_pool)
     args = {k: v for k, v in getattr(model, "_model_args", {}).items()
             if k not in _RUNTIME and k not in _ALWAYS and v != defaults.get(k)}

@@ -5,6 +5,7 @@ from .attention import Attention, CachedSelfAttention, CrossAttention
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
 from .drop import DropPath
+from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, GluMlp, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .norm import get_norm_layer
@@ -12,6 +13,7 @@ from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .prefix_tokens import PrefixTokens
+from .rel_pos import RelPos, rel_pos_layers
 from .rope import Rope, RotaryEmbedding, apply_rope, rope_table
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
@@ -30,6 +32,7 @@ __all__ = [
     "DropPath",
     "GELUTanh",
     "GluMlp",
+    "HybridEmbed",
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
@@ -38,10 +41,12 @@ __all__ = [
     "Pooling",
     "PrefixTokens",
     "QuickGELU",
+    "RelPos",
     "Rope",
     "RotaryEmbedding",
     "SparseAttention",
     "SparseOptions",
+    "Stem",
     "SwiGLU",
     "TokenState",
     "add_pos_embed_1d",
@@ -53,7 +58,9 @@ __all__ = [
     "get_norm_layer",
     "indexer_loss",
     "parse_token_reduction",
+    "patch_embedding",
     "pool_tokens",
+    "rel_pos_layers",
     "resample_abs_pos_embed",
     "rope_table",
     "set_indexer_stage",

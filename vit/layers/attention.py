@@ -11,7 +11,10 @@ for the attention probabilities, for inspection and attention rollout.
 With `sparse_attention=SparseOptions("dsa" | "moba", ...)` each query attends only to the top-k key blocks a
 scorer picks (vit.layers.sparse_attention, which holds the scorers and kernels; this module only dispatches to it).
 With `rope=Rope(...)` the caller passes a rotary table (vit.layers.rope) to `forward`, and the patch tokens' q and
-k are rotated before `attend` (fused or explicit alike); prefix tokens are not rotated.
+k are rotated before `attend` (fused or explicit alike); prefix tokens are not rotated. With `rel_pos` (vit.layers.
+rel_pos) a relative position bias is added to the scores as a float mask, before `attend`'s one SDPA call.
+`qkv_bias="qv"` is BEiT's / EVA's layout: biases for q and v only, the k bias fixed at zero (a k bias shifts every
+score of a query equally, which softmax ignores), saved as `q_bias` / `v_bias`.
 
 For a decoder (section 3.2.3): `CachedSelfAttention` is `Attention` run step by step over cached keys and values,
 and `CrossAttention` takes its queries from the decoder and its keys and values from an encoder's memory.
@@ -28,8 +31,9 @@ from torch import nn
 
 from ..config import SparseOptions
 from .block_parts import BlockParts, join_qkv, split_qkv_names
+from .rel_pos import RelPosTable, SharedRelPos, table_names_in, table_names_out
 from .rope import Rope, apply_rope
-from .sdpa import attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
+from .sdpa import add_bias, attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
 from .sparse_attention import SparseAttention
 
 __all__ = ["Attention", "CachedSelfAttention", "CrossAttention"]
@@ -63,6 +67,8 @@ class Attention(nn.Module):
             (M, 2d) of `vit.layers.rope.rope_table` / `RotaryEmbedding` (this layer keeps only its pair layout).
         parts: a `BlockParts` (vit.layers.block_parts): q / k / v saved as three Linears, a norm (`norm_layer`)
             on the heads' output before `proj`, `proj` without bias.
+        rel_pos: None, or a factory (vit.layers.rel_pos.rel_pos_layers) of this layer's bias module, saved as
+            `rel_pos` (timm's relpos), or of a reference to the model's shared one.
     """
 
     def __init__(
@@ -77,11 +83,14 @@ class Attention(nn.Module):
         rope: Rope | None = None,
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
         norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
+        rel_pos: Callable[[], nn.Module | SharedRelPos] | None = None,
     ) -> None:
         super().__init__()
         _check_heads(dim, num_heads)
         if qkv_bias not in (True, False, "qv"):
             raise ValueError(f"qkv_bias must be true, false or 'qv' (q and v biases only), got {qkv_bias!r}.")
+        if rel_pos is not None and sparse_attention is not None:
+            raise ValueError("relative position bias runs on dense attention; drop sparse_attention or rel_pos.")
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
@@ -100,6 +109,10 @@ class Attention(nn.Module):
             self._register_load_state_dict_pre_hook(join_qkv)
         self.sparse = None if sparse_attention is None else SparseAttention(sparse_attention, dim, num_heads)
         self.rotate_half = rope is not None and rope.rotate_half  # the table's pair layout (vit.layers.rope)
+        self.rel_pos = None if rel_pos is None else rel_pos()  # forward() -> the (1, H, N, N) score bias
+        if isinstance(self.rel_pos, RelPosTable):  # BEiT saves its table on the attention itself
+            self._register_state_dict_hook(table_names_out)
+            self._register_load_state_dict_pre_hook(table_names_in)
 
     def forward(
         self,
@@ -121,6 +134,10 @@ class Attention(nn.Module):
         if rope is not None and self.sparse is not None:
             raise ValueError("rotary positions run on dense attention; drop sparse_attention when passing a rope "
                              "table.")
+        if self.rel_pos is not None:  # (1, H, N, N) relative position bias, one float mask with the user's
+            if self.sparse is not None:
+                raise ValueError("relative position bias runs on dense attention; call set_sparse_attention(None).")
+            mask = add_bias(mask, self.rel_pos(), x)
         if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
             if self.sparse is not None and num_queries is None and self.sparse.runs(N):
                 return self._sparse_forward(x, mask, is_causal, return_attention)
@@ -189,6 +206,9 @@ class Attention(nn.Module):
           'cls':  the [CLS] row of the probabilities (B, H, 1, N), EViT's ranking. On the fused path it is one
                   extra (1 x N) product per head beside the fused kernel, O(N d) instead of the N x N map."""
         N = x.shape[1]
+        if self.rel_pos is not None:
+            raise ValueError("token reduction changes which tokens exist, which a relative position bias is built "
+                             "for; call set_token_reduction(None).")
         q, k, v = self._qkv(x)
         bias = None if bias is None else bias.to(q.dtype)
         if bias is not None and torch.compiler.is_exporting():  # (B, 1, 1, N) -> (B, 1, N, N): ONNX Runtime's

@@ -7,7 +7,8 @@ with timm's parameter names (`fc1_g`, `fc1_x`, `fc2`); `GluMlp` is the same gate
 packed in one `fc1` (timm's `SwiGLUPacked`: DINOv2-giant, EVA02 tiny / small). Each may normalise its hidden
 layer before `fc2` (`norm_layer`: `mlp.norm`, NormFormer's extra norm in EVA02 and BEiT-3). `MLP_LAYERS` maps
 the names a model option takes (`mlp_layer="gelu"|"swiglu"|"swiglu_packed"|"gelu_tanh"|"quick_gelu"`) to these
-classes, as norm.py's `NORM_LAYERS` does for norms.
+classes, as norm.py's `NORM_LAYERS` does for norms. `GeGluMlp` is ViTamin's GeGLU (Chen et al., 2024), a LayerNorm
+first, then W2 (GELU(x W0) * (x W1)) (timm's names `norm`, `w0`, `w1`, `w2`; option name "geglu").
 The last two are `Mlp` with the activations pretrained text models use: GELU's tanh approximation (Hendrycks &
 Gimpel, 2016; BERT's and GPT-2's "gelu_new") and CLIP's quick GELU, x * sigmoid(1.702 x) (Radford et al., 2021),
 which are 1e-3 and 2e-2 away from the erf form: enough to move a 12-layer model's outputs visibly.
@@ -21,7 +22,7 @@ from functools import partial
 import torch
 from torch import nn
 
-__all__ = ["MLP_LAYERS", "GELUTanh", "GluMlp", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
+__all__ = ["MLP_LAYERS", "GELUTanh", "GeGluMlp", "GluMlp", "Mlp", "QuickGELU", "SwiGLU", "get_mlp_layer"]
 
 
 class GELUTanh(nn.GELU):
@@ -120,10 +121,34 @@ class GluMlp(nn.Module):
         return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 
+class GeGluMlp(nn.Module):
+    """ViTamin's gated FFN: (..., D) -> (..., D), w2(GELU(w0(n)) * w1(n)) with n = LayerNorm(x) (eps 1e-6): the block
+    normalises before the FFN and the FFN normalises again, as timm's vitamin GeGluMlp."""
+
+    def __init__(self, in_features: int, hidden_features: int, drop: float = 0.0, bias: bool = True,
+                 norm_layer: Callable[[int], nn.Module] | None = None) -> None:
+        super().__init__()
+        if norm_layer is not None:
+            raise ValueError("the GeGLU MLP normalises its input already; it takes no norm on its hidden layer "
+                             "(drop scale_mlp_norm).")
+        self.norm = nn.LayerNorm(in_features, eps=1e-6)
+        self.w0 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.act = nn.GELU()
+        self.w1 = nn.Linear(in_features, hidden_features, bias=bias)
+        self.drop1 = nn.Dropout(drop)
+        self.w2 = nn.Linear(hidden_features, in_features, bias=bias)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B, N, D)
+        x = self.norm(x)
+        return self.drop2(self.w2(self.drop1(self.act(self.w0(x)) * self.w1(x))))
+
+
 MLP_LAYERS: dict[str, Callable[..., nn.Module]] = {
     "gelu": Mlp,
     "swiglu": SwiGLU,
     "swiglu_packed": GluMlp,
+    "geglu": GeGluMlp,
     "gelu_tanh": partial(Mlp, act_layer=GELUTanh),
     "quick_gelu": partial(Mlp, act_layer=QuickGELU),
 }

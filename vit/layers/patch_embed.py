@@ -53,6 +53,11 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()  # AIMv2's token norm
 
+    @property
+    def reduction(self) -> int:
+        """Input pixels per token along the longer patch side (timm's feature_info reduction)."""
+        return max(self.patch_size)
+
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
         ph, pw = self.patch_size

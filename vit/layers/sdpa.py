@@ -16,7 +16,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 
-__all__ = ["attend", "expand_mask", "masked_scores", "merge_heads", "sdpa_mask", "split_heads", "split_qkv"]
+__all__ = ["add_bias", "attend", "expand_mask", "masked_scores", "merge_heads", "sdpa_mask", "split_heads",
+           "split_qkv"]
 
 
 def expand_mask(mask: torch.Tensor | None, num_tokens: int) -> torch.Tensor | None:
@@ -66,6 +67,23 @@ def sdpa_mask(
     if num_queries < num_tokens and mask.shape[-2] == num_tokens:
         mask = mask[..., :num_queries, :]  # (..., q, N): rows of the queries computed
     return mask, False
+
+
+def add_bias(mask: torch.Tensor | None, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A user's mask (any form `expand_mask` takes) with a float score bias (1 | B, H, N, N) added, e.g. a relative
+    position bias: one float mask, so SDPA's fused kernel still takes it (False entries become -inf). Returned in
+    the dtype the queries of tokens `x` will have (autocast's, if on), as SDPA requires. An FX leaf."""
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    mask = expand_mask(mask, bias.shape[-1])
+    if mask is None:
+        return bias.to(dtype)
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf")).to(dtype)
+    return (bias + mask).to(dtype)
+
+
+torch.fx.wrap("add_bias")
 
 
 def masked_scores(scores: torch.Tensor, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:

@@ -3,6 +3,7 @@
 A block is two residual sub-layers, attention then feed-forward (Vaswani et al., 2017, section 3.1):
     pre-norm  (ViT, GPT-2, default):   x = x + DropPath(LS(Attn(Norm(x))));  x = x + DropPath(LS(FFN(Norm(x))))
     post-norm (original Transformer, BERT): x = Norm(x + Attn(x));           x = Norm(x + FFN(x))
+    residual post-norm (Swin-V2; timm's ResPostBlock): x = x + DropPath(Norm(Attn(x)));  x = x + DropPath(Norm(FFN(x)))
 Pre-norm keeps an identity path from input to output, which is why deep pre-norm stacks train without warmup
 tricks; a pre-norm stack needs one final norm after the last block (the model owns it, named `norm`).
 Disabled options become `nn.Identity()`, so `forward` has no branches on them.
@@ -62,7 +63,8 @@ class Block(nn.Module):
     'rmsnorm' or a constructor), `mlp_layer` ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a
     subclass, e.g. the decoder's cached one) pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`,
     `norm2`, `mlp`, `ls2`), so timm's weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`,
-    then `ffn`: a block that adds a sub-layer (the decoder's cross-attention) reuses them."""
+    then `ffn`: a block that adds a sub-layer (the decoder's cross-attention) reuses them. `rel_pos` (a factory,
+    vit.layers.rel_pos) gives the attention a relative position bias."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class Block(nn.Module):
         rope: Rope | None = None,
         layer_scale_names: str = "ls",
         parts: BlockParts | None = None,
+        rel_pos: Callable[[], nn.Module] | None = None,
     ) -> None:
         super().__init__()
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
@@ -93,6 +96,7 @@ class Block(nn.Module):
         if self.res_post and not norm_first:
             raise ValueError("res_post_norm puts the norm inside the residual; it cannot be combined with "
                              "norm_first=False (a norm after the residual sum).")
+        position = {k: v for k, v in (("rope", rope), ("rel_pos", rel_pos)) if v is not None}
         self.norm1 = norm(dim)
         # optional parts (vit.layers.block_parts) only when asked, so attention / MLP classes without them still fit
         attn_parts = {} if parts is None else {"parts": parts, "norm_layer": norm}
@@ -100,7 +104,7 @@ class Block(nn.Module):
                                               "norm_layer": norm if parts.scale_mlp_norm else None}
         self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
                                fused_attn=fused_attn, sparse_attention=sparse_attention,
-                               **({} if rope is None else {"rope": rope}), **attn_parts)
+                               **position, **attn_parts)
         layer_scale = init_values and not self.res_post  # res-post-norm: init_values starts the norms' weights
         self.ls1 = LayerScale(dim, init_values) if layer_scale else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()

@@ -7,12 +7,14 @@ norm's eps `norm_eps`); the image size and class count are those of timm's defau
 Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT (Touvron et al., 2021), DeiT III
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
-DINOv3 (rotary positions).
+DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm),
+hybrid ViTs (a convolutional stem before the tokens: BiT ResNetV2, MobileCLIP's, ViTamin's with its GeGLU MLP), BEiT
+and BEiT v2 (a relative position table per block, q / v biases, Eva's LayerScale names).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["DINOV3", "VARIANTS", "REFUSED"]
+__all__ = ["BEIT", "DINOV3", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
@@ -50,6 +52,27 @@ AIMV2 = dict(patch_size=14, mlp_ratio=2.75, class_token=False, global_pool="avg"
 
 # DINOv2-giant's SwiGLU packs gate and value in one fc1 ('swiglu_packed': mlp_ratio is each half's, timm's 2.66667 * 2
 # counts both)
+# timm's VisionTransformerRelPos: no absolute positions, an MLP relative position bias in every block (or shared),
+# no [CLS], mean of the tokens, LayerScale 1e-6; the rpn models put their norms on the residual branches instead
+RELPOS = dict(pos_embed="none", rel_pos=dict(kind="mlp"), class_token=False, global_pool="avg", fc_norm=False,
+              init_values=1e-06, qkv_bias=False)
+
+# BEiT (Bao et al., 2022) and BEiT v2 (timm's Beit class): no absolute positions, a relative position table in every
+# block ([CLS] included), q and v biases with a fixed zero k bias, LayerScale saved as gamma_1 / gamma_2, mean pooling
+BEIT = dict(pos_embed="none", rel_pos=dict(kind="table"), qkv_bias="qv", layer_scale_names="gamma",
+            global_pool="avg", patch_size=16)
+
+# ViTamin (Chen et al., 2024): MBConv stages (widths w, 2w) then a ViT with GeGLU MLPs, mean of the tokens
+VITAMIN = dict(patch_size=1, mlp_layer="geglu", mlp_ratio=2.0, class_token=False, global_pool="avg")
+
+
+def _vitamin(width: int, embed_dim: int, depth: int, num_heads: int, img_size: int = 224,
+             num_classes: int = 768) -> dict:
+    """A ViTamin entry; num_classes is the width of the default tag's CLIP projection head."""
+    return dict(VITAMIN, stem=dict(kind="vitamin", widths=(width, 2 * width)), img_size=img_size,
+                embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_classes=num_classes)
+
+
 VARIANTS: dict[str, dict] = {
     "eva02_enormous_patch14_clip_224": dict(patch_size=14, embed_dim=1792, depth=64, num_heads=16,
                                             mlp_ratio=15360 / 1792, qkv_bias="qv", res_post_norm=True,
@@ -458,6 +481,57 @@ VARIANTS: dict[str, dict] = {
     "vit_large_patch16_dinov3": dict(DINOV3, embed_dim=1024, depth=24, num_heads=16),
     "vit_huge_plus_patch16_dinov3": dict(DINOV3, embed_dim=1280, depth=32, num_heads=20, mlp_layer='swiglu'),
     "vit_7b_patch16_dinov3": dict(DINOV3, embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2, mlp_layer='swiglu'),
+    "vit_relpos_small_patch16_224": dict(RELPOS, embed_dim=384, depth=12, num_heads=6, fc_norm=True),
+    "vit_relpos_medium_patch16_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, fc_norm=True),
+    "vit_relpos_base_patch16_224": dict(RELPOS, embed_dim=768, depth=12, num_heads=12, fc_norm=True),
+    "vit_srelpos_small_patch16_224": dict(RELPOS, embed_dim=384, depth=12, num_heads=6,
+                                          rel_pos=dict(kind="mlp", hidden_dim=384, shared=True)),
+    "vit_srelpos_medium_patch16_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8,
+                                           rel_pos=dict(kind="mlp", hidden_dim=512, shared=True)),
+    "vit_relpos_medium_patch16_cls_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, class_token=True,
+                                              global_pool="token", rel_pos=dict(kind="mlp", hidden_dim=256)),
+    "vit_relpos_base_patch16_clsgap_224": dict(RELPOS, embed_dim=768, depth=12, num_heads=12, class_token=True,
+                                               fc_norm=True),
+    "vit_relpos_medium_patch16_rpn_224": dict(RELPOS, embed_dim=512, depth=12, num_heads=8, res_post_norm=True),
+    "vit_relpos_base_patch32_plus_rpn_256": dict(RELPOS, img_size=256, patch_size=32, embed_dim=896, depth=12,
+                                                 num_heads=14, qkv_bias=True, res_post_norm=True),
+    "vit_tiny_r_s16_p8_224": dict(stem=dict(kind="resnetv2"), patch_size=8, embed_dim=192, depth=12, num_heads=3),
+    "vit_tiny_r_s16_p8_384": dict(stem=dict(kind="resnetv2"), img_size=384, patch_size=8, embed_dim=192, depth=12,
+                                  num_heads=3),
+    "vit_small_r26_s32_224": dict(stem=dict(kind="resnetv2", layers=(2, 2, 2, 2)), patch_size=1, embed_dim=384,
+                                  depth=12, num_heads=6),
+    "vit_small_r26_s32_384": dict(stem=dict(kind="resnetv2", layers=(2, 2, 2, 2)), img_size=384, patch_size=1,
+                                  embed_dim=384, depth=12, num_heads=6),
+    "vit_base_r50_s16_224": dict(stem=dict(kind="resnetv2", layers=(3, 4, 9)), patch_size=1, embed_dim=768, depth=12,
+                                 num_heads=12, num_classes=0),
+    "vit_base_r50_s16_384": dict(stem=dict(kind="resnetv2", layers=(3, 4, 9)), img_size=384, patch_size=1,
+                                 embed_dim=768, depth=12, num_heads=12),
+    "vit_large_r50_s32_224": dict(stem=dict(kind="resnetv2", layers=(3, 4, 6, 3)), patch_size=1, embed_dim=1024,
+                                  depth=24, num_heads=16),
+    "vit_large_r50_s32_384": dict(stem=dict(kind="resnetv2", layers=(3, 4, 6, 3)), img_size=384, patch_size=1,
+                                  embed_dim=1024, depth=24, num_heads=16),
+    "vit_base_mci_224": dict(stem=dict(kind="mci"), patch_size=1, embed_dim=768, depth=12, num_heads=12,
+                             no_embed_class=True, num_classes=512),
+    "vitamin_small_224": _vitamin(64, 384, 14, 6),
+    "vitamin_base_224": _vitamin(128, 768, 14, 12),
+    "vitamin_large_224": _vitamin(160, 1024, 31, 16),
+    "vitamin_large_256": _vitamin(160, 1024, 31, 16, 256),
+    "vitamin_large_336": _vitamin(160, 1024, 31, 16, 336),
+    "vitamin_large_384": _vitamin(160, 1024, 31, 16, 384),
+    "vitamin_large2_224": _vitamin(160, 1024, 31, 16, 224, 1024),
+    "vitamin_large2_256": _vitamin(160, 1024, 31, 16, 256, 1024),
+    "vitamin_large2_336": _vitamin(160, 1024, 31, 16, 336, 1024),
+    "vitamin_large2_384": _vitamin(160, 1024, 31, 16, 384, 1024),
+    "vitamin_xlarge_256": _vitamin(192, 1152, 32, 16, 256, 1152),
+    "vitamin_xlarge_336": _vitamin(192, 1152, 32, 16, 336, 1152),
+    "vitamin_xlarge_384": _vitamin(192, 1152, 32, 16, 384, 1152),
+    "beit_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
+    "beit_base_patch16_384": dict(BEIT, img_size=384, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
+    "beit_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beit_large_patch16_384": dict(BEIT, img_size=384, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beit_large_patch16_512": dict(BEIT, img_size=512, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "beitv2_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=1e-05),
+    "beitv2_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
 }
 
 REFUSED: dict[str, str] = {
@@ -465,13 +539,6 @@ REFUSED: dict[str, str] = {
         "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
     "vit_so400m_patch14_siglip_384":
         "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
-    "beit_base_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beit_base_patch16_384": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_384": "BEiT's relative position bias (timm's Beit class)",
-    "beit_large_patch16_512": "BEiT's relative position bias (timm's Beit class)",
-    "beitv2_base_patch16_224": "BEiT's relative position bias (timm's Beit class)",
-    "beitv2_large_patch16_224": "BEiT's relative position bias (timm's Beit class)",
     "naflexvit_base_patch16_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "naflexvit_base_patch16_par_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "naflexvit_base_patch16_parfac_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
@@ -490,12 +557,9 @@ REFUSED: dict[str, str] = {
     "samvit_large_patch16":
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "vit_5b_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_base_mci_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_base_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_base_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_base_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_base_r50_s16_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_base_r50_s16_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_dlittle_patch16_reg1_gap_256": 'diff attention',
     "vit_dpwee_patch16_reg1_gap_256": 'another block design (DiffParallelScalingBlock)',
     "vit_dwee_patch16_reg1_gap_256": 'diff attention',
@@ -504,35 +568,7 @@ REFUSED: dict[str, str] = {
     "vit_large_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_large_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_large_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_large_r50_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_large_r50_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
     "vit_pwee_patch16_reg1_gap_256": 'another block design (ParallelScalingBlock)',
-    "vit_relpos_base_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_base_patch16_clsgap_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_base_patch32_plus_rpn_256": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_cls_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_medium_patch16_rpn_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_relpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
     "vit_small_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
     "vit_small_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_small_r26_s32_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_small_r26_s32_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_srelpos_medium_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_srelpos_small_patch16_224": "relative position bias (timm's VisionTransformerRelPos class)",
-    "vit_tiny_r_s16_p8_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vit_tiny_r_s16_p8_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_base_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large2_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_large_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_small_224": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_256": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_336": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
-    "vitamin_xlarge_384": "a convolutional stem before the patch tokens (timm's HybridEmbed)",
 }

@@ -22,14 +22,17 @@ from ..config import SparseOptions
 from ..layers import (
     AttentionPoolLatent,
     BlockParts,
-    PatchEmbed,
     Pooling,
     PrefixTokens,
+    RelPos,
     Rope,
     RotaryEmbedding,
+    Stem,
     get_mlp_layer,
     get_norm_layer,
+    patch_embedding,
     pool_tokens,
+    rel_pos_layers,
     resample_abs_pos_embed,
     sincos_2d,
 )
@@ -53,8 +56,24 @@ def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
 torch.fx.wrap("check_img_size")
 
 
+def _check_options(prefix: PrefixTokens, pooling: Pooling, pos_embed: str, rope: Rope | dict | None,
+                   rel_pos: RelPos | dict | None, dynamic_img_size: bool) -> tuple[Rope | None, RelPos | None]:
+    """The constructor's options checked together, one sentence per conflict; mappings made options objects."""
+    pooling.check(prefix.class_token)
+    if prefix.dist_token and pooling.global_pool != "token":
+        raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
+    if pos_embed not in ("learn", "sincos", "none"):
+        raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
+    if rel_pos is not None and dynamic_img_size:
+        raise ValueError("a relative position bias is built for one patch grid (as timm's); build the model with "
+                         "dynamic_img_size=False and change its size with set_input_size.")
+    rope = Rope(**rope) if isinstance(rope, dict) else rope
+    return rope, RelPos(**rel_pos) if isinstance(rel_pos, dict) else rel_pos
+
+
 class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
-    """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` become
+    """The Vision Transformer: images (B, C, H, W) -> logits (B, num_classes). Patches of `patch_size` (after a
+    convolutional `stem`, vit.layers.hybrid_embed.Stem, in hybrid models) become
     D = `embed_dim` tokens (`patch_embed`), a [CLS] token is prepended (`class_token`), positions are added
     (`pos_embed`: learned, or big_vision's fixed 2-D sine-cosine), `depth` shared `Block`s with `num_heads`
     heads transform the (B, prefix + h*w, D) sequence, and the head pools it. Two options objects choose the
@@ -63,8 +82,10 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     `parts` (vit.layers.BlockParts) adds Eva's, NormFormer's and AIMv2's optional norms, biases and saved names.
     `pre_norm` adds CLIP's norm after the embeddings (and drops the patch projection's bias, as timm). Other
     options and parameter names are timm's (plus `norm_first`, `norm_layer`, `norm_eps`, `mlp_layer`,
-    `pos_embed`, and `sparse_attention`, a `SparseOptions` or its mapping, see
-    vit.layers.sparse_attention); `vit.create_model` builds named variants and takes timm's keywords
+    `pos_embed`, `sparse_attention`, a `SparseOptions` or its mapping, see vit.layers.sparse_attention, `rope`
+    and `rel_pos`, rotary positions and relative position bias, see vit.layers.rope / rel_pos, and `stem`, a
+    convolutional stem, see vit.layers.hybrid_embed); `vit.create_model` builds named variants and takes timm's
+    keywords
     (`class_token`, `reg_tokens`, `global_pool`, `fc_norm`, ...) for the objects' fields.
     """
 
@@ -102,14 +123,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
+        rel_pos: RelPos | dict | None = None,
+        stem: Stem | dict | None = None,
     ) -> None:
         super().__init__()
-        pooling.check(prefix.class_token)
-        if prefix.dist_token and pooling.global_pool != "token":
-            raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
-        if pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
-        rope = Rope(**rope) if isinstance(rope, dict) else rope
+        rope, rel_pos = _check_options(prefix, pooling, pos_embed, rope, rel_pos, dynamic_img_size)
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes, self.in_chans = num_classes, in_chans
         self.prefix, self.pooling = prefix, pooling
@@ -127,9 +145,10 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self._variant: str | None = None  # the name create_model built, for pretrained_cfg
         self._pretrained_cfg: dict[str, Any] | None = None
 
-        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, not pre_norm,
-                                      norm if parts.embed_norm else None)
+        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm); a `stem`
+        # (vit.layers.hybrid_embed) puts a convolutional network before it
+        self.patch_embed = patch_embedding(stem, img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
+                                           norm_layer=norm if parts.embed_norm else None)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
@@ -142,6 +161,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             self.pos_embed = None
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
         self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
+        # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
+        self.shared_rel_pos, rel_pos_layer = rel_pos_layers(rel_pos, self.patch_embed.grid_size, num_heads,
+                                                            prefix.count)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
 
@@ -149,13 +171,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
             fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
-            rope=rope, layer_scale_names=layer_scale_names, parts=parts,
+            rope=rope, layer_scale_names=layer_scale_names, parts=parts, rel_pos=rel_pos_layer,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
-        self.feature_info = [
-            dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=max(self.patch_embed.patch_size))
-            for i in range(depth)
-        ]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.reduction)
+                             for i in range(depth)]
         # timm: mean/max pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
         # stack already ends in a norm, so it gets none here.
         final = norm_first and pooling.final_norm
@@ -175,6 +195,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.init_weights()
 
     # --- construction helpers -------------------------------------------------------------------------------
+
+    def rel_pos_modules(self) -> list[nn.Module]:
+        """The relative position bias modules (the shared one, or one per block), each built for one grid."""
+        own = [b.attn.rel_pos for b in self.blocks if isinstance(getattr(b.attn, "rel_pos", None), nn.Module)]
+        return own + ([self.shared_rel_pos] if self.shared_rel_pos is not None else [])
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
@@ -207,9 +232,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.patch_embed.set_input_size(img_size, patch_size)
         grid = self.patch_embed.grid_size
         for info in self.feature_info:
-            info["reduction"] = max(self.patch_embed.patch_size)
+            info["reduction"] = self.patch_embed.reduction
         if grid == prev_grid:
             return
+        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
+            m.set_grid(grid)
         if isinstance(self.pos_embed, nn.Parameter):
             pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
             self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
@@ -297,9 +324,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
         rope = self.rope_table(x)
-        if rope is not None and patch_keep is not None:
-            raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
-                             "drop patch_keep for a model with rotary positions.")
+        if (rope is not None or self.rel_pos_modules()) and patch_keep is not None:
+            raise ValueError("patch_keep removes patches whose rotary positions or relative position bias the model "
+                             "would still apply; drop patch_keep for this model.")
         x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens

@@ -3,6 +3,8 @@
 Weights trained at another resolution or on another number of input channels still fit a ViT:
   - position embeddings (1, prefix + h*w, D) are resampled to the model's patch grid (bicubic, prefix rows
     kept apart, as timm's `resample_abs_pos_embed`);
+  - BEiT's relative position tables ((2h - 1)(2w - 1) + 3, H) are resampled to the model's grid (timm's
+    `resize_rel_pos_bias_table`, as timm's BEiT loader);
   - the patch projection (D, C, P, P) is adapted to the model's channels by timm's `adapt_input_conv`
     (summed over RGB for 1 channel, as a grey image is the sum of its colour planes; repeated and rescaled
     for more).
@@ -45,6 +47,13 @@ def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: nn.Module, repor
             )
         state["pos_embed"] = resample_abs_pos_embed(pos, new_grid, (side, side), prefix)
         report.actions.append(f"resampled pos_embed from a {side}x{side} grid to {new_grid[0]}x{new_grid[1]}")
+    for key in [k for k in state if k.endswith("relative_position_bias_table") and k in own]:
+        if state[key].shape != own[key].shape and state[key].ndim == 2 and state[key].shape[1] == own[key].shape[1]:
+            from timm.layers import resize_rel_pos_bias_table
+
+            grid = model.patch_embed.grid_size
+            state[key] = resize_rel_pos_bias_table(state[key], new_window_size=grid, new_bias_shape=own[key].shape)
+            report.actions.append(f"resampled {key} to a {grid[0]}x{grid[1]} grid")
     w, own_w = state.get("patch_embed.proj.weight"), own.get("patch_embed.proj.weight")
     if w is not None and own_w is not None and w.ndim == 4 and w.shape[1] != own_w.shape[1] \
             and (w.shape[0], *w.shape[2:]) == (own_w.shape[0], *own_w.shape[2:]):

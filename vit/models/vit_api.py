@@ -100,7 +100,7 @@ class ModelApi:
                 self.attn_pool = None
             self.pooling, self.global_pool = pooling, global_pool
         self.num_classes = num_classes
-        ref = self.patch_embed.proj.weight
+        ref = next(self.parameters())  # the new head's device and dtype
         new_head = lambda: (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)  # noqa: E731
                             if num_classes > 0 else nn.Identity())
         self.head = new_head()
