@@ -98,15 +98,17 @@ TINY = dict(img_size=64, embed_dim=48, depth=2, num_heads=3, num_classes=5)
 
 
 @pytest.mark.parametrize("arch", ["vit_relpos_medium_patch16_cls_224", "vit_srelpos_small_patch16_224",
-                                  "vit_relpos_medium_patch16_rpn_224"], ids=["cls-token", "shared", "res-post-norm"])
+                                  pytest.param("vit_relpos_medium_patch16_rpn_224", marks=pytest.mark.slow)],
+                         ids=["cls-token", "shared", "res-post-norm"])
 def test_relpos_models_give_timms_logits(arch):
     """Per-block MLP bias with [CLS] and token pooling (the [CLS]-only last block), the shared MLP bias, and residual
-    post-norm: timm's logits within 1e-5, on both attention paths; again after set_input_size to a non-square grid
-    (timm recomputes the MLP's offsets, so do we)."""
+    post-norm: timm's logits within 1e-5, on both attention paths and traced with torch.fx; again after
+    set_input_size to a non-square grid (timm recomputes the MLP's offsets, so do we)."""
     ours, ref = _pair(arch, **TINY)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.fx.symbolic_trace(ours)(x), ref(x), rtol=0, atol=1e-5)
         logits, maps = ours.forward_with_attention(x)
     torch.testing.assert_close(logits, ref(x), rtol=0, atol=1e-5)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones_like(maps[0][..., 0]))
@@ -123,12 +125,12 @@ def test_relpos_models_give_timms_logits(arch):
     (lambda: RelPosTable((4, 4), 2, prefix=0), "entries for one \\[CLS\\] token"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", dynamic_img_size=True),
      "built for one patch grid"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1)(torch.randn(1, 3, 64, 64)),
-     "differs from the model's 224x224"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1, token_reduction="merge:2")(
-        torch.randn(1, 3, 224, 224)), "call set_token_reduction\\(None\\)"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1).encode(
-        torch.randn(1, 3, 224, 224), patch_keep=torch.arange(10)[None]), "drop patch_keep"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY)(torch.randn(1, 3, 96, 96)),
+     "differs from the model's 64x64"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", token_reduction="merge:2", **TINY)(
+        torch.randn(1, 3, 64, 64)), "call set_token_reduction\\(None\\)"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY).encode(
+        torch.randn(1, 3, 64, 64), patch_keep=torch.arange(10)[None]), "drop patch_keep"),
 ])
 def test_bad_relative_position_settings_say_what_to_do(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
