@@ -60,7 +60,8 @@ def _formula64(x, attn, bias, pad):
 @pytest.mark.parametrize("kind", ["mlp", "table"])
 def test_biased_attention_fused_equals_explicit_and_formula(kind):
     """The bias goes into SDPA as a float mask: fused and explicit paths and a float64 formula agree within 1e-6,
-    with a key-padding mask on top; the bias changes the output (so the comparison is not vacuous)."""
+    with a key-padding mask on top; every bias parameter gets a gradient through the fused path; the bias changes
+    the output (so the comparison is not vacuous)."""
     torch.manual_seed(0)
     grid, heads, D = (3, 5), 2, 32
     _, make = rel_pos_layers(RelPos(kind), grid, heads, prefix=1)
@@ -77,6 +78,8 @@ def test_biased_attention_fused_equals_explicit_and_formula(kind):
     torch.testing.assert_close(fused.double(), _formula64(x, attn, bias, pad), rtol=0, atol=1e-6)
     torch.testing.assert_close(first, fused[:, :1], rtol=0, atol=1e-6)
     assert probs[0, :, :, -4:].abs().max() == 0
+    attn(x, pad)[0].square().sum().backward()  # through the fused kernel's float mask into the bias' parameters
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in attn.rel_pos.parameters())
     with torch.no_grad():
         plain = Attention(D, heads, qkv_bias=False)
         plain.load_state_dict({k: v for k, v in attn.state_dict().items() if "rel_pos" not in k
