@@ -60,7 +60,8 @@ def _formula64(x, attn, bias, pad):
 @pytest.mark.parametrize("kind", ["mlp", "table"])
 def test_biased_attention_fused_equals_explicit_and_formula(kind):
     """The bias goes into SDPA as a float mask: fused and explicit paths and a float64 formula agree within 1e-6,
-    with a key-padding mask on top; the bias changes the output (so the comparison is not vacuous)."""
+    with a key-padding mask on top; every bias parameter gets a gradient through the fused path; the bias changes
+    the output (so the comparison is not vacuous)."""
     torch.manual_seed(0)
     grid, heads, D = (3, 5), 2, 32
     _, make = rel_pos_layers(RelPos(kind), grid, heads, prefix=1)
@@ -77,6 +78,8 @@ def test_biased_attention_fused_equals_explicit_and_formula(kind):
     torch.testing.assert_close(fused.double(), _formula64(x, attn, bias, pad), rtol=0, atol=1e-6)
     torch.testing.assert_close(first, fused[:, :1], rtol=0, atol=1e-6)
     assert probs[0, :, :, -4:].abs().max() == 0
+    attn(x, pad)[0].square().sum().backward()  # through the fused kernel's float mask into the bias' parameters
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in attn.rel_pos.parameters())
     with torch.no_grad():
         plain = Attention(D, heads, qkv_bias=False)
         plain.load_state_dict({k: v for k, v in attn.state_dict().items() if "rel_pos" not in k
@@ -98,15 +101,17 @@ TINY = dict(img_size=64, embed_dim=48, depth=2, num_heads=3, num_classes=5)
 
 
 @pytest.mark.parametrize("arch", ["vit_relpos_medium_patch16_cls_224", "vit_srelpos_small_patch16_224",
-                                  "vit_relpos_medium_patch16_rpn_224"], ids=["cls-token", "shared", "res-post-norm"])
+                                  pytest.param("vit_relpos_medium_patch16_rpn_224", marks=pytest.mark.slow)],
+                         ids=["cls-token", "shared", "res-post-norm"])
 def test_relpos_models_give_timms_logits(arch):
     """Per-block MLP bias with [CLS] and token pooling (the [CLS]-only last block), the shared MLP bias, and residual
-    post-norm: timm's logits within 1e-5, on both attention paths; again after set_input_size to a non-square grid
-    (timm recomputes the MLP's offsets, so do we)."""
+    post-norm: timm's logits within 1e-5, on both attention paths and traced with torch.fx; again after
+    set_input_size to a non-square grid (timm recomputes the MLP's offsets, so do we)."""
     ours, ref = _pair(arch, **TINY)
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.fx.symbolic_trace(ours)(x), ref(x), rtol=0, atol=1e-5)
         logits, maps = ours.forward_with_attention(x)
     torch.testing.assert_close(logits, ref(x), rtol=0, atol=1e-5)
     torch.testing.assert_close(maps[0].sum(-1), torch.ones_like(maps[0][..., 0]))
@@ -123,12 +128,12 @@ def test_relpos_models_give_timms_logits(arch):
     (lambda: RelPosTable((4, 4), 2, prefix=0), "entries for one \\[CLS\\] token"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", dynamic_img_size=True),
      "built for one patch grid"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1)(torch.randn(1, 3, 64, 64)),
-     "differs from the model's 224x224"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1, token_reduction="merge:2")(
-        torch.randn(1, 3, 224, 224)), "call set_token_reduction\\(None\\)"),
-    (lambda: vit.create_model("vit_relpos_small_patch16_224", depth=1).encode(
-        torch.randn(1, 3, 224, 224), patch_keep=torch.arange(10)[None]), "drop patch_keep"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY)(torch.randn(1, 3, 96, 96)),
+     "differs from the model's 64x64"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", token_reduction="merge:2", **TINY)(
+        torch.randn(1, 3, 64, 64)), "call set_token_reduction\\(None\\)"),
+    (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY).encode(
+        torch.randn(1, 3, 64, 64), patch_keep=torch.arange(10)[None]), "drop patch_keep"),
 ])
 def test_bad_relative_position_settings_say_what_to_do(make, message):
     with pytest.raises((ValueError, TypeError), match=message):

@@ -49,7 +49,7 @@ FAMILIES = ["vit_base_patch16_clip_224", "vit_base_patch16_siglip_256", "vit_sma
             "vit_small_patch14_dinov2", "deit3_small_patch16_224", "deit_tiny_distilled_patch16_224",
             "vit_base_patch16_siglip_gap_224", "vit_medium_patch16_reg4_gap_256", "vit_base_patch32_clip_quickgelu_224",
             "vit_small_plus_patch16_dinov3", "vit_srelpos_small_patch16_224", "vit_relpos_medium_patch16_rpn_224",
-            "vitamin_small_224", "beit_base_patch16_224"]
+            "vitamin_small_224", "beit_base_patch16_224", "vit_small_r26_s32_224"]
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

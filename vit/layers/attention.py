@@ -39,6 +39,7 @@ from .sparse_attention import SparseAttention
 __all__ = ["Attention", "CachedSelfAttention", "CrossAttention"]
 
 torch.fx.wrap("sdpa_mask")  # a leaf in traced graphs (see sdpa_mask); wrapped where it is called
+torch.fx.wrap("add_bias")  # likewise: its branches on the mask's form stay out of traced graphs
 
 
 def _check_heads(dim: int, num_heads: int) -> None:

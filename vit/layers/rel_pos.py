@@ -71,45 +71,45 @@ def log_coords(grid: tuple[int, int]) -> torch.Tensor:
     return torch.sign(t) * torch.log1p(t.abs())
 
 
-class _Cached(nn.Module):
-    """A bias for one grid with its index computed on first use per device (not saved: timm saves none, and a model
-    built on the meta device gets it once real)."""
+class _Grid(nn.Module):
+    """A bias for one grid: its pair index a buffer (not saved: timm saves none), recomputed by `set_grid`."""
+
+    cls_entries = False  # whether [CLS] has its own table entries (BEiT) or zero bias (relpos)
 
     def __init__(self, grid: tuple[int, int], num_heads: int, prefix: int) -> None:
         super().__init__()
         self.grid, self.num_heads, self.prefix = tuple(grid), num_heads, prefix
-        self._index: torch.Tensor | None = None
+        self.register_buffer("relative_position_index", self._index(), persistent=False)
 
-    def index(self, device: torch.device) -> torch.Tensor:
-        if self._index is None or self._index.device != device:
-            self._index = relative_index(self.grid, class_token=self.prefix > 0 and self.cls_entries).to(device)
-        return self._index
+    def _index(self) -> torch.Tensor:
+        return relative_index(self.grid, class_token=self.prefix > 0 and self.cls_entries)
 
     def set_grid(self, grid: tuple[int, int]) -> None:
-        self.grid, self._index = tuple(grid), None
+        self.grid = tuple(grid)
+        self.relative_position_index = self._index().to(self.relative_position_index.device)
 
     def extra_repr(self) -> str:
         return f"grid={self.grid}, num_heads={self.num_heads}, prefix={self.prefix}"
 
 
-class RelPosTable(_Cached):
+class RelPosTable(_Grid):
     """BEiT's bias: forward() -> (1, H, 1 + N, 1 + N) from the learned `relative_position_bias_table`
     ((2h - 1)(2w - 1) + 3, H); exactly one prefix token ([CLS]) has its own three entries."""
 
     cls_entries = True
 
     def __init__(self, grid: tuple[int, int], num_heads: int, prefix: int) -> None:
-        super().__init__(grid, num_heads, prefix)
         if prefix != 1:
             raise ValueError(f"BEiT's relative position table has entries for one [CLS] token, not {prefix} prefix "
                              "tokens; build it with class_token=True and no registers.")
+        super().__init__(grid, num_heads, prefix)
         size = (2 * grid[0] - 1) * (2 * grid[1] - 1) + 3
         self.relative_position_bias_table = nn.Parameter(torch.zeros(size, num_heads))  # timm's init: zeros
 
     def forward(self) -> torch.Tensor:
         table = self.relative_position_bias_table
         n = self.grid[0] * self.grid[1] + 1
-        return table[self.index(table.device).view(-1)].view(n, n, -1).permute(2, 0, 1)[None]  # (1, H, n, n)
+        return table[self.relative_position_index.view(-1)].view(n, n, -1).permute(2, 0, 1)[None]  # (1, H, n, n)
 
     def set_grid(self, grid: tuple[int, int]) -> None:
         """Resample the table for another grid (timm's resize_rel_pos_bias_table, as timm's set_input_size)."""
@@ -140,21 +140,22 @@ class _BiasMlp(nn.Module):
         return self.fc2(self.drop1(self.act(self.fc1(x))))
 
 
-class RelPosMlp(_Cached):
+class RelPosMlp(_Grid):
     """timm's VisionTransformerRelPos bias: forward() -> (1, H, prefix + N, prefix + N), the MLP of the log-spaced
     offsets gathered per (query, key) pair; prefix tokens' rows and columns are zero."""
-
-    cls_entries = False
 
     def __init__(self, grid: tuple[int, int], num_heads: int, prefix: int, hidden_dim: int = 128) -> None:
         super().__init__(grid, num_heads, prefix)
         self.mlp = _BiasMlp(hidden_dim, num_heads)
+        self.register_buffer("rel_coords_log", log_coords(self.grid), persistent=False)  # (2h - 1, 2w - 1, 2)
+
+    def set_grid(self, grid: tuple[int, int]) -> None:
+        super().set_grid(grid)
+        self.rel_coords_log = log_coords(self.grid).to(self.rel_coords_log)
 
     def forward(self) -> torch.Tensor:
-        w = self.mlp.fc1.weight
-        coords = log_coords(self.grid).to(device=w.device, dtype=w.dtype)  # (2h - 1, 2w - 1, 2)
         n = self.grid[0] * self.grid[1]
-        bias = self.mlp(coords).view(-1, self.num_heads)[self.index(w.device).view(-1)]  # (n * n, H)
+        bias = self.mlp(self.rel_coords_log).view(-1, self.num_heads)[self.relative_position_index.view(-1)]
         bias = bias.view(n, n, -1).permute(2, 0, 1)  # (H, n, n)
         return F.pad(bias, (self.prefix, 0, self.prefix, 0))[None]  # (1, H, prefix + n, prefix + n)
 

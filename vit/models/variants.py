@@ -62,7 +62,8 @@ RELPOS = dict(pos_embed="none", rel_pos=dict(kind="mlp"), class_token=False, glo
 BEIT = dict(pos_embed="none", rel_pos=dict(kind="table"), qkv_bias="qv", layer_scale_names="gamma",
             global_pool="avg", patch_size=16)
 
-# ViTamin (Chen et al., 2024): MBConv stages (widths w, 2w) then a ViT with GeGLU MLPs, mean of the tokens
+# ViTamin (Chen et al., 2024): MBConv stages (widths w, 2w) then a ViT with GeGLU MLPs, mean of the tokens; the
+# xlarge ones have no position table
 VITAMIN = dict(patch_size=1, mlp_layer="geglu", mlp_ratio=2.0, class_token=False, global_pool="avg")
 
 
@@ -522,9 +523,9 @@ VARIANTS: dict[str, dict] = {
     "vitamin_large2_256": _vitamin(160, 1024, 31, 16, 256, 1024),
     "vitamin_large2_336": _vitamin(160, 1024, 31, 16, 336, 1024),
     "vitamin_large2_384": _vitamin(160, 1024, 31, 16, 384, 1024),
-    "vitamin_xlarge_256": _vitamin(192, 1152, 32, 16, 256, 1152),
-    "vitamin_xlarge_336": _vitamin(192, 1152, 32, 16, 336, 1152),
-    "vitamin_xlarge_384": _vitamin(192, 1152, 32, 16, 384, 1152),
+    "vitamin_xlarge_256": dict(_vitamin(192, 1152, 32, 16, 256, 1152), pos_embed="none"),
+    "vitamin_xlarge_336": dict(_vitamin(192, 1152, 32, 16, 336, 1152), pos_embed="none"),
+    "vitamin_xlarge_384": dict(_vitamin(192, 1152, 32, 16, 384, 1152), pos_embed="none"),
     "beit_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
     "beit_base_patch16_384": dict(BEIT, img_size=384, embed_dim=768, depth=12, num_heads=12, init_values=0.1),
     "beit_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
