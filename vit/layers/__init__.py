@@ -12,7 +12,7 @@ from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .prefix_tokens import PrefixTokens
-from .rope import Rope, RotaryEmbedding, apply_rope, rope_table
+from .rope import MixedRotaryEmbedding, Rope, RotaryEmbedding, apply_rope, rope_table, rotary_embedding
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
@@ -32,6 +32,7 @@ __all__ = [
     "GluMlp",
     "LayerScale",
     "MLP_LAYERS",
+    "MixedRotaryEmbedding",
     "Mlp",
     "POOL_KINDS",
     "PatchEmbed",
@@ -56,6 +57,7 @@ __all__ = [
     "pool_tokens",
     "resample_abs_pos_embed",
     "rope_table",
+    "rotary_embedding",
     "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",

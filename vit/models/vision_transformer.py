@@ -26,11 +26,11 @@ from ..layers import (
     Pooling,
     PrefixTokens,
     Rope,
-    RotaryEmbedding,
     get_mlp_layer,
     get_norm_layer,
     pool_tokens,
     resample_abs_pos_embed,
+    rotary_embedding,
     sincos_2d,
 )
 from .encoder import Encoder
@@ -141,7 +141,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         else:  # positions come from rotary embeddings only (DINOv3)
             self.pos_embed = None
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
-        self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
+        self.rope = None if rope is None else rotary_embedding(rope, embed_dim // num_heads, depth, num_heads)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
 
