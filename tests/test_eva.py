@@ -21,6 +21,7 @@ CASES = {  # arch: what it exercises
     "eva_giant_patch14_224": "EVA: q_bias / v_bias, no rope",
     "vit_small_patch16_dinov3_qkvb": "DINOv3 rope with q_bias / v_bias, gamma_1 / gamma_2",
     "vit_small_patch16_rope_ape_224": "RoPE-ViT: (column, row) rope on a table without prefix rows",
+    "vit_small_patch16_rope_mixed_224": "RoPE-Mixed: learned frequencies per block and head (rope.freqs)",
     "vit_pe_core_tiny_patch16_384": "PE: pre-norm, offset rope, 8-head attention pooling over [CLS] too",
     "aimv2_large_patch14_224": "AIMv2: RMSNorm (patch tokens too), no projection biases",
     "beit3_base_patch16_224": "BEiT-3: attn.norm and mlp.norm",
@@ -48,7 +49,8 @@ def _timm_and_ours(arch: str, **kw):
     return ref, ours, torch.randn(2, 3, 4 * patch, 4 * patch)
 
 
-FAST = ("eva02_tiny_patch14_224", "eva02_base_patch16_clip_224", "vit_small_patch16_dinov3_qkvb")
+FAST = ("eva02_tiny_patch14_224", "eva02_base_patch16_clip_224", "vit_small_patch16_dinov3_qkvb",
+        "vit_small_patch16_rope_mixed_224")
 
 
 @pytest.mark.parametrize("arch", [a if a in FAST else pytest.param(a, marks=pytest.mark.slow) for a in CASES],
@@ -61,6 +63,7 @@ def test_loads_timms_weights_and_gives_its_features_and_logits(arch):
         logits = ours(x)
         torch.testing.assert_close(logits, ref(x), rtol=0, atol=1e-5)
     assert logits.std() > 1e-2  # a comparison that could not pass on constant outputs
+    assert ours.no_weight_decay() == ref.no_weight_decay() & set(ours.state_dict())  # rope.freqs too (RoPE-Mixed)
 
 
 def test_every_part_changes_the_output():

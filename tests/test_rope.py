@@ -7,7 +7,7 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, RotaryEmbeddingDinoV3
 
 from vit.layers import Attention
-from vit.layers.rope import Rope, RotaryEmbedding, apply_rope, rope_table
+from vit.layers.rope import MixedRotaryEmbedding, Rope, RotaryEmbedding, apply_rope, rope_table
 
 GRIDS = [(4, 4), (3, 5)]  # square and non-square
 
@@ -104,6 +104,23 @@ def test_rotary_attention_fused_equals_explicit_and_formula(rope, prefix, grid):
     assert (fused - plain).abs().max() > 1e-3  # the rotation changed the output
 
 
+@pytest.mark.parametrize("grid", GRIDS)
+def test_mixed_tables_equal_timm_and_train(grid):
+    """RoPE-Mixed: with timm's frequencies, our per-block, per-head table is timm's RotaryEmbeddingMixed table bit
+    for bit (square and non-square grids); the frequencies receive gradients through attention."""
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingMixed
+
+    torch.manual_seed(0)
+    ref = RotaryEmbeddingMixed(64, depth=3, num_heads=2, temperature=10.0, grid_indexing="xy")
+    ours = MixedRotaryEmbedding(Rope("mixed", temperature=10.0, grid_indexing="xy"), 32, depth=3, num_heads=2)
+    ours.load_state_dict(ref.state_dict())
+    table = ours(grid)  # (depth, 1, heads, N, 2d)
+    torch.testing.assert_close(table[:, 0], ref.get_embed(list(grid)), rtol=0, atol=0)
+    attn = Attention(64, 2, rope=ours.rope)
+    attn(torch.randn(2, 1 + grid[0] * grid[1], 64), rope=table[1])[0].square().sum().backward()
+    assert ours.freqs.grad[:, 1].abs().sum() > 0 and ours.freqs.grad[:, 0].abs().sum() == 0  # block 1's only
+
+
 def test_per_image_tables_equal_a_shared_table():
     """A (B, M, 2d) table (one per image, as variable-grid batches need) rotates as the shared (M, 2d) one."""
     torch.manual_seed(0)
@@ -118,6 +135,7 @@ def test_per_image_tables_equal_a_shared_table():
     (lambda: Rope(rotate_half="yes"), "rotate_half must be true or false"),
     (lambda: Rope("dinov3", ref_grid=(14, 14)), "ref_grid rescales 'axial' positions only"),
     (lambda: Rope(min_period=1.0), "give both min_period and max_period"),
+    (lambda: Rope("mixed", rotate_half=True), "set rotate_half=false"),
     (lambda: RotaryEmbedding(Rope(), 30), "head width divisible by 4"),
     (lambda: rope_table(Rope(), 32, (0, 4)), "two whole numbers > 0"),
     (lambda: Attention(32, 2, rope=Rope())(torch.randn(1, 5, 32), num_queries=2, rope=torch.zeros(4, 32)),

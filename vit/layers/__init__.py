@@ -14,7 +14,7 @@ from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
 from .prefix_tokens import PrefixTokens
 from .rel_pos import RelPos, rel_pos_layers
-from .rope import Rope, RotaryEmbedding, apply_rope, rope_table
+from .rope import MixedRotaryEmbedding, Rope, RotaryEmbedding, apply_rope, rope_table, rotary_embedding
 from .sdpa import attend, expand_mask
 from .sparse_attention import (
     SparseAttention,
@@ -35,6 +35,7 @@ __all__ = [
     "HybridEmbed",
     "LayerScale",
     "MLP_LAYERS",
+    "MixedRotaryEmbedding",
     "Mlp",
     "POOL_KINDS",
     "PatchEmbed",
@@ -63,6 +64,7 @@ __all__ = [
     "rel_pos_layers",
     "resample_abs_pos_embed",
     "rope_table",
+    "rotary_embedding",
     "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",

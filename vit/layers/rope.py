@@ -6,7 +6,8 @@ coordinate and half to the column coordinate (Heo et al., 2024, "Rotary Position
 Transformer"; EVA-02, Fang et al., 2023). Nothing is added to the tokens: attention rotates q and k of the patch
 tokens, after the projections and before the fused SDPA; prefix tokens ([CLS], registers) are not rotated.
 
-Two schedules, as timm 1.0.31 computes them (`RotaryEmbeddingCat`, `RotaryEmbeddingDinoV3`):
+Three schedules, as timm 1.0.31 computes them (`RotaryEmbeddingCat`, `RotaryEmbeddingDinoV3`,
+`RotaryEmbeddingMixed`):
 
     'axial'   EVA02 / RoPE-ViT: integer positions p (+ grid_offset), rescaled to `ref_grid` when given (a model
               fine-tuned on a new grid keeps its pretraining range); frequencies 1 / temperature^(i / n),
@@ -14,10 +15,14 @@ Two schedules, as timm 1.0.31 computes them (`RotaryEmbeddingCat`, `RotaryEmbedd
     'dinov3'  DINOv3 (Simeoni et al., 2025): centred coordinates (p + 0.5 + grid_offset) / size mapped to
               [-1, 1]; periods temperature^(2i / (d / 2)) (or min_period..max_period geometrically);
               angle = 2 pi p / period.
+    'mixed'   RoPE-Mixed (Heo et al., 2024): integer positions as 'axial', but every block and head learns its
+              own 2-D frequencies (the model's `rope.freqs`, (2, depth, heads, d / 2)): angle = x f_x + y f_y, so
+              a pair may turn along any direction of the grid, not only along a row or a column.
 
 A table (N, 2d) holds [sin | cos] of the N = H * W patches' angles in row-major order, each d wide in one of
 two layouts of the d/2 angles [a_row..., a_col...]: interleaved (pairs are channels 2i, 2i + 1; EVA02) or
 `rotate_half` (pairs are channels i, i + d/2; DINOv3). Tables are recomputed for any grid, square or not.
+RoPE-Mixed's table is one per block and head: (depth, 1, heads, N, 2d), interleaved.
 """
 
 from __future__ import annotations
@@ -28,17 +33,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["Rope", "RotaryEmbedding", "apply_rope", "rope_table"]
+__all__ = ["MixedRotaryEmbedding", "Rope", "RotaryEmbedding", "apply_rope", "rope_table", "rotary_embedding"]
 
-_KINDS = ("axial", "dinov3")
+_KINDS = ("axial", "dinov3", "mixed")
 
 
 @dataclass(frozen=True)
 class Rope:
     """Which rotary positions a model's attention uses (timm's Eva keyword names in comments), validated once."""
 
-    kind: str = "axial"  # 'axial' (rope_type='cat') or 'dinov3'
-    temperature: float = 10000.0  # rope_temperature; DINOv3 uses 100
+    kind: str = "axial"  # 'axial' (rope_type='cat'), 'dinov3' or 'mixed' (learned frequencies per block and head)
+    temperature: float = 10000.0  # rope_temperature; DINOv3 uses 100, RoPE-Mixed 10 (its frequencies' start)
     rotate_half: bool = False  # rope_rotate_half: pairs (i, i + d/2) instead of (2i, 2i + 1)
     grid_offset: float = 0.0  # rope_grid_offset, added to every coordinate
     grid_indexing: str = "ij"  # 'ij': (row, column) angles; 'xy': (column, row)
@@ -62,6 +67,8 @@ class Rope:
             if self.kind != "axial":
                 raise ValueError("ref_grid rescales 'axial' positions only; DINOv3's coordinates are already [-1, 1].")
             object.__setattr__(self, "ref_grid", _grid(self.ref_grid))
+        if self.kind == "mixed" and self.rotate_half:
+            raise ValueError("'mixed' rotary positions pair channels (2i, 2i + 1); set rotate_half=false.")
         if (self.min_period is None) != (self.max_period is None):
             raise ValueError("give both min_period and max_period, or neither (then the temperature sets periods).")
 
@@ -77,7 +84,7 @@ def _coords(rope: Rope, grid: tuple[int, int]) -> torch.Tensor:
     """Per-axis coordinates (H * W, 2) in float32, row-major, channels (row, column) ('ij') or swapped ('xy')."""
     axes = []
     for size, ref, other in zip(grid, rope.ref_grid or (None, None), (grid[1], grid[0])):
-        if rope.kind == "axial":
+        if rope.kind != "dinov3":  # axial and mixed: integer positions
             t = torch.arange(size, dtype=torch.float32) + rope.grid_offset
             if ref is not None:
                 t = t / size * ref
@@ -120,9 +127,10 @@ def _rotate_pairs(x: torch.Tensor, half: bool) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool = False) -> torch.Tensor:
-    """Rotate the last M tokens of x (B, H, N, d) by a table (M, 2d) or (B, M, 2d); the N - M tokens before them
+    """Rotate the last M tokens of x (B, H, N, d) by a table (M, 2d), (B, M, 2d) or per head (1, H, M, 2d); the N - M
+    tokens before them
     (prefix tokens) pass unchanged. Computed in the table's precision (float32 at least), returned in x's dtype."""
-    sin, cos = table.to(x.device).chunk(2, dim=-1)  # (M, d) each, or (B, M, d)
+    sin, cos = table.to(x.device).chunk(2, dim=-1)  # (M, d) each, (B, M, d), or (1, H, M, d) (RoPE-Mixed)
     if sin.dim() == 3:
         sin, cos = sin[:, None], cos[:, None]  # (B, 1, M, d): one table per image, shared by heads
     m = table.shape[-2]
@@ -154,3 +162,40 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.rope}, head_dim={self.head_dim}"
+
+
+class MixedRotaryEmbedding(nn.Module):
+    """RoPE-Mixed: learned 2-D frequencies `freqs` (2, depth, heads, d / 2) for (x, y), one set per block and head
+    (timm's `rope.freqs`). forward(grid) -> (depth, 1, heads, H * W, 2d): block i rotates by table[i]. Recomputed on
+    every call, since the frequencies train."""
+
+    def __init__(self, rope: Rope, head_dim: int, depth: int, num_heads: int) -> None:
+        super().__init__()
+        if head_dim % 4:
+            raise ValueError(f"2-D rotary positions need a head width divisible by 4, got {head_dim}.")
+        self.rope = rope
+        # RoPE-Mixed's init: the axial magnitudes 1 / T^(4i / d), turned by a random angle per block and head; x and
+        # y get the angle and the angle + 90 degrees in each half of the pairs
+        mag = 1.0 / rope.temperature ** (torch.arange(0, head_dim, 4, dtype=torch.float32) / head_dim)  # (d / 4,)
+        turn = torch.rand(depth, num_heads, 1) * 2 * math.pi
+        fx = torch.cat([mag * torch.cos(turn), mag * torch.cos(turn + math.pi / 2)], dim=-1)
+        fy = torch.cat([mag * torch.sin(turn), mag * torch.sin(turn + math.pi / 2)], dim=-1)
+        self.freqs = nn.Parameter(torch.stack([fx, fy]))  # (2, depth, heads, d / 2)
+
+    @torch.jit.unused  # Python: the model calls it from a @torch.jit.ignore method, scripted or not
+    def forward(self, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+        coords = _coords(self.rope, _grid(grid)).to(self.freqs.device)  # (N, 2): (x, y) for 'xy'
+        f = self.freqs.float()
+        angles = coords[:, :1] * f[0][..., None, :] + coords[:, 1:] * f[1][..., None, :]  # (depth, heads, N, d / 2)
+        table = torch.cat([angles.sin().repeat_interleave(2, -1), angles.cos().repeat_interleave(2, -1)], -1)
+        return table[:, None]  # (depth, 1, heads, N, 2d)
+
+    def extra_repr(self) -> str:
+        return f"{self.rope}, freqs={tuple(self.freqs.shape)}"
+
+
+def rotary_embedding(rope: Rope, head_dim: int, depth: int, num_heads: int) -> nn.Module:
+    """The model's rotary module for `rope`: a fixed table (`RotaryEmbedding`) or RoPE-Mixed's learned one."""
+    if rope.kind == "mixed":
+        return MixedRotaryEmbedding(rope, head_dim, depth, num_heads)
+    return RotaryEmbedding(rope, head_dim)

@@ -240,10 +240,13 @@ class Encoder(nn.ModuleList):
             last = i
         for i, blk in enumerate(self):
             queries = last_queries if i == last else None
+            table = rope
+            if rope is not None and rope.dim() == 5:  # RoPE-Mixed: (depth, 1, H, N, 2d), one table per block
+                table = rope[i]
             if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
-                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, rope, use_reentrant=False)
+                x, attn = checkpoint(blk, x, mask, is_causal, return_attention, queries, table, use_reentrant=False)
             else:
-                x, attn = blk(x, mask, is_causal, return_attention, queries, rope)
+                x, attn = blk(x, mask, is_causal, return_attention, queries, table)
             if return_attention and attn is not None:
                 attentions.append(attn)
         return x, attentions

@@ -40,6 +40,8 @@ ROPE_GAP = dict(patch_size=16, qkv_bias="qv", init_values=1e-05, layer_scale_nam
 # RoPE-ViT (Heo et al., 2024): axial rotary positions, (column, row) order, temperature 100; `_ape` keeps a table
 ROPE_VIT = dict(patch_size=16, init_values=1e-05, layer_scale_names="gamma", pos_embed="none",
                 rope=dict(temperature=100.0, grid_indexing="xy"))
+# RoPE-Mixed: frequencies learned per block and head (`rope.freqs`), started from temperature 10
+ROPE_MIXED = dict(ROPE_VIT, rope=dict(kind="mixed", temperature=10.0, grid_indexing="xy"))
 # Perception Encoder (Bolya et al., 2025): CLIP's pre-norm, rotary positions offset by one patch, (column, row);
 # core: attention pooling over every token ([CLS] included) with 8 heads; lang / spatial: no final norm, features
 PE_ROPE = dict(grid_offset=1.0, grid_indexing="xy")
@@ -75,6 +77,15 @@ def _vitamin(width: int, embed_dim: int, depth: int, num_heads: int, img_size: i
 
 
 VARIANTS: dict[str, dict] = {
+    "vit_small_patch16_rope_mixed_224": dict(ROPE_MIXED, embed_dim=384, depth=12, num_heads=6),
+    "vit_small_patch16_rope_mixed_ape_224": dict(ROPE_MIXED, embed_dim=384, depth=12, num_heads=6, pos_embed="learn",
+                                                 no_embed_class=True),
+    "vit_base_patch16_rope_mixed_224": dict(ROPE_MIXED, embed_dim=768, depth=12, num_heads=12),
+    "vit_base_patch16_rope_mixed_ape_224": dict(ROPE_MIXED, embed_dim=768, depth=12, num_heads=12, pos_embed="learn",
+                                                no_embed_class=True),
+    "vit_large_patch16_rope_mixed_224": dict(ROPE_MIXED, embed_dim=1024, depth=24, num_heads=16),
+    "vit_large_patch16_rope_mixed_ape_224": dict(ROPE_MIXED, embed_dim=1024, depth=24, num_heads=16, pos_embed="learn",
+                                                 no_embed_class=True),
     "eva02_enormous_patch14_clip_224": dict(patch_size=14, embed_dim=1792, depth=64, num_heads=16,
                                             mlp_ratio=15360 / 1792, qkv_bias="qv", res_post_norm=True,
                                             num_classes=1024),
@@ -557,19 +568,13 @@ REFUSED: dict[str, str] = {
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "samvit_large_patch16":
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "vit_5b_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_base_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_base_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_base_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
+    "vit_5b_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
+    "vit_base_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
     "vit_dlittle_patch16_reg1_gap_256": 'diff attention',
     "vit_dpwee_patch16_reg1_gap_256": 'another block design (DiffParallelScalingBlock)',
     "vit_dwee_patch16_reg1_gap_256": 'diff attention',
-    "vit_giant_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_huge_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
-    "vit_large_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_large_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_large_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads)",
+    "vit_giant_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
+    "vit_huge_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
+    "vit_large_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
     "vit_pwee_patch16_reg1_gap_256": 'another block design (ParallelScalingBlock)',
-    "vit_small_patch16_rope_mixed_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
-    "vit_small_patch16_rope_mixed_ape_224": "RoPE-Mixed's learned per-block rotary frequencies (rope_type='mixed')",
 }

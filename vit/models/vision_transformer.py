@@ -26,7 +26,6 @@ from ..layers import (
     PrefixTokens,
     RelPos,
     Rope,
-    RotaryEmbedding,
     Stem,
     get_mlp_layer,
     get_norm_layer,
@@ -34,6 +33,7 @@ from ..layers import (
     pool_tokens,
     rel_pos_layers,
     resample_abs_pos_embed,
+    rotary_embedding,
     sincos_2d,
 )
 from .encoder import Encoder
@@ -160,7 +160,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         else:  # positions come from rotary embeddings only (DINOv3)
             self.pos_embed = None
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
-        self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
+        self.rope = None if rope is None else rotary_embedding(rope, embed_dim // num_heads, depth, num_heads)
         # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
         self.shared_rel_pos, rel_pos_layer = rel_pos_layers(rel_pos, self.patch_embed.grid_size, num_heads,
                                                             prefix.count)

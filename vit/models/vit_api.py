@@ -44,7 +44,8 @@ class ModelApi:
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token", "reg_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's
+        return {"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"} & {  # timm's (RoPE-Mixed's too)
+            n for n, _ in self.named_parameters()}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
