@@ -203,3 +203,22 @@ def test_block_options_match_their_formula_in_float64(opts, fused):
 def test_unknown_block_options_are_named():
     with pytest.raises(ValueError, match="unknown mlp_layer 'relu2'"):
         Block(16, 2, mlp_layer="relu2")
+
+
+def test_residual_post_norm_block_matches_timms_res_post_block():
+    """res_post_norm=True is timm's ResPostBlock (Swin-V2's x + Norm(Attn(x)), no LayerScale, norms started at
+    init_values): same keys, same outputs (also the [CLS]-only path), and timm's norm init."""
+    from timm.models.vision_transformer import ResPostBlock
+
+    torch.manual_seed(0)
+    ref = ResPostBlock(32, 2, qkv_bias=False, init_values=1e-5).eval()
+    ours = Block(32, 2, qkv_bias=False, init_values=1e-5, res_post_norm=True).eval()
+    torch.testing.assert_close(ours.norm1.weight, ref.norm1.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x)[0], ref(x), rtol=0, atol=1e-6)
+        torch.testing.assert_close(ours(x, num_queries=1)[0], ref(x)[:, :1], rtol=0, atol=1e-6)
