@@ -203,3 +203,24 @@ def test_block_options_match_their_formula_in_float64(opts, fused):
 def test_unknown_block_options_are_named():
     with pytest.raises(ValueError, match="unknown mlp_layer 'relu2'"):
         Block(16, 2, mlp_layer="relu2")
+
+
+
+def test_residual_post_norm_matches_timms_res_post_block():
+    """vit_base_patch16_rpn_224 (timm's ResPostBlock: Swin-V2's x + Norm(Attn(x)), no LayerScale, norms started at
+    init_values), tiny: timm's init of the norms, timm's keys, timm's logits. Built by name, so it holds whatever
+    option carries res-post-norm."""
+    import timm
+
+    torch.manual_seed(0)
+    kw = dict(img_size=32, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    ref = timm.create_model("vit_base_patch16_rpn_224", pretrained=False, **kw).eval()
+    ours = vit.create_model("vit_base_patch16_rpn_224", **kw).eval()
+    torch.testing.assert_close(ours.blocks[0].norm1.weight, ref.blocks[0].norm1.weight, rtol=0, atol=0)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.normal_(0, 0.3)
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)

@@ -129,7 +129,7 @@ def test_relpos_models_give_timms_logits(arch):
     (lambda: vit.create_model("vit_relpos_small_patch16_224", dynamic_img_size=True),
      "built for one patch grid"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY)(torch.randn(1, 3, 96, 96)),
-     "differs from the model's 64x64"),
+     "differs from the model's 64x64; resize the input, call model.set_input_size\\(\\(96, 96\\)\\)"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", token_reduction="merge:2", **TINY)(
         torch.randn(1, 3, 64, 64)), "call set_token_reduction\\(None\\)"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", **TINY).encode(

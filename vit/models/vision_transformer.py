@@ -48,8 +48,9 @@ def check_img_size(x: torch.Tensor, img_size: tuple[int, int]) -> None:
     H, W = x.shape[-2], x.shape[-1]
     if H != img_size[0] or W != img_size[1]:
         raise ValueError(
-            f"input size {H}x{W} differs from the model's {img_size[0]}x{img_size[1]}; resize the input, or build "
-            "the model with dynamic_img_size=True (positions are then resampled on the fly)."
+            f"input size {H}x{W} differs from the model's {img_size[0]}x{img_size[1]}; resize the input, call "
+            f"model.set_input_size(({H}, {W})), or build the model with dynamic_img_size=True (positions are then "
+            "resampled on the fly; not for a relative position bias)."
         )
 
 
