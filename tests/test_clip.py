@@ -286,3 +286,40 @@ def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
     with pytest.raises(ValueError, match="would have more than") as e:
         vit.create_clip_model(f"local-dir:{tmp_path}")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["oc_clip", "oc_siglip", "hf_clip"])
+def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
+    """save_clip_model writes open_clip's layout: create_clip_model("local-dir:") gives the same outputs bit for
+    bit, open_clip's create_model / get_tokenizer the same features (1e-5) and ids. hf_clip crosses layouts
+    (transformers in, open_clip out, pooled at its own end-of-text id 69)."""
+    model = vit.create_clip_model(f"hf-hub:org/{name}")
+    with torch.no_grad():  # moved off the loaded weights, as after fine-tuning
+        for key, p in model.named_parameters():
+            p.add_(0.01 if key != "visual.head.bias" else 0.0)  # open_clip's projection has no bias
+    folder = vit.save_clip_model(model, tmp_path / "saved")
+    again = vit.create_clip_model(f"local-dir:{folder}")
+    theirs = open_clip.create_model(f"local-dir:{folder}").eval()
+    vocab, length = model.text.vocab_size, model.text.max_len
+    images, ids = _inputs(vocab, length)
+    with torch.no_grad():
+        ours = model(images, ids)
+        for a, b in zip(ours, again(images, ids)):
+            assert torch.equal(a, b)
+        torch.testing.assert_close(theirs.encode_image(images), model.encode_image(images), atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs.encode_text(ids), model.encode_text(ids), atol=1e-5, rtol=0)
+        for a, b in zip(theirs(images, ids), ours):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert ours[1].std(0).mean() > 0.05  # not vacuous
+    if model.tokenizer is not None:
+        texts = prompts(40)
+        assert torch.equal(again.tokenizer(texts), open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
+
+
+def test_a_clip_open_clip_cannot_hold_is_one_sentence(hub, tmp_path):
+    """transformers' tiny SigLIP: its image tower is no timm model by name, its text uses tanh GELU; nothing is
+    written."""
+    model = vit.create_clip_model("hf-hub:org/hf_siglip")
+    with pytest.raises(ValueError, match="open_clip's repository layout cannot hold") as e:
+        vit.save_clip_model(model, tmp_path / "saved")
+    assert "\n" not in str(e.value) and not (tmp_path / "saved").exists()
