@@ -62,6 +62,31 @@ def clip_tokenizer_json() -> str:
     return tok.to_str()
 
 
+def siglip_tokenizer_folder(folder, vocab_size=60):
+    """SigLIP's tokenizer files as its hub repositories hold them, for a vocabulary trained here: a SentencePiece
+    unigram model as transformers' T5 converter lays it out (Metaspace '▁' before the first word, '</s>'
+    appended; <pad> 0, </s> 1, <unk> 2) and tokenizer_config.json padding with '</s>', as SigLIP pads."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import Unigram
+
+    from vit.hub.clip_tokenizer import clean_text
+
+    tok = Tokenizer(Unigram())
+    tok.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    corpus = [clean_text(t, "canonicalize") for t in prompts(400, seed=7)]
+    tok.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                                            special_tokens=["<pad>", "</s>", "<unk>"]))
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="T5Tokenizer", pad_token="</s>", eos_token="</s>", unk_token="<unk>", model_max_length=64)))
+    return folder
+
+
 def prompts(n=300, seed=0):
     """Captions with what open_clip's cleaning touches: case, HTML entities, tabs and runs of spaces, accents,
     apostrophes, digits, emoji, CJK, underscores, and ones longer than the context."""
@@ -323,3 +348,31 @@ def test_a_clip_open_clip_cannot_hold_is_one_sentence(hub, tmp_path):
     with pytest.raises(ValueError, match="open_clip's repository layout cannot hold") as e:
         vit.save_clip_model(model, tmp_path / "saved")
     assert "\n" not in str(e.value) and not (tmp_path / "saved").exists()
+
+
+def test_siglip_tokenizer_ids_equal_open_clip(hub, tmp_path):
+    """SigLIP's path (a repository's SentencePiece tokenizer.json, big_vision's cleaning: punctuation removed,
+    lowercased) against open_clip's SigLipTokenizer (T5's fast tokenizer, padded with </s>) and its HFTokenizer
+    reading the folder (how open_clip loads a hub SigLIP repository), on 300 captions; then through a saved model,
+    which open_clip's get_tokenizer reads the same."""
+    from open_clip.tokenizer import HFTokenizer, SigLipTokenizer
+
+    folder = siglip_tokenizer_folder(tmp_path / "tok")
+    texts = prompts(300, seed=1)
+    ours = vit.load_clip_tokenizer(f"local-dir:{folder}", 12, "hf", "canonicalize")
+    ids = ours(texts)
+    # SigLipTokenizer's constructor fetches Google's vocabulary file; its __call__ (the cleaning, padding and cut) is
+    # run here on the same vocabulary, set up as that constructor sets it up
+    ref = SigLipTokenizer.__new__(SigLipTokenizer)
+    ref.tokenizer = transformers.T5TokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), extra_ids=0,
+                                                 legacy=False)
+    ref.tokenizer.pad_token_id, ref.tokenizer.eos_token_id, ref.context_length = 1, 1, 12
+    assert torch.equal(ids, ref(texts))
+    assert torch.equal(ids, HFTokenizer(str(folder), context_length=12, clean="canonicalize")(texts))
+    assert (ids[:, -1] == 1).all() and (ids[:, -2] == 1).any() and (ids[:, -2] != 1).any()  # padded and cut
+    assert not torch.equal(ids, vit.load_clip_tokenizer(f"local-dir:{folder}", 12, "hf", "whitespace")(texts))
+    model = vit.create_clip_model("hf-hub:org/oc_siglip")  # vocabulary 60, as the tokenizer's
+    model.tokenizer = ours
+    saved = vit.save_clip_model(model, tmp_path / "saved")
+    assert torch.equal(vit.create_clip_model(f"local-dir:{saved}").tokenizer(texts), ids)
+    assert torch.equal(open_clip.get_tokenizer(f"local-dir:{saved}")(texts), ids)
