@@ -376,3 +376,35 @@ def test_siglip_tokenizer_ids_equal_open_clip(hub, tmp_path):
     saved = vit.save_clip_model(model, tmp_path / "saved")
     assert torch.equal(vit.create_clip_model(f"local-dir:{saved}").tokenizer(texts), ids)
     assert torch.equal(open_clip.get_tokenizer(f"local-dir:{saved}")(texts), ids)
+
+
+def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monkeypatch):
+    """transformers' Siglip2Model (its vision tower reads (p, p, C) patch rows and resizes its position table to
+    each image's grid): at the table's own grid, our ViT's image features, text features and logits equal it; a
+    table that is no square grid (NaFlex only) is one sentence."""
+    T = transformers
+    tower = {k: v for k, v in TOWER.items() if k != "image_size"} | dict(num_patches=(IMG // 8) ** 2)
+    text = dict(TEXT, hidden_act="gelu_pytorch_tanh", projection_size=32)
+    ref = perturb(T.Siglip2Model(T.Siglip2Config(text_config=text, vision_config=tower)))
+    ref.save_pretrained(tmp_path / "s2")
+    model = vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
+    images, ids = _inputs(TEXT["vocab_size"], TEXT["max_position_embeddings"])
+    B, g = images.shape[0], IMG // 8
+    patches = images.reshape(B, 3, g, 8, g, 8).permute(0, 2, 4, 3, 5, 1).reshape(B, g * g, 8 * 8 * 3)
+    extra = dict(pixel_attention_mask=torch.ones(B, g * g, dtype=torch.long), spatial_shapes=torch.tensor([[g, g]] * B))
+    with torch.no_grad():
+        out = ref(input_ids=ids, pixel_values=patches, **extra)
+        torch.testing.assert_close(model.encode_image(images), ref.get_image_features(pixel_values=patches, **extra)
+                                   .pooler_output, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.encode_text(ids), ref.get_text_features(input_ids=ids).pooler_output,
+                                   atol=1e-5, rtol=0)
+        image, text = model(images, ids)[:2]
+        torch.testing.assert_close(model.logits(image, text), out.logits_per_image, atol=1e-5, rtol=0)
+    assert out.logits_per_image.std() > 0.05 and model.logit_bias is not None
+    assert model.visual.pretrained_cfg["crop_mode"] == "squash"
+    config = json.loads((tmp_path / "s2" / "config.json").read_text())
+    config["vision_config"]["num_patches"] = 12
+    (tmp_path / "s2" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not a square grid; only fixed-resolution SigLIP2") as e:
+        vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
+    assert "\n" not in str(e.value)
