@@ -32,7 +32,8 @@ OPEN_CLIP = {  # name -> (model class, model_cfg)
         embed_dim=64, init_logit_bias=-10.0, custom_text=True,
         vision_cfg=dict(image_size=IMG, timm_model_name="test_vit", timm_pool="map", timm_proj="none"),
         text_cfg=dict(context_length=12, vocab_size=60, width=32, heads=4, layers=2, no_causal_mask=True,
-                      pool_type="last", proj_bias=True, norm_kwargs=dict(eps=1e-6)))),
+                      pool_type="last", proj_bias=True, norm_kwargs=dict(eps=1e-6),
+                      act_kwargs=dict(approximate="tanh")))),  # SigLIP2's text activation
 }
 TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=IMG, intermediate_size=96,
              patch_size=8)

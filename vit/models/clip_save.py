@@ -28,7 +28,7 @@ from safetensors.torch import save
 from torch import nn
 
 from ..hub.weights import check_finite
-from ..layers.mlp import QuickGELU
+from ..layers.mlp import GELUTanh, QuickGELU
 from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
 from .clip import CLIP
 
@@ -44,6 +44,8 @@ def _activation(blocks: nn.Module, tower: str) -> str:
     act = blocks[0].mlp.act if len(blocks) else None
     if isinstance(act, QuickGELU):
         return "quick_gelu"
+    if isinstance(act, GELUTanh):
+        return "gelu_tanh"
     if act is None or (type(act) is nn.GELU and act.approximate == "none"):
         return "gelu"
     raise _refuse(f"{tower} uses the activation {type(act).__name__}")
@@ -95,9 +97,10 @@ def open_clip_config(model: CLIP) -> dict:
     v, t = model.visual, model.text
     native = _native_vision(v)
     # a timm trunk has its own activation (by its name); open_clip's ViT and text tower share quick_gelu or not
-    act = {_activation(t.blocks, "text tower")} | ({_activation(v.blocks, "image tower")} if native else set())
-    if len(act) > 1:
-        raise _refuse("towers use different activations (open_clip sets one, quick_gelu, for both)")
+    text_act = _activation(t.blocks, "text tower")
+    if native and _activation(v.blocks, "image tower") != ("quick_gelu" if text_act == "quick_gelu" else "gelu"):
+        raise _refuse("towers use activations open_clip cannot set apart (quick_gelu is one switch for both; GELU's "
+                      "tanh approximation is the text tower's only)")
     width = v.num_classes or v.num_features  # no head: the pooled features are the embedding
     if width != model.embed_dim or (native and not v.num_classes):
         raise _refuse(f"image tower gives {width} features {'without a projection ' if native else ''}where the "
@@ -115,13 +118,15 @@ def open_clip_config(model: CLIP) -> dict:
         text["pool_type"] = model.pool
     if model.text_projection.bias is not None:
         text["proj_bias"] = True
+    if text_act == "gelu_tanh":  # SigLIP2's text tower
+        text["act_kwargs"] = dict(approximate="tanh")
     tok = model.tokenizer
     if tok is not None and tok.kind == "hf":
         # open_clip reads a local folder's tokenizer.json through transformers when this is set
         text.update(hf_tokenizer_name=".", tokenizer_kwargs=dict(clean=tok.clean))
     elif tok is not None and tok.clean != "lower":
         text["tokenizer_kwargs"] = dict(clean=tok.clean)
-    cfg: dict = dict(embed_dim=model.embed_dim, quick_gelu=act == {"quick_gelu"}, text_cfg=text)
+    cfg: dict = dict(embed_dim=model.embed_dim, quick_gelu=text_act == "quick_gelu", text_cfg=text)
     if native:
         if isinstance(v.head, nn.Linear) and v.head.bias is not None and v.head.bias.any():
             raise _refuse("image projection has a bias (open_clip's ViT projects without one; keep visual.head.bias "
