@@ -158,6 +158,6 @@ def format_clip_report(res: dict) -> str:
              f"{'':<26}{'ours img/s':>12}{'open_clip img/s':>17}{'ratio (min-max)':>22}"]
     for mode, label in (("zero_shot", "zero-shot (tower + W)"), ("train_step", "contrastive train step")):
         r, q = res[mode], res[mode]["ratio_ours_over_open_clip"]
-        lines.append(f"{label:<26}{r['ours']['images_per_s']:>12.1f}{r['open_clip']['images_per_s']:>17.1f}"
+        lines.append(f"{label:<26}{r['ours']['images_per_s']:>12.4g}{r['open_clip']['images_per_s']:>17.4g}"
                      f"{q['median']:>10.3f} ({q['min']:.3f}-{q['max']:.3f})")
     return "\n".join(lines)
