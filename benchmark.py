@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--clip", default=None, metavar="CONFIG",
                     help="instead of the ours-vs-timm comparison, our CLIP / SigLIP against open_clip's on the same "
                          "random weights: zero-shot images/s and a contrastive training step; CONFIG: an open_clip "
-                         "config name (ViT-B-16, ViT-B-16-SigLIP, ...) or 'tiny'")
+                         "config name (ViT-B-16, ViT-B-16-SigLIP, ...), 'tiny' or 'tiny-siglip'")
     ap.add_argument("--clip-classes", type=count(1), default=1000, help="--clip: classes of the zero-shot classifier")
     ap.add_argument("--out", default=None, help="write the results as JSON to this file")
     return ap

@@ -3,7 +3,7 @@ image tower, then the cached (C, E) text classifier: exp(s) * normalize(f(x)) @ 
 training step (both towers forward, the loss, backward, AdamW's step).
 
 Both sides are built from one folder in open_clip's repository layout: open_clip builds the model from
-`config` (a name of its own configs, e.g. "ViT-B-16" or "ViT-B-16-SigLIP", or "tiny") with its random
+`config` (a name of its own configs, e.g. "ViT-B-16" or "ViT-B-16-SigLIP", or "tiny" / "tiny-siglip") with its random
 initialisation, its weights are saved beside the config, and `vit.create_clip_model("local-dir:...")` reads them.
 The captions are random ids (no tokenizer files are needed; both sides get the same ids). Losses: ours from
 `vit.train.contrastive`, open_clip's `ClipLoss` / `SigLipLoss`; optimizers: ours `vit.train.optim.build_optimizer`,
@@ -28,22 +28,29 @@ from ..train.optim import build_optimizer
 from ..utils.timing import interleaved, ratio_stats
 from .sides import autocast, device_sync
 
-__all__ = ["TINY_CLIP", "bench_clip", "format_clip_report"]
+__all__ = ["TINY", "bench_clip", "format_clip_report"]
 
-# a 0.3M-parameter CLIP: the test's and a quick look's model
-TINY_CLIP = dict(embed_dim=32, vision_cfg=dict(image_size=32, layers=2, width=64, head_width=16, patch_size=8),
-                 text_cfg=dict(context_length=16, vocab_size=1000, width=32, heads=2, layers=2))
+# models of a fraction of a million parameters, for the test and a quick look: CLIP's layout, and SigLIP's (a timm
+# trunk with attention pooling, a bidirectional text tower pooled at its last token, a learned logit bias)
+TINY = {"tiny": dict(embed_dim=32, vision_cfg=dict(image_size=32, layers=2, width=64, head_width=16, patch_size=8),
+                     text_cfg=dict(context_length=16, vocab_size=1000, width=32, heads=2, layers=2)),
+        "tiny-siglip": dict(embed_dim=64, init_logit_bias=-10.0, custom_text=True,
+                            vision_cfg=dict(image_size=32, timm_model_name="test_vit", timm_pool="map",
+                                            timm_proj="none"),
+                            text_cfg=dict(context_length=16, vocab_size=1000, width=32, heads=4, layers=2,
+                                          no_causal_mask=True, pool_type="last", proj_bias=True,
+                                          norm_kwargs=dict(eps=1e-6)))}
 
 
 def _model_cfg(config: str) -> dict:
     import open_clip
 
-    if config == "tiny":
-        return json.loads(json.dumps(TINY_CLIP))
+    if config in TINY:
+        return json.loads(json.dumps(TINY[config]))
     cfg = open_clip.get_model_config(config)
     if cfg is None:
-        raise ValueError(f"unknown open_clip config {config!r}; use 'tiny' or one of open_clip.list_models() "
-                         "(e.g. ViT-B-16, ViT-B-16-SigLIP).")
+        raise ValueError(f"unknown open_clip config {config!r}; use 'tiny', 'tiny-siglip' or one of "
+                         "open_clip.list_models() (e.g. ViT-B-16, ViT-B-16-SigLIP).")
     return cfg
 
 
