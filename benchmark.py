@@ -7,6 +7,7 @@
     python benchmark.py --model vit_small_patch16_224 --batch-size 8 --no-model --runtime onnxruntime
     python benchmark.py --sparse-attention moba:0.125:block dsa:0.125:block dsa:0.25:block --sparse-tokens 1024 8192
     python benchmark.py --edge --edge-models vit_tiny_patch16_224 vit_small_patch16_224 --out edge.json
+    python benchmark.py --clip ViT-B-16 --batch-size 64 --device cuda --precision bf16   # CLIP vs open_clip
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sparse-depth", type=int, default=2,
                     help="--sparse-attention: blocks of the whole models (each block costs the same, so the ratio "
                          "is that of any depth up to the embedding and head)")
+    ap.add_argument("--clip", default=None, metavar="CONFIG",
+                    help="instead of the ours-vs-timm comparison, our CLIP / SigLIP against open_clip's on the same "
+                         "random weights: zero-shot images/s and a contrastive training step; CONFIG: an open_clip "
+                         "config name (ViT-B-16, ViT-B-16-SigLIP, ...), 'tiny' or 'tiny-siglip'")
+    ap.add_argument("--clip-classes", type=count(1), default=1000, help="--clip: classes of the zero-shot classifier")
     ap.add_argument("--out", default=None, help="write the results as JSON to this file")
     return ap
 
@@ -107,6 +113,7 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 import torch
 
 import vit
+from vit.bench.clip import bench_clip, format_clip_report
 from vit.bench.data import bench_data, format_data_report
 from vit.bench.edge import EDGE_HEADER, bench_edge, format_edge_rows
 from vit.bench.model import bench_model, bench_scaling, format_model_report
@@ -140,7 +147,11 @@ def run_modes(args, device: torch.device) -> dict:
         c = res["sparse_attention"]["crossover_tokens"]
         print(f"crossover: {args.sparse_attention[0]} beats dense attention from {c} tokens on (of those measured)"
               if c is not None else f"crossover: {args.sparse_attention[0]} beat dense at none of the lengths measured")
-    if not (args.no_model or args.edge or args.token_reduction or args.sparse_attention):
+    if args.clip:
+        res["clip"] = bench_clip(args.clip, device, args.batch_size, args.precision, args.clip_classes,
+                                 iters=args.iters, **timing)
+        print(format_clip_report(res["clip"]))
+    if not (args.no_model or args.edge or args.token_reduction or args.sparse_attention or args.clip):
         res.update(bench_model(args.model, device, args.batch_size, args.img_size, args.precision, args.compile,
                                iters=args.iters, peak_size=args.peak_size, **timing))
     if args.scaling:

@@ -2,6 +2,10 @@
 
     python demo.py --checkpoint runs/default/best                 # then open http://127.0.0.1:7860/
     python demo.py --checkpoint runs/x/best --port 8000
+    python demo.py --clip hf-hub:timm/ViT-B-16-SigLIP --labels "a cat, a dog, a scratched part"
+
+With --clip, the page takes the labels you type (zero-shot: softmax for CLIP, a sigmoid per label for SigLIP)
+and shows where the image tower looked for the label you choose (gradient rollout).
 
 The page and the server are ours (vit/explain/demo.py: the standard library's http.server and one HTML page,
 no extra package). It listens on 127.0.0.1 only, unless --host says otherwise; Ctrl-C stops it.
@@ -17,7 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="a checkpoint folder written by train.py (a run's best/)")
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--checkpoint", help="a checkpoint folder written by train.py (a run's best/)")
+    which.add_argument("--clip", metavar="NAME", help="a CLIP / SigLIP model (vit.create_clip_model: hf-hub:org/repo "
+                       "or local-dir:/folder), classifying against labels typed on the page")
+    ap.add_argument("--labels", default="a photo of a cat, a photo of a dog",
+                    help="--clip: the labels the page starts with, separated by commas")
     ap.add_argument("--port", type=int, default=7860, help="port to listen on (0: any free one)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on; 0.0.0.0 shows the page to the whole network")
@@ -31,14 +40,14 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
 
 from vit.cli.runtime import run_cli
 from vit.config import ConfigError
-from vit.explain.demo import Demo, make_server
+from vit.explain.demo import ClipDemo, Demo, make_server
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}.")
-    demo = Demo(args.checkpoint)
+    demo = ClipDemo(args.clip, args.labels) if args.clip else Demo(args.checkpoint)
     try:
         server = make_server(demo, args.host, args.port)
     except OSError as e:

@@ -207,3 +207,22 @@ def test_dense_against_sparse_attention_rows_and_crossover():
     assert len(lines) == 5 and "moba:0.5:block" in lines[0]  # the header, then one line per row
     with pytest.raises(ValueError):
         bench_sparse(["nope:0.5"], CPU)
+
+
+@pytest.mark.parametrize("config", ["tiny", "tiny-siglip"])
+def test_clip_against_open_clip_prints_a_ratio(tmp_path, capsys, config):
+    """benchmark.py --clip: both sides built from one folder (their zero-shot logits agree: the same weights; for
+    SigLIP with its bias), the ratios are the paired repeats'; an unknown config is one sentence."""
+    pytest.importorskip("open_clip")
+    bench = import_script("benchmark")
+    out = tmp_path / "clip.json"
+    assert bench.main(["--clip", config, "--clip-classes", "3", "--batch-size", "2", "--repeats", "1", "--warmup",
+                       "0", "--device", "cpu", "--out", str(out)]) == 0
+    assert f"CLIP against open_clip: {config}" in capsys.readouterr().out
+    res = json.loads(out.read_text())["clip"]
+    assert res["max_abs_logit_difference"] < 1e-4
+    for mode in ("zero_shot", "train_step"):
+        t = res[mode]
+        assert t["ratio_ours_over_open_clip"] == ratio_stats(t["ours"]["seconds_all"], t["open_clip"]["seconds_all"])
+    assert bench.main(["--clip", "ViT-Q-99", "--device", "cpu"]) == 2
+    assert "unknown open_clip config 'ViT-Q-99'" in capsys.readouterr().err

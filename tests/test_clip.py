@@ -32,7 +32,8 @@ OPEN_CLIP = {  # name -> (model class, model_cfg)
         embed_dim=64, init_logit_bias=-10.0, custom_text=True,
         vision_cfg=dict(image_size=IMG, timm_model_name="test_vit", timm_pool="map", timm_proj="none"),
         text_cfg=dict(context_length=12, vocab_size=60, width=32, heads=4, layers=2, no_causal_mask=True,
-                      pool_type="last", proj_bias=True, norm_kwargs=dict(eps=1e-6)))),
+                      pool_type="last", proj_bias=True, norm_kwargs=dict(eps=1e-6),
+                      act_kwargs=dict(approximate="tanh")))),  # SigLIP2's text activation
 }
 TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, image_size=IMG, intermediate_size=96,
              patch_size=8)
@@ -60,6 +61,31 @@ def clip_tokenizer_json() -> str:
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|startoftext|>", "<|endoftext|>"])
     return tok.to_str()
+
+
+def siglip_tokenizer_folder(folder, vocab_size=60):
+    """SigLIP's tokenizer files as its hub repositories hold them, for a vocabulary trained here: a SentencePiece
+    unigram model as transformers' T5 converter lays it out (Metaspace '▁' before the first word, '</s>'
+    appended; <pad> 0, </s> 1, <unk> 2) and tokenizer_config.json padding with '</s>', as SigLIP pads."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import Unigram
+
+    from vit.hub.clip_tokenizer import clean_text
+
+    tok = Tokenizer(Unigram())
+    tok.normalizer = normalizers.Replace(Regex(" {2,}"), " ")
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    corpus = [clean_text(t, "canonicalize") for t in prompts(400, seed=7)]
+    tok.train_from_iterator(corpus, trainers.UnigramTrainer(vocab_size=vocab_size, unk_token="<unk>",
+                                                            special_tokens=["<pad>", "</s>", "<unk>"]))
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="T5Tokenizer", pad_token="</s>", eos_token="</s>", unk_token="<unk>", model_max_length=64)))
+    return folder
 
 
 def prompts(n=300, seed=0):
@@ -285,4 +311,101 @@ def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
     save_file({"logit_scale": torch.tensor(1.0)}, tmp_path / "open_clip_model.safetensors")
     with pytest.raises(ValueError, match="would have more than") as e:
         vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["oc_clip", "oc_siglip", "hf_clip"])
+def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
+    """save_clip_model writes open_clip's layout: create_clip_model("local-dir:") gives the same outputs bit for
+    bit, open_clip's create_model / get_tokenizer the same features (1e-5) and ids. hf_clip crosses layouts
+    (transformers in, open_clip out, pooled at its own end-of-text id 69)."""
+    model = vit.create_clip_model(f"hf-hub:org/{name}")
+    with torch.no_grad():  # moved off the loaded weights, as after fine-tuning
+        for key, p in model.named_parameters():
+            p.add_(0.01 if key != "visual.head.bias" else 0.0)  # open_clip's projection has no bias
+    folder = vit.save_clip_model(model, tmp_path / "saved")
+    again = vit.create_clip_model(f"local-dir:{folder}")
+    theirs = open_clip.create_model(f"local-dir:{folder}").eval()
+    vocab, length = model.text.vocab_size, model.text.max_len
+    images, ids = _inputs(vocab, length)
+    with torch.no_grad():
+        ours = model(images, ids)
+        for a, b in zip(ours, again(images, ids)):
+            assert torch.equal(a, b)
+        torch.testing.assert_close(theirs.encode_image(images), model.encode_image(images), atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs.encode_text(ids), model.encode_text(ids), atol=1e-5, rtol=0)
+        for a, b in zip(theirs(images, ids), ours):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert ours[1].std(0).mean() > 0.05  # not vacuous
+    if model.tokenizer is not None:
+        texts = prompts(40)
+        assert torch.equal(again.tokenizer(texts), open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
+
+
+def test_a_clip_open_clip_cannot_hold_is_one_sentence(hub, tmp_path):
+    """transformers' tiny SigLIP: its image tower is no timm model by name, its text uses tanh GELU; nothing is
+    written."""
+    model = vit.create_clip_model("hf-hub:org/hf_siglip")
+    with pytest.raises(ValueError, match="open_clip's repository layout cannot hold") as e:
+        vit.save_clip_model(model, tmp_path / "saved")
+    assert "\n" not in str(e.value) and not (tmp_path / "saved").exists()
+
+
+def test_siglip_tokenizer_ids_equal_open_clip(hub, tmp_path):
+    """SigLIP's path (a repository's SentencePiece tokenizer.json, big_vision's cleaning: punctuation removed,
+    lowercased) against open_clip's SigLipTokenizer (T5's fast tokenizer, padded with </s>) and its HFTokenizer
+    reading the folder (how open_clip loads a hub SigLIP repository), on 300 captions; then through a saved model,
+    which open_clip's get_tokenizer reads the same."""
+    from open_clip.tokenizer import HFTokenizer, SigLipTokenizer
+
+    folder = siglip_tokenizer_folder(tmp_path / "tok")
+    texts = prompts(300, seed=1)
+    ours = vit.load_clip_tokenizer(f"local-dir:{folder}", 12, "hf", "canonicalize")
+    ids = ours(texts)
+    # SigLipTokenizer's constructor fetches Google's vocabulary file; its __call__ (the cleaning, padding and cut) is
+    # run here on the same vocabulary, set up as that constructor sets it up
+    ref = SigLipTokenizer.__new__(SigLipTokenizer)
+    ref.tokenizer = transformers.T5TokenizerFast(tokenizer_file=str(folder / "tokenizer.json"), extra_ids=0,
+                                                 legacy=False)
+    ref.tokenizer.pad_token_id, ref.tokenizer.eos_token_id, ref.context_length = 1, 1, 12
+    assert torch.equal(ids, ref(texts))
+    assert torch.equal(ids, HFTokenizer(str(folder), context_length=12, clean="canonicalize")(texts))
+    assert (ids[:, -1] == 1).all() and (ids[:, -2] == 1).any() and (ids[:, -2] != 1).any()  # padded and cut
+    assert not torch.equal(ids, vit.load_clip_tokenizer(f"local-dir:{folder}", 12, "hf", "whitespace")(texts))
+    model = vit.create_clip_model("hf-hub:org/oc_siglip")  # vocabulary 60, as the tokenizer's
+    model.tokenizer = ours
+    saved = vit.save_clip_model(model, tmp_path / "saved")
+    assert torch.equal(vit.create_clip_model(f"local-dir:{saved}").tokenizer(texts), ids)
+    assert torch.equal(open_clip.get_tokenizer(f"local-dir:{saved}")(texts), ids)
+
+
+def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monkeypatch):
+    """transformers' Siglip2Model (its vision tower reads (p, p, C) patch rows and resizes its position table to
+    each image's grid): at the table's own grid, our ViT's image features, text features and logits equal it; a
+    table that is no square grid (NaFlex only) is one sentence."""
+    T = transformers
+    tower = {k: v for k, v in TOWER.items() if k != "image_size"} | dict(num_patches=(IMG // 8) ** 2)
+    text = dict(TEXT, hidden_act="gelu_pytorch_tanh", projection_size=32)
+    ref = perturb(T.Siglip2Model(T.Siglip2Config(text_config=text, vision_config=tower)))
+    ref.save_pretrained(tmp_path / "s2")
+    model = vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
+    images, ids = _inputs(TEXT["vocab_size"], TEXT["max_position_embeddings"])
+    B, g = images.shape[0], IMG // 8
+    patches = images.reshape(B, 3, g, 8, g, 8).permute(0, 2, 4, 3, 5, 1).reshape(B, g * g, 8 * 8 * 3)
+    extra = dict(pixel_attention_mask=torch.ones(B, g * g, dtype=torch.long), spatial_shapes=torch.tensor([[g, g]] * B))
+    with torch.no_grad():
+        out = ref(input_ids=ids, pixel_values=patches, **extra)
+        torch.testing.assert_close(model.encode_image(images), ref.get_image_features(pixel_values=patches, **extra)
+                                   .pooler_output, atol=1e-5, rtol=0)
+        torch.testing.assert_close(model.encode_text(ids), ref.get_text_features(input_ids=ids).pooler_output,
+                                   atol=1e-5, rtol=0)
+        image, text = model(images, ids)[:2]
+        torch.testing.assert_close(model.logits(image, text), out.logits_per_image, atol=1e-5, rtol=0)
+    assert out.logits_per_image.std() > 0.05 and model.logit_bias is not None
+    assert model.visual.pretrained_cfg["crop_mode"] == "squash"
+    config = json.loads((tmp_path / "s2" / "config.json").read_text())
+    config["vision_config"]["num_patches"] = 12
+    (tmp_path / "s2" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="not a square grid; only fixed-resolution SigLIP2") as e:
+        vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
     assert "\n" not in str(e.value)

@@ -18,6 +18,8 @@ import torch
 from helpers import ROOT
 from PIL import Image
 
+import vit
+
 CLASSES = ["cat", "dog", "fox", "owl", "yak", "elk"]
 
 
@@ -325,3 +327,113 @@ def test_the_page_names_the_checkpoint_and_its_architecture_and_the_top_k_it_sho
     # no broken-image icon before an upload: an img without a source is not displayed
     assert "img:not([src]) { display: none; }" in page
     assert page.count('<img id="input" alt="your image">') == 1 and "src=" not in page.split("<script>")[0]
+
+
+# --- a CLIP model and labels typed on the page
+
+LABELS = "a red square, a blue circle, a green cat"
+
+
+@pytest.fixture(scope="module")
+def clip_folder(tmp_path_factory):
+    """A tiny open_clip CLIP in its repository layout with CLIP's BPE tokenizer.json, and the open_clip model."""
+    open_clip = pytest.importorskip("open_clip")
+    from helpers import perturb
+    from safetensors.torch import save_file
+    from test_clip import clip_tokenizer_json
+
+    cfg = dict(embed_dim=24, vision_cfg=dict(image_size=32, layers=2, width=32, head_width=8, patch_size=8),
+               text_cfg=dict(context_length=16, vocab_size=49408, width=16, heads=2, layers=1))
+    torch.manual_seed(0)
+    ref = perturb(open_clip.model.CLIP(**cfg))
+    folder = tmp_path_factory.mktemp("clip")
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, folder / "open_clip_model.safetensors")
+    (folder / "tokenizer.json").write_text(clip_tokenizer_json())
+    return folder, ref
+
+
+def clip_oracle(clip_folder, path, explain):
+    """open_clip's zero-shot probabilities (its own classifier builder and tokenizer) and the gradient rollout
+    for label `explain` computed here from the image tower's attention maps."""
+    import open_clip
+    from open_clip.zero_shot_classifier import build_zero_shot_classifier
+
+    from vit.config import AugConfig
+    from vit.data.transforms import build_transform
+    from vit.eval.zero_shot import DEFAULT_TEMPLATES
+    from vit.explain.rollout import gradient_rollout, to_grid
+
+    folder, ref = clip_folder
+    labels = [s.strip() for s in LABELS.split(",")]
+    model = vit.create_clip_model(f"local-dir:{folder}")
+    x = build_transform(AugConfig().resolved(model.visual.pretrained_cfg), 32, train=False).load(path)[None]
+    with torch.no_grad():
+        weights = build_zero_shot_classifier(ref, open_clip.tokenizer.SimpleTokenizer(context_length=16), labels,
+                                             DEFAULT_TEMPLATES)  # (E, C)
+        probs = (ref.logit_scale.exp() * ref.encode_image(x, normalize=True) @ weights).softmax(1)[0]
+    feats, attns = model.visual.forward_with_attention(x)
+    score = (torch.nn.functional.normalize(feats, dim=-1) @ weights)[0, labels.index(explain)]
+    grads = torch.autograd.grad(score, attns)
+    grid = to_grid(gradient_rollout([a.detach() for a in attns], list(grads)), (4, 4))[0].numpy()
+    return {c: float(p) for c, p in zip(labels, probs)}, grid
+
+
+def test_typed_labels_give_open_clips_probabilities_and_the_rollout_for_the_chosen_label(clip_folder, image):
+    from vit.data.base import DataError
+    from vit.explain.demo import ClipDemo
+
+    demo = ClipDemo(f"local-dir:{clip_folder[0]}")
+    for explain in ("", "a green cat"):
+        answer = demo.predict(image.read_bytes(), image.name, labels=LABELS, explain=explain)
+        shown = {t["label"]: t["prob"] for t in answer["top"]}
+        want, grid = clip_oracle(clip_folder, image, explain or max(shown, key=shown.get))
+        assert shown == pytest.approx(want, abs=1e-5) and max(want.values()) - min(want.values()) > 0.01
+        assert answer["explained"] == (explain or max(want, key=want.get))
+        check_overlay(decode_overlay(answer["overlay"]), grid)
+    assert len(demo.classifiers) == 1  # the text side built once for the label set
+    with pytest.raises(DataError, match="repeat"):
+        demo.predict(image.read_bytes(), labels="cat, cat")
+    with pytest.raises(DataError, match="is not one of the labels"):
+        demo.predict(image.read_bytes(), labels="cat, dog", explain="fox")
+
+
+@pytest.mark.slow
+def test_the_clip_page_in_a_headless_browser_takes_typed_labels(clip_folder, image, tmp_path):
+    """demo.py --clip: type labels, choose the file, then choose the label to explain: the page shows open_clip's
+    probabilities and redraws the overlay for that label."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "demo.py"), "--clip", f"local-dir:{clip_folder[0]}",
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=env)
+    driver = None
+    try:
+        line = proc.stdout.readline()
+        assert "http://127.0.0.1:" in line, line + proc.stderr.read()
+        driver = _browser(tmp_path / "profile")
+        driver.get(line.rsplit(" on ", 1)[1].split()[0])
+        box = driver.find_element(By.ID, "labels")
+        box.clear()
+        box.send_keys(LABELS)
+        driver.find_element(By.ID, "file").send_keys(str(image))
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#top5 li")) == 3)
+        want, _ = clip_oracle(clip_folder, image, "a green cat")
+        shown = {li.find_element(By.CLASS_NAME, "label").text: float(li.find_element(By.CLASS_NAME, "prob").text[:-1])
+                 for li in driver.find_elements(By.CSS_SELECTOR, "#top5 li")}
+        assert shown == pytest.approx({c: 100 * p for c, p in want.items()}, abs=0.05 + 1e-4)
+        first = driver.find_element(By.ID, "overlay").get_attribute("src")
+        target = min(want, key=want.get)  # not the top-1, whose map is shown first
+        Select(driver.find_element(By.ID, "explain")).select_by_value(target)
+        wait.until(lambda d: d.find_element(By.ID, "overlay").get_attribute("src") != first)
+        _, grid = clip_oracle(clip_folder, image, target)
+        check_overlay(decode_overlay(driver.find_element(By.ID, "overlay").get_attribute("src")), grid)
+        assert Select(driver.find_element(By.ID, "explain")).first_selected_option.text == target
+    finally:
+        if driver is not None:
+            driver.quit()
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -243,7 +243,8 @@ def test_defaults_are_transformers(model_type):
 # transformers' image processor for each model type (AutoImageProcessor's mapping; the *_vision_model types have none
 # of their own)
 PROCESSORS = [("vit", "ViTImageProcessor"), ("clip_vision_model", "CLIPImageProcessor"),
-              ("siglip_vision_model", "SiglipImageProcessor"), ("deit", "DeiTImageProcessor"),
+              ("siglip_vision_model", "SiglipImageProcessor"), ("siglip2_vision_model", "Siglip2ImageProcessor"),
+              ("deit", "DeiTImageProcessor"),
               ("dinov2", "BitImageProcessor"), ("dinov2_with_registers", "BitImageProcessor")]
 
 

@@ -51,7 +51,7 @@ def test_public_api_is_unchanged_and_lazy():
         "Tokenizer", "create_text_model", "load_tokenizer", "text_encoder_from_config",
         # issue 39: text classification, saved for transformers; CLIP / SigLIP image and text towers by name
         "TextClassifier", "save_text_model", "text_classifier_from_config", "CLIP", "create_clip_model",
-        "load_clip_tokenizer"]))
+        "load_clip_tokenizer", "save_clip_model"]))
 
 
 # --- the import graph: no cycles, arrows down, nothing private across modules (standard-library ast only) -------

@@ -9,6 +9,7 @@ Public API:
                                                    tokenizers by name (hf-hub:org/name, local-dir:/folder);
                                                    num_classes=N: a TextClassifier (transformers' heads)
     save_text_model                                a TextClassifier as a folder transformers loads too
+    save_clip_model                                a CLIP as an open_clip repository (we and open_clip load it)
     text_encoder_from_config, ...classifier...     the same architectures with random weights
     Encoder, Block, Attention                      the shared building blocks
     load_pretrained                                timm / HF-timm weights, resampled and adapted
@@ -48,6 +49,7 @@ _EXPORTS = {
     "text_classifier_from_config": "models.text_build",
     "TextClassifier": "models.text_classifier",
     "save_text_model": "models.text_save",
+    "save_clip_model": "models.clip_save",
     "VARIANTS": "models.variants",
     "VisionTransformer": "models.vision_transformer",
     "create_model": "models.build",
@@ -79,6 +81,7 @@ __all__ = [
     "load_pretrained",
     "read_state_dict",
     "resample_abs_pos_embed",
+    "save_clip_model",
     "save_text_model",
     "text_classifier_from_config",
     "text_encoder_from_config",
@@ -111,6 +114,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
     from .layers import Attention, resample_abs_pos_embed
     from .models.build import create_model, list_models
     from .models.clip import CLIP, create_clip_model
+    from .models.clip_save import save_clip_model
     from .models.encoder import Block, Encoder
     from .models.text_build import create_text_model, text_classifier_from_config, text_encoder_from_config
     from .models.text_classifier import TextClassifier

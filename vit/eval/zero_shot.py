@@ -90,9 +90,29 @@ class ZeroShotClassifier(nn.Module):
         return F.normalize(mean, dim=-1)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        image = self.model.encode_image(images, normalize=True)  # (B, E)
+        return self._logits(self.model.encode_image(images, normalize=True))
+
+    def _logits(self, image: torch.Tensor) -> torch.Tensor:
+        """Normalised image features (B, E) -> (B, C) logits."""
         logits = self.model.logit_scale.exp() * image @ self.weights.T  # (B, C)
         return logits + self.model.logit_bias if self.sigmoid else logits
+
+    # what vit.explain.rollout.attention_maps reads: the classifier's logits and the image tower's attention
+    def forward_with_attention(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """(B, C) logits and the image tower's attention probabilities, one (B, H, N, N) map per block."""
+        feats, attentions = self.model.visual.forward_with_attention(images)  # (B, E), [(B, H, N, N)]
+        return self._logits(F.normalize(feats, dim=-1)), attentions
+
+    def grid_size(self, img_size: tuple[int, int] | None = None) -> tuple[int, int]:
+        return self.model.visual.grid_size(img_size)
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return self.model.visual.num_prefix_tokens
+
+    @property
+    def global_pool(self) -> str:
+        return self.model.visual.global_pool
 
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax over the classes for CLIP; SigLIP's sigmoid, each class scored on its own."""

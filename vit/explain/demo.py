@@ -8,6 +8,13 @@ preprocessing (`build_transform(..., train=False)`, as evaluate.py and predict.p
 `vit.explain.rollout.attention_maps` (the same as visualize_attention.py) and the overlay is the overlay panel of its
 picture (`vit.eval.plots.overlay_image`), drawn at least DISPLAY pixels wide.
 
+`ClipDemo` serves a CLIP / SigLIP model (vit.create_clip_model) the same way for labels typed on the page:
+POST /predict?labels=<comma-separated>&explain=<one of them> answers with every label's probability (softmax
+for CLIP, each label's sigmoid with the logit bias for SigLIP: `ZeroShotClassifier.probabilities`) and the
+gradient rollout of the image tower for the `explain` label (default: the most probable), i.e. where the model
+looked for that class (`attention_maps(..., "grad_rollout", target_class)`, Chefer et al., 2021). The text side
+of each label set is computed once and kept.
+
 A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
 the page shows, as is a request whose Content-Length is missing (411) or not a size (400), before any body is
 read; a body that stops arriving times out (408). A client that goes away is not an error, and prints nothing.
@@ -26,16 +33,19 @@ import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
+import torch
 from PIL import Image
 
+from ..data.base import DataError
 from ..data.decode import BadImageError
 from ..data.transforms import build_transform
 from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
 
-__all__ = ["Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
+__all__ = ["ClipDemo", "Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
 
 MAX_UPLOAD = 20 * 1024 * 1024  # bytes of one uploaded image
 DISPLAY = 224  # the overlay is drawn at least this wide (a 32-pixel model input would be a speck)
@@ -43,6 +53,8 @@ DISPLAY = 224  # the overlay is drawn at least this wide (a 32-pixel model input
 
 class Demo:
     """A checkpoint ready to classify uploaded image bytes: top-5 and the rollout overlay."""
+
+    typed_labels = False  # its classes are the checkpoint's
 
     def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
         self.folder = Path(checkpoint).resolve()
@@ -60,16 +72,8 @@ class Demo:
             maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
             probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
         p, i = probs.topk(self.top)
-        seen = to_display(x, self.cfg.aug.mean, self.cfg.aug.std)  # what the model saw, (S, S, 3) in [0, 1]
-        scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
-        if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
-            seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
-        over = overlay_image(seen, maps[0].numpy())
-        buf = io.BytesIO()
-        Image.fromarray(over).save(buf, format="PNG")
         return dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
-                    overlay="data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
-                    size=[over.shape[1], over.shape[0]])
+                    **overlay_answer(x, maps[0], self.cfg.aug.mean, self.cfg.aug.std))
 
     def title(self) -> str:
         """The checkpoint's folder (run/best) and the architecture the weights have, read from the model: the
@@ -84,10 +88,81 @@ class Demo:
         return f"{self.folder.parent.name}/{self.folder.name}: {arch}: {len(self.classes)} classes{scored}"
 
 
-def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860, timeout: float = 30) -> ThreadingHTTPServer:
+def overlay_answer(x, grid_map, mean, std) -> dict:
+    """The input (C, S, S) as the model saw it with the (h, w) map over it, drawn at least DISPLAY pixels wide:
+    {overlay: PNG data URL, size: [w, h]}."""
+    seen = to_display(x, mean, std)  # (S, S, 3) in [0, 1]
+    scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
+    if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
+        seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
+    over = overlay_image(seen, grid_map.numpy())
+    buf = io.BytesIO()
+    Image.fromarray(over).save(buf, format="PNG")
+    return dict(overlay="data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
+                size=[over.shape[1], over.shape[0]])
+
+
+class ClipDemo:
+    """A CLIP / SigLIP model ready to classify uploaded image bytes against typed labels (the module docstring).
+    `labels`: the label set the page starts with."""
+
+    typed_labels = True
+
+    def __init__(self, name: str, labels: str = "", top: int = 5) -> None:
+        from ..config import AugConfig
+        from ..models.clip import create_clip_model
+
+        self.name, self.labels, self.top = name, labels, top
+        self.model = create_clip_model(name)
+        self.aug = AugConfig().resolved(self.model.visual.pretrained_cfg)
+        self.transform = build_transform(self.aug, self.model.visual.patch_embed.img_size[0], train=False)
+        self.classifiers: dict[tuple[str, ...], object] = {}  # label set -> its ZeroShotClassifier
+        self.lock = threading.Lock()
+
+    def classifier(self, labels: str):
+        """The zero-shot classifier of comma-separated `labels`, built once per label set; DataError (one
+        sentence) for none, an empty or a repeated one."""
+        from ..eval.zero_shot import ZeroShotClassifier, class_names
+
+        names = tuple(class_names(labels))
+        if names not in self.classifiers:
+            if len(self.classifiers) >= 32:  # a page typing label after label: keep the memory bounded
+                self.classifiers.pop(next(iter(self.classifiers)))
+            self.classifiers[names] = ZeroShotClassifier(self.model, names)
+        return self.classifiers[names]
+
+    def predict(self, data: bytes, name: str = "the upload", labels: str = "", explain: str = "") -> dict:
+        """Image bytes -> {top: [{label, prob}], explained: label, overlay, size}; BadImageError for bytes that are
+        not an image, DataError for labels that are not a list of names or an `explain` that is not one of them."""
+        with self.lock:
+            clf = self.classifier(labels or self.labels)
+            if explain and explain not in clf.classes:
+                raise DataError(f"{explain!r:.60} is not one of the labels; choose one of {', '.join(clf.classes)}.")
+            x = self.transform.load_bytes(data, name)
+            target = None if not explain else torch.tensor([clf.classes.index(explain)])
+            maps, logits = attention_maps(clf, x[None], "grad_rollout", target_class=target)  # (1, h, w), (1, C)
+            probs = clf.probabilities(logits.float())[0]
+        p, i = probs.topk(min(self.top, len(clf.classes)))
+        shown = explain or clf.classes[int(i[0])]
+        return dict(top=[dict(label=clf.classes[int(k)], prob=float(v)) for v, k in zip(p, i)], explained=shown,
+                    labels=clf.classes, **overlay_answer(x, maps[0], self.aug.mean, self.aug.std))
+
+    def title(self) -> str:
+        m = self.model.visual
+        (h, w), (ph, _) = m.patch_embed.img_size, m.patch_embed.patch_size
+        kind = "SigLIP (a sigmoid per label)" if self.model.logit_bias is not None else "CLIP (softmax over labels)"
+        return (f"{self.name}: {kind}, {h}x{w} input, {ph}-pixel patches, width {m.embed_dim}, depth "
+                f"{len(m.blocks)}: zero-shot, labels typed below")
+
+
+def make_server(demo: Demo | ClipDemo, host: str = "127.0.0.1", port: int = 7860,
+                timeout: float = 30) -> ThreadingHTTPServer:
     """The page at / and the classifier at POST /predict, bound to host:port (port 0: a free one). `timeout`:
     seconds a socket may wait for the next bytes of a request (or for the client to take the answer)."""
-    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).replace("{{TOP}}", str(demo.top)).encode()
+    typed = getattr(demo, "typed_labels", False)
+    box = LABELS.replace("{{LABELS}}", _escape(demo.labels).replace('"', "&quot;")) if typed else ""
+    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).replace("{{TOP}}", str(demo.top)) \
+        .replace("{{LABELBOX}}", box).encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 (http.server's name)
@@ -97,7 +172,8 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860, timeout: 
                 self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; open / instead.")
 
         def do_POST(self):  # noqa: N802
-            if self.path != "/predict":
+            url = urlsplit(self.path)
+            if url.path != "/predict":
                 return self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; POST to /predict.")
             length = self.headers.get("Content-Length")
             if length is None:
@@ -121,8 +197,11 @@ def make_server(demo: Demo, host: str = "127.0.0.1", port: int = 7860, timeout: 
             if len(data) < size:  # the client closed the connection mid-body: nobody is left to answer
                 self.close_connection = True
                 return None
+            query = {k: v[-1] for k, v in parse_qs(url.query).items() if k in ("labels", "explain")} if typed else {}
             try:
-                answer = demo.predict(data, self.headers.get("X-Filename") or "the upload")
+                answer = demo.predict(data, self.headers.get("X-Filename") or "the upload", **query)
+            except DataError as e:  # typed labels that are no list of names
+                return self._error(HTTPStatus.BAD_REQUEST, str(e))
             except BadImageError as e:  # its message names the problem; add what to do where it does not
                 text = str(e).rstrip(".")
                 return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
@@ -161,6 +240,11 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+# the label box and the class to explain, on a CLIP model's page
+LABELS = """<div id="typed"><label>labels, separated by commas: <input id="labels" size="60"
+ value="{{LABELS}}"></label> <label>rollout for <select id="explain"></select></label></div>
+"""
+
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>vit demo</title>
 <style>
@@ -178,7 +262,7 @@ PAGE = """<!doctype html>
 <body>
 <h2>{{TITLE}}</h2>
 <div id="drop">Drop an image here, or <input type="file" id="file" accept="image/*"></div>
-<div id="status"></div>
+{{LABELBOX}}<div id="status"></div>
 <div class="row">
  <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
  <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
@@ -186,10 +270,15 @@ PAGE = """<!doctype html>
 </div>
 <script>
 const status = document.getElementById("status");
-async function classify(file) {
+const labels = document.getElementById("labels"), explain = document.getElementById("explain");
+let last = null;
+async function classify(file, which) {
+  last = file;
   status.textContent = "classifying " + file.name + " ...";
   document.getElementById("input").src = URL.createObjectURL(file);
-  const r = await fetch("/predict", {method: "POST", body: file, headers: {"X-Filename": file.name}});
+  const query = labels ? "?labels=" + encodeURIComponent(labels.value) + "&explain=" + encodeURIComponent(which || "")
+                       : "";
+  const r = await fetch("/predict" + query, {method: "POST", body: file, headers: {"X-Filename": file.name}});
   const answer = await r.json();
   const list = document.getElementById("top5");
   list.replaceChildren();
@@ -203,7 +292,14 @@ async function classify(file) {
     li.append(label, " ", prob, bar); list.append(li);
   }
   document.getElementById("overlay").src = answer.overlay;
+  if (explain) {  // the labels the rollout can be shown for, the one shown selected
+    explain.replaceChildren(...answer.labels.map(l => new Option(l, l, false, l === answer.explained)));
+  }
   status.textContent = "";
+}
+if (labels) {
+  labels.addEventListener("change", () => last && classify(last));
+  explain.addEventListener("change", () => last && classify(last, explain.value));
 }
 document.getElementById("file").addEventListener("change", e => e.target.files[0] && classify(e.target.files[0]));
 const drop = document.getElementById("drop");

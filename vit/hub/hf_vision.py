@@ -10,11 +10,15 @@ the fields that differ from the config class's defaults), model.safetensors and 
     dinov2_with_registers  Dinov2WithRegistersModel                  + `reg_tokens`, `no_embed_class`
     clip_vision_model      CLIPVisionModel(WithProjection), CLIPModel `pre_norm`, no patch bias; projection as head
     siglip_vision_model    SiglipVisionModel, SiglipModel             no [CLS], `global_pool="map"` (`attn_pool.*`)
+    siglip2_vision_model   Siglip2VisionModel, Siglip2Model           SigLIP's, at one fixed resolution: patch_size *
+                                                                      sqrt(num_patches), squashed (NaFlex's own
+                                                                      sizes and padded patches are not read here)
 
 and the renames (L = encoder.layer.i, E = encoder.layers.i; q/k/v fused into `qkv`, rows in that order):
 
     timm                 ViT / DeiT / DINOv2                       CLIP / SigLIP (under vision_model.)
-    patch_embed.proj     embeddings.patch_embeddings.projection    embeddings.patch_embedding
+    patch_embed.proj     embeddings.patch_embeddings.projection    embeddings.patch_embedding (SigLIP2: a Linear
+                                                                   over (p, p, C) patches, made a conv kernel)
     cls_token, pos_embed embeddings.cls_token, .position_embeddings  embeddings.class_embedding, .position_embedding
     norm_pre             -                                         pre_layrnorm (CLIP)
     blocks.i.norm1|2     L.layernorm_before|after (DINOv2 norm1|2) E.layer_norm1|2
@@ -35,6 +39,7 @@ refused in one sentence. Nothing is imported from transformers: its config defau
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -59,11 +64,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "clip_vision_model": dict(_TOWER, projection_dim=512, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5),
     "siglip_vision_model": dict(_TOWER, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6,
                                 vision_use_head=True),
+    "siglip2_vision_model": dict({k: v for k, v in _TOWER.items() if k != "image_size"}, patch_size=16,
+                                 hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6, vision_use_head=True,
+                                 num_patches=256),
 }
-_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model"}  # full models: their vision_config
+# full models: their vision_config
+_TOWERS = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "siglip2": "siglip2_vision_model"}
 # architecture -> its head: None (a base model), or the checkpoint's head layer(s)
 _HEADS = {"ViTModel": None, "DeiTModel": None, "Dinov2Model": None, "Dinov2WithRegistersModel": None,
           "CLIPVisionModel": None, "SiglipVisionModel": None, "SiglipModel": None,
+          "Siglip2VisionModel": None, "Siglip2Model": None,
           "ViTForImageClassification": "classifier", "DeiTForImageClassification": "classifier",
           "DeiTForImageClassificationWithTeacher": "teacher", "CLIPVisionModelWithProjection": "projection",
           "CLIPModel": "projection"}
@@ -82,6 +92,7 @@ _PREPROCESS = {  # the image processors' defaults, for a preprocessor_config.jso
     "clip_vision_model": dict(image_mean=[0.48145466, 0.4578275, 0.40821073],
                               image_std=[0.26862954, 0.26130258, 0.27577711], resample=3),
     "siglip_vision_model": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=3),
+    "siglip2_vision_model": dict(image_mean=[0.5] * 3, image_std=[0.5] * 3, resample=2),
 }
 
 
@@ -118,7 +129,16 @@ def _vision_config(config: dict, name: str) -> tuple[str, dict, str | None]:
     if arch is not None and arch not in _HEADS:
         _refuse(name, f"it is a {arch}, whose head or objective is not a ViT classifier (loadable: "
                       f"{', '.join(sorted(_HEADS))})")
-    return model_type, {**DEFAULTS[model_type], **config}, arch
+    fields = {**DEFAULTS[model_type], **config}
+    if model_type == "siglip2_vision_model":  # a square position table, read at its own size
+        n = fields["num_patches"]
+        side = math.isqrt(n) if type(n) is int and n > 0 else 0
+        if side * side != n:
+            raise ValueError(f"{name}: its Siglip2 vision_config sets num_patches to {n!r:.40}, which is not a square "
+                             "grid; only fixed-resolution SigLIP2 loads here (NaFlex's variable sizes are not "
+                             "supported by this loader).")
+        fields["image_size"] = side * _pair(fields["patch_size"], "patch_size", name)
+    return model_type, fields, arch
 
 
 def _pair(value: Any, what: str, name: str) -> int:
@@ -176,7 +196,7 @@ def _model_args(model_type: str, c: dict, arch: str | None, config: dict, name: 
     elif model_type == "clip_vision_model":
         args["pre_norm"] = True
         arch_name = f"vit_{size}_patch{patch}_clip_{img}"
-    elif model_type == "siglip_vision_model":
+    elif model_type in ("siglip_vision_model", "siglip2_vision_model"):
         args["class_token"] = False
         args["global_pool"] = "map" if c["vision_use_head"] else ""
         arch_name = f"vit_{size}_patch{patch}_siglip_{img}"
@@ -211,7 +231,8 @@ def _pretrained_cfg(model_type: str, config: dict, preprocessor: dict | None, ar
     side = resize.get("shortest_edge") or resize.get("height")
     cropped = crop.get("height") if p.get("do_center_crop", bool(crop)) else None
     crop_pct = min(1.0, float(cropped) / float(side)) if cropped and side else 1.0
-    crop_mode = "squash" if "height" in resize else "center"  # timm's squash: resize to size / crop_pct, then crop
+    # timm's squash: resize to size / crop_pct, then crop (SigLIP2's fixed-resolution stand-in for NaFlex's resize)
+    crop_mode = "squash" if "height" in resize or model_type == "siglip2_vision_model" else "center"
     labels = config.get("id2label") or {}
     label_names = [labels[k] for k in sorted(labels, key=int)] if labels and args["num_classes"] == len(labels) \
         else None
@@ -289,6 +310,11 @@ def hf_state_dict(state: dict[str, torch.Tensor], config: dict, report: Any) -> 
         else:
             out[key] = value
     out.update(fuse_qkv(parts, report.path))
+    w = out.get("patch_embed.proj.weight")
+    if model_type == "siglip2_vision_model" and w is not None and w.ndim == 2:  # (D, p * p * C) over (p, p, C)
+        c = _vision_config(config, "the checkpoint")[1]
+        p = _pair(c["patch_size"], "patch_size", "the checkpoint")
+        out["patch_embed.proj.weight"] = w.reshape(w.shape[0], p, p, c["num_channels"]).permute(0, 3, 1, 2)
     if "cls_token" in out and out["cls_token"].ndim == 1:  # CLIP: (D,) -> (1, 1, D)
         out["cls_token"] = out["cls_token"][None, None]
     if "pos_embed" in out and out["pos_embed"].ndim == 2:  # CLIP / SigLIP: an embedding table (N, D)

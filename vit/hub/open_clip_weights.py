@@ -183,7 +183,7 @@ def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any) -> dict[st
 _TEXT_UNSUPPORTED = {"hf_model_name": (None, "a Hugging Face text model inside"),
                      "embed_cls": (False, "a class embedding (CoCa)"), "ls_init_value": (None, "layer scale"),
                      "final_ln_after_pool": (False, "the final norm after pooling"),
-                     "act_kwargs": (None, "activation arguments"), "qk_norm": (False, "q/k normalisation"),
+                     "qk_norm": (False, "q/k normalisation"),
                      "scaled_cosine_attn": (False, "scaled cosine attention"), "scale_heads": (False, "head scales"),
                      "scale_attn_inner": (False, "an inner attention norm"), "scale_attn": (False, "an attention norm"),
                      "scale_fc": (False, "an MLP norm"), "block_type": (None, "a custom block"),
@@ -209,12 +209,19 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
         raise ValueError(f"{name}: its open_clip text_cfg has width {width!r}, heads {heads!r}; the width must be a "
                          "positive multiple of the heads.")
     eos = text.get("eos_id", 2) if pool == "eos" else None
+    act = "quick_gelu" if model.get("quick_gelu") else "gelu"
+    if text.get("act_kwargs") not in (None, {}):  # SigLIP2's text tower: GELU's tanh approximation
+        if text["act_kwargs"] != {"approximate": "tanh"} or act != "gelu":
+            raise ValueError(f"{name}: its text tower has activation arguments {text['act_kwargs']!r:.60}, which our "
+                             "TextEncoder does not compute (only GELU's approximate='tanh'); load it with open_clip "
+                             "instead.")
+        act = "gelu_tanh"
     return dict(vocab_size=text.get("vocab_size", 49408), embed_dim=width, depth=text.get("layers", 12),
                 num_heads=heads, max_len=text.get("context_length", 77),
                 mlp_ratio=_float(text.get("mlp_ratio", 4.0), "mlp_ratio", name), norm_first=True,
                 norm_eps=_float((text.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),
-                mlp_layer="quick_gelu" if model.get("quick_gelu") else "gelu",
-                causal=not text.get("no_causal_mask", False), global_pool=TEXT_POOLS[pool], eos_token_id=eos)
+                mlp_layer=act, causal=not text.get("no_causal_mask", False), global_pool=TEXT_POOLS[pool],
+                eos_token_id=eos)
 
 
 _TEXT_SWAPS = [("token_embedding.", "token_embed."), ("transformer.resblocks.", "blocks."), ("ln_final.", "norm."),

@@ -10,7 +10,8 @@ Repositories in two layouts load:
     open_clip      open_clip_config.json + open_clip_model.safetensors (or open_clip_pytorch_model.bin): image tower
                    by vit.hub.open_clip_weights (`visual.*` or a timm trunk), text tower by its text functions
                    (`transformer.*` at the top level for CLIP, under `text.` for SigLIP's CustomTextCLIP)
-    transformers   config.json of a CLIPModel or SiglipModel + model.safetensors: image tower by vit.hub.hf_vision,
+    transformers   config.json of a CLIPModel, SiglipModel or Siglip2Model (fixed resolution: NaFlex's variable
+                   sizes are refused) + model.safetensors: image tower by vit.hub.hf_vision,
                    text tower by vit.hub.text_weights (`text_model.*`), `text_projection` (CLIP, no bias) or
                    `text_model.head` (SigLIP, biased) as the projection
 The text tower pools one token: CLIP's end-of-text (causal attention), SigLIP's last position (no mask); the
@@ -92,7 +93,7 @@ class CLIP(nn.Module):
 
 def _bad(name: str, what: str) -> ValueError:
     return ValueError(f"{name}: {what}; it is not a CLIP or SigLIP repository this library loads (open_clip's "
-                      "open_clip_config.json, or transformers' CLIPModel / SiglipModel config.json).")
+                      "open_clip_config.json, or transformers' CLIPModel / SiglipModel / Siglip2Model config.json).")
 
 
 def _open_clip_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
@@ -119,7 +120,7 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
         if "text_projection.weight" in state:
             extra["proj.weight"] = state["text_projection.weight"]  # (E, D), no bias
         kind, clean = "bpe", "lower"
-    else:  # siglip: the text tower's names are CLIP-text's; its head is the projection
+    else:  # siglip, siglip2: the text tower's names are CLIP-text's; its head is the projection
         c = {**SIGLIP_TEXT, **(config.get("text_config") or {})}
         if c["hidden_act"] not in ACTIVATIONS:
             raise _bad(name, f"its text activation {c['hidden_act']!r} is not one of {', '.join(ACTIVATIONS)}")
@@ -156,7 +157,7 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     config = read_json(path, name)
     if is_open_clip:
         kwargs, text_state, extra, tok = _open_clip_parts(name, config, cache_dir)
-    elif config.get("model_type") in ("clip", "siglip"):
+    elif config.get("model_type") in ("clip", "siglip", "siglip2"):
         kwargs, text_state, extra, tok = _transformers_parts(name, config, cache_dir)
     else:
         raise _bad(name, f"its config.json is a {config.get('model_type')!r} model")
