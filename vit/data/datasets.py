@@ -241,6 +241,10 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .text import build_text_datasets
 
         return build_text_datasets(cfg, splits, classes)
+    if name == "captions":  # image-caption pairs for a CLIP model (vit/data/captions.py)
+        from .captions import build_caption_datasets
+
+        return build_caption_datasets(cfg, t_train, t_val)
     if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
         from .multilabel import build_multilabel_datasets
 
@@ -375,7 +379,9 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
         counts = class_counts(train_ds)
         weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
-    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
+    # image-caption pairs: every process must hold as many pairs (their negatives are gathered), so no short batch
+    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=cfg.data.dataset == "captions",
+                       num_workers=workers,
                        sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
                        pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed),
                        collate_fn=getattr(train_ds, "collate", None))  # text: padded per batch (vit/data/text.py)

@@ -182,3 +182,22 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     model = CLIP(visual, text, projection, pool, float(extra["logit_scale"].reshape(-1)[0]),
                  None if bias is None else float(bias.reshape(-1)[0]), tok)
     return model.eval()
+
+
+def new_clip_model(visual: nn.Module, tokenizer: ClipTokenizer, embed_dim: int, text_width: int, text_depth: int,
+                   text_heads: int, logit_scale: float, logit_bias: float | None = None) -> CLIP:
+    """A CLIP with fresh text weights around the image tower `visual` (its head (E, D) the image projection, without
+    bias, as open_clip's `visual.proj`): a causal text tower of `text_depth` blocks on
+    `tokenizer`'s vocabulary and context, pooled at its highest id (the end token), projected without bias.
+    `logit_bias`: SigLIP's initial bias (None: CLIP, no bias)."""
+    if getattr(visual, "num_classes", embed_dim) != embed_dim:
+        raise ValueError(f"the image tower projects to {visual.num_classes} features, not embed_dim={embed_dim}; "
+                         "build it with num_classes=embed_dim.")
+    head = getattr(visual, "head", None)
+    if isinstance(head, nn.Linear) and head.bias is not None:  # (E, D), as open_clip's `visual.proj` (no bias)
+        visual.head = nn.Linear(head.in_features, head.out_features, bias=False)
+        visual.head.weight.data.copy_(head.weight.data)
+    vocab = tokenizer.tokenizer.vocab_size
+    text = TextEncoder(vocab, embed_dim=text_width, depth=text_depth, num_heads=text_heads,
+                       max_len=tokenizer.context_length, global_pool="eos", causal=True, norm_eps=1e-5)
+    return CLIP(visual, text, nn.Linear(text_width, embed_dim, bias=False), "eos", logit_scale, logit_bias, tokenizer)

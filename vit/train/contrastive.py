@@ -49,11 +49,12 @@ def gather_features(x: torch.Tensor) -> torch.Tensor:
         return torch.cat(all_gather(x), dim=0)
 
 
-def clip_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
+def clip_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor, local: bool = False) -> torch.Tensor:
     """CLIP's symmetric cross-entropy. image, text: (n, E) normalised features of matching pairs on this process;
-    logit_scale: the scale itself (exp of the stored parameter, as the model's forward returns it)."""
-    rank, world = _world()
-    all_image, all_text = gather_features(image), gather_features(text)  # (N, E)
+    logit_scale: the scale itself (exp of the stored parameter, as the model's forward returns it); local: these
+    pairs only, whatever the processes (features already gathered, e.g. for evaluation)."""
+    rank = 0 if local else _world()[0]
+    all_image, all_text = (image, text) if local else (gather_features(image), gather_features(text))  # (N, E)
     labels = torch.arange(image.shape[0], device=image.device) + rank * image.shape[0]  # own rows' columns
     per_image = logit_scale * image @ all_text.T  # (n, N)
     per_text = logit_scale * text @ all_image.T  # (n, N)
@@ -98,13 +99,14 @@ def _sigmoid_terms(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.T
 
 
 def siglip_loss(image: torch.Tensor, text: torch.Tensor, logit_scale: torch.Tensor,
-                logit_bias: torch.Tensor, exchange: str = "gather") -> torch.Tensor:
+                logit_bias: torch.Tensor, exchange: str = "gather", local: bool = False) -> torch.Tensor:
     """SigLIP's sigmoid loss over this process's n images against all N captions, divided by n (open_clip's
     SigLipLoss). logit_scale: the scale itself; logit_bias: the learned bias b; exchange: 'gather' (all captions
-    at once) or 'ring' (chunks passed between neighbours; same loss and gradients, see the module docstring)."""
+    at once) or 'ring' (chunks passed between neighbours; same loss and gradients, see the module docstring);
+    local: these pairs only, whatever the processes."""
     if exchange not in EXCHANGES:
         raise ValueError(f"unknown exchange {exchange!r}; use 'gather' or 'ring'.")
-    rank, world = _world()
+    rank, world = (0, 1) if local else _world()
     n = image.shape[0]
     if exchange == "gather" or world == 1:
         return _sigmoid_terms(image, gather_features(text), logit_scale, logit_bias, rank * n) / n
