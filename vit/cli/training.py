@@ -57,9 +57,14 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
     check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
     channel_note = None
-    if is_contrastive(cfg):  # open_clip's image towers read RGB
+    if is_contrastive(cfg):  # open_clip's image towers read RGB; a pretrained one, at its own size
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=3))
-    if not is_text(cfg):
+        if cfg.contrastive.pretrained:
+            clip = dataclasses.replace(cfg.model, name=None, pretrained=cfg.contrastive.pretrained)
+            weights = pretrained_cfg_of(clip)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, img_size=weights["input_size"][-1]))
+            cfg = resolve_data_config(cfg, weights)
+    if not is_text(cfg) and not (is_contrastive(cfg) and cfg.contrastive.pretrained):
         cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
         cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine

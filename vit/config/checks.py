@@ -253,7 +253,8 @@ def _validate_contrastive(cfg: Config) -> None:
         raise ConfigError("data.dataset=captions needs data.root: the folder of the images (with "
                           "contrastive.captions_file naming their captions, or class subfolders captioned by name).")
     refused = {"aug.mixup": cfg.aug.mixup > 0, "aug.cutmix": cfg.aug.cutmix > 0,
-               "optim.class_weights": cfg.optim.class_weights is not None, "data.sampler": cfg.data.sampler != "shuffle",
+               "optim.class_weights": cfg.optim.class_weights is not None,
+               "data.sampler": cfg.data.sampler != "shuffle",
                "data.labels_file": cfg.data.labels_file is not None, "optim.lora_rank": cfg.optim.lora_rank > 0,
                "model.freeze": cfg.model.freeze, "model.pretrained": cfg.model.pretrained not in (None, False)}
     for key, on in refused.items():

@@ -140,9 +140,10 @@ def _pairs_split(cfg: Config, t_train, t_val):
 
 def build_caption_datasets(cfg: Config, t_train, t_val, tokenizer=None):
     """(train, val, classes) for `data.dataset: captions`: CaptionDatasets sharing one caption list and one
-    tokenizer (`tokenizer`, else `word_tokenizer` over the training captions, contrastive.context_length long;
-    it is `train.tokenizer`); classes: the class folders' names, [] for a captions file."""
-    from ..hub.clip_tokenizer import word_tokenizer
+    tokenizer (`tokenizer`, else contrastive.pretrained's own, else `word_tokenizer` over the training captions,
+    contrastive.context_length long; it is `train.tokenizer`); classes: the class folders' names, [] for a
+    captions file."""
+    from ..hub.clip_tokenizer import repo_clip_tokenizer, word_tokenizer
     from .datasets import build_datasets
 
     c = cfg.contrastive
@@ -155,6 +156,11 @@ def build_caption_datasets(cfg: Config, t_train, t_val, tokenizer=None):
         folder = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset="imagefolder"))
         train, val, classes = build_datasets(folder)
         parts, captions = {"train": train, "val": val}, [c.template.format(name) for name in classes]
+    if tokenizer is None and c.pretrained:  # the model's own: its vocabulary and context
+        tokenizer = repo_clip_tokenizer(c.pretrained)
+        if tokenizer is None:
+            raise DataError(f"contrastive.pretrained {c.pretrained} has no tokenizer.json to tokenise the captions "
+                            "with; add its tokenizer to the folder or train from scratch (no contrastive.pretrained).")
     used = sorted({captions[k] for _, k in parts["train"].samples})
     tokenizer = tokenizer or word_tokenizer(used, c.context_length)
     ids = tokenizer(captions)  # (C, context_length)

@@ -25,7 +25,8 @@ import torch
 
 from .tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer", "tokenizer_files", "word_tokenizer"]
+__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer", "repo_clip_tokenizer", "tokenizer_files",
+           "word_tokenizer"]
 
 WORD_SPECIALS = ("<pad>", "<unk>")  # ids 0 and 1; <start> and <end> are the two highest ids
 
@@ -88,6 +89,30 @@ def load_clip_tokenizer(name: str, context_length: int, kind: str = "bpe", clean
     tokenizer.json, cleaned and laid out as open_clip does (see `ClipTokenizer`)."""
     tok: Any = load_tokenizer(name, cache_dir)
     return ClipTokenizer(tok, context_length, kind, clean)
+
+
+def repo_clip_tokenizer(name: str, cache_dir: str | Path | None = None) -> ClipTokenizer | None:
+    """The tokenizer of the CLIP / SigLIP repository `name` as its config says (None when it has no
+    tokenizer.json; the model then takes ids only): open_clip's text_cfg (an hf_tokenizer_name: 'hf', cleaned
+    as tokenizer_kwargs.clean says, default 'whitespace'; else CLIP's 'bpe', lowercased; context_length, 77), or
+    transformers' CLIPModel ('bpe') / SiglipModel ('hf', canonicalized) with text_config's positions (77 / 64)."""
+    from .names import read_json, repo_file
+
+    try:
+        config = read_json(repo_file(name, ("open_clip_config.json",), cache_dir), name)
+        text = config.get("model_cfg", config).get("text_cfg") or {}
+        hf = bool(text.get("hf_tokenizer_name"))
+        kind, length = ("hf" if hf else "bpe"), text.get("context_length", 77)
+        clean = (text.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
+    except FileNotFoundError:
+        config = read_json(repo_file(name, ("config.json",), cache_dir), name)
+        siglip = config.get("model_type") == "siglip"
+        length = (config.get("text_config") or {}).get("max_position_embeddings", 64 if siglip else 77)
+        kind, clean = ("hf", "canonicalize") if siglip else ("bpe", "lower")
+    try:
+        return load_clip_tokenizer(name, length, kind, clean, cache_dir)
+    except FileNotFoundError:
+        return None
 
 
 def word_tokenizer(captions: list[str], context_length: int) -> ClipTokenizer:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hub.clip_tokenizer import ClipTokenizer, load_clip_tokenizer
+from ..hub.clip_tokenizer import ClipTokenizer, repo_clip_tokenizer
 from ..hub.names import WEIGHT_FILES, read_json, repo_file
 from ..hub.open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
 from ..hub.open_clip_weights import open_clip_text_args, open_clip_text_state_dict
@@ -102,11 +102,7 @@ def _open_clip_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dic
     state = read_state_dict(weights)
     check_weights(state, weights)
     text, extra = open_clip_text_state_dict(state)
-    text_cfg = config.get("model_cfg", config).get("text_cfg") or {}
-    hf = bool(text_cfg.get("hf_tokenizer_name"))
-    clean = (text_cfg.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
-    tok = _tokenizer(name, kwargs["max_len"], "hf" if hf else "bpe", clean, cache_dir)
-    return kwargs, text, extra, tok
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
 
 
 def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
@@ -118,7 +114,6 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
         _, kwargs = text_model_args(config, name)
         if "text_projection.weight" in state:
             extra["proj.weight"] = state["text_projection.weight"]  # (E, D), no bias
-        kind, clean = "bpe", "lower"
     else:  # siglip: the text tower's names are CLIP-text's; its head is the projection
         c = {**SIGLIP_TEXT, **(config.get("text_config") or {})}
         if c["hidden_act"] not in ACTIVATIONS:
@@ -130,19 +125,10 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
         for part in ("weight", "bias"):
             if f"text_model.head.{part}" in state:
                 extra[f"proj.{part}"] = state[f"text_model.head.{part}"]
-        kind, clean = "hf", "canonicalize"
     report = LoadReport(f"{name} ({weights})")
     text = text_state_dict({k: v for k, v in state.items() if not k.startswith("text_model.head.")}, "clip_text",
                            report)
-    return kwargs, text, extra, _tokenizer(name, kwargs["max_len"], kind, clean, cache_dir)
-
-
-def _tokenizer(name: str, context_length: int, kind: str, clean: str, cache_dir: Any) -> ClipTokenizer | None:
-    """The repository's tokenizer, or None when it has no tokenizer.json (the model then takes ids only)."""
-    try:
-        return load_clip_tokenizer(name, context_length, kind, clean, cache_dir)
-    except FileNotFoundError:
-        return None
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
 
 
 def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
