@@ -18,7 +18,6 @@ evaluation can tell which captions are the same.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 from pathlib import Path
 
@@ -28,27 +27,18 @@ from torch.utils.data import Dataset
 
 from ..config import Config
 from ..utils.files import read_regular_file
-from .base import DataError, SeededDataset
-from .datasets import FolderDataset
+from .base import DataError
 
-__all__ = ["CaptionDataset", "build_caption_datasets", "read_pairs"]
+__all__ = ["CaptionDataset", "caption_datasets", "pair_samples", "read_pairs"]
 
 MAX_PAIRS_BYTES = 512 * 2**20  # a captions file read at most
 
 
-class PairsDataset(FolderDataset):
-    """Images named by a captions file: samples [(path, caption index)], read and checked as a FolderDataset's."""
-
-    def __init__(self, root: Path, samples: list[tuple[Path, int]], transform, seed: int = 0) -> None:
-        SeededDataset.__init__(self, transform, [], seed)
-        self.root, self.samples, self.bad = Path(root), samples, []
-
-
 class CaptionDataset(Dataset):
-    """(image, caption ids) pairs: `images` gives (image, caption index) (a FolderDataset, its label the index of
-    its class's caption), `ids` (C, context_length) the tokenised `captions`."""
+    """(image, caption ids) pairs: `images` gives (image, caption index) (a vit.data.datasets.FolderDataset, its
+    label the index of its caption), `ids` (C, context_length) the tokenised `captions`."""
 
-    def __init__(self, images: FolderDataset, captions: list[str], ids: torch.Tensor, classes: list[str]) -> None:
+    def __init__(self, images: Dataset, captions: list[str], ids: torch.Tensor, classes: list[str]) -> None:
         self.images, self.captions, self.ids, self.classes = images, captions, ids, classes
 
     def __len__(self) -> int:
@@ -113,9 +103,10 @@ def read_pairs(path: str | Path, root: str | Path) -> tuple[list[Path], list[str
     return images, [r["caption"].strip() for r in rows], [str(r.get("split") or "").strip() for r in rows]
 
 
-def _pairs_split(cfg: Config, t_train, t_val):
-    """(train, val) PairsDatasets and the caption list of a captions file (the module docstring)."""
-    d, seed = cfg.data, cfg.run.seed
+def pair_samples(cfg: Config) -> tuple[dict[str, list[tuple[Path, int]]], list[str]]:
+    """({split: [(image path, caption index)]} for train and val, the distinct captions sorted) of
+    contrastive.captions_file (the module docstring)."""
+    d = cfg.data
     images, texts, split = read_pairs(cfg.contrastive.captions_file, d.root)
     captions = sorted(set(texts))
     index = {c: k for k, c in enumerate(captions)}
@@ -133,29 +124,17 @@ def _pairs_split(cfg: Config, t_train, t_val):
         if not rows:
             raise DataError(f"{cfg.contrastive.captions_file} leaves no {s} pairs (data.val_fraction="
                             f"{d.val_fraction}, or its split column); add pairs or change the split.")
-    make = {"train": t_train, "val": t_val}
-    return {s: PairsDataset(d.root, [(images[i], index[texts[i]]) for i in rows], make[s], seed)
-            for s, rows in parts.items()}, captions
+    return {s: [(images[i], index[texts[i]]) for i in rows] for s, rows in parts.items()}, captions
 
 
-def build_caption_datasets(cfg: Config, t_train, t_val, tokenizer=None):
-    """(train, val, classes) for `data.dataset: captions`: CaptionDatasets sharing one caption list and one
-    tokenizer (`tokenizer`, else contrastive.pretrained's own, else `word_tokenizer` over the training captions,
-    contrastive.context_length long; it is `train.tokenizer`); classes: the class folders' names, [] for a
-    captions file."""
+def caption_datasets(cfg: Config, parts: dict, captions: list[str], classes: list[str], tokenizer=None):
+    """(train, val, classes) for `data.dataset: captions`: `parts` {'train', 'val'} image datasets giving (image,
+    caption index) wrapped as CaptionDatasets sharing `captions` and one tokenizer (`tokenizer`, else
+    contrastive.pretrained's own, else `word_tokenizer` over the training captions, contrastive.context_length
+    long; it is `train.tokenizer`); classes: the class folders' names, [] for a captions file."""
     from ..hub.clip_tokenizer import repo_clip_tokenizer, word_tokenizer
-    from .datasets import build_datasets
 
     c = cfg.contrastive
-    if c.captions_file:
-        parts, captions = _pairs_split(cfg, t_train, t_val)
-        classes: list[str] = []
-        for ds in parts.values():
-            ds.check(cfg.data.on_bad_image)
-    else:  # an image folder: each class's caption from the template
-        folder = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset="imagefolder"))
-        train, val, classes = build_datasets(folder)
-        parts, captions = {"train": train, "val": val}, [c.template.format(name) for name in classes]
     if tokenizer is None and c.pretrained:  # the model's own: its vocabulary and context
         tokenizer = repo_clip_tokenizer(c.pretrained)
         if tokenizer is None:
