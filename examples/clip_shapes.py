@@ -2,7 +2,7 @@
 colour-shape pairs never seen together in training.
 
     python examples/clip_shapes.py --out runs/clip_shapes --seeds 0 1 2     # a few minutes of CPU per seed
-    # results per seed and their mean in docs/zero-shot.md
+    # held-out pairs 16.0 / 1.0 / 23.0% (mean 13.3%), seen pairs 79.3% on average, chance 8.3% (docs/zero-shot.md)
 
 Images are one coloured shape on a grey 32x32 canvas, at a random place and size; captions "a red circle". Four
 colours and three shapes make twelve pairs; four of them (one per colour, each shape at least once) never appear

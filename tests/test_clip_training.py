@@ -142,9 +142,9 @@ def test_retrieval_counts_repeated_captions_once():
 
     ids = torch.tensor([[1, 5, 2], [1, 6, 2], [1, 5, 2], [1, 7, 2]])  # captions A, B, A, C
     text = F.normalize(torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]]), dim=-1)
-    image = F.normalize(torch.tensor([[1.0, 0.1, 0], [0.9, 0.2, 0], [0, 0, 1], [0, 0.1, 1]]), dim=-1)
-    # image 0 -> A (right), 1 -> A (wrong, B), 2 -> C (wrong, A), 3 -> C (right)
-    assert retrieval_top1(image, text, ids) == 0.5
+    image = F.normalize(torch.tensor([[1.0, 0.1, 0], [0.9, 0.2, 0], [1.0, 0, 0.1], [0, 0.1, 1]]), dim=-1)
+    # image 0 -> A (right), 1 -> A (wrong, its caption is B), 2 -> A (right: the same caption as row 0's), 3 -> C
+    assert retrieval_top1(image, text, ids) == 0.75
 
 
 @pytest.mark.slow
