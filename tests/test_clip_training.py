@@ -100,6 +100,11 @@ def test_open_clip_layout_loads_in_open_clip_and_create_clip_model(tmp_path, los
     if loss == "siglip":
         assert float(ours.logit_bias) == pytest.approx(float(model.logit_bias))
     assert ours.visual.pretrained_cfg["interpolation"] == "bicubic"
+    from vit.models.checkpoint import CheckpointError, load_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"is a CLIP model \(a contrastive run's\); score it zero-shot with "
+                                              r"--clip local-dir:"):
+        load_checkpoint(tmp_path / "m")
 
 
 def test_a_tower_open_clip_cannot_hold_is_refused_in_one_sentence(tmp_path):
