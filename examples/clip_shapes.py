@@ -95,12 +95,16 @@ def run(seed: int, out: Path, extra: list[str] = ()) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default="runs/clip_shapes")
     ap.add_argument("overrides", nargs="*", help="more train.py settings, e.g. --run.epochs=10 (after --)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     out = Path(args.out).resolve()
     results = {}
     for seed in args.seeds:
