@@ -107,6 +107,14 @@ def test_open_clip_layout_loads_in_open_clip_and_create_clip_model(tmp_path, los
         load_checkpoint(tmp_path / "m")
 
 
+def test_the_model_line_names_both_towers():
+    from vit.train.console import describe_model
+
+    line = describe_model(_tiny_clip(), "vit_base_patch16_clip_224")
+    assert line.startswith("vit_base_patch16_clip_224 as built: 3 channels (RGB), width 32, depth 2, 4 heads, patch 8")
+    assert "params image tower; text tower width 16, depth 2, context 8; both projected to 24; " in line, line
+
+
 def test_a_tower_open_clip_cannot_hold_is_refused_in_one_sentence(tmp_path):
     model = _tiny_clip()
     model.visual = vit.create_model("vit_base_patch16_clip_224", img_size=32, patch_size=8, embed_dim=32, depth=1,
