@@ -202,4 +202,4 @@ def test_a_contrastive_run_resumes_exactly_and_reloads_by_name(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(model.encode_image(x), trained.encode_image(x), atol=1e-6, rtol=0)
         torch.testing.assert_close(model.encode_text(ids), trained.encode_text(ids), atol=1e-6, rtol=0)
-    assert float(model.logit_bias) == float(trained.logit_bias) != -10.0  # learned, and kept
+    assert model.logit_bias.item() == trained.logit_bias.item() != -10.0  # learned, and kept
