@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(line)
 
     # --- model and optimizer ----------------------------------------------------------------------------------
-    model = train_model(cfg, len(classes))  # weights from model.pretrained, if set (one report)
+    model = train_model(cfg, len(classes), getattr(train_ds, "tokenizer", None))  # captions: their tokenizer
     console.print(f"model: {describe_model(model, cfg.model.pretrained if is_text(cfg) else cfg.model.name)}")
     if trained_note(model):
         console.print(trained_note(model))

@@ -3,6 +3,7 @@ printed once the Accelerator exists (`start_lines`) and the model it trains (`tr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -10,12 +11,13 @@ import torch
 from ..config import Config, check_dataset_keys, diff, load_config
 from ..data import absolute_root, choose_channels, resolve_data_config
 from ..models.build import build_model, pretrained_cfg_of, resolve_name
+from ..models.clip_build import build_clip_model
 from ..models.text_build import build_text_model
 from ..train.console import format_settings, processes
 from ..train.lora import add_lora, trainable_share
 from .runtime import apply_machine_defaults, single_process_note
 
-__all__ = ["train_config", "start_lines", "train_model", "trained_note", "is_text"]
+__all__ = ["train_config", "start_lines", "train_model", "trained_note", "is_text", "is_contrastive"]
 
 
 def is_text(cfg: Config) -> bool:
@@ -23,12 +25,19 @@ def is_text(cfg: Config) -> bool:
     return cfg.data.dataset == "text_csv"
 
 
-def train_model(cfg: Config, num_classes: int) -> torch.nn.Module:
+def is_contrastive(cfg: Config) -> bool:
+    """A contrastive run (data.dataset=captions): a CLIP model on image-caption pairs."""
+    return cfg.data.dataset == "captions"
+
+
+def train_model(cfg: Config, num_classes: int, tokenizer=None) -> torch.nn.Module:
     """The model train.py trains, with the weights of model.pretrained if set: a text classifier for a text run
-    (vit/models/text_build.py), else the image model the config describes, with LoRA adapters if
-    optim.lora_rank is set."""
+    (vit/models/text_build.py), a CLIP model for a contrastive run (vit/models/clip_build.py; `tokenizer`: the
+    captions' own), else the image model the config describes, with LoRA adapters if optim.lora_rank is set."""
     if is_text(cfg):
         return build_text_model(cfg, num_classes)
+    if is_contrastive(cfg):
+        return build_clip_model(cfg, tokenizer)
     model = build_model(cfg, num_classes, pretrained=True)
     if cfg.optim.lora_rank:  # adapters on the projections, merged into the weights on every save
         add_lora(model, cfg.optim.lora_rank, cfg.optim.lora_alpha)
@@ -48,7 +57,14 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
     check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
     channel_note = None
-    if not is_text(cfg):
+    if is_contrastive(cfg):  # open_clip's image towers read RGB; a pretrained one, at its own size
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=3))
+        if cfg.contrastive.pretrained:
+            clip = dataclasses.replace(cfg.model, name=None, pretrained=cfg.contrastive.pretrained)
+            weights = pretrained_cfg_of(clip)
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, img_size=weights["input_size"][-1]))
+            cfg = resolve_data_config(cfg, weights)
+    if not is_text(cfg) and not (is_contrastive(cfg) and cfg.contrastive.pretrained):
         cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
         cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine

@@ -40,6 +40,7 @@ from .schema import (
     MIN_CROP_PCT,
     AugConfig,
     Config,
+    ContrastiveConfig,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -49,7 +50,8 @@ from .schema import (
 from .sources import SOURCE_KEYS, WITHHELD, check_data_sources, is_remote_source, withhold_remote_sources
 
 __all__ = ["ConfigError", "OptionError", "SparseOptions", "FLAT_SPARSE_KEYS", "nest_sparse_keys", "DEFAULT_MODEL",
-           "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig", "INTERPOLATIONS",
+           "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig", "ContrastiveConfig",
+           "INTERPOLATIONS",
            "MIN_CROP_PCT", "check_preprocessing", "from_dict", "to_dict", "validate", "diff", "check_dataset_keys",
            "check_model_args", "CHOICES", "POSITIVE", "NON_NEGATIVE", "AUTO", "TRACKERS", "UNIT", "ARG_POSITIVE",
            "ARG_NON_NEGATIVE", "ARG_UNIT", "DATASET_KEYS", "YAML11_BOOLS", "load_config", "read_yaml",

@@ -14,6 +14,7 @@ from .options import nest_sparse_keys
 from .schema import (
     INTERPOLATIONS,
     Config,
+    ContrastiveConfig,
     DataConfig,
     ModelConfig,
     OptimConfig,
@@ -35,19 +36,21 @@ CHOICES = {
     **_literal_choices(OptimConfig, "optim"),
     "optim.class_weights": ("auto", None),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf",
-                     "text_csv"),
+                     "text_csv", "captions"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", "auto", None),
     "run.on_nonfinite": ("stop", "skip"),
     **_literal_choices(RunConfig, "run"),
+    **_literal_choices(ContrastiveConfig, "contrastive"),
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "data.batch_size", "data.eval_batch_size", "run.epochs",
             "optim.grad_accum_steps", "run.eval_every", "run.keep_best", "run.keep_states", "run.log_every",
             "run.max_steps",
             "data.synthetic_train_size", "data.synthetic_val_size", "data.synthetic_num_classes",
-            "data.shuffle_buffer", "data.num_classes", "run.num_threads"}
+            "data.shuffle_buffer", "data.num_classes", "run.num_threads", "contrastive.embed_dim",
+            "contrastive.text_width", "contrastive.text_depth", "contrastive.text_heads", "contrastive.context_length"}
 NON_NEGATIVE = {"optim.indexer_warmup_steps", "optim.lora_rank",
                 "optim.lr", "optim.min_lr", "optim.weight_decay", "optim.warmup_epochs", "optim.clip_grad",
                 "data.num_workers", "model.drop_rate", "model.attn_drop_rate", "model.drop_path_rate",
@@ -205,6 +208,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
     _validate_data_use(cfg)
+    _validate_contrastive(cfg)
     a = cfg.aug
     # in_chans null follows the data, or aug.mean/std where they are set (1 or 3 values pin the channels)
     given = len(a.mean or a.std or [None] * 3)
@@ -235,10 +239,54 @@ def _validate_data_use(cfg: Config) -> None:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
 
+def _validate_contrastive(cfg: Config) -> None:
+    """A contrastive run (data.dataset=captions) has no class labels to mix, balance or pick checkpoints by, and
+    its keys mean nothing to another dataset."""
+    c, default = cfg.contrastive, ContrastiveConfig()
+    if cfg.data.dataset != "captions":
+        changed = [f.name for f in dataclasses.fields(c) if getattr(c, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ConfigError(f"config key 'contrastive.{changed[0]}' is read only with data.dataset captions, and "
+                              f"data.dataset is {cfg.data.dataset!r}; remove it or set data.dataset=captions.")
+        return
+    if not cfg.data.root:
+        raise ConfigError("data.dataset=captions needs data.root: the folder of the images (with "
+                          "contrastive.captions_file naming their captions, or class subfolders captioned by name).")
+    refused = {"aug.mixup": cfg.aug.mixup > 0, "aug.cutmix": cfg.aug.cutmix > 0,
+               "optim.class_weights": cfg.optim.class_weights is not None,
+               "data.sampler": cfg.data.sampler != "shuffle",
+               "data.labels_file": cfg.data.labels_file is not None, "optim.lora_rank": cfg.optim.lora_rank > 0,
+               "model.freeze": cfg.model.freeze, "model.pretrained": cfg.model.pretrained not in (None, False)}
+    for key, on in refused.items():
+        if on:
+            hint = " (contrastive.pretrained names a CLIP model to start from)" if key == "model.pretrained" else ""
+            raise ConfigError(f"config key '{key}' has no meaning in a contrastive run (data.dataset=captions): "
+                              f"captions are its labels; remove it{hint}.")
+    if cfg.run.select_by not in (None, "top1", "loss"):
+        raise ConfigError(f"config key 'run.select_by' is {cfg.run.select_by}, which a contrastive run does not "
+                          "measure; choose top1 (image-to-caption retrieval on val) or loss.")
+    if c.loss == "clip" and c.logit_bias is not None:
+        raise ConfigError("config key 'contrastive.logit_bias' is SigLIP's; CLIP's softmax has no bias: remove it or "
+                          "set contrastive.loss=siglip.")
+    if c.loss == "clip" and c.exchange != "gather":
+        raise ConfigError("config key 'contrastive.exchange=ring' passes SigLIP's caption chunks between processes; "
+                          "CLIP's softmax needs every caption at once: set contrastive.loss=siglip or exchange=gather.")
+    if c.text_width % c.text_heads:
+        raise ConfigError(f"config key 'contrastive.text_heads' ({c.text_heads}) must divide "
+                          f"'contrastive.text_width' ({c.text_width}).")
+    if c.context_length < 3:
+        raise ConfigError(f"config key 'contrastive.context_length' must be at least 3 (start, a word, end), got "
+                          f"{c.context_length}.")
+    if c.template.count("{}") != 1:
+        raise ConfigError(f"config key 'contrastive.template' must hold one {{}} where the class name goes (e.g. 'a "
+                          f"photo of a {{}}.'), got {c.template!r:.80}.")
+
+
 # data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
 DATASET_KEYS = {
-    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf", "text_csv"), "download": ("cifar10", "cifar100"),
-    "val_fraction": ("digits", "imagefolder", "text_csv"), "split_seed": ("digits", "imagefolder", "text_csv"),
+    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf", "text_csv", "captions"),
+    "download": ("cifar10", "cifar100"), "val_fraction": ("digits", "imagefolder", "text_csv", "captions"),
+    "split_seed": ("digits", "imagefolder", "text_csv", "captions"),
     "synthetic_train_size": ("synthetic",), "synthetic_val_size": ("synthetic",),
     "synthetic_num_classes": ("synthetic",), "train_split": ("wds", "hf"), "val_split": ("wds", "hf"),
     "shuffle_buffer": ("wds",), "num_classes": ("wds", "hf"), "image_column": ("hf",),

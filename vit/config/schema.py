@@ -63,8 +63,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv
+    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv | captions
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
+    # captions: the images' folder (contrastive.captions_file, or class subfolders as imagefolder);
     # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
     # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
     root: str | None = None
@@ -239,9 +240,35 @@ class RunConfig:
 
 
 @dataclass
+class ContrastiveConfig:
+    # data.dataset=captions only: a CLIP / SigLIP model trained on image-caption pairs (docs/zero-shot.md); the
+    # image tower is model.* (a CLIP-style ViT: model.pre_norm), the text tower the text_* keys, or both come from
+    # `pretrained`
+    loss: Literal["clip", "siglip"] = "clip"  # clip: symmetric InfoNCE (softmax); siglip: a sigmoid per pair + bias
+    # siglip across processes: gather (every caption on every process) or ring (chunks passed between neighbours)
+    exchange: Literal["gather", "ring"] = "gather"
+    # a vit.create_clip_model name to start from (hf-hub:org/repo, local-dir:/folder, a run's best/); null: from
+    # scratch, the text tower's vocabulary the training captions' words
+    pretrained: str | None = None
+    # a CSV (image,caption[,split]) or JSON ([{"image": ..., "caption": ...}]) of image paths under data.root;
+    # null: data.root is an image folder (train/[val/] or class subfolders) captioned from its class names
+    captions_file: str | None = None
+    template: str = "a photo of a {}."  # the caption of a class-folder image, {} its class name
+    embed_dim: int = 64  # width of the space both towers project into (from scratch)
+    text_width: int = 64  # text tower: token width (from scratch)
+    text_depth: int = 2  # text tower: blocks (from scratch)
+    text_heads: int = 4  # text tower: attention heads, dividing text_width (from scratch)
+    context_length: int = 16  # text tower: tokens per caption, start and end included (from scratch)
+    # log of the initial similarity scale; null: log(1 / 0.07) for clip (CLIP's), log(10) for siglip (SigLIP's)
+    logit_scale: float | None = None
+    logit_bias: float | None = None  # siglip: the initial bias; null: -10 (SigLIP's); clip has none
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     aug: AugConfig = field(default_factory=AugConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)

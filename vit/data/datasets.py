@@ -71,6 +71,15 @@ class FolderDataset(SeededDataset):
             self.samples += [(p, index[c]) for p in sorted(image_files(self.root / c))]
         self.bad: list[str] = []
 
+    @classmethod
+    def listed(cls, root: Path, samples: list[tuple[Path, int]], transform, seed: int = 0) -> FolderDataset:
+        """Images named by a file rather than found in class folders (vit/data/captions.py): samples [(path,
+        label)], read and checked as a folder's."""
+        ds = cls.__new__(cls)
+        SeededDataset.__init__(ds, transform, [], seed)
+        ds.root, ds.samples, ds.bad = Path(root), list(samples), []
+        return ds
+
     def __len__(self) -> int:
         return len(self.samples)
 
@@ -241,6 +250,21 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .text import build_text_datasets
 
         return build_text_datasets(cfg, splits, classes)
+    if name == "captions":  # image-caption pairs for a CLIP model (vit/data/captions.py)
+        from .captions import caption_datasets, pair_samples
+
+        if not cfg.contrastive.captions_file:  # an image folder: each class's caption from the template
+            folder = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset="imagefolder"))
+            train, val, classes = build_datasets(folder, check_images)
+            captions = [cfg.contrastive.template.format(c) for c in classes]
+            return caption_datasets(cfg, {"train": train, "val": val}, captions, classes)
+        samples, captions = pair_samples(cfg)
+        parts = {s: FolderDataset.listed(cfg.data.root, samples[s], t, seed)
+                 for s, t in (("train", t_train), ("val", t_val))}
+        for ds in parts.values():
+            if check_images:
+                ds.check(cfg.data.on_bad_image)
+        return caption_datasets(cfg, parts, captions, [])
     if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
         from .multilabel import build_multilabel_datasets
 
@@ -375,7 +399,9 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
         counts = class_counts(train_ds)
         weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
-    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=False, num_workers=workers,
+    # image-caption pairs: every process must hold as many pairs (their negatives are gathered), so no short batch
+    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=cfg.data.dataset == "captions",
+                       num_workers=workers,
                        sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
                        pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed),
                        collate_fn=getattr(train_ds, "collate", None))  # text: padded per batch (vit/data/text.py)

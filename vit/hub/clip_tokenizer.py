@@ -7,6 +7,11 @@ them, run by the `tokenizers` library from the repository's tokenizer.json (vit.
     hf    the repository's own tokenizer (open_clip's `HFTokenizer`, SigLIP's SentencePiece): text cleaned as
           the config says ('canonicalize': punctuation removed, lowercased; 'lower'; 'whitespace'), its own
           special tokens, padded with its padding id to context_length and cut there.
+
+`word_tokenizer(captions, context_length)` makes an 'hf' one for a text tower trained from scratch: one id per
+lower-cased word of the captions (punctuation split off), <unk> for any other, <start> ... <end> around each
+caption, the end token the highest id (where CLIP's tower pools, as open_clip's `argmax` pooling finds it).
+`tokenizer_files` gives what a checkpoint folder needs to load it again (tokenizer.json, tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import torch
 
 from .tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer"]
+__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer", "repo_clip_tokenizer", "tokenizer_files",
+           "word_tokenizer"]
+
+WORD_SPECIALS = ("<pad>", "<unk>")  # ids 0 and 1; <start> and <end> are the two highest ids
 
 CLEANERS = ("lower", "whitespace", "canonicalize")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -81,3 +89,60 @@ def load_clip_tokenizer(name: str, context_length: int, kind: str = "bpe", clean
     tokenizer.json, cleaned and laid out as open_clip does (see `ClipTokenizer`)."""
     tok: Any = load_tokenizer(name, cache_dir)
     return ClipTokenizer(tok, context_length, kind, clean)
+
+
+def repo_clip_tokenizer(name: str, cache_dir: str | Path | None = None) -> ClipTokenizer | None:
+    """The tokenizer of the CLIP / SigLIP repository `name` as its config says (None when it has no
+    tokenizer.json; the model then takes ids only): open_clip's text_cfg (an hf_tokenizer_name: 'hf', cleaned
+    as tokenizer_kwargs.clean says, default 'whitespace'; else CLIP's 'bpe', lowercased; context_length, 77), or
+    transformers' CLIPModel ('bpe') / SiglipModel ('hf', canonicalized) with text_config's positions (77 / 64)."""
+    from .names import read_json, repo_file
+
+    try:
+        config = read_json(repo_file(name, ("open_clip_config.json",), cache_dir), name)
+        text = config.get("model_cfg", config).get("text_cfg") or {}
+        hf = bool(text.get("hf_tokenizer_name"))
+        kind, length = ("hf" if hf else "bpe"), text.get("context_length", 77)
+        clean = (text.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
+    except FileNotFoundError:
+        config = read_json(repo_file(name, ("config.json",), cache_dir), name)
+        siglip = config.get("model_type") == "siglip"
+        length = (config.get("text_config") or {}).get("max_position_embeddings", 64 if siglip else 77)
+        kind, clean = ("hf", "canonicalize") if siglip else ("bpe", "lower")
+    try:
+        return load_clip_tokenizer(name, length, kind, clean, cache_dir)
+    except FileNotFoundError:
+        return None
+
+
+def word_tokenizer(captions: list[str], context_length: int) -> ClipTokenizer:
+    """A word-level 'hf' tokenizer over the words of `captions` (see the module docstring): ids 0 <pad>, 1 <unk>,
+    then the words sorted, then <start> and <end>."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import normalizers, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+
+    split = pre_tokenizers.Whitespace()
+    words = sorted({w for c in captions for w, _ in split.pre_tokenize_str(clean_text(c, "lower"))})
+    vocab = {t: i for i, t in enumerate([*WORD_SPECIALS, *words, "<start>", "<end>"])}
+    backend = Backend(WordLevel(vocab, unk_token="<unk>"))
+    backend.normalizer, backend.pre_tokenizer = normalizers.Lowercase(), split
+    backend.post_processor = processors.TemplateProcessing(
+        single="<start> $A <end>", special_tokens=[("<start>", vocab["<start>"]), ("<end>", vocab["<end>"])])
+    backend.add_special_tokens(["<pad>", "<unk>", "<start>", "<end>"])
+    tok = Tokenizer(backend, {"pad_token": "<pad>", "model_max_length": context_length,
+                              "model_input_names": ["input_ids", "attention_mask"]})
+    return ClipTokenizer(tok, context_length, "hf", "lower")
+
+
+def tokenizer_files(tok: ClipTokenizer) -> dict[str, str]:
+    """{file name: text} that `load_clip_tokenizer` reads back into `tok` (with the kind and cleaning the model's
+    config records): tokenizer.json, and tokenizer_config.json with its padding token and length."""
+    import json
+
+    t = tok.tokenizer
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": tok.context_length,
+              "model_input_names": ["input_ids", "attention_mask"]}
+    if t.pad_token is not None:
+        config["pad_token"] = t.pad_token
+    return {"tokenizer.json": t.backend.to_str(), "tokenizer_config.json": json.dumps(config, indent=1)}

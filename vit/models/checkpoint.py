@@ -8,6 +8,9 @@ together. Training states (optimizer, RNG, step: what a resume reads) are anothe
 vit/train/state.py. File writing itself lives in vit/utils/atomic.py, the test-only crash hooks (`fault_point`)
 in vit/utils/faults.py.
 
+A CLIP model's checkpoint (data.dataset captions) is an open_clip repository (vit/models/clip_save.py), which
+`vit.create_clip_model("local-dir:<folder>")` and open_clip load, with config.yaml and meta.json beside it.
+
 A text classifier's checkpoint (vit.models.text_classifier, data.dataset text_csv) is a transformers repository
 besides (vit/models/text_save.py: transformers' config.json and weight names, the tokenizer files), so that
 `AutoModelForSequenceClassification.from_pretrained(<folder>)` loads it too.
@@ -35,6 +38,8 @@ from ..hub.weights import check_finite, check_weights
 from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
 from ..utils.faults import fault_point
 from .build import build_model
+from .clip import CLIP
+from .clip_save import save_clip_model
 from .model_card import model_card
 from .text_build import create_text_model
 from .text_classifier import TextClassifier
@@ -62,6 +67,13 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     `state_dict`: the weights to write instead of `model.state_dict()` (FSDP: accelerator.get_state_dict's
     consolidated copy, gathered on every process, as the model holds only this process's shards)."""
     folder = Path(folder)
+    if isinstance(model, CLIP):  # open_clip's layout (vit/models/clip_save.py), with our files beside it
+        aug = cfg.aug.resolved(None, 3)
+        extra = {"config.yaml": dump(cfg), "meta.json": json.dumps(meta or {}, indent=1)}
+        if classes:
+            extra["classes.json"] = json.dumps(classes, indent=1)
+        return save_clip_model(model, folder, state_dict, extra,
+                               preprocess=dict(mean=aug.mean, std=aug.std, interpolation=aug.interpolation))
     if isinstance(model, TextClassifier):  # transformers' layout, with our files beside it
         extra = {"config.yaml": dump(cfg), "classes.json": json.dumps(classes, indent=1),
                  "meta.json": json.dumps(meta or {}, indent=1)}
@@ -120,6 +132,9 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         folder = folder.parent
     if not folder.is_dir():
         raise CheckpointError(f"checkpoint {folder} does not exist; pass a run's best/ or last/ folder.")
+    if (folder / "open_clip_config.json").is_file() and not (folder / "model.safetensors").is_file():
+        raise CheckpointError(f"checkpoint {folder} is a CLIP model (a contrastive run's); score it zero-shot with "
+                              f"--clip local-dir:{folder} --classes ..., or load it with vit.create_clip_model.")
     missing = [n for n in ("model.safetensors", "config.yaml", "classes.json") if not (folder / n).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {folder} is incomplete (no {', '.join(missing)}); "

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hub.clip_tokenizer import ClipTokenizer, load_clip_tokenizer
+from ..hub.clip_tokenizer import ClipTokenizer, repo_clip_tokenizer
 from ..hub.names import WEIGHT_FILES, read_json, repo_file
 from ..hub.open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
 from ..hub.open_clip_weights import open_clip_text_args, open_clip_text_state_dict
@@ -103,11 +103,7 @@ def _open_clip_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dic
     state = read_state_dict(weights)
     check_weights(state, weights)
     text, extra = open_clip_text_state_dict(state)
-    text_cfg = config.get("model_cfg", config).get("text_cfg") or {}
-    hf = bool(text_cfg.get("hf_tokenizer_name"))
-    clean = (text_cfg.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
-    tok = _tokenizer(name, kwargs["max_len"], "hf" if hf else "bpe", clean, cache_dir)
-    return kwargs, text, extra, tok
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
 
 
 def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
@@ -119,7 +115,6 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
         _, kwargs = text_model_args(config, name)
         if "text_projection.weight" in state:
             extra["proj.weight"] = state["text_projection.weight"]  # (E, D), no bias
-        kind, clean = "bpe", "lower"
     else:  # siglip, siglip2: the text tower's names are CLIP-text's; its head is the projection
         c = {**SIGLIP_TEXT, **(config.get("text_config") or {})}
         if c["hidden_act"] not in ACTIVATIONS:
@@ -131,19 +126,10 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
         for part in ("weight", "bias"):
             if f"text_model.head.{part}" in state:
                 extra[f"proj.{part}"] = state[f"text_model.head.{part}"]
-        kind, clean = "hf", "canonicalize"
     report = LoadReport(f"{name} ({weights})")
     text = text_state_dict({k: v for k, v in state.items() if not k.startswith("text_model.head.")}, "clip_text",
                            report)
-    return kwargs, text, extra, _tokenizer(name, kwargs["max_len"], kind, clean, cache_dir)
-
-
-def _tokenizer(name: str, context_length: int, kind: str, clean: str, cache_dir: Any) -> ClipTokenizer | None:
-    """The repository's tokenizer, or None when it has no tokenizer.json (the model then takes ids only)."""
-    try:
-        return load_clip_tokenizer(name, context_length, kind, clean, cache_dir)
-    except FileNotFoundError:
-        return None
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
 
 
 def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
@@ -183,3 +169,22 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     model = CLIP(visual, text, projection, pool, float(extra["logit_scale"].reshape(-1)[0]),
                  None if bias is None else float(bias.reshape(-1)[0]), tok)
     return model.eval()
+
+
+def new_clip_model(visual: nn.Module, tokenizer: ClipTokenizer, embed_dim: int, text_width: int, text_depth: int,
+                   text_heads: int, logit_scale: float, logit_bias: float | None = None) -> CLIP:
+    """A CLIP with fresh text weights around the image tower `visual` (its head (E, D) the image projection, without
+    bias, as open_clip's `visual.proj`): a causal text tower of `text_depth` blocks on
+    `tokenizer`'s vocabulary and context, pooled at its highest id (the end token), projected without bias.
+    `logit_bias`: SigLIP's initial bias (None: CLIP, no bias)."""
+    if getattr(visual, "num_classes", embed_dim) != embed_dim:
+        raise ValueError(f"the image tower projects to {visual.num_classes} features, not embed_dim={embed_dim}; "
+                         "build it with num_classes=embed_dim.")
+    head = getattr(visual, "head", None)
+    if isinstance(head, nn.Linear) and head.bias is not None:  # (E, D), as open_clip's `visual.proj` (no bias)
+        visual.head = nn.Linear(head.in_features, head.out_features, bias=False)
+        visual.head.weight.data.copy_(head.weight.data)
+    vocab = tokenizer.tokenizer.vocab_size
+    text = TextEncoder(vocab, embed_dim=text_width, depth=text_depth, num_heads=text_heads,
+                       max_len=tokenizer.context_length, global_pool="eos", causal=True, norm_eps=1e-5)
+    return CLIP(visual, text, nn.Linear(text_width, embed_dim, bias=False), "eos", logit_scale, logit_bias, tokenizer)

@@ -140,7 +140,7 @@ def open_clip_config(model: CLIP) -> dict:
     if not top:
         cfg["custom_text"] = True
     pre = getattr(v, "pretrained_cfg", None) or {}
-    size = list(pre.get("input_size", (3, *v.patch_embed.img_size)))[1:]
+    size = [int(s) for s in v.patch_embed.img_size]  # the tower's own size (a registry default may differ)
     preprocess = dict(size=size, mean=list(pre.get("mean", (0.48145466, 0.4578275, 0.40821073))),
                       std=list(pre.get("std", (0.26862954, 0.26130258, 0.27577711))),
                       interpolation=pre.get("interpolation", "bicubic"),
@@ -203,15 +203,18 @@ def open_clip_state_dict_of(model: CLIP, config: dict, state: dict[str, torch.Te
 
 
 def save_clip_model(model: CLIP, folder: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
-                    extra: dict[str, str] | None = None) -> Path:
+                    extra: dict[str, str] | None = None, preprocess: dict | None = None) -> Path:
     """Write `model` into `folder` as an open_clip repository (see the module docstring), atomically.
     `state_dict`: the weights to write instead of `model.state_dict()` (an EMA's, or FSDP's gathered copy);
-    `extra`: more text files for the folder (train.py's config.yaml, ...). Returns the folder."""
+    `extra`: more text files for the folder (train.py's config.yaml, ...); `preprocess`: mean, std and
+    interpolation to record instead of the image tower's pretrained ones (what a training run used). Returns the
+    folder."""
     if not isinstance(model, CLIP):
         raise TypeError(f"save_clip_model saves a vit CLIP model (vit.create_clip_model), not a "
                         f"{type(model).__name__}.")
     folder = Path(folder)
     config = open_clip_config(model)
+    config["preprocess_cfg"].update({k: list(v) if isinstance(v, tuple) else v for k, v in (preprocess or {}).items()})
     state = open_clip_state_dict_of(model, config, state_dict)
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -40,8 +40,13 @@ def quiet_libraries(is_main: bool) -> None:
 
 def describe_model(model: torch.nn.Module, name: str) -> str:
     """'vit_tiny_patch16_224 as built: 3 channels (RGB), width 128, depth 4, 4 heads, patch 16, 17 tokens (4x4 + 1),
-    0.63M params'."""
+    0.63M params'; a CLIP model (vit.models.clip): its image tower so, then its text tower and shared width."""
     params = sum(p.numel() for p in model.parameters())
+    visual, text = getattr(model, "visual", None), getattr(model, "text", None)
+    if visual is not None and text is not None:
+        return (f"{describe_model(visual, name).removesuffix(' params')} params image tower; text tower width "
+                f"{text.embed_dim}, depth {len(text.blocks)}, context {text.max_len}; both projected to "
+                f"{model.embed_dim}; {params / 1e6:.2f}M params")
     parts = []
     chans = getattr(model, "in_chans", None)
     if chans:

@@ -27,6 +27,7 @@ from ..eval.plots import plot_confusion
 from ..layers import indexer_loss, topk_warmup
 from ..models.checkpoint import save_checkpoint
 from ..utils.faults import fault_point, poison_loss
+from .clip_run import contrastive_step_loss, evaluate_contrastive
 from .indexer import indexer_only_grads, indexer_schedule
 from .lora import has_lora, merged_state_dict
 from .optim import lr_at, set_lr
@@ -165,6 +166,8 @@ def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoo
 
 
 def _task_loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if run.cfg.data.dataset == "captions":  # y: the captions' ids (B, L); vit/train/clip_run.py
+        return contrastive_step_loss(run, x, y)
     smoothing, multi_label = run.cfg.aug.label_smoothing, bool(run.cfg.data.labels_file)
     xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing, multi_label)
     with run.accelerator.autocast():
@@ -312,6 +315,8 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         return
     eval_model = run.ema.module if run.ema is not None else run.model
     check_run_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
+    if cfg.data.dataset == "captions":  # image-caption pairs: loss and retrieval, open_clip's layout
+        return evaluate_contrastive(run, stats, eval_model, _train_columns(state, stats))
     out = predict(eval_model, run.val_loader, acc)
     if cfg.data.labels_file:
         return _evaluate_multilabel(run, stats, out, eval_model)
