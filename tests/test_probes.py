@@ -118,3 +118,43 @@ def test_probe_script_writes_the_report(tmp_path):
     assert m["settings"]["C"] == 1.0 and m["n"] == 20 and f"top-1 {100 * m['top1']:.2f}%" in r.stdout
     bad = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "missing.npz"))
     assert bad.returncode == 2 and "no features file" in bad.stderr
+
+
+@pytest.mark.parametrize("case,message", [
+    ("one class", r"the training features hold one class \('ant'\); a probe chooses between classes"),
+    ("empty train", r"the training features are empty; extract them from a folder that holds images\."),
+    ("empty test", r"the test features are empty"),
+    ("test dim", r"the test features are 8-d but the training features 16-d; extract every file with the same"),
+    ("val dim", r"the validation features are 8-d but the training features 16-d"),
+    ("nan train", r"the training features hold NaN or infinite values in 1 row\(s\) \(the first: dog/3\.png\)"),
+    ("inf test", r"the test features hold NaN or infinite values in 2 row\(s\) \(the first: ant/0\.png\)"),
+])
+@pytest.mark.parametrize("method", ["knn", "linear"])
+def test_features_no_probe_can_use_are_one_sentence(case, message, method):
+    x, y = _blobs(n=8, seed=10)
+    y = np.array([0, 1, 2, 3, 1, 0, 2, 3]) if case != "one class" else np.zeros(8, int)
+    train, test, val = _feats(x, y), _feats(x.copy(), y), None
+    if case == "empty train":
+        train = _feats(x[:0], y[:0])
+    elif case == "empty test":
+        test = _feats(x[:0], y[:0])
+    elif case == "test dim":
+        test = _feats(x[:, :8], y)
+    elif case == "val dim":
+        val = _feats(x[:, :8], y)
+    elif case == "nan train":
+        train["embeddings"][3, 5] = np.nan
+    elif case == "inf test":
+        test["embeddings"][[0, 4], 1] = np.inf
+    with pytest.raises(ValueError, match=message):
+        probe(train, test, method, val=val)
+
+
+def test_a_features_file_whose_arrays_disagree_is_one_sentence(tmp_path):
+    from vit.eval.features import load_features
+
+    x, y = _blobs(n=6)
+    f = _feats(x, y)
+    np.savez(tmp_path / "f.npz", paths=f["paths"], labels=f["labels"][:4], embeddings=x)
+    with pytest.raises(ValueError, match=r"f\.npz has 6 embeddings for 6 paths and 4 labels; write it again"):
+        load_features(tmp_path / "f.npz")

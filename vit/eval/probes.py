@@ -122,6 +122,22 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     return (xt @ W.T + b).float(), {"C": best, "val_top1": scores}
 
 
+def _check_features(feats: dict, role: str, dim: int) -> None:
+    """One sentence for features no probe can use: none, a dimension other than the training features' `dim`, or
+    a NaN or infinite value (a diverged model's; it would win or lose every vote)."""
+    x = feats["embeddings"]
+    if len(x) == 0:
+        raise ValueError(f"the {role} features are empty; extract them from a folder that holds images.")
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise ValueError(f"the {role} features are {x.shape[-1]}-d but the training features {dim}-d; extract "
+                         "every file with the same model.")
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        raise ValueError(f"the {role} features hold NaN or infinite values in {int(bad.sum())} row(s) (the first: "
+                         f"{feats['paths'][np.argmax(bad)]}); the model that extracted them has diverged, so extract "
+                         "them again from a finite checkpoint.")
+
+
 def probe(train: dict, test: dict, method: str = "knn", k: int = 20, temperature: float = 0.07,
           Cs: tuple[float, ...] = CS, val: dict | None = None) -> dict:
     """Evaluate features files (`vit.eval.features.load_features` dicts) as evaluate.py reports a model: {method,
@@ -131,11 +147,14 @@ def probe(train: dict, test: dict, method: str = "knn", k: int = 20, temperature
 
     if method not in ("knn", "linear"):
         raise ValueError(f"unknown probe {method!r}; choose knn or linear.")
+    named = {"training": train, "test": test, **({"validation": val} if val is not None else {})}
+    for role, feats in named.items():
+        _check_features(feats, role, train["embeddings"].shape[-1])
     classes, y_train, y_test = class_index(train["labels"], test["labels"])
+    if len(classes) < 2:
+        raise ValueError(f"the training features hold one class ({classes[0]!r}); a probe chooses between classes, "
+                         "so extract them from a folder of two or more <class>/ folders.")
     x_train, x_test = torch.from_numpy(train["embeddings"]), torch.from_numpy(test["embeddings"])
-    if x_train.shape[1] != x_test.shape[1]:
-        raise ValueError(f"the training features are {x_train.shape[1]}-d but the test features {x_test.shape[1]}-d; "
-                         "extract both with the same model.")
     yt = torch.from_numpy(y_train)
     if method == "knn":
         scores = knn_scores(x_train, yt, x_test, len(classes), k, temperature)
