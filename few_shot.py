@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one sample per seed")
     ap.add_argument("--methods", nargs="+", default=["knn", "linear", "lora", "full"],
                     choices=("knn", "linear", "lora", "full"), help="which methods")
-    ap.add_argument("--steps", type=int, default=100, help="lora/full: full-batch AdamW steps")
+    ap.add_argument("--steps", type=int, default=200, help="lora/full: full-batch AdamW steps (epochs)")
     ap.add_argument("--lr", type=float, default=1e-3, help="full: peak learning rate")
     ap.add_argument("--layer-decay", type=float, default=0.0, help="full: layer-wise lr decay (0: none)")
     ap.add_argument("--lr-lora", type=float, default=1e-2, help="lora: learning rate")
