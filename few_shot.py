@@ -7,7 +7,9 @@ backbone (k-NN and linear probe on frozen features, LoRA, full fine-tuning), on 
 --train and --test are folders of <class>/ image folders (their classes need not be the backbone's: a new head
 is trained). --shots 0 means every training image. Writes to --out: few_shot.csv (one row per method, N, seed),
 summary.csv (mean and standard deviation over the seeds) and few_shot.png; prints the summary. Small data only:
-the images are held in memory and fine-tuning is full-batch.
+the images are held in memory and fine-tuning is full-batch. LoRA and full fine-tuning follow the project's
+recipe (configs/default.yaml: AdamW, warmup and cosine, clipping) with the backbone's own affine augmentation,
+horizontal flip and label smoothing (not its random resized crop or colour jitter).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one sample per seed")
     ap.add_argument("--methods", nargs="+", default=["knn", "linear", "lora", "full"],
                     choices=("knn", "linear", "lora", "full"), help="which methods")
-    ap.add_argument("--steps", type=int, default=100, help="lora/full: full-batch AdamW steps")
-    ap.add_argument("--lr", type=float, default=1e-3, help="full: learning rate")
+    ap.add_argument("--steps", type=int, default=200, help="lora/full: full-batch AdamW steps (epochs)")
+    ap.add_argument("--lr", type=float, default=1e-3, help="full: peak learning rate")
+    ap.add_argument("--layer-decay", type=float, default=0.0, help="full: layer-wise lr decay (0: none)")
     ap.add_argument("--lr-lora", type=float, default=1e-2, help="lora: learning rate")
     ap.add_argument("--lora-rank", type=int, default=4, help="lora: adapter rank")
     ap.add_argument("--out", default="few-shot", help="output folder")
@@ -41,6 +44,7 @@ if __name__ == "__main__":  # --help answers here, before torch is imported
     exit_if_help(build_parser)
 
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +59,7 @@ from vit.data.transforms import build_transform
 from vit.eval.inference import ImageFiles
 from vit.eval.plots import plot_few_shot
 from vit.models.checkpoint import load_checkpoint
-from vit.train.few_shot import few_shot_rows, summarize
+from vit.train.few_shot import FINETUNE, few_shot_rows, summarize
 from vit.utils.atomic import atomic_write_csv
 
 
@@ -79,16 +83,17 @@ def load_folder(folder: str, transform, in_chans: int, classes: list[str] | None
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1:
-        raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1.")
+    if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1 or not 0 <= args.layer_decay <= 1:
+        raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1, --layer-decay in [0, 1].")
     out = Path(args.out)
     check_writable(out)
     model, cfg, _, _ = load_checkpoint(args.checkpoint)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)
+    optim = dataclasses.replace(FINETUNE, lr=args.lr, layer_decay=args.layer_decay or None)
     rows = few_shot_rows(model, train_x, train_y, test_x, test_y, tuple(args.shots), tuple(args.seeds),
-                         tuple(args.methods), args.steps, args.lr, args.lora_rank, args.lr_lora)
+                         tuple(args.methods), optim, cfg.aug, args.steps, args.lora_rank, args.lr_lora)
     table = summarize(rows)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(out / "few_shot.csv", list(rows[0]), rows)

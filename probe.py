@@ -7,8 +7,9 @@ regression, its C chosen on a validation split), reported as evaluate.py reports
     python probe.py --train feats/train.npz --test feats/val.npz --method linear --C 0.1 1 10
 
 Labels are the images' folder names, as features.py stored them. The linear probe chooses C by top-1 on --val
-(features of a validation folder), else on a stratified fifth of --train (then refits on all of it); with a
-class of one training image nothing can be held out and C is 1. Writes to --out (default: probe-<method>/):
+(features of a validation folder), else by stratified 5-fold cross-validation on --train (fewer folds when a
+class has fewer images; then refits on all of it); with a class of one training image nothing can be held out
+and C is 1. Writes to --out (default: probe-<method>/):
 metrics.json, per_class.csv, predictions.csv; prints top-1 and the per-class table.
 """
 
@@ -24,11 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--train", required=True, help="features of the labelled images (.npz or .parquet, features.py)")
     ap.add_argument("--test", required=True, help="features of the images to score")
-    ap.add_argument("--val", default=None, help="linear: features that choose C (default: a fifth of --train)")
+    ap.add_argument("--val", default=None, help="linear: features that choose C (default: cross-validation on --train)")
     ap.add_argument("--method", choices=("knn", "linear"), default="knn", help="which probe")
     ap.add_argument("--k", type=int, default=20, help="knn: neighbours that vote")
     ap.add_argument("--temperature", type=float, default=0.07, help="knn: T of the vote weight exp(similarity / T)")
-    ap.add_argument("--C", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0, 100.0],
+    ap.add_argument("--C", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
                     help="linear: inverse regularisation strengths to choose from")
     ap.add_argument("--out", default=None, help="output folder (default: probe-<method>)")
     return ap

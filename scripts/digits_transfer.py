@@ -1,7 +1,7 @@
 """The transfer experiment of docs/few-labels.md: a backbone trained by train.py on digits 0-4 only, adapted to
 digits 5-9 with 1, 5 and 10 labels per class by k-NN, linear probe, LoRA and full fine-tuning, three seeds.
 
-    python scripts/digits_transfer.py --out /tmp/digits      # ~40 min on 2 busy CPU cores
+    python scripts/digits_transfer.py --out /tmp/digits      # ~40-60 min on 2 busy CPU cores; table: docs/few-labels.md
 
 scikit-learn's 8x8 digits (nothing downloaded) as PNG folders: 0-4 split 80/20 for the backbone (the model
 and preprocessing of configs/default.yaml, --epochs epochs); 5-9 split in half, a labelled pool and a test set. Then

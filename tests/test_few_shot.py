@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from vit import create_model
-from vit.train.few_shot import embed, few_shot_rows, finetune, sample_per_class, summarize
+from vit.config import AugConfig
+from vit.train.few_shot import FINETUNE, embed, few_shot_rows, finetune, random_affine, sample_per_class, summarize
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,28 @@ def test_lora_trains_a_small_share_and_full_everything(data):
     x, y = data
     backbone = _backbone()
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
-    lora, share = finetune(backbone, x, torch.from_numpy(y), 3, steps=3, lr=1e-2, lora_rank=2)
-    full, full_share = finetune(backbone, x, torch.from_numpy(y), 3, steps=3, lr=1e-2)
+    lora, share = finetune(backbone, x, torch.from_numpy(y), 3, FINETUNE, steps=3, lora_rank=2)
+    full, full_share = finetune(backbone, x, torch.from_numpy(y), 3, FINETUNE, AugConfig().resolved(), steps=3)
     assert full_share == 1.0 and 0 < share < 0.2
     assert all(torch.equal(v, backbone.state_dict()[k]) for k, v in before.items())  # the backbone is copied
     base = {k.replace(".base_layer", ""): v for k, v in lora.state_dict().items() if "lora_" not in k}
     assert torch.equal(base["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])  # frozen under LoRA
     assert not torch.equal(full.state_dict()["blocks.0.attn.qkv.weight"], before["blocks.0.attn.qkv.weight"])
+
+
+def test_random_affine_is_torchvisions_affine():
+    """Each image against torchvision's affine at the same draw (its angle runs the other way), fill included."""
+    import torchvision.transforms.functional as TF
+    from torchvision.transforms import InterpolationMode
+
+    x = torch.rand(3, 2, 16, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    fill = torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    got = random_affine(x, 0.1, 10, 0.1, fill, torch.Generator().manual_seed(3))
+    u = torch.rand(3, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2 - 1
+    for i in range(3):
+        ref = TF.affine(x[i] - fill[:, None, None], angle=-10 * float(u[i, 0]), scale=1 + 0.1 * float(u[i, 1]),
+                        translate=[1.6 * float(u[i, 2]), 1.6 * float(u[i, 3])], shear=[0.0, 0.0],
+                        interpolation=InterpolationMode.BILINEAR) + fill[:, None, None]
+        torch.testing.assert_close(got[i], ref, atol=1e-12, rtol=0)
+    assert (got - x).abs().max() > 0.1  # it moved the images
+    assert torch.isclose(got, fill[None, :, None, None]).any()  # the uncovered border is the fill

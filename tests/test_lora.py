@@ -104,3 +104,51 @@ def test_a_lora_run_saves_a_plain_model(tmp_path):
     assert "training " in r.stdout and "parameters (" in r.stdout
     model, *_ = load_checkpoint(tmp_path / "l" / "best")  # strict: timm's names, no adapter
     assert not any("lora" in k or "base_layer" in k for k in model.state_dict())
+
+
+
+@pytest.mark.slow
+def test_a_lora_checkpoint_exports_a_plain_onnx_and_int8(tmp_path):
+    """A LoRA model saved as train.py saves it (merged) and exported by export.py to ONNX and INT8: no adapter in
+    either file, as many weights as the plain model, and the ONNX logits are the unmerged PyTorch model's."""
+    import numpy as np
+    import onnx
+    from helpers import import_script, make_image_folder
+
+    from vit.deploy.quantize import OnnxModel
+    from vit.models.checkpoint import save_checkpoint
+
+    data = make_image_folder(tmp_path / "d", classes=("a", "b", "c"), n_train=2, n_val=2, size=32)
+    cfg = load_config(None, [*SMALL, "--data.dataset=imagefolder", f"--data.root={data}", "--optim.lora_rank=4",
+                             "--optim.lora_alpha=8"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 3)
+    plain = sum(p.numel() for p in model.parameters())
+    with torch.no_grad():  # distinct values everywhere: the exporter shares equal constants (ones, zeros) otherwise
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+        model.head.weight.mul_(20.0)  # peaked probabilities, so that agreeing on them means something
+        base = model.eval()(torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))).numpy()
+    add_lora(model, 4, 8)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # B starts at 0 (no change): give the update something to merge
+            if ".lora_B." in name:
+                p.normal_(0, 0.2)
+    x = torch.randn(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        unmerged = model.eval()(x)
+    save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b", "c"], state_dict=merged_state_dict(model))  # as engine
+    out = tmp_path / "exp"
+    assert import_script("export").main(["--checkpoint", str(tmp_path / "ck"), "--quantize", "int8", "--int8-method",
+                                         "dynamic", "--max-drop", "100", "--out", str(out)]) == 0
+    for name in ("model.onnx", "model.int8.onnx"):
+        graph = onnx.load(str(out / name)).graph
+        names = {t.name for t in graph.initializer} | {v for n in graph.node for v in (n.name, *n.input, *n.output)}
+        assert not [v for v in names if "lora" in v.lower() or "base_layer" in v], name
+        # weights: every initializer but INT8's scalar scales and zero points and the graph's int64 shape constants
+        weights = sum(int(np.prod(t.dims)) for t in graph.initializer if t.data_type != onnx.TensorProto.INT64
+                      and not t.name.endswith(("_scale", "_zero_point")))
+        assert weights == plain, name
+    got = OnnxModel(out / "model.onnx")(x.numpy())
+    np.testing.assert_allclose(got, unmerged.numpy(), atol=1e-4, rtol=0)
+    assert np.abs(got - base).max() > 1e-2  # the adapters changed the logits: the merge is in the file

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vit.eval.probes import choose_validation, class_index, fit_logistic, knn_scores, linear_probe, probe
+from vit.eval.probes import class_index, cv_folds, fit_logistic, knn_scores, linear_probe, probe
 
 
 @pytest.fixture(autouse=True)
@@ -61,22 +61,30 @@ def test_logistic_matches_sklearn(C):
     assert info["C"] == C
 
 
-def test_sweep_picks_c_by_validation_top1():
-    x, y = _blobs(n=80, seed=5, spread=3.0)
+def test_sweep_picks_c_by_cross_validated_top1_as_sklearn():
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+
+    x, y = _blobs(n=24, seed=5, spread=3.0)
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    _, info = linear_probe(xt, yt, xt[:3], 4, Cs=(0.01, 1.0, 100.0))
-    mask = torch.from_numpy(choose_validation(y))
-    xn = F.normalize(xt.double(), dim=1)
-    for C, top1 in info["val_top1"].items():  # each score is the fit on the rest, scored on the held-out fifth
-        W, b = fit_logistic(xn[~mask], yt[~mask], 4, C)
-        assert top1 == pytest.approx(float(((xn[mask] @ W.T + b).argmax(1) == yt[mask]).double().mean()))
+    _, info = linear_probe(xt, yt, xt[:3], 4, Cs=(0.01, 100.0), seed=2)
+    xn = F.normalize(xt.double(), dim=1).numpy()
+    k = min(5, np.bincount(y).min())
+    for C, top1 in info["val_top1"].items():  # every sample predicted by the fit on the other folds
+        pred = cross_val_predict(LogisticRegression(C=C, tol=1e-10, max_iter=10000), xn, y,
+                                 cv=StratifiedKFold(k, shuffle=True, random_state=2))
+        assert top1 == pytest.approx(float((pred == y).mean()))
+    assert len(set(info["val_top1"].values())) > 1  # the sweep had a choice to make
     assert info["C"] == max(info["val_top1"], key=lambda c: (info["val_top1"][c], -c))
 
 
-def test_one_sample_per_class_cannot_hold_out():
-    assert choose_validation(np.array([0, 1, 2])) is None
-    m = choose_validation(np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]))
-    assert m[:2].sum() == 1 and m[2:].sum() == 2
+def test_folds_hold_out_each_sample_once_and_every_class_in_each():
+    assert cv_folds(np.array([0, 1, 2, 2])) is None  # one image of a class: nothing can be held out
+    y = np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+    fold = cv_folds(y)
+    assert sorted(set(fold)) == [0, 1]  # the smallest class has 2: two folds
+    assert all(set(y[fold == f]) == {0, 1} for f in (0, 1))
+    assert cv_folds(np.repeat([0, 1, 2], 9)).max() == 4  # at most 5
 
 
 def test_an_unseen_test_class_is_named():
@@ -118,3 +126,43 @@ def test_probe_script_writes_the_report(tmp_path):
     assert m["settings"]["C"] == 1.0 and m["n"] == 20 and f"top-1 {100 * m['top1']:.2f}%" in r.stdout
     bad = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "missing.npz"))
     assert bad.returncode == 2 and "no features file" in bad.stderr
+
+
+@pytest.mark.parametrize("case,message", [
+    ("one class", r"the training features hold one class \('ant'\); a probe chooses between classes"),
+    ("empty train", r"the training features are empty; extract them from a folder that holds images\."),
+    ("empty test", r"the test features are empty"),
+    ("test dim", r"the test features are 8-d but the training features 16-d; extract every file with the same"),
+    ("val dim", r"the validation features are 8-d but the training features 16-d"),
+    ("nan train", r"the training features hold NaN or infinite values in 1 row\(s\) \(the first: dog/3\.png\)"),
+    ("inf test", r"the test features hold NaN or infinite values in 2 row\(s\) \(the first: ant/0\.png\)"),
+])
+@pytest.mark.parametrize("method", ["knn", "linear"])
+def test_features_no_probe_can_use_are_one_sentence(case, message, method):
+    x, y = _blobs(n=8, seed=10)
+    y = np.array([0, 1, 2, 3, 1, 0, 2, 3]) if case != "one class" else np.zeros(8, int)
+    train, test, val = _feats(x, y), _feats(x.copy(), y), None
+    if case == "empty train":
+        train = _feats(x[:0], y[:0])
+    elif case == "empty test":
+        test = _feats(x[:0], y[:0])
+    elif case == "test dim":
+        test = _feats(x[:, :8], y)
+    elif case == "val dim":
+        val = _feats(x[:, :8], y)
+    elif case == "nan train":
+        train["embeddings"][3, 5] = np.nan
+    elif case == "inf test":
+        test["embeddings"][[0, 4], 1] = np.inf
+    with pytest.raises(ValueError, match=message):
+        probe(train, test, method, val=val)
+
+
+def test_a_features_file_whose_arrays_disagree_is_one_sentence(tmp_path):
+    from vit.eval.features import load_features
+
+    x, y = _blobs(n=6)
+    f = _feats(x, y)
+    np.savez(tmp_path / "f.npz", paths=f["paths"], labels=f["labels"][:4], embeddings=x)
+    with pytest.raises(ValueError, match=r"f\.npz has 6 embeddings for 6 paths and 4 labels; write it again"):
+        load_features(tmp_path / "f.npz")

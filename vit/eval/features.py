@@ -120,4 +120,8 @@ def load_features(path: str | Path) -> dict:
         raise ValueError(f"{path} is not a features file ({e}); pass a .npz written by features.py.") from None
     if not {"paths", "labels", "embeddings"} <= set(out):
         raise ValueError(f"{path} holds no paths/labels/embeddings arrays; pass a .npz written by features.py.")
+    sizes = {k: len(out[k]) for k in ("paths", "labels", "embeddings")}
+    if len(set(sizes.values())) > 1:
+        raise ValueError(f"{path} has {sizes['embeddings']} embeddings for {sizes['paths']} paths and "
+                         f"{sizes['labels']} labels; write it again with features.py.")
     return out

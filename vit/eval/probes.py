@@ -12,7 +12,7 @@ LogisticRegression minimises (an unpenalised bias):
     C * sum_i CE(W x_i + b, y_i) + ||W||^2 / 2
 
 solved in float64 by L-BFGS (on the features' device: a GPU takes a large feature set), its C chosen from a small
-sweep by top-1 on a validation split.
+sweep by top-1 on a validation set, else by stratified k-fold cross-validation on the labelled features.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["probe", "knn_scores", "fit_logistic", "linear_probe", "choose_validation", "class_index", "CS"]
+__all__ = ["probe", "knn_scores", "fit_logistic", "linear_probe", "cv_folds", "class_index", "CS"]
 
-CS = (0.01, 0.1, 1.0, 10.0, 100.0)  # the regularisation sweep of linear_probe (inverse strength, as scikit-learn)
+CS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)  # linear_probe's sweep of C (inverse strength, as scikit-learn)
 
 
 def class_index(train_labels, test_labels=None) -> tuple[list[str], np.ndarray, np.ndarray | None]:
@@ -80,46 +80,69 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, C: float, m
     return W.detach(), b.detach()
 
 
-def choose_validation(y: np.ndarray, fraction: float = 0.2, seed: int = 0) -> np.ndarray | None:
-    """A boolean mask of a stratified validation share of `y` (at least one per class), or None when some class
-    has fewer than 2 samples (then nothing can be held out and the sweep keeps C = 1)."""
+def cv_folds(y: np.ndarray, folds: int = 5, seed: int = 0) -> np.ndarray | None:
+    """Fold index (N,) of scikit-learn's shuffled StratifiedKFold with min(folds, the smallest class's count)
+    folds, so that every sample is held out once and every fold holds every class; None when some class has fewer
+    than 2 samples (nothing can be held out: the sweep keeps C = 1)."""
+    from sklearn.model_selection import StratifiedKFold
+
     counts = np.bincount(y)
-    if (counts[counts > 0] < 2).any():
+    k = min(folds, int(counts[counts > 0].min()))
+    if k < 2:
         return None
-    rng = np.random.default_rng(seed)
-    mask = np.zeros(len(y), bool)
-    for c in np.flatnonzero(counts):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        mask[idx[:max(1, int(round(fraction * len(idx))))]] = True
-    return mask
+    out = np.empty(len(y), np.int64)
+    for i, (_, held) in enumerate(StratifiedKFold(k, shuffle=True, random_state=seed).split(np.zeros(len(y)), y)):
+        out[held] = i
+    return out
 
 
 def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, num_classes: int,
                  Cs: tuple[float, ...] = CS, val: tuple[torch.Tensor, torch.Tensor] | None = None,
                  seed: int = 0) -> tuple[torch.Tensor, dict]:
     """Class scores (M, K) of the linear probe on L2-normalised features, and {C, val_top1: {C: top-1}}. C is
-    chosen by top-1 on `val` (features, labels), else on a stratified fifth of the training features (then the
-    final fit uses them all); the smallest C among equals (the strongest regularisation)."""
+    chosen by top-1 on `val` (features, labels), else by stratified k-fold cross-validation on the training
+    features (cv_folds: top-1 over every held-out sample; with a few labels per class a single held-out split is
+    a handful of images), then the final fit uses them all; the smallest C among equals (the strongest
+    regularisation)."""
     xs, xt = F.normalize(train_x.double(), dim=1), F.normalize(test_x.double(), dim=1)
     if val is not None:
-        fit_x, fit_y, val_x, val_y = xs, train_y, F.normalize(val[0].double(), dim=1), val[1]
+        splits = [(torch.ones(len(xs), dtype=torch.bool, device=xs.device), F.normalize(val[0].double(), dim=1),
+                   val[1])]
     else:
-        mask = choose_validation(train_y.cpu().numpy(), seed=seed)
-        if mask is None or len(Cs) == 1:
-            fit_x = fit_y = val_x = val_y = None
-        else:
-            m = torch.from_numpy(mask).to(xs.device)
-            fit_x, fit_y, val_x, val_y = xs[~m], train_y[~m], xs[m], train_y[m]
+        fold = cv_folds(train_y.cpu().numpy(), seed=seed) if len(Cs) > 1 else None
+        splits = []
+        if fold is not None:
+            fold = torch.from_numpy(fold).to(xs.device)
+            splits = [(fold != f, xs[fold == f], train_y[fold == f]) for f in range(int(fold.max()) + 1)]
     scores: dict[float, float] = {}
-    if val_x is not None:
+    if splits:
         for C in Cs:
-            W, b = fit_logistic(fit_x, fit_y, num_classes, C)
-            scores[C] = float(((val_x @ W.T + b).argmax(1) == val_y).double().mean())
+            right = 0
+            for keep, val_x, val_y in splits:
+                W, b = fit_logistic(xs[keep], train_y[keep], num_classes, C)
+                right += int(((val_x @ W.T + b).argmax(1) == val_y).sum())
+            scores[C] = right / sum(len(v) for _, _, v in splits)
         best = max(Cs, key=lambda c: (scores[c], -c))
     else:
         best = 1.0 if 1.0 in Cs or len(Cs) != 1 else Cs[0]
     W, b = fit_logistic(xs, train_y, num_classes, best)
     return (xt @ W.T + b).float(), {"C": best, "val_top1": scores}
+
+
+def _check_features(feats: dict, role: str, dim: int) -> None:
+    """One sentence for features no probe can use: none, a dimension other than the training features' `dim`, or
+    a NaN or infinite value (a diverged model's; it would win or lose every vote)."""
+    x = feats["embeddings"]
+    if len(x) == 0:
+        raise ValueError(f"the {role} features are empty; extract them from a folder that holds images.")
+    if x.ndim != 2 or x.shape[1] != dim:
+        raise ValueError(f"the {role} features are {x.shape[-1]}-d but the training features {dim}-d; extract "
+                         "every file with the same model.")
+    bad = ~np.isfinite(x).all(axis=1)
+    if bad.any():
+        raise ValueError(f"the {role} features hold NaN or infinite values in {int(bad.sum())} row(s) (the first: "
+                         f"{feats['paths'][np.argmax(bad)]}); the model that extracted them has diverged, so extract "
+                         "them again from a finite checkpoint.")
 
 
 def probe(train: dict, test: dict, method: str = "knn", k: int = 20, temperature: float = 0.07,
@@ -131,11 +154,14 @@ def probe(train: dict, test: dict, method: str = "knn", k: int = 20, temperature
 
     if method not in ("knn", "linear"):
         raise ValueError(f"unknown probe {method!r}; choose knn or linear.")
+    named = {"training": train, "test": test, **({"validation": val} if val is not None else {})}
+    for role, feats in named.items():
+        _check_features(feats, role, train["embeddings"].shape[-1])
     classes, y_train, y_test = class_index(train["labels"], test["labels"])
+    if len(classes) < 2:
+        raise ValueError(f"the training features hold one class ({classes[0]!r}); a probe chooses between classes, "
+                         "so extract them from a folder of two or more <class>/ folders.")
     x_train, x_test = torch.from_numpy(train["embeddings"]), torch.from_numpy(test["embeddings"])
-    if x_train.shape[1] != x_test.shape[1]:
-        raise ValueError(f"the training features are {x_train.shape[1]}-d but the test features {x_test.shape[1]}-d; "
-                         "extract both with the same model.")
     yt = torch.from_numpy(y_train)
     if method == "knn":
         scores = knn_scores(x_train, yt, x_test, len(classes), k, temperature)

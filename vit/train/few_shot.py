@@ -9,17 +9,27 @@ fine-tuning train a copy of the backbone with a new head, full-batch AdamW on th
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config import AugConfig, OptimConfig
 from ..eval.probes import knn_scores, linear_probe
 from .lora import add_lora, trainable_share
+from .optim import build_optimizer, lr_at, set_lr
 
-__all__ = ["METHODS", "sample_per_class", "finetune", "embed", "few_shot_rows", "summarize"]
+__all__ = ["METHODS", "FINETUNE", "sample_per_class", "random_affine", "finetune", "embed", "few_shot_rows",
+           "summarize"]
 
 METHODS = ("knn", "linear", "lora", "full")
+# configs/default.yaml's recipe (AdamW at 1e-3 without decay on norms and biases, warmup, cosine, clipping; with the
+# backbone's augmentation and label smoothing). On the digits transfer, 5 labels per class, 3 seeds: 82.5% top-1,
+# 81.6% with layer decay 0.75, 73.2% at finetune_imagefolder.yaml's lr 3e-4, 55.7% for plain AdamW without
+# augmentation
+FINETUNE = OptimConfig(lr=1e-3, warmup_epochs=5, clip_grad=1.0)
 
 
 def sample_per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -37,32 +47,72 @@ def embed(model, x: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
                       for i in range(0, len(x), batch_size)])
 
 
-def finetune(backbone, x: torch.Tensor, y: torch.Tensor, num_classes: int, steps: int = 100, lr: float = 1e-3,
-             lora_rank: int | None = None, seed: int = 0) -> tuple[torch.nn.Module, float]:
-    """A copy of `backbone` with a new `num_classes` head, trained full-batch for `steps` AdamW steps (weight decay
-    0.05) on (x, y): every parameter, or with `lora_rank` the LoRA adapters and the head only. -> (model in eval
-    mode, the trained share of its parameters)."""
+def random_affine(x: torch.Tensor, translate: float, rotate: float, scale: float, fill: torch.Tensor,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """Each image of x (N, C, H, W) shifted by up to +-translate of its size, turned by up to +-rotate degrees and
+    scaled by 1 +- scale (uniform draws, as the training pipeline's albumentations Affine), the uncovered border
+    filled with `fill` (C,): what a black pixel normalises to, as Affine pads with 0."""
+    n = len(x)
+    u = torch.rand(n, 4, generator=generator, dtype=torch.float64) * 2 - 1  # (N, 4) in [-1, 1)
+    angle, s = u[:, 0] * rotate * math.pi / 180, 1 + u[:, 1] * scale
+    t = 2 * translate * u[:, 2:]  # (N, 2) shift in grid units ([-1, 1] spans the image)
+    # the grid maps output pixels to input pixels: the inverse of shift . rotate . scale, p_in = A (p_out - t)
+    cos, sin = torch.cos(angle) / s, torch.sin(angle) / s
+    a = torch.stack([torch.stack([cos, -sin], 1), torch.stack([sin, cos], 1)], 1)  # (N, 2, 2)
+    theta = torch.cat([a, -(a @ t[:, :, None])], 2)  # (N, 2, 3)
+    grid = F.affine_grid(theta.to(x), list(x.shape), align_corners=False)
+    fill = fill.to(x).view(1, -1, 1, 1)
+    return F.grid_sample(x - fill, grid, mode="bilinear", padding_mode="zeros", align_corners=False) + fill
+
+
+def finetune(backbone, x: torch.Tensor, y: torch.Tensor, num_classes: int, optim: OptimConfig,
+             aug: AugConfig | None = None, steps: int = 200, lora_rank: int | None = None, seed: int = 0
+             ) -> tuple[torch.nn.Module, float]:
+    """A copy of `backbone` with a new `num_classes` head, trained on (x, y) by the fine-tuning recipe in `optim`
+    (AdamW with timm's parameter groups and optim.layer_decay, warmup then cosine, gradient clipping) for `steps`
+    full-batch steps (N x classes images fit one batch: a step is an epoch, optim.warmup_epochs counts steps), each
+    on a fresh draw of aug's affine augmentation and horizontal flip, with its label smoothing. Every parameter, or
+    with `lora_rank` the LoRA adapters (scale optim.lora_alpha / rank) and the head. -> (model in eval mode, the
+    trained share of its parameters)."""
     torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
     model = copy.deepcopy(backbone)
     model.reset_classifier(num_classes)
     if lora_rank:
-        add_lora(model, lora_rank)
+        add_lora(model, lora_rank, optim.lora_alpha)
     trained, total = trainable_share(model)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.05)
+    opt = build_optimizer(model, optim)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fill = None
+    if aug is not None:
+        mean, std = torch.tensor(aug.mean), torch.tensor(aug.std)
+        fill = -mean / std  # a black pixel (0) after normalisation, (C,)
     model.train()
-    for _ in range(steps):
+    for step in range(steps):
+        set_lr(opt, lr_at(step, steps, int(round(optim.warmup_epochs)), optim.lr, optim.min_lr))
+        xb = x
+        if aug is not None:
+            if aug.affine_translate or aug.affine_rotate or aug.affine_scale:
+                xb = random_affine(xb, aug.affine_translate, aug.affine_rotate, aug.affine_scale, fill, gen)
+            if aug.hflip:
+                flip = torch.rand(len(xb), generator=gen) < aug.hflip
+                xb = torch.where(flip[:, None, None, None], xb.flip(-1), xb)
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(xb), y, label_smoothing=aug.label_smoothing if aug is not None else 0.0).backward()
+        if optim.clip_grad:
+            torch.nn.utils.clip_grad_norm_(params, optim.clip_grad)
         opt.step()
     return model.eval(), trained / total
 
 
 def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: torch.Tensor, test_y: np.ndarray,
                   shots: tuple[int, ...] = (1, 5, 10), seeds: tuple[int, ...] = (0, 1, 2),
-                  methods: tuple[str, ...] = METHODS, steps: int = 100, lr: float = 1e-3, lora_rank: int = 4,
-                  lr_lora: float = 1e-2, k: int = 20, temperature: float = 0.07) -> list[dict]:
+                  methods: tuple[str, ...] = METHODS, optim: OptimConfig = FINETUNE, aug: AugConfig | None = None,
+                  steps: int = 200, lora_rank: int = 4, lr_lora: float = 1e-2, k: int = 20,
+                  temperature: float = 0.07) -> list[dict]:
     """One row {method, shots, seed, top1, trained_share} per method, N in `shots` (0: every training image) and
-    seed; labels are class indices 0..K-1. The same N-per-class sample serves every method of a seed."""
+    seed; labels are class indices 0..K-1. The same N-per-class sample serves every method of a seed. Full
+    fine-tuning follows `optim` and `aug` (finetune); LoRA the same at `lr_lora`, without layer decay."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"unknown few-shot method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
@@ -82,8 +132,10 @@ def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: 
                 elif method == "linear":
                     scores, _ = linear_probe(frozen_train[idx], ys, frozen_test, num_classes, seed=seed)
                 else:
-                    model, share = finetune(backbone, xs, ys, num_classes, steps, lr_lora if method == "lora" else lr,
-                                            lora_rank if method == "lora" else None, seed)
+                    lora = method == "lora"
+                    recipe = dataclasses.replace(optim, lr=lr_lora, layer_decay=None) if lora else optim
+                    model, share = finetune(backbone, xs, ys, num_classes, recipe, aug, steps,
+                                            lora_rank if lora else None, seed)
                     with torch.no_grad():
                         scores = torch.cat([model(test_x[i:i + 256]) for i in range(0, len(test_x), 256)])
                 top1 = float((scores.argmax(1) == yt).double().mean())
