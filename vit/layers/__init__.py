@@ -6,6 +6,16 @@ from .attention_pool import AttentionPoolLatent
 from .drop import DropPath
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, Mlp, QuickGELU, SwiGLU, get_mlp_layer
+from .naflex import (
+    NaFlex,
+    NaFlexEmbeds,
+    PatchGrid,
+    check_batch,
+    key_padding_mask,
+    naflex_grids,
+    naflex_rope_table,
+    patchify,
+)
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
@@ -30,8 +40,11 @@ __all__ = [
     "LayerScale",
     "MLP_LAYERS",
     "Mlp",
+    "NaFlex",
+    "NaFlexEmbeds",
     "POOL_KINDS",
     "PatchEmbed",
+    "PatchGrid",
     "Pooling",
     "PrefixTokens",
     "QuickGELU",
@@ -45,11 +58,16 @@ __all__ = [
     "apply_rope",
     "attend",
     "build_token_reduction",
+    "check_batch",
     "expand_mask",
     "get_mlp_layer",
     "get_norm_layer",
     "indexer_loss",
+    "key_padding_mask",
+    "naflex_grids",
+    "naflex_rope_table",
     "parse_token_reduction",
+    "patchify",
     "pool_tokens",
     "resample_abs_pos_embed",
     "rope_table",

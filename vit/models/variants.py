@@ -12,13 +12,21 @@ DINOv3 (rotary positions).
 with that feature named, never as unknown.
 """
 
-__all__ = ["DINOV3", "VARIANTS", "REFUSED"]
+__all__ = ["DINOV3", "NAFLEX", "RADIO", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
 DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, pos_embed="none",
               rope=dict(kind="dinov3", temperature=100.0, rotate_half=True), layer_scale_names="gamma",
               reg_tokens=4, global_pool="avg", fc_norm=False, norm_eps=1e-05, dynamic_img_size=True, num_classes=0)
+
+# timm's NaFlexVit (vit.layers.naflex): pre-patchified inputs at their own aspect ratio, a 16 x 16 learned table
+# resampled per image, no [CLS] by default; 384 px default size; C-RADIO keeps its 128 x 128 table (bilinear,
+# aspect-preserving, no antialiasing), [CLS] pooling and no final norm
+NAFLEX = dict(img_size=384, patch_size=16, class_token=False, naflex=dict(pos_grid=(16, 16)))
+RADIO = dict(img_size=512, patch_size=16, global_pool="token", final_norm=False, num_classes=0,
+             naflex=dict(pos_grid=(128, 128), interp_mode="bilinear", ar_preserving=True, antialias=False))
+_RADIO_V3_ALIGNED = dict(RADIO, naflex=dict(RADIO["naflex"], align_corners=True))  # timm: base and huge v3
 
 VARIANTS: dict[str, dict] = {
 "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,
@@ -311,6 +319,29 @@ VARIANTS: dict[str, dict] = {
     "vit_large_patch16_dinov3": dict(DINOV3, embed_dim=1024, depth=24, num_heads=16),
     "vit_huge_plus_patch16_dinov3": dict(DINOV3, embed_dim=1280, depth=32, num_heads=20, mlp_layer='swiglu'),
     "vit_7b_patch16_dinov3": dict(DINOV3, embed_dim=4096, depth=40, num_heads=32, mlp_ratio=2, mlp_layer='swiglu'),
+    "naflexvit_base_patch16_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                       global_pool="avg", reg_tokens=4, fc_norm=True),
+    "naflexvit_base_patch16_par_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                           global_pool="avg", reg_tokens=4, fc_norm=True,
+                                           naflex=dict(pos_grid=(16, 16), ar_preserving=True)),
+    "naflexvit_base_patch16_parfac_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                              global_pool="avg", reg_tokens=4, fc_norm=True,
+                                              naflex=dict(pos_grid=(16, 16), ar_preserving=True, factorized=True)),
+    "naflexvit_base_patch16_siglip": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, mlp_layer="gelu_tanh",
+                                          global_pool="map", num_classes=0,
+                                          naflex=dict(pos_grid=(16, 16), interp_mode="bilinear")),
+    "naflexvit_so400m_patch16_siglip": dict(NAFLEX, embed_dim=1152, depth=27, num_heads=16, mlp_ratio=3.7362,
+                                            mlp_layer="gelu_tanh", global_pool="map", num_classes=0,
+                                            naflex=dict(pos_grid=(16, 16), interp_mode="bilinear")),
+    "naflexvit_base_patch16_radio_v3": dict(_RADIO_V3_ALIGNED, embed_dim=768, depth=12, num_heads=12,
+                                            init_values=1e-05, reg_tokens=7),
+    "naflexvit_large_patch16_radio_v3": dict(RADIO, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05,
+                                             reg_tokens=7),
+    "naflexvit_huge_patch16_radio_v3": dict(_RADIO_V3_ALIGNED, embed_dim=1280, depth=32, num_heads=16, reg_tokens=7),
+    "naflexvit_giant_patch16_radio_v3": dict(RADIO, embed_dim=1536, depth=40, num_heads=24, reg_tokens=7),
+    "naflexvit_so400m_patch16_radio_v4": dict(RADIO, embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152,
+                                              reg_tokens=9),
+    "naflexvit_huge_patch16_radio_v4": dict(RADIO, embed_dim=1280, depth=32, num_heads=16, reg_tokens=9),
 }
 
 REFUSED: dict[str, str] = {
@@ -355,17 +386,6 @@ REFUSED: dict[str, str] = {
     "eva_giant_patch14_336": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "eva_giant_patch14_560": "rotary position embeddings and EVA's blocks (timm's Eva class)",
     "eva_giant_patch14_clip_224": "rotary position embeddings and EVA's blocks (timm's Eva class)",
-    "naflexvit_base_patch16_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_par_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_parfac_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_siglip": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_giant_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_huge_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_huge_patch16_radio_v4": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_large_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_so400m_patch16_radio_v4": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_so400m_patch16_siglip": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "samvit_base_patch16":
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "samvit_huge_patch16":

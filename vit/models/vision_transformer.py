@@ -21,13 +21,18 @@ from torch import nn
 from ..config import SparseOptions
 from ..layers import (
     AttentionPoolLatent,
+    NaFlex,
+    NaFlexEmbeds,
     PatchEmbed,
     Pooling,
     PrefixTokens,
     Rope,
     RotaryEmbedding,
+    check_batch,
     get_mlp_layer,
     get_norm_layer,
+    key_padding_mask,
+    naflex_rope_table,
     pool_tokens,
     resample_abs_pos_embed,
     sincos_2d,
@@ -99,6 +104,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         sparse_attention: SparseOptions | dict | None = None,
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
+        naflex: NaFlex | dict | None = None,
     ) -> None:
         super().__init__()
         pooling.check(prefix.class_token)
@@ -107,6 +113,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         if pos_embed not in ("learn", "sincos", "none"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
         rope = Rope(**rope) if isinstance(rope, dict) else rope
+        naflex = NaFlex(**naflex) if isinstance(naflex, dict) else naflex
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -127,17 +134,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self._pretrained_cfg: dict[str, Any] | None = None
 
         # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
-        num_patches = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, embed_dim)) if prefix.reg_tokens else None
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + num_patches, embed_dim))
-        elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
-            self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
-        else:  # positions come from rotary embeddings only (DINOv3)
-            self.pos_embed = None
+        self._build_embeddings(img_size, patch_size, in_chans, pos_embed, not pre_norm, naflex)
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
         self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -173,6 +170,32 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.init_weights()
 
     # --- construction helpers -------------------------------------------------------------------------------
+
+    def _build_embeddings(self, img_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_chans: int,
+                          pos_embed: str, bias: bool, naflex: NaFlex | None) -> None:
+        """The patch projection, prefix tokens and position table under timm's ViT names; or, for NaFlex, all
+        three inside `embeds` under timm's NaFlexVit names (vit.layers.naflex), `patch_embed` its geometry."""
+        D, prefix = self.embed_dim, self.prefix
+        self.embeds = None
+        if naflex is not None:
+            if prefix.dist_token or pos_embed == "sincos":
+                raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
+                                 "table per image; drop dist_token, use pos_embed='learn' or 'none'.")
+            self.embeds = NaFlexEmbeds(img_size, patch_size, in_chans, D, prefix.class_token, prefix.reg_tokens,
+                                       naflex, pos_embed == "learn", bias)
+            self.patch_embed = self.embeds.grid  # no weights: the configured size and the patch geometry
+            self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
+            return
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, D, bias=bias)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, D)) if prefix.reg_tokens else None
+        if pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + self.patch_embed.num_patches, D))
+        elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
+            self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
+        else:  # positions come from rotary embeddings only (DINOv3)
+            self.pos_embed = None
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
@@ -225,6 +248,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, prefix tokens prepended, positions added,
         then the pre-norm (CLIP; nothing elsewhere)."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError("this model was built without NaFlex and reads images (B, C, H, W); build it with "
+                            "naflex=... (e.g. a naflexvit_* architecture) to pass a NaFlex batch.")
         if self.dynamic_img_size:
             grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
         else:
@@ -279,6 +305,31 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         return self._sincos(grid).to(self.pos_embed.device)
 
     @torch.jit.unused
+    def naflex_inputs(
+        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
+        """A NaFlex batch (vit.layers.naflex; images are patchified whole) -> tokens (B, prefix + N, D) with
+        per-image positions, the rotary table (B, N, 2d) or None, the attention mask (padding is never a key,
+        unless the caller gives one) and the batch."""
+        batch = x if isinstance(x, dict) else self.patch_embed(x)
+        check_batch(batch, self.embeds.proj.in_features)
+        coord, valid = batch["patch_coord"], batch["patch_valid"]
+        tokens = self.norm_pre(self.pos_drop(self.embeds(batch["patches"], coord, valid)))
+        rope = None if self.rope is None else naflex_rope_table(self.rope, coord, valid)
+        mask = key_padding_mask(valid, self.num_prefix_tokens) if attn_mask is None else attn_mask
+        return tokens, rope, mask, batch
+
+    @torch.jit.unused
+    def naflex_features(
+        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """forward_features of a NaFlex model, as timm's NaFlexVit: a batch dict -> {"patches": normalized tokens
+        (B, prefix + N, D), "patch_valid": (B, N)}; images (B, C, H, W) -> tokens."""
+        tokens, rope, mask, batch = self.naflex_inputs(x, attn_mask)
+        tokens = self.norm(self.blocks(tokens, mask, rope=rope)[0])
+        return {"patches": tokens, "patch_valid": batch["patch_valid"]} if isinstance(x, dict) else tokens
+
+    @torch.jit.unused
     def encode(
         self,
         x: torch.Tensor,
@@ -294,11 +345,16 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
-        rope = self.rope_table(x)
-        if rope is not None and patch_keep is not None:
-            raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
-                             "drop patch_keep for a model with rotary positions.")
-        x = self._embed(x)  # (B, prefix + h*w, D)
+        if self.embeds is not None:  # NaFlex: a batch dict (or images), positions per image, padding masked
+            if patch_keep is not None:
+                raise ValueError("patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid.")
+            x, rope, attn_mask, _ = self.naflex_inputs(x, attn_mask)
+        else:
+            rope = self.rope_table(x)
+            if rope is not None and patch_keep is not None:
+                raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
+                                 "drop patch_keep for a model with rotary positions.")
+            x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
             idx = patch_keep[..., None].expand(-1, -1, x.shape[-1])  # (B, K, D)
@@ -309,20 +365,32 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def forward_features(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
-        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes."""
+        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes.
+        A NaFlex model also takes a batch dict and returns timm's dict (`naflex_features`)."""
+        if self.embeds is not None:
+            return self.naflex_features(x, attn_mask)
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, rope=self.rope_table(x))
         return self.norm(x)
 
-    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+    def pool(
+        self, x: torch.Tensor, pool_type: str | None = None, patch_valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, prefix + N, D) -> (B, D): attention pooling of the patch tokens ('map'), [CLS] ('token'),
-        mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling)."""
+        mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling). `patch_valid` (B, N): NaFlex
+        padding (False) is left out of every kind."""
         if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :])
-        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens)
+            return self.attn_pool(x[:, self.num_prefix_tokens :], patch_valid)
+        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens,
+                           patch_valid)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False, patch_valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
-        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training."""
+        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training.
+        NaFlex: `patch_valid` (B, N) keeps padding out of the pooling, or x is forward_features' dict."""
+        if not isinstance(x, torch.Tensor):  # a NaFlex model's forward_features: tokens and which patches are real
+            x, patch_valid = x["patches"], x["patch_valid"]
         if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
             if pre_logits:
@@ -331,7 +399,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             if self.distilled_training and self.training and not torch.jit.is_scripting():
                 return x, x_dist  # timm's: both logits, for the distillation loss
             return (x + x_dist) / 2
-        x = self.head_drop(self.fc_norm(self.pool(x)))
+        x = self.head_drop(self.fc_norm(self.pool(x, patch_valid=patch_valid)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -339,7 +407,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
 
         A [CLS]-pooled pre-norm classifier reads one token of the last block ([CLS], and [DIST] if distilled), so
         that block is computed for those only (its attention still looks at every token): same logits, ~7% fewer
-        FLOPs at 12 blocks."""
+        FLOPs at 12 blocks. A NaFlex model takes a batch dict too (vit.layers.naflex) and runs every token."""
+        if self.embeds is not None:
+            return self.forward_head(self.naflex_features(x, attn_mask))
         prune = self.prune_last_block and self.global_pool == "token" and self.norm_first and (
             torch.jit.is_scripting() or not (self.training and self._last_block_learns_an_indexer()))
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None,
@@ -360,4 +430,5 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         """Logits (B, num_classes) and every block's attention probabilities, a list of (B, H, N, N) maps
         (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
-        return self.forward_head(feats), attentions
+        valid = x["patch_valid"] if isinstance(x, dict) else None
+        return self.forward_head(feats, patch_valid=valid), attentions
