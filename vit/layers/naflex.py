@@ -156,14 +156,16 @@ def naflex_rope_table(rotary: RotaryEmbedding, coord: torch.Tensor, valid: torch
 
 
 def resample_weights(n_out: int, n_in: int, mode: str, align_corners: bool, antialias: bool) -> torch.Tensor:
-    """The (n_out, n_in) matrix R with F.interpolate(t, n_out) = R t along one axis (float64 identity through the
-    same call, so the weights are PyTorch's own, antialiasing included)."""
-    eye = torch.eye(n_in, dtype=torch.float64)[None, :, :, None]  # (1, n_in channels, n_in, 1)
-    kw = {} if mode == "linear" else dict(antialias=antialias)
+    """The (n_out, n_in) matrix R with F.interpolate(t, n_out) = R t along one axis: the float64 identity through
+    the same call, so the weights are PyTorch's own, antialiasing included. The identity runs along the width of
+    a (1, n_in, 1, n_in) input (along the height of an (n_in, 1) one, PyTorch 2.14's antialiased kernels gave
+    other weights than its 2-D call uses), or through the 1-D 'linear' mode."""
+    eye = torch.eye(n_in, dtype=torch.float64)[None]  # (1, n_in channels, n_in)
     if mode == "linear":
-        out = F.interpolate(eye[..., 0], size=n_out, mode="linear", align_corners=align_corners)  # (1, n_in, n_out)
+        out = F.interpolate(eye, size=n_out, mode="linear", align_corners=align_corners)  # (1, n_in, n_out)
     else:
-        out = F.interpolate(eye, size=(n_out, 1), mode=mode, align_corners=align_corners, **kw)[..., 0]
+        out = F.interpolate(eye[:, :, None], size=(1, n_out), mode=mode, align_corners=align_corners,
+                            antialias=antialias)[:, :, 0]  # (1, n_in, n_out)
     return out[0].T.float()  # (n_out, n_in)
 
 
@@ -290,8 +292,8 @@ class NaFlexEmbeds(nn.Module):
         for n0 in (h0, w0):
             table = torch.zeros(max_side + 1, max_side, n0)
             for n in range(1, max_side + 1):
-                r = torch.eye(n0) if n == n0 else resample_weights(
-                    n, n0, mode, o.align_corners and mode != "linear", o.antialias and mode != "linear")
+                r = resample_weights(n, n0, mode, o.align_corners and mode != "linear",
+                                     o.antialias and mode != "linear")
                 table[n, : min(n, max_side)] = r[:max_side]
             out.append(table)
         return out[0], out[1]

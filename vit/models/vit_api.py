@@ -44,14 +44,16 @@ class ModelApi:
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token", "reg_token", "dist_token"} & {n for n, _ in self.named_parameters()}  # timm's
+        names = {"pos_embed", "cls_token", "reg_token", "dist_token"}  # timm's; NaFlex's inside `embeds`
+        names |= {f"embeds.{n}" for n in ("pos_embed", "pos_embed_y", "pos_embed_x", "cls_token", "reg_token")}
+        return names & {n for n, _ in self.named_parameters()}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Parameter groups by depth, as timm's (layer-wise lr decay: timm.optim.create_optimizer_v2(...,
         layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
         dist = "|dist_token" if self.head_dist is not None else ""
-        stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
+        stem = r"^cls_token|reg_token|pos_embed|patch_embed|embeds|norm_pre" + dist
         return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
@@ -100,7 +102,7 @@ class ModelApi:
                 self.attn_pool = None
             self.pooling, self.global_pool = pooling, global_pool
         self.num_classes = num_classes
-        ref = self.patch_embed.proj.weight
+        ref = next(self.parameters())  # the new head's device and dtype
         new_head = lambda: (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)  # noqa: E731
                             if num_classes > 0 else nn.Identity())
         self.head = new_head()
