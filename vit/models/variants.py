@@ -7,7 +7,7 @@ norm's eps `norm_eps`); the image size and class count are those of timm's defau
 Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT (Touvron et al., 2021), DeiT III
 (2022), CLIP image towers (Radford et al., 2021: pre_norm, quick_gelu on OpenAI's), SigLIP / SigLIP2 (map pooling,
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
-DINOv3 (rotary positions).
+DINOv3 (rotary positions), NaFlexViT and SigLIP 2 / C-RADIO NaFlex (vit.layers.naflex: native aspect ratios).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """

@@ -248,9 +248,10 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, prefix tokens prepended, positions added,
         then the pre-norm (CLIP; nothing elsewhere)."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError("this model was built without NaFlex and reads images (B, C, H, W); build it with "
-                            "naflex=... (e.g. a naflexvit_* architecture) to pass a NaFlex batch.")
+        if not torch.jit.is_scripting():  # TorchScript sees tensors only
+            if isinstance(x, dict):
+                raise TypeError("this model was built without NaFlex and reads images (B, C, H, W); build it with "
+                                "naflex=... (e.g. a naflexvit_* architecture) to pass a NaFlex batch.")
         if self.dynamic_img_size:
             grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
         else:
@@ -389,8 +390,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
         averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training.
         NaFlex: `patch_valid` (B, N) keeps padding out of the pooling, or x is forward_features' dict."""
-        if not isinstance(x, torch.Tensor):  # a NaFlex model's forward_features: tokens and which patches are real
-            x, patch_valid = x["patches"], x["patch_valid"]
+        if not torch.jit.is_scripting():  # TorchScript sees tensors only
+            if isinstance(x, dict):  # a NaFlex model's forward_features output
+                x, patch_valid = x["patches"], x["patch_valid"]
         if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
             if pre_logits:

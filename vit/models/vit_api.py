@@ -53,7 +53,9 @@ class ModelApi:
         """Parameter groups by depth, as timm's (layer-wise lr decay: timm.optim.create_optimizer_v2(...,
         layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
         dist = "|dist_token" if self.head_dist is not None else ""
-        stem = r"^cls_token|reg_token|pos_embed|patch_embed|embeds|norm_pre" + dist
+        stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
+        if self.embeds is not None:  # timm's NaFlexVit: the projection, tokens and positions are all `embeds`
+            stem = r"^embeds"
         return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
