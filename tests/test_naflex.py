@@ -284,3 +284,34 @@ def test_optimizer_groups_are_timms():
     ref, ours = _pair("naflexvit_base_patch16_gap")
     assert ours.group_matcher() == ref.group_matcher()
     assert ours.no_weight_decay() == ref.no_weight_decay() & {n for n, _ in ref.named_parameters()}
+
+
+def test_timm_naflexvit_weights_load_by_name(tmp_path):
+    """A timm hub folder of a NaFlexVit (config.json + safetensors, as timm's save_for_hf writes it, the format of
+    timm/naflexvit_* on the hub) loads through create_model(pretrained=True): timm's logits on a 4:1 image."""
+    from timm.models import save_for_hf
+
+    ref, _ = _pair("naflexvit_base_patch16_gap")
+    save_for_hf(ref, tmp_path, model_args=dict(SMALL))
+    model = vit.create_model(f"local-dir:{tmp_path}", pretrained=True).eval()
+    x = torch.randn(1, 3, 2 * P, 8 * P)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), ref(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_docs_picture_shows_a_padded_batch(tmp_path):
+    """scripts/naflex_picture.py draws docs/naflex.png: a PNG under 100 KB of the batch it returns (64, 49 and 48
+    valid patches of 64 for the 4:1 strip, the 7 x 7 and the 12 x 4 image)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "naflex_picture.py"
+    spec = importlib.util.spec_from_file_location("naflex_picture", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    batch = script.write(tmp_path / "n.png")
+    assert batch["patch_valid"].sum(1).tolist() == [64, 49, 48]
+    assert batch["patch_coord"][0, 63].tolist() == [3, 15]  # the strip's last patch: row 3, column 15
+    data = (tmp_path / "n.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000
