@@ -243,6 +243,7 @@ def test_bad_naflex_batches_say_what_is_wrong(change, message):
 
 
 def test_a_square_model_refuses_a_naflex_batch_and_a_naflex_model_its_impossible_options():
+    """Each refusal is one sentence naming what to do."""
     with pytest.raises(TypeError, match="built without NaFlex"):
         vit.create_model("vit_tiny_patch16_224", depth=1)(_batch(_images([(2, 2)])))
     with pytest.raises(ValueError, match="no distillation token"):
@@ -250,6 +251,13 @@ def test_a_square_model_refuses_a_naflex_batch_and_a_naflex_model_its_impossible
                          global_pool="token")
     with pytest.raises(ValueError, match="interp_mode must be"):
         vit.create_model("naflexvit_base_patch16_gap", **SMALL, naflex=dict(interp_mode="nearest"))
+    from vit.deploy.export import ExportableClassifier, ExportableNaFlexClassifier
+
+    naflex = vit.create_model("naflexvit_base_patch16_gap", **SMALL)
+    with pytest.raises(ValueError, match="export it with vit.deploy.export.ExportableNaFlexClassifier"):
+        ExportableClassifier(naflex)
+    with pytest.raises(ValueError, match="rotary positions computes its per-image tables in Python"):
+        ExportableNaFlexClassifier(vit.create_model("naflexvit_base_patch16_gap", **SMALL, rope=dict()))
 
 
 @pytest.mark.slow
@@ -315,3 +323,15 @@ def test_the_docs_picture_shows_a_padded_batch(tmp_path):
     assert batch["patch_coord"][0, 63].tolist() == [3, 15]  # the strip's last patch: row 3, column 15
     data = (tmp_path / "n.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000
+
+
+@pytest.mark.parametrize("arch", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_parfac_gap",
+                                  "naflexvit_base_patch16_siglip"])
+def test_every_parameter_learns_from_a_naflex_batch(arch):
+    """Training on a padded batch: every parameter (the resampled position tables and the registers included)
+    gets a finite, non-zero gradient."""
+    model = vit.create_model(arch, **SMALL).train()
+    model(_batch(_images(GRIDS))).square().sum().backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())

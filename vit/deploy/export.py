@@ -68,6 +68,9 @@ class ExportableClassifier(nn.Module):
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__()
+        if getattr(model, "embeds", None) is not None:
+            raise ExportError("a NaFlex model reads patch batches, not images of one size: export it with "
+                              "vit.deploy.export.ExportableNaFlexClassifier and an example batch (docs/naflex.md).")
         self.model = copy.deepcopy(model)
         self.eval()  # exporters record the mode: dropout and drop-path off
         if self.model.dynamic_img_size:
