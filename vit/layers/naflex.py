@@ -136,15 +136,18 @@ def _groups(coord: torch.Tensor, valid: torch.Tensor) -> dict[tuple[int, int], l
 
 def _gather(tables: dict[tuple[int, int], tuple[torch.Tensor, list[int]]], coord: torch.Tensor,
             valid: torch.Tensor) -> torch.Tensor:
-    """Per-grid tables {(h, w): ((h*w, K), images)} -> one row per patch (B, N, K), read at row * w + column
-    (padding reads row 0: it is masked)."""
-    first = next(iter(tables.values()))[0]
-    out = first.new_zeros(*coord.shape[:2], first.shape[-1])
+    """Per-grid tables {(h, w): ((h*w, K), images)} -> one row per patch (B, N, K) in one gather: the tables
+    stacked, each image's patches read at its table's offset + row * w + column (padding reads its table's row 0:
+    it is masked)."""
+    B = coord.shape[0]
+    offset, width = coord.new_zeros(B), coord.new_zeros(B)
+    start = 0
     for (h, w), (table, images) in tables.items():
-        for b in images:
-            idx = (coord[b, :, 0] * w + coord[b, :, 1]) * valid[b]
-            out[b] = table[idx.clamp(0, h * w - 1)]
-    return out
+        offset[images], width[images] = start, w
+        start += h * w
+    stacked = torch.cat([table for table, _ in tables.values()])  # (sum of h*w, K)
+    idx = offset[:, None] + (coord[..., 0] * width[:, None] + coord[..., 1]) * valid  # (B, N)
+    return stacked[idx]
 
 
 def naflex_rope_table(rotary: RotaryEmbedding, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
