@@ -235,6 +235,7 @@ def test_rollout_gives_each_image_its_own_map():
     (lambda b: dict(b, patch_valid=b["patch_valid"].long()), "patch_valid must be boolean"),
     (lambda b: dict(b, patch_coord=b["patch_coord"].float()), "patch_coord must be integer"),
     (lambda b: dict(b, patch_valid=b["patch_valid"] & torch.tensor([[True], [False]])), "has no valid patch"),
+    (lambda b: dict(b, patch_coord=b["patch_coord"] - 1), "negative row or column"),
 ])
 def test_bad_naflex_batches_say_what_is_wrong(change, message):
     model = vit.create_model("naflexvit_base_patch16_gap", **SMALL)

@@ -73,7 +73,7 @@ def patchify(images: torch.Tensor, patch_size: tuple[int, int]) -> dict[str, tor
     ph, pw = patch_size
     if H % ph or W % pw:
         raise ValueError(f"images of size {H}x{W} are not divisible by the patch size {ph}x{pw}; resize or crop "
-                         "them to a multiple of the patch size, or patchify them at their own size first.")
+                         "them to a multiple of the patch size.")
     h, w = H // ph, W // pw
     patches = images.reshape(B, C, h, ph, w, pw).permute(0, 2, 4, 3, 5, 1).reshape(B, h * w, ph * pw * C)
     rows, cols = torch.meshgrid(torch.arange(h, device=images.device), torch.arange(w, device=images.device),
@@ -97,8 +97,13 @@ def check_batch(batch: dict, patch_dim: int) -> None:
                          f"patches {list(p.shape)}; got {list(c.shape)} {c.dtype} and {list(v.shape)}.")
     if v.dtype != torch.bool:
         raise ValueError(f"patch_valid must be boolean (False = padding), got {v.dtype}.")
-    if not torch.compiler.is_exporting() and not bool(v.any(1).all()):
+    if torch.compiler.is_exporting():  # the checks below read data
+        return
+    if not bool(v.any(1).all()):
         raise ValueError("an image of the NaFlex batch has no valid patch; drop it from the batch.")
+    if bool((c < 0).any()):
+        raise ValueError("patch_coord holds a negative row or column; coordinates count patches from 0 at the "
+                         "image's top-left.")
 
 
 def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -142,7 +147,7 @@ def _gather(tables: dict[tuple[int, int], tuple[torch.Tensor, list[int]]], coord
     B = coord.shape[0]
     offset, width = coord.new_zeros(B), coord.new_zeros(B)
     start = 0
-    for (h, w), (table, images) in tables.items():
+    for (h, w), (_, images) in tables.items():
         offset[images], width[images] = start, w
         start += h * w
     stacked = torch.cat([table for table, _ in tables.values()])  # (sum of h*w, K)
