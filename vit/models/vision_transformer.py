@@ -21,22 +21,18 @@ from torch import nn
 from ..config import SparseOptions
 from ..layers import (
     AttentionPoolLatent,
-    NaFlex,
-    NaFlexEmbeds,
     PatchEmbed,
     Pooling,
     PrefixTokens,
     Rope,
     RotaryEmbedding,
-    check_batch,
     get_mlp_layer,
     get_norm_layer,
-    key_padding_mask,
-    naflex_rope_table,
     pool_tokens,
     resample_abs_pos_embed,
     sincos_2d,
 )
+from ..layers.naflex import NaFlex, NaFlexEmbeds, check_batch, key_padding_mask, naflex_rope_table
 from .encoder import Encoder
 from .features import FeatureIntermediates
 from .vit_api import ModelApi
@@ -113,7 +109,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         if pos_embed not in ("learn", "sincos", "none"):
             raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
         rope = Rope(**rope) if isinstance(rope, dict) else rope
-        naflex = NaFlex(**naflex) if isinstance(naflex, dict) else naflex
         norm = get_norm_layer(norm_layer, norm_eps)
         self.num_classes = num_classes
         self.in_chans = in_chans
@@ -134,7 +129,18 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self._pretrained_cfg: dict[str, Any] | None = None
 
         # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm)
-        self._build_embeddings(img_size, patch_size, in_chans, pos_embed, not pre_norm, naflex)
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=not pre_norm)
+        num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, embed_dim)) if prefix.reg_tokens else None
+        if pos_embed == "learn":
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + num_patches, embed_dim))
+        elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
+            self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
+        else:  # positions come from rotary embeddings only (DINOv3)
+            self.pos_embed = None
+        self.embeds = self._naflex_embeds(naflex, in_chans, pos_embed, not pre_norm)  # None unless NaFlex
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
         self.rope = None if rope is None else RotaryEmbedding(rope, embed_dim // num_heads)
         self.pos_drop = nn.Dropout(pos_drop_rate)
@@ -171,31 +177,23 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
 
     # --- construction helpers -------------------------------------------------------------------------------
 
-    def _build_embeddings(self, img_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_chans: int,
-                          pos_embed: str, bias: bool, naflex: NaFlex | None) -> None:
-        """The patch projection, prefix tokens and position table under timm's ViT names; or, for NaFlex, all
-        three inside `embeds` under timm's NaFlexVit names (vit.layers.naflex), `patch_embed` its geometry."""
-        D, prefix = self.embed_dim, self.prefix
-        self.embeds = None
-        if naflex is not None:
-            if prefix.dist_token or pos_embed == "sincos":
-                raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
-                                 "table per image; drop dist_token, use pos_embed='learn' or 'none'.")
-            self.embeds = NaFlexEmbeds(img_size, patch_size, in_chans, D, prefix.class_token, prefix.reg_tokens,
-                                       naflex, pos_embed == "learn", bias)
-            self.patch_embed = self.embeds.grid  # no weights: the configured size and the patch geometry
-            self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
-            return
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, D, bias=bias)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.dist_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, D)) if prefix.reg_tokens else None
-        if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + self.patch_embed.num_patches, D))
-        elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
-            self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
-        else:  # positions come from rotary embeddings only (DINOv3)
-            self.pos_embed = None
+    def _naflex_embeds(self, naflex: NaFlex | dict | None, in_chans: int, pos_embed: str, bias: bool
+                       ) -> NaFlexEmbeds | None:
+        """timm's NaFlexVit embeddings (vit.layers.naflex) in place of the square ones: the Linear projection, [CLS],
+        registers and the position table inside `embeds` (timm's names), `patch_embed` its weightless geometry.
+        None (the square embeddings stay) without `naflex`."""
+        if naflex is None:
+            return None
+        naflex = NaFlex(**naflex) if isinstance(naflex, dict) else naflex
+        if self.prefix.dist_token or pos_embed == "sincos":
+            raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
+                             "table per image; drop dist_token, use pos_embed='learn' or 'none'.")
+        grid = self.patch_embed
+        embeds = NaFlexEmbeds(grid.img_size, grid.patch_size, in_chans, self.embed_dim, self.prefix.class_token,
+                              self.prefix.reg_tokens, naflex, pos_embed == "learn", bias)
+        self.patch_embed = embeds.grid
+        self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
+        return embeds
 
     def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
@@ -373,16 +371,20 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, rope=self.rope_table(x))
         return self.norm(x)
 
-    def pool(
-        self, x: torch.Tensor, pool_type: str | None = None, patch_valid: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
         """(B, prefix + N, D) -> (B, D): attention pooling of the patch tokens ('map'), [CLS] ('token'),
-        mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling). `patch_valid` (B, N): NaFlex
-        padding (False) is left out of every kind."""
+        mean/max/both of the patch tokens; '' keeps all (vit.layers.pooling)."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :])
+        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens)
+
+    @torch.jit.unused
+    def naflex_pool(self, x: torch.Tensor, patch_valid: torch.Tensor) -> torch.Tensor:
+        """`pool` of a NaFlex batch: patch_valid (B, N) keeps padding out of the average, the max and attention
+        pooling's keys (timm's global_pool_naflex); [CLS] pooling reads [CLS]."""
         if self.attn_pool is not None:
             return self.attn_pool(x[:, self.num_prefix_tokens :], patch_valid)
-        return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.num_prefix_tokens,
-                           patch_valid)
+        return pool_tokens(x, self.global_pool, self.num_prefix_tokens, patch_valid)
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, patch_valid: torch.Tensor | None = None
@@ -401,7 +403,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             if self.distilled_training and self.training and not torch.jit.is_scripting():
                 return x, x_dist  # timm's: both logits, for the distillation loss
             return (x + x_dist) / 2
-        x = self.head_drop(self.fc_norm(self.pool(x, patch_valid=patch_valid)))
+        x = self.head_drop(self.fc_norm(self.pool(x) if patch_valid is None else self.naflex_pool(x, patch_valid)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
