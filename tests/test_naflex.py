@@ -336,3 +336,14 @@ def test_every_parameter_learns_from_a_naflex_batch(arch):
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert not missing
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_every_naflex_variant_has_timms_keys_and_shapes():
+    """The 11 naflexvit_* architectures (timm's pretrained NaFlexVit tags) built by timm and by us on the meta
+    device: the same state_dict names and shapes (tests/test_variants.py checks the whole table, slowly)."""
+    archs = sorted(a for a in VARIANTS if a.startswith("naflexvit_"))
+    assert len(archs) == 11
+    with torch.device("meta"):
+        for arch in archs:
+            ref = {k: v.shape for k, v in timm.create_model(arch).state_dict().items()}
+            assert {k: v.shape for k, v in vit.create_model(arch).state_dict().items()} == ref, arch

@@ -47,7 +47,7 @@ def test_every_variant_has_timms_keys_and_shapes():
 FAMILIES = ["vit_base_patch16_clip_224", "vit_base_patch16_siglip_256", "vit_small_patch14_reg4_dinov2",
             "vit_small_patch14_dinov2", "deit3_small_patch16_224", "deit_tiny_distilled_patch16_224",
             "vit_base_patch16_siglip_gap_224", "vit_medium_patch16_reg4_gap_256", "vit_base_patch32_clip_quickgelu_224",
-            "vit_small_plus_patch16_dinov3", "naflexvit_base_patch16_parfac_gap"]
+            "vit_small_plus_patch16_dinov3"]
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

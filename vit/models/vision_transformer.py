@@ -177,6 +177,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
 
     # --- construction helpers -------------------------------------------------------------------------------
 
+    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
+        table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
+        prefix = table.new_zeros(self.num_pos_prefix, self.embed_dim)
+        return torch.cat([prefix, table])[None]  # (1, prefix + h*w, D)
+
     def _naflex_embeds(self, naflex: NaFlex | dict | None, in_chans: int, pos_embed: str, bias: bool
                        ) -> NaFlexEmbeds | None:
         """timm's NaFlexVit embeddings (vit.layers.naflex) in place of the square ones: the Linear projection, [CLS],
@@ -194,11 +199,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.patch_embed = embeds.grid
         self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
         return embeds
-
-    def _sincos(self, grid: tuple[int, int]) -> torch.Tensor:
-        table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
-        prefix = table.new_zeros(self.num_pos_prefix, self.embed_dim)
-        return torch.cat([prefix, table])[None]  # (1, prefix + h*w, D)
 
     def init_weights(self) -> None:
         """timm's default ViT init: truncated normal (std 0.02) for linears and positions, tiny [CLS]."""
@@ -329,6 +329,18 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         return {"patches": tokens, "patch_valid": batch["patch_valid"]} if isinstance(x, dict) else tokens
 
     @torch.jit.unused
+    def naflex_encode(
+        self, x: torch.Tensor | dict[str, torch.Tensor], patch_keep: torch.Tensor | None = None,
+        return_attention: bool = False, last_queries: int | None = None, attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`encode` of a NaFlex batch: normalized tokens (B, prefix + N, D) and the per-block attention maps."""
+        if patch_keep is not None:
+            raise ValueError("patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid.")
+        x, rope, attn_mask, _ = self.naflex_inputs(x, attn_mask)
+        x, attentions = self.blocks(x, attn_mask, False, return_attention, last_queries, rope)
+        return self.norm(x), attentions
+
+    @torch.jit.unused
     def encode(
         self,
         x: torch.Tensor,
@@ -345,15 +357,12 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
         if self.embeds is not None:  # NaFlex: a batch dict (or images), positions per image, padding masked
-            if patch_keep is not None:
-                raise ValueError("patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid.")
-            x, rope, attn_mask, _ = self.naflex_inputs(x, attn_mask)
-        else:
-            rope = self.rope_table(x)
-            if rope is not None and patch_keep is not None:
-                raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
-                                 "drop patch_keep for a model with rotary positions.")
-            x = self._embed(x)  # (B, prefix + h*w, D)
+            return self.naflex_encode(x, patch_keep, return_attention, last_queries, attn_mask)
+        rope = self.rope_table(x)
+        if rope is not None and patch_keep is not None:
+            raise ValueError("patch_keep removes patches whose rotary positions the model would still apply; "
+                             "drop patch_keep for a model with rotary positions.")
+        x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
             idx = patch_keep[..., None].expand(-1, -1, x.shape[-1])  # (B, K, D)
