@@ -326,8 +326,7 @@ def test_the_docs_picture_shows_a_padded_batch(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000
 
 
-@pytest.mark.parametrize("arch", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_parfac_gap",
-                                  "naflexvit_base_patch16_siglip"])
+@pytest.mark.parametrize("arch", ["naflexvit_base_patch16_parfac_gap", "naflexvit_base_patch16_siglip"])
 def test_every_parameter_learns_from_a_naflex_batch(arch):
     """Training on a padded batch: every parameter (the resampled position tables and the registers included)
     gets a finite, non-zero gradient."""
@@ -338,12 +337,11 @@ def test_every_parameter_learns_from_a_naflex_batch(arch):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_every_naflex_variant_has_timms_keys_and_shapes():
-    """The 11 naflexvit_* architectures (timm's pretrained NaFlexVit tags) built by timm and by us on the meta
-    device: the same state_dict names and shapes (tests/test_variants.py checks the whole table, slowly)."""
-    archs = sorted(a for a in VARIANTS if a.startswith("naflexvit_"))
-    assert len(archs) == 11
+def test_naflex_variants_have_timms_keys_and_shapes():
+    """timm's 11 pretrained naflexvit_* architectures are in the table; the factorized one built by timm and by us
+    on the meta device has the same state_dict names and shapes (tests/test_variants.py checks all, slowly)."""
+    assert len([a for a in VARIANTS if a.startswith("naflexvit_")]) == 11
     with torch.device("meta"):
-        for arch in archs:
+        for arch in ["naflexvit_base_patch16_parfac_gap"]:
             ref = {k: v.shape for k, v in timm.create_model(arch).state_dict().items()}
             assert {k: v.shape for k, v in vit.create_model(arch).state_dict().items()} == ref, arch
