@@ -105,8 +105,8 @@ def test_images_equal_their_patches_and_timm_on_images():
                                   "naflexvit_base_patch16_radio_v3"])
 def test_exportable_positions_equal_the_per_grid_resampling(arch):
     """The lookup-table positions (per-axis resampling weights, what ONNX export traces) equal the eager per-grid
-    F.interpolate, for grids smaller and larger than the table."""
-    _, ours = _pair(arch)
+    F.interpolate, for grids smaller and larger than a non-square table (so the two axes cannot be confused)."""
+    ours = vit.create_model(arch, **SMALL, naflex=dict(VARIANTS[arch]["naflex"], pos_grid=(6, 10)))
     batch = _batch(_images(GRIDS + [(9, 3), (1, 12)]))
     c, v = batch["patch_coord"], batch["patch_valid"]
     wy, wx = ours.embeds.position_weights(12)
