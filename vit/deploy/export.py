@@ -14,6 +14,11 @@ at the example's size, so `ExportableClassifier` always resamples (bicubic, anti
 current exporter (`torch.onnx.export(..., dynamo=True)`) at opset 23, whose `Attention` operator carries
 `F.scaled_dot_product_attention` as one node. TorchScript is traced (`torch.jit.trace`): scripting the model
 would compile the attention layer's error messages, which TorchScript's compiler does not accept.
+
+A NaFlex model (vit.layers.naflex) goes through `ExportableNaFlexClassifier`: inputs `patches` (B, N, P*P*C),
+`patch_coord` (B, N, 2) and `patch_valid` (B, N), batch and sequence length both dynamic. Its positions are
+resampled per image by weights read from lookup tables (`NaFlexEmbeds.positions_by_weights`, the same numbers as
+the eager per-grid resampling) for grids up to `max_side` patches a side, so no size is read from data.
 """
 
 from __future__ import annotations
@@ -29,12 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers import key_padding_mask
 from ..models.vision_transformer import VisionTransformer
 from ..utils.atomic import atomic_write_text
 from .session import open_session
 
-__all__ = ["FORMATS", "ExportError", "ExportableClassifier", "export_model", "load_exported", "verify",
-           "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
+__all__ = ["FORMATS", "ExportError", "ExportableClassifier", "ExportableNaFlexClassifier", "export_model",
+           "load_exported", "verify", "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
 ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
@@ -62,6 +68,9 @@ class ExportableClassifier(nn.Module):
 
     def __init__(self, model: VisionTransformer) -> None:
         super().__init__()
+        if getattr(model, "embeds", None) is not None:
+            raise ExportError("a NaFlex model reads patch batches, not images of one size: export it with "
+                              "vit.deploy.export.ExportableNaFlexClassifier and an example batch (docs/naflex.md).")
         self.model = copy.deepcopy(model)
         self.eval()  # exporters record the mode: dropout and drop-path off
         if self.model.dynamic_img_size:
@@ -84,6 +93,38 @@ class ExportableClassifier(nn.Module):
         return self.model(x)
 
 
+class ExportableNaFlexClassifier(nn.Module):
+    """A NaFlex batch as three tensors -> logits (B, num_classes), with no Python loop over the images' grids.
+
+    Holds its own copy of the model (eval mode) whose per-image positions come from per-axis resampling weights
+    for every side up to `max_side` patches (buffers `weights_y`, `weights_x`), and passes the padding mask as
+    (B, 1, S, S): ONNX Runtime's Attention kernel does not broadcast the mask's query dimension."""
+
+    def __init__(self, model: VisionTransformer, max_side: int = 64) -> None:
+        super().__init__()
+        if model.embeds is None:
+            raise ExportError("ExportableNaFlexClassifier exports a NaFlex model (built with naflex=...); use "
+                              "ExportableClassifier for an image model.")
+        if model.rope is not None:
+            raise ExportError("a NaFlex model with rotary positions computes its per-image tables in Python; "
+                              "export one with a learned position table, or run it in PyTorch.")
+        self.model = copy.deepcopy(model)
+        self.eval()
+        embeds = self.model.embeds
+        if embeds.pos_embed is not None or embeds.pos_embed_y is not None:
+            wy, wx = embeds.position_weights(max_side)
+            self.register_buffer("weights_y", wy, persistent=False)
+            self.register_buffer("weights_x", wx, persistent=False)
+            embeds.positions = lambda coord, valid: embeds.positions_by_weights(coord, valid, self.weights_y,
+                                                                                self.weights_x)
+
+    def forward(self, patches: torch.Tensor, patch_coord: torch.Tensor, patch_valid: torch.Tensor) -> torch.Tensor:
+        mask = key_padding_mask(patch_valid, self.model.num_prefix_tokens)  # (B, 1, 1, S)
+        mask = mask.expand(-1, -1, mask.shape[-1], -1)  # (B, 1, S, S)
+        batch = {"patches": patches, "patch_coord": patch_coord, "patch_valid": patch_valid}
+        return self.model(batch, attn_mask=mask)
+
+
 def _dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
     dims = {0: torch.export.Dim("batch", min=1, max=65536)}
     if dynamic_img_size:  # sides as whole numbers of patches, so the exporter knows they tile exactly
@@ -93,40 +134,65 @@ def _dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
     return {"x": dims}
 
 
-def export_model(wrapper: ExportableClassifier, fmt: str, out_dir: str | Path, example: torch.Tensor) -> Path:
-    """Write `wrapper` in format `fmt` into `out_dir` (file name from FORMATS) and return its path."""
+def export_model(wrapper: ExportableClassifier | ExportableNaFlexClassifier, fmt: str, out_dir: str | Path,
+                 example: torch.Tensor | dict[str, torch.Tensor]) -> Path:
+    """Write `wrapper` in format `fmt` into `out_dir` (file name from FORMATS) and return its path. A NaFlex
+    wrapper's example is a batch dict (its inputs are named as its keys)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}.")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FORMATS[fmt]
     tmp = path.with_name(f".tmp-{path.name}")  # renamed into place once complete: a failed export loses nothing
-    dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
-    if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
-        example = example.repeat(2, 1, 1, 1)
+    if isinstance(wrapper, ExportableNaFlexClassifier):
+        args, names, dynamic = _naflex_inputs(example)
+    else:
+        dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
+        if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
+            example = example.repeat(2, 1, 1, 1)
+        args, names = (example,), ["x"]
     with torch.no_grad():
         if fmt == "onnx":
             require_onnx()
-            program = torch.onnx.export(wrapper, (example,), dynamo=True, dynamic_shapes=dynamic,
-                                        input_names=["x"], output_names=["logits"], opset_version=ONNX_OPSET,
+            program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic,
+                                        input_names=names, output_names=["logits"], opset_version=ONNX_OPSET,
                                         verbose=False)
             program.save(str(tmp))
         elif fmt == "torchscript":
-            torch.jit.save(torch.jit.trace(wrapper, example, check_trace=False), str(tmp))
+            torch.jit.save(torch.jit.trace(wrapper, args, check_trace=False), str(tmp))
         else:
-            torch.export.save(torch.export.export(wrapper, (example,), dynamic_shapes=dynamic), str(tmp))
+            torch.export.save(torch.export.export(wrapper, args, dynamic_shapes=dynamic), str(tmp))
     tmp.replace(path)
     return path
 
 
+def _naflex_inputs(example: dict[str, torch.Tensor]) -> tuple[tuple, list[str], dict]:
+    """A NaFlex example batch -> the exporter's arguments, input names and dynamic (batch, sequence) dims."""
+    if not isinstance(example, dict):
+        raise ExportError("a NaFlex model is exported from an example batch dict (patches, patch_coord, "
+                          "patch_valid), not from images.")
+    names = ["patches", "patch_coord", "patch_valid"]
+    args = tuple(example[k] for k in names)
+    if args[0].shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
+        args = tuple(a.repeat(2, *([1] * (a.dim() - 1))) for a in args)
+    batch, seq = torch.export.Dim("batch", min=1, max=65536), torch.export.Dim("seq", min=1, max=1 << 20)
+    return args, names, {k: {0: batch, 1: seq} for k in names}
+
+
 def load_exported(path: str | Path, fmt: str):
-    """The exported file as a function: float32 images (B, C, H, W) tensor -> logits tensor, on the CPU."""
+    """The exported file as a function: float32 images (B, C, H, W) tensor -> logits tensor, on the CPU; for a
+    NaFlex model, a batch dict -> logits."""
     path = str(path)
     if fmt == "onnx":
         require_onnx()
         session = open_session(path)
         name = session.get_inputs()[0].name
-        return lambda x: torch.from_numpy(session.run(None, {name: x.numpy()})[0])
+
+        def run_onnx(x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+            feed = {k: v.numpy() for k, v in x.items()} if isinstance(x, dict) else {name: x.numpy()}
+            return torch.from_numpy(session.run(None, feed)[0])
+
+        return run_onnx
     if fmt == "torchscript":
         with warnings.catch_warnings():  # TorchScript is deprecated upstream, still what many runtimes load
             warnings.simplefilter("ignore", FutureWarning)
@@ -134,9 +200,10 @@ def load_exported(path: str | Path, fmt: str):
     else:
         module = torch.export.load(path).module()
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.no_grad():
-            return module(x)
+            return module(*(x[k] for k in ("patches", "patch_coord", "patch_valid"))) if isinstance(x, dict) \
+                else module(x)
 
     return run
 

@@ -8,7 +8,9 @@ Gradient rollout (Chefer, Gur & Wolf, ICCV 2021, "Generic Attention-model Explai
     R = I;  for each layer l:  R <- R + mean_h[(dy_c/dA_l * A_l)^+] R
 Both return (B, N, N) over all tokens; `to_grid` reads out the patch grid: the [CLS] row without the prefix
 columns, or for mean-pooled models the mean of the patch rows. The grid shape comes from the model and input,
-never from sqrt(N), and any number of prefix tokens is allowed.
+never from sqrt(N), and any number of prefix tokens is allowed. For a NaFlex batch (vit.layers.naflex: images at
+their own aspect ratio, padded to one length) `naflex_to_grids` gives each image its own (h_i, w_i) map, from its
+patches' coordinates, padding left out, to be drawn back onto the original non-square image.
 Deliberate differences from the widely copied vit-explain script: rows are normalized along the last axis (it
 divides by the wrong one), batches work, gradients are paired with their own layer, and no hooks are used.
 """
@@ -19,7 +21,10 @@ from typing import Literal
 
 import torch
 
-__all__ = ["fuse_heads", "attention_rollout", "gradient_rollout", "raw_attention", "to_grid", "attention_maps"]
+from ..layers import naflex_grids
+
+__all__ = ["fuse_heads", "attention_rollout", "gradient_rollout", "raw_attention", "to_grid", "naflex_to_grids",
+           "attention_maps"]
 
 HeadFusion = Literal["mean", "max", "min"]
 
@@ -115,9 +120,29 @@ def to_grid(
     return row.reshape(-1, h, w)
 
 
+def naflex_to_grids(
+    relevance: torch.Tensor, patch_coord: torch.Tensor, patch_valid: torch.Tensor, num_prefix_tokens: int = 1,
+    pool: str = "token",
+) -> list[torch.Tensor]:
+    """(B, prefix + N, prefix + N) relevance of a NaFlex batch -> B maps (h_i, w_i): the [CLS] row over the valid
+    patch columns ('token'), or the mean of the valid patch rows; each patch at its (row, column)."""
+    p = num_prefix_tokens
+    if relevance.shape[-1] != p + patch_valid.shape[1]:
+        raise ValueError(f"{relevance.shape[-1]} tokens do not match {p} prefix token(s) + "
+                         f"{patch_valid.shape[1]} patches.")
+    if pool == "token":
+        if p == 0:
+            raise ValueError("a model without a [CLS] token has no [CLS] row; use pool='avg'.")
+        row = relevance[:, 0, p:]  # (B, N)
+    else:
+        w = patch_valid.to(relevance.dtype)[..., None]  # (B, N, 1): padding rows left out of the mean
+        row = (relevance[:, p:, p:] * w).sum(1) / w.sum(1)
+    return [g[0] for g in naflex_grids(row[..., None], patch_coord, patch_valid)]
+
+
 def attention_maps(
     model,
-    x: torch.Tensor,
+    x: torch.Tensor | dict[str, torch.Tensor],
     method: str = "rollout",
     target_class: torch.Tensor | None = None,
     head_fusion: HeadFusion = "mean",
@@ -125,13 +150,20 @@ def attention_maps(
     start_layer: int = 0,
     layer: int = -1,
     residual_alpha: float = 0.5,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor | list[torch.Tensor], torch.Tensor]:
     """Run `model` on images x (B, C, H, W) through `model.forward_with_attention` (the explicit attention path)
     and return (grid maps (B, h, w), logits (B, K)). `target_class` (B,) is used by 'grad_rollout' (default: the
-    predicted class)."""
-    grid = model.grid_size(tuple(x.shape[-2:]))
+    predicted class). A NaFlex batch dict gives a list of B maps (h_i, w_i) instead (`naflex_to_grids`)."""
     p = model.num_prefix_tokens
     pool = getattr(model, "global_pool", "token")
+    if isinstance(x, dict):  # NaFlex: one map per image, at its own grid
+        def readout(rel: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+            return naflex_to_grids(rel, x["patch_coord"], x["patch_valid"], p, pool)
+    else:
+        grid = model.grid_size(tuple(x.shape[-2:]))
+
+        def readout(rel: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+            return to_grid(rel, grid, p, pool)
     if method == "grad_rollout":
         with torch.enable_grad():
             logits, attns = model.forward_with_attention(x)
@@ -139,7 +171,7 @@ def attention_maps(
             score = logits.gather(1, target[:, None]).sum()  # samples are independent: one backward for all
             grads = torch.autograd.grad(score, attns)
         rel = gradient_rollout([a.detach() for a in attns], [g.detach() for g in grads], start_layer)
-        return to_grid(rel, grid, p, pool), logits.detach()
+        return readout(rel), logits.detach()
     with torch.no_grad():
         logits, attns = model.forward_with_attention(x)
     if method == "rollout":
@@ -148,4 +180,4 @@ def attention_maps(
         rel = raw_attention(attns, layer, head_fusion)
     else:
         raise ValueError(f"unknown method {method!r}; choose 'rollout', 'grad_rollout' or 'attention'.")
-    return to_grid(rel, grid, p, pool), logits
+    return readout(rel), logits

@@ -8,6 +8,16 @@ from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
 from .mlp import MLP_LAYERS, GELUTanh, GluMlp, Mlp, QuickGELU, SwiGLU, get_mlp_layer
+from .naflex import (
+    NaFlex,
+    NaFlexEmbeds,
+    PatchGrid,
+    check_batch,
+    key_padding_mask,
+    naflex_grids,
+    naflex_rope_table,
+    patchify,
+)
 from .norm import get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
@@ -37,8 +47,11 @@ __all__ = [
     "MLP_LAYERS",
     "MixedRotaryEmbedding",
     "Mlp",
+    "NaFlex",
+    "NaFlexEmbeds",
     "POOL_KINDS",
     "PatchEmbed",
+    "PatchGrid",
     "Pooling",
     "PrefixTokens",
     "QuickGELU",
@@ -54,12 +67,17 @@ __all__ = [
     "apply_rope",
     "attend",
     "build_token_reduction",
+    "check_batch",
     "expand_mask",
     "get_mlp_layer",
     "get_norm_layer",
     "indexer_loss",
+    "key_padding_mask",
+    "naflex_grids",
+    "naflex_rope_table",
     "parse_token_reduction",
     "patch_embedding",
+    "patchify",
     "pool_tokens",
     "rel_pos_layers",
     "resample_abs_pos_embed",

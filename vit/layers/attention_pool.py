@@ -44,12 +44,14 @@ class AttentionPoolLatent(nn.Module):
         self.mlp = mlp_layer(dim, int(dim * mlp_ratio))
         nn.init.trunc_normal_(self.latent, std=dim**-0.5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, D); valid (B, N): the tokens the latent may attend to (NaFlex padding is False)."""
         B, N, D = x.shape
         H = self.num_heads
         q = self.q(self.latent).expand(B, -1, -1).reshape(B, 1, H, D // H).transpose(1, 2)  # (B, H, 1, d), once
         k, v = self.kv(x).reshape(B, N, 2, H, D // H).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, N, d) each
-        y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, d)
+        mask = None if valid is None else valid[:, None, None, :]  # (B, 1, 1, N): padding is never a key
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, 1, d)
         y = self.proj(y.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
         y = y + self.mlp(self.norm(y))
         return y[:, 0]  # (B, D)

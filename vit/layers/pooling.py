@@ -63,16 +63,29 @@ class Pooling:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' or 'map' without it.")
 
 
-def pool_tokens(x: torch.Tensor, kind: str, num_prefix_tokens: int) -> torch.Tensor:
+def pool_tokens(x: torch.Tensor, kind: str, num_prefix_tokens: int, valid: torch.Tensor | None = None) -> torch.Tensor:
     """(B, prefix + N, D) -> (B, D): [CLS] ('token'), mean / max / both of the patch tokens; '' keeps all.
-    timm's `global_pool_nlc`; attention pooling ('map') is a module, not this function."""
+    timm's `global_pool_nlc`; attention pooling ('map') is a module, not this function. `valid` (B, N): the
+    patches that are not NaFlex padding, the only ones averaged or maxed (timm's `global_pool_naflex`)."""
     if kind == "token":
         return x[:, 0]
     if kind == "":
         return x
     x = x[:, num_prefix_tokens:]  # (B, N, D) patch tokens only
+    if valid is not None:
+        return _masked_pool(x, kind, valid)
     if kind == "avg":
         return x.mean(dim=1)
     if kind == "max":
         return x.amax(dim=1)
     return 0.5 * (x.amax(dim=1) + x.mean(dim=1))  # 'avgmax'
+
+
+def _masked_pool(x: torch.Tensor, kind: str, valid: torch.Tensor) -> torch.Tensor:
+    """Mean / max / both of the valid tokens of x (B, N, D); padding counts nowhere."""
+    w = valid.to(x.dtype)[..., None]  # (B, N, 1)
+    mean = (x * w).sum(1) / w.sum(1).clamp(min=1)
+    if kind == "avg":
+        return mean
+    top = x.masked_fill(~valid[..., None], float("-inf")).amax(1)  # every image has a valid patch
+    return top if kind == "max" else 0.5 * (top + mean)

@@ -9,12 +9,13 @@ Families: plain ViT (Dosovitskiy et al., 2021; AugReg), DeiT and distilled DeiT 
 gelu_tanh), DINOv2 with and without registers (Oquab et al., 2024; Darcet et al., 2024), SBB, I-JEPA, PaliGemma,
 DINOv3 (rotary positions), timm's relative-position ViTs (VisionTransformerRelPos: an MLP bias, residual post-norm),
 hybrid ViTs (a convolutional stem before the tokens: BiT ResNetV2, MobileCLIP's, ViTamin's with its GeGLU MLP), BEiT
-and BEiT v2 (a relative position table per block, q / v biases, Eva's LayerScale names).
+and BEiT v2 (a relative position table per block, q / v biases, Eva's LayerScale names), NaFlexViT and SigLIP 2 /
+C-RADIO NaFlex (vit.layers.naflex: native aspect ratios).
 `REFUSED` maps every other architecture of timm's ViT family to the feature it needs, so a name timm has is refused
 with that feature named, never as unknown.
 """
 
-__all__ = ["BEIT", "DINOV3", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
+__all__ = ["BEIT", "DINOV3", "NAFLEX", "RADIO", "RELPOS", "VITAMIN", "VARIANTS", "REFUSED"]
 
 # DINOv3 (Simeoni et al., 2025; timm's Eva class): rotary positions only (no table), 4 registers, LayerScale saved as
 # Eva's gamma_1 / gamma_2, mean of the patch tokens after the final norm, 256 px, no head
@@ -75,6 +76,13 @@ def _vitamin(width: int, embed_dim: int, depth: int, num_heads: int, img_size: i
     return dict(VITAMIN, stem=dict(kind="vitamin", widths=(width, 2 * width)), img_size=img_size,
                 embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_classes=num_classes)
 
+# timm's NaFlexVit (vit.layers.naflex): pre-patchified inputs at their own aspect ratio, a 16 x 16 learned table
+# resampled per image, no [CLS] by default; 384 px default size; C-RADIO keeps its 128 x 128 table (bilinear,
+# aspect-preserving, no antialiasing), [CLS] pooling and no final norm
+NAFLEX = dict(img_size=384, patch_size=16, class_token=False, naflex=dict(pos_grid=(16, 16)))
+RADIO = dict(img_size=512, patch_size=16, global_pool="token", final_norm=False, num_classes=0,
+             naflex=dict(pos_grid=(128, 128), interp_mode="bilinear", ar_preserving=True, antialias=False))
+_RADIO_V3_ALIGNED = dict(RADIO, naflex=dict(RADIO["naflex"], align_corners=True))  # timm: base and huge v3
 
 VARIANTS: dict[str, dict] = {
     "vit_small_patch16_rope_mixed_224": dict(ROPE_MIXED, embed_dim=384, depth=12, num_heads=6),
@@ -544,6 +552,29 @@ VARIANTS: dict[str, dict] = {
     "beit_large_patch16_512": dict(BEIT, img_size=512, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
     "beitv2_base_patch16_224": dict(BEIT, embed_dim=768, depth=12, num_heads=12, init_values=1e-05),
     "beitv2_large_patch16_224": dict(BEIT, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05),
+    "naflexvit_base_patch16_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                       global_pool="avg", reg_tokens=4, fc_norm=True),
+    "naflexvit_base_patch16_par_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                           global_pool="avg", reg_tokens=4, fc_norm=True,
+                                           naflex=dict(pos_grid=(16, 16), ar_preserving=True)),
+    "naflexvit_base_patch16_parfac_gap": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, init_values=1e-05,
+                                              global_pool="avg", reg_tokens=4, fc_norm=True,
+                                              naflex=dict(pos_grid=(16, 16), ar_preserving=True, factorized=True)),
+    "naflexvit_base_patch16_siglip": dict(NAFLEX, embed_dim=768, depth=12, num_heads=12, mlp_layer="gelu_tanh",
+                                          global_pool="map", num_classes=0,
+                                          naflex=dict(pos_grid=(16, 16), interp_mode="bilinear")),
+    "naflexvit_so400m_patch16_siglip": dict(NAFLEX, embed_dim=1152, depth=27, num_heads=16, mlp_ratio=3.7362,
+                                            mlp_layer="gelu_tanh", global_pool="map", num_classes=0,
+                                            naflex=dict(pos_grid=(16, 16), interp_mode="bilinear")),
+    "naflexvit_base_patch16_radio_v3": dict(_RADIO_V3_ALIGNED, embed_dim=768, depth=12, num_heads=12,
+                                            init_values=1e-05, reg_tokens=7),
+    "naflexvit_large_patch16_radio_v3": dict(RADIO, embed_dim=1024, depth=24, num_heads=16, init_values=1e-05,
+                                             reg_tokens=7),
+    "naflexvit_huge_patch16_radio_v3": dict(_RADIO_V3_ALIGNED, embed_dim=1280, depth=32, num_heads=16, reg_tokens=7),
+    "naflexvit_giant_patch16_radio_v3": dict(RADIO, embed_dim=1536, depth=40, num_heads=24, reg_tokens=7),
+    "naflexvit_so400m_patch16_radio_v4": dict(RADIO, embed_dim=1152, depth=27, num_heads=16, mlp_ratio=4304 / 1152,
+                                              reg_tokens=9),
+    "naflexvit_huge_patch16_radio_v4": dict(RADIO, embed_dim=1280, depth=32, num_heads=16, reg_tokens=9),
 }
 
 REFUSED: dict[str, str] = {
@@ -551,17 +582,6 @@ REFUSED: dict[str, str] = {
         "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
     "vit_so400m_patch14_siglip_384":
         "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
-    "naflexvit_base_patch16_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_par_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_parfac_gap": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_base_patch16_siglip": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_giant_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_huge_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_huge_patch16_radio_v4": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_large_patch16_radio_v3": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_so400m_patch16_radio_v4": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
-    "naflexvit_so400m_patch16_siglip": "NaFlex variable-resolution patch embedding (timm's NaFlexVit class)",
     "samvit_base_patch16":
         "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
     "samvit_huge_patch16":

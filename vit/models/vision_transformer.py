@@ -36,6 +36,7 @@ from ..layers import (
     rotary_embedding,
     sincos_2d,
 )
+from ..layers.naflex import NaFlex, NaFlexEmbeds, check_batch, key_padding_mask, naflex_rope_table
 from .encoder import Encoder
 from .features import FeatureIntermediates
 from .vit_api import ModelApi
@@ -126,6 +127,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
         rel_pos: RelPos | dict | None = None,
         stem: Stem | dict | None = None,
+        naflex: NaFlex | dict | None = None,
     ) -> None:
         super().__init__()
         rope, rel_pos = _check_options(prefix, pooling, pos_embed, rope, rel_pos, dynamic_img_size)
@@ -160,6 +162,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
         else:  # positions come from rotary embeddings only (DINOv3)
             self.pos_embed = None
+        self.embeds = self._naflex_embeds(naflex, in_chans, pos_embed, not pre_norm)  # None unless NaFlex
         # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
         self.rope = None if rope is None else rotary_embedding(rope, embed_dim // num_heads, depth, num_heads)
         # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
@@ -206,6 +209,24 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
         prefix = table.new_zeros(self.num_pos_prefix, self.embed_dim)
         return torch.cat([prefix, table])[None]  # (1, prefix + h*w, D)
+
+    def _naflex_embeds(self, naflex: NaFlex | dict | None, in_chans: int, pos_embed: str, bias: bool
+                       ) -> NaFlexEmbeds | None:
+        """timm's NaFlexVit embeddings (vit.layers.naflex) in place of the square ones: the Linear projection, [CLS],
+        registers and the position table inside `embeds` (timm's names), `patch_embed` its weightless geometry.
+        None (the square embeddings stay) without `naflex`."""
+        if naflex is None:
+            return None
+        naflex = NaFlex(**naflex) if isinstance(naflex, dict) else naflex
+        if self.prefix.dist_token or pos_embed == "sincos":
+            raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
+                             "table per image; drop dist_token, use pos_embed='learn' or 'none'.")
+        grid = self.patch_embed
+        embeds = NaFlexEmbeds(grid.img_size, grid.patch_size, in_chans, self.embed_dim, self.prefix.class_token,
+                              self.prefix.reg_tokens, naflex, pos_embed == "learn", bias)
+        self.patch_embed = embeds.grid
+        self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
+        return embeds
 
     def init_weights(self) -> None:
         """timm's default ViT init: truncated normal (std 0.02) for linears and positions, tiny [CLS]."""
@@ -255,6 +276,10 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens (B, prefix + h*w, D): patches, prefix tokens prepended, positions added,
         then the pre-norm (CLIP; nothing elsewhere)."""
+        if not torch.jit.is_scripting():  # TorchScript sees tensors only
+            if isinstance(x, dict):
+                raise TypeError("this model was built without NaFlex and reads images (B, C, H, W); build it with "
+                                "naflex=... (e.g. a naflexvit_* architecture) to pass a NaFlex batch.")
         if self.dynamic_img_size:
             grid = self.patch_embed.dynamic_grid(x.shape[-2], x.shape[-1])
         else:
@@ -309,6 +334,43 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         return self._sincos(grid).to(self.pos_embed.device)
 
     @torch.jit.unused
+    def naflex_inputs(
+        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
+        """A NaFlex batch (vit.layers.naflex; images are patchified whole) -> tokens (B, prefix + N, D) with
+        per-image positions, the rotary table (B, N, 2d) or None, the attention mask (padding is never a key,
+        unless the caller gives one) and the batch."""
+        batch = x if isinstance(x, dict) else self.patch_embed(x)
+        check_batch(batch, self.embeds.proj.in_features)
+        coord, valid = batch["patch_coord"], batch["patch_valid"]
+        tokens = self.norm_pre(self.pos_drop(self.embeds(batch["patches"], coord, valid)))
+        rope = None if self.rope is None else naflex_rope_table(self.rope, coord, valid)
+        mask = key_padding_mask(valid, self.num_prefix_tokens) if attn_mask is None else attn_mask
+        return tokens, rope, mask, batch
+
+    @torch.jit.unused
+    def naflex_features(
+        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor | dict[str, torch.Tensor]:
+        """forward_features of a NaFlex model, as timm's NaFlexVit: a batch dict -> {"patches": normalized tokens
+        (B, prefix + N, D), "patch_valid": (B, N)}; images (B, C, H, W) -> tokens."""
+        tokens, rope, mask, batch = self.naflex_inputs(x, attn_mask)
+        tokens = self.norm(self.blocks(tokens, mask, rope=rope)[0])
+        return {"patches": tokens, "patch_valid": batch["patch_valid"]} if isinstance(x, dict) else tokens
+
+    @torch.jit.unused
+    def naflex_encode(
+        self, x: torch.Tensor | dict[str, torch.Tensor], patch_keep: torch.Tensor | None = None,
+        return_attention: bool = False, last_queries: int | None = None, attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """`encode` of a NaFlex batch: normalized tokens (B, prefix + N, D) and the per-block attention maps."""
+        if patch_keep is not None:
+            raise ValueError("patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid.")
+        x, rope, attn_mask, _ = self.naflex_inputs(x, attn_mask)
+        x, attentions = self.blocks(x, attn_mask, False, return_attention, last_queries, rope)
+        return self.norm(x), attentions
+
+    @torch.jit.unused
     def encode(
         self,
         x: torch.Tensor,
@@ -324,6 +386,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
+        if self.embeds is not None:  # NaFlex: a batch dict (or images), positions per image, padding masked
+            return self.naflex_encode(x, patch_keep, return_attention, last_queries, attn_mask)
         rope = self.rope_table(x)
         if (rope is not None or self.rel_pos_modules()) and patch_keep is not None:
             raise ValueError("patch_keep removes patches whose rotary positions or relative position bias the model "
@@ -339,7 +403,10 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def forward_features(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
-        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes."""
+        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes.
+        A NaFlex model also takes a batch dict and returns timm's dict (`naflex_features`)."""
+        if self.embeds is not None:
+            return self.naflex_features(x, attn_mask)
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, rope=self.rope_table(x))
         return self.norm(x)
 
@@ -350,9 +417,23 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             return self.attn_pool(x[:, self.pool_skip :])
         return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.pool_skip)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+    @torch.jit.unused
+    def naflex_pool(self, x: torch.Tensor, patch_valid: torch.Tensor) -> torch.Tensor:
+        """`pool` of a NaFlex batch: patch_valid (B, N) keeps padding out of the average, the max and attention
+        pooling's keys (timm's global_pool_naflex); [CLS] pooling reads [CLS]."""
+        if self.attn_pool is not None:
+            return self.attn_pool(x[:, self.num_prefix_tokens :], patch_valid)
+        return pool_tokens(x, self.global_pool, self.num_prefix_tokens, patch_valid)
+
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False, patch_valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
-        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training."""
+        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training.
+        NaFlex: `patch_valid` (B, N) keeps padding out of the pooling, or x is forward_features' dict."""
+        if not torch.jit.is_scripting():  # TorchScript sees tensors only
+            if isinstance(x, dict):  # a NaFlex model's forward_features output
+                x, patch_valid = x["patches"], x["patch_valid"]
         if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
             if pre_logits:
@@ -361,7 +442,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             if self.distilled_training and self.training and not torch.jit.is_scripting():
                 return x, x_dist  # timm's: both logits, for the distillation loss
             return (x + x_dist) / 2
-        x = self.head_drop(self.fc_norm(self.pool(x)))
+        x = self.head_drop(self.fc_norm(self.pool(x) if patch_valid is None else self.naflex_pool(x, patch_valid)))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -369,7 +450,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
 
         A [CLS]-pooled pre-norm classifier reads one token of the last block ([CLS], and [DIST] if distilled), so
         that block is computed for those only (its attention still looks at every token): same logits, ~7% fewer
-        FLOPs at 12 blocks."""
+        FLOPs at 12 blocks. A NaFlex model takes a batch dict too (vit.layers.naflex) and runs every token."""
+        if self.embeds is not None:
+            return self.forward_head(self.naflex_features(x, attn_mask))
         prune = self.prune_last_block and self.global_pool == "token" and self.norm_first and (
             torch.jit.is_scripting() or not (self.training and self._last_block_learns_an_indexer()))
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None,
@@ -390,4 +473,5 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         """Logits (B, num_classes) and every block's attention probabilities, a list of (B, H, N, N) maps
         (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
-        return self.forward_head(feats), attentions
+        valid = x["patch_valid"] if isinstance(x, dict) else None
+        return self.forward_head(feats, patch_valid=valid), attentions

@@ -44,8 +44,10 @@ class ModelApi:
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
-        return {"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"} & {  # timm's (RoPE-Mixed's too)
-            n for n, _ in self.named_parameters()}
+        names = {"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"}  # timm's (RoPE-Mixed's too)
+        # NaFlex's inside `embeds`
+        names |= {f"embeds.{n}" for n in ("pos_embed", "pos_embed_y", "pos_embed_x", "cls_token", "reg_token")}
+        return names & {n for n, _ in self.named_parameters()}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
@@ -53,6 +55,8 @@ class ModelApi:
         layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
         dist = "|dist_token" if self.head_dist is not None else ""
         stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
+        if self.embeds is not None:  # timm's NaFlexVit: the projection, tokens and positions are all `embeds`
+            stem = r"^embeds"
         return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
