@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {  # public name -> the module of this package that defines it
     **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "build_datasets", "build_loaders",
-                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder"), "datasets"),
+                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder", "image_transform"),
+                  "datasets"),
     **dict.fromkeys(("absolute_root", "choose_channels", "data_channels", "resolve_data_config"), "resolve"),
     **dict.fromkeys(("MultiLabelDataset", "read_labels_file"), "multilabel"),
     **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
@@ -25,7 +26,7 @@ __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "D
            "resolve_data_config", "build_loaders", "absolute_root", "BadImageError", "decode_image", "photo_like",
            "colour_coded", "Pipeline", "build_transform", "build_eval_split", "choose_channels", "data_channels",
            "class_counts", "class_weights", "is_flat_folder", "MultiLabelDataset", "read_labels_file", "SHAPES",
-           "shapes_image", "long_tailed_colours"]
+           "shapes_image", "long_tailed_colours", "image_transform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
         build_loaders,
         class_counts,
         class_weights,
+        image_transform,
         is_flat_folder,
     )
     from .decode import IMG_EXTENSIONS, BadImageError, decode_image
