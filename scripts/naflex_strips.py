@@ -11,10 +11,10 @@ whole, with `--budget` patches of `--patch` px at most:
 - square: the strip squashed to a square of the same budget (8 x 8 patches, 64 x 64 px), in train and val alike
   (the repository's evaluation crop would cut the ends, and the defects with them, away).
 Same model, optimizer, schedule, epochs and seeds; the table gives each arm's validation top-1 per seed, and the
-training throughput in valid tokens/s (model step alone, and whole epoch with loading), followed by an
-interleaved timing (vit.utils.timing) of one training step on a NaFlex batch against one on a fixed-size batch of
-as many tokens. `--model timm` trains timm's NaFlexVit (it takes both the batch dict and image tensors);
-`--model ours` our VisionTransformer, once it takes NaFlex batches.
+training throughput in valid tokens/s (the model's steps in CPU time of the one compute thread, and whole epochs
+with loading by the clock), followed by an interleaved timing (vit.utils.timing, CPU time) of one training step on
+a NaFlex batch against one on a fixed-size batch of as many tokens. `--model timm` trains timm's NaFlexVit (it
+takes both the batch dict and image tensors); `--model ours` our VisionTransformer, once it takes NaFlex batches.
 """
 
 from __future__ import annotations
@@ -130,12 +130,12 @@ def train_arm(arm: str, args, data: Path, seed: int) -> dict:
         for x, y in train:
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, len(train), args.lr, 1e-5)  # one epoch of warm-up, then cosine
-            t0 = time.perf_counter()
+            t0 = time.thread_time()  # one compute thread: CPU time, unmoved by the machine's other load
             loss = F.cross_entropy(model(x), y, label_smoothing=0.1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            step_s += time.perf_counter() - t0
+            step_s += time.thread_time() - t0
             n_tokens += tokens(x, args.patch)
             step += 1
         wall_s += time.perf_counter() - t_epoch
@@ -181,11 +181,12 @@ def step_speed(args, data: Path) -> dict:
             opt.step()
         return run
 
+    # one compute thread: its CPU time is the step's work, whatever else the machine runs meanwhile
     t = interleaved({"naflex": step(xn, yn), "fixed": step(xs, ys)}, warmup=3, repeats=15)
-    r = ratio_stats(t.wall["fixed"], t.wall["naflex"])  # > 1: the NaFlex step is faster per call
+    r = ratio_stats(t.cpu["naflex"], t.cpu["fixed"])  # fixed / NaFlex seconds per pair: > 1, NaFlex is faster
     tn, ts = tokens(xn, args.patch), tokens(xs, args.patch)
     return dict(naflex_tokens=tn, fixed_tokens=ts, images=len(ys),
-                naflex_tokens_per_s=tn / min(t.wall["naflex"]), fixed_tokens_per_s=ts / min(t.wall["fixed"]),
+                naflex_tokens_per_s=tn / min(t.cpu["naflex"]), fixed_tokens_per_s=ts / min(t.cpu["fixed"]),
                 tokens_per_s_ratio_median=r["median"] * tn / ts, ratio_spread=[r["min"] * tn / ts, r["max"] * tn / ts])
 
 
@@ -202,14 +203,15 @@ def main(argv=None) -> int:
             rows.append(train_arm(arm, args, data, seed))
             r = rows[-1]
             print(f"{arm:7s} seed {seed}: val top-1 {100 * r['val_acc1']:.1f}% ({r['n_val']} strips), "
-                  f"{r['tokens_per_s_step']:.0f} tokens/s (steps), {r['tokens_per_s_epoch']:.0f} tokens/s (epochs), "
+                  f"{r['tokens_per_s_step']:.0f} tokens/s (steps, CPU), "
+                  f"{r['tokens_per_s_epoch']:.0f} tokens/s (epochs, wall), "
                   f"padding {100 * r['padded_share']:.1f}%", flush=True)
     speed = step_speed(args, data)
     print(f"one training step, interleaved: NaFlex {speed['naflex_tokens_per_s']:.0f} tokens/s "
           f"({speed['naflex_tokens']} tokens), fixed {speed['fixed_tokens_per_s']:.0f} tokens/s "
           f"({speed['fixed_tokens']} tokens); NaFlex / fixed {speed['tokens_per_s_ratio_median']:.3f} "
           f"(spread {speed['ratio_spread'][0]:.3f}-{speed['ratio_spread'][1]:.3f})")
-    print("\n| arm | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean | tokens/s (steps) |")
+    print("\n| arm | " + " | ".join(f"seed {s}" for s in args.seeds) + " | mean | tokens/s (steps, CPU) |")
     print("| --- | " + " | ".join("---" for _ in args.seeds) + " | --- | --- |")
     for arm in ("naflex", "square"):
         mine = [r for r in rows if r["arm"] == arm]

@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from helpers import TINY, run_script
+from helpers import ROOT, TINY, run_script
 from PIL import Image
 from timm.data.naflex_dataset import NaFlexCollator
 from timm.data.naflex_transforms import get_image_size_for_seq, patchify_image
@@ -205,3 +205,23 @@ def test_train_naflex_and_evaluate_reads_it(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["n"] == 6 and metrics["loss"] == pytest.approx(meta["val_loss"], abs=1e-5)
+
+
+def test_wide_strip_defects_lie_near_the_ends_and_the_script_writes_the_folder(tmp_path):
+    """The defect is drawn after the texture, so the same generator state with and without it differs only in
+    the defect's pixels: all within the outer 12% (+ the crack's tilt and the pits' spread) of one end.
+    scripts/naflex_strips.py writes train/ and val/ with one folder per class."""
+    import importlib.util
+
+    for seed in range(20):
+        good = wide_strip(np.random.default_rng(seed), 192, 48)
+        for defect in ("crack", "pits"):
+            cols = np.flatnonzero((wide_strip(np.random.default_rng(seed), 192, 48, defect) != good).any(axis=(0, 2)))
+            assert len(cols) and (cols.max() < 0.12 * 192 + 14 or cols.min() > 0.88 * 192 - 15), (seed, defect)
+    spec = importlib.util.spec_from_file_location("naflex_strips", ROOT / "scripts" / "naflex_strips.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = script.make_strips(tmp_path / "data", {"train": 2, "val": 1})
+    sizes = {Image.open(p).size for p in data.glob("*/*/*.png")}
+    assert len(list(data.glob("train/*/*.png"))) == 6 and len(list(data.glob("val/*/*.png"))) == 3
+    assert all(h == 48 and 176 <= w <= 208 for w, h in sizes)
