@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywher
 CLASSES = ("good", "crack", "pits")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for the data and results.json")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -44,7 +44,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=32, help="images per batch at the full budget")
     p.add_argument("--model", choices=("timm", "ours"), default="timm")
     p.add_argument("--lr", type=float, default=2e-3)
-    return p.parse_args(argv)
+    return p
 
 
 def make_strips(root: Path, per_class: dict[str, int], seed: int = 0) -> Path:
@@ -191,7 +191,7 @@ def step_speed(args, data: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = build_parser().parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
