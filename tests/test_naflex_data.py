@@ -123,6 +123,12 @@ def test_budget_sampler_fits_budget_covers_every_image_once_and_resumes():
     skipped = acc.skip_first_batches(full, 4)
     skipped.set_epoch(1)
     assert list(skipped) == whole[4:]
+    # two processes (DDP): Accelerate deals whole batches in turn; together they hold every image, none over budget
+    from accelerate.data_loader import BatchSamplerShard
+
+    shards = [list(BatchSamplerShard(s, 2, rank)) for rank in (0, 1)]
+    assert len(shards[0]) == len(shards[1]) and {i for sh in shards for b in sh for i in b} == set(range(101))
+    assert all(len(b) * max(lengths[i] for i in b) <= 200 for sh in shards for b in sh)
 
 
 def test_sequence_lengths_from_sizes_without_decoding(tmp_path):
