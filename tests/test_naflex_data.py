@@ -146,6 +146,31 @@ def test_sequence_lengths_from_sizes_without_decoding(tmp_path):
     assert grid_for_budget(160, 40, 8, 64) == (w, h)
 
 
+def test_predict_files_reads_each_image_at_its_own_aspect_ratio(tmp_path):
+    """predict.py's reader with a NaFlex checkpoint's pipeline: each image gets the logits it gets alone (timm's
+    NaFlexVit as the model), an unreadable file costs one flagged row."""
+    import timm
+    from accelerate import Accelerator
+
+    from vit.eval.inference import ImageFiles, predict_files
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (w, h) in enumerate(((96, 24), (40, 40), (30, 70))):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(wide_strip(rng, w, h, "pits")).save(paths[-1])
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    paths.insert(1, tmp_path / "bad.png")
+    transform = build_naflex_transform(AugConfig(), 8, 16, train=False)
+    model = timm.create_model("naflexvit_base_patch16_gap", pretrained=False, patch_size=8, embed_dim=32, depth=2,
+                              num_heads=2, num_classes=3).eval()
+    out = predict_files(model, ImageFiles(paths, transform), 4, 0, Accelerator(cpu=True))
+    assert out["ok"].tolist() == [True, False, True, True]
+    with torch.no_grad():
+        alone = torch.cat([model(collate_naflex([(transform.load(p), 0)])[0]) for p in paths if p.stem != "bad"])
+    torch.testing.assert_close(out["logits"][out["ok"]], alone, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("naflex, extra, message", [
     ({"max_num_patches": 0}, {}, "config key 'data.naflex.max_num_patches' must be a positive integer"),
     ({"max_num_patches": 64, "tokens_per_batch": 32}, {}, "at least max_num_patches (64)"),
