@@ -28,10 +28,7 @@ from .base import DataError
 from .transforms import Pipeline, build_transform
 
 __all__ = ["grid_for_budget", "SequenceResize", "patchify", "unpatchify", "NaFlexTransform",
-           "build_naflex_transform", "collate_naflex", "image_size", "sequence_lengths", "BudgetBatchSampler",
-           "NAFLEX_KEYS"]
-
-NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
+           "build_naflex_transform", "collate_naflex", "image_size", "sequence_lengths", "BudgetBatchSampler"]
 
 
 MAX_SCALE, SCALE_TOL = 100.0, 1e-5  # timm's search range for the scale (upper end) and its tolerance
@@ -167,7 +164,7 @@ def image_size(path: str | Path) -> tuple[int, int] | None:
     try:
         with Image.open(path) as img:  # lazy: the header only
             (w, h), orientation = img.size, img.getexif().get(0x0112, 1)
-    except (OSError, ValueError, SyntaxError):
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
         return None
     return (w, h) if orientation in (5, 6, 7, 8) else (h, w)  # a quarter turn swaps the sides
 
