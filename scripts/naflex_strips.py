@@ -14,7 +14,8 @@ Same model, optimizer, schedule, epochs and seeds; the table gives each arm's va
 training throughput in valid tokens/s (the model's steps in CPU time of the one compute thread, and whole epochs
 with loading by the clock), followed by an interleaved timing (vit.utils.timing, CPU time) of one training step on
 a NaFlex batch against one on a fixed-size batch of as many tokens. `--model timm` trains timm's NaFlexVit (it
-takes both the batch dict and image tensors); `--model ours` our VisionTransformer, once it takes NaFlex batches.
+takes both the batch dict and image tensors); `--model ours` the same architecture as our VisionTransformer
+(create_model by timm's name, which takes NaFlex batches once the model side is in).
 """
 
 from __future__ import annotations
@@ -80,10 +81,10 @@ def build(kind: str, args, seed: int):
         return timm.create_model("naflexvit_base_patch16_gap", pretrained=False, patch_size=args.patch, embed_dim=64,
                                  depth=4, num_heads=2, pos_embed_grid_size=(side // args.patch,) * 2,
                                  num_classes=len(CLASSES))
-    from vit import create_model
+    from vit import create_model  # timm's architecture by its name, built as our VisionTransformer
 
-    return create_model("vit_tiny_patch16_224", patch_size=args.patch, img_size=side, embed_dim=64, depth=4,
-                        num_heads=2, global_pool="avg", class_token=False, num_classes=len(CLASSES))
+    return create_model("naflexvit_base_patch16_gap", patch_size=args.patch, img_size=side, embed_dim=64, depth=4,
+                        num_heads=2, num_classes=len(CLASSES))
 
 
 def loaders(arm: str, args, data: Path, seed: int):
