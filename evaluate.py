@@ -267,6 +267,10 @@ def plot_gallery(val_ds, cfg, classes, probs, labels, index, path: Path) -> bool
             x = val_ds[i][0]
         except (TypeError, NotImplementedError):  # an IterableDataset
             return False
+        if isinstance(x, dict):  # NaFlex patches: the picture at its own aspect ratio
+            from vit.data.naflex import unpatchify
+
+            x = unpatchify(x, cfg.model.patch_size)
         p, y = probs[j].max(0), int(labels[j])
         name = Path(val_ds.describe(i)).name
         images.append(to_display(x, cfg.aug.mean, cfg.aug.std))

@@ -208,7 +208,7 @@ from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.data.transforms import build_transform
+from vit.data.datasets import image_transform
 from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
 from vit.models.checkpoint import is_text_checkpoint
 from vit.utils.atomic import atomic_write_csv
@@ -307,7 +307,10 @@ def _predict(args, overrides) -> int:
     model, cfg, classes = load_model_and_config(args, overrides)
     classes = classes or label_names(model, model.num_classes)
     threshold = multilabel_threshold(args, cfg)
-    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    if args.cam and cfg.data.naflex is not None:
+        raise ConfigError("--cam draws attention on square inputs, and this checkpoint reads images at their own "
+                          "aspect ratio (data.naflex); leave --cam out.")
+    transform = image_transform(cfg, train=False)  # data.naflex: each image at its own aspect ratio, patchified
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
     batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size

@@ -13,6 +13,7 @@ from ..data import absolute_root, choose_channels, resolve_data_config
 from ..models.build import build_model, pretrained_cfg_of, resolve_name
 from ..models.clip_build import build_clip_model
 from ..models.text_build import build_text_model
+from ..models.vit_options import architecture_defaults
 from ..train.console import format_settings, processes
 from ..train.lora import add_lora, trainable_share
 from .runtime import apply_machine_defaults, single_process_note
@@ -67,6 +68,9 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     if not is_text(cfg) and not (is_contrastive(cfg) and cfg.contrastive.pretrained):
         cfg, channel_note = choose_channels(cfg)  # model.in_chans null: the data's
         cfg = resolve_data_config(cfg, pretrained_cfg_of(cfg.model))  # the pretrained weights' preprocessing
+    if cfg.data.naflex is not None and not cfg.model.patch_size:  # the data cuts images into the model's patches
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, patch_size=architecture_defaults(cfg.model.name)["patch_size"]))
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     cfg.data.labels_file = absolute_root(cfg.data.labels_file)

@@ -33,7 +33,7 @@ from .checks import (
 )
 from .errors import ConfigError, OptionError
 from .loader import StrictLoader, apply_overrides, dump, load_config, parse_overrides, read_yaml
-from .options import FLAT_SPARSE_KEYS, SparseOptions, nest_sparse_keys
+from .options import FLAT_SPARSE_KEYS, NaFlexOptions, SparseOptions, nest_sparse_keys
 from .schema import (
     DEFAULT_MODEL,
     INTERPOLATIONS,
@@ -49,9 +49,9 @@ from .schema import (
 )
 from .sources import SOURCE_KEYS, WITHHELD, check_data_sources, is_remote_source, withhold_remote_sources
 
-__all__ = ["ConfigError", "OptionError", "SparseOptions", "FLAT_SPARSE_KEYS", "nest_sparse_keys", "DEFAULT_MODEL",
-           "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig", "ContrastiveConfig",
-           "INTERPOLATIONS",
+__all__ = ["ConfigError", "OptionError", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS", "nest_sparse_keys",
+           "DEFAULT_MODEL", "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig",
+           "ContrastiveConfig", "INTERPOLATIONS",
            "MIN_CROP_PCT", "check_preprocessing", "from_dict", "to_dict", "validate", "diff", "check_dataset_keys",
            "check_model_args", "CHOICES", "POSITIVE", "NON_NEGATIVE", "AUTO", "TRACKERS", "UNIT", "ARG_POSITIVE",
            "ARG_NON_NEGATIVE", "ARG_UNIT", "DATASET_KEYS", "YAML11_BOOLS", "load_config", "read_yaml",

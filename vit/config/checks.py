@@ -235,6 +235,8 @@ def _validate_data_use(cfg: Config) -> None:
     if cfg.data.dataset == "text_csv" and not (cfg.data.root and isinstance(cfg.model.pretrained, str)):
         raise ConfigError("data.dataset=text_csv needs data.root (a CSV of text and labels) and model.pretrained (the "
                           "text model to fine-tune, e.g. hf-hub:google-bert/bert-base-uncased).")
+    if cfg.data.naflex is not None:
+        _validate_naflex(cfg)
     if cfg.data.dataset in ("wds", "hf") and not cfg.data.root:
         raise ConfigError(f"config key 'data.root' must name the {cfg.data.dataset} data to use (a shard folder "
                           "with _info.json, or a Hugging Face dataset saved on disk).")
@@ -280,6 +282,24 @@ def _validate_contrastive(cfg: Config) -> None:
     if c.template.count("{}") != 1:
         raise ConfigError(f"config key 'contrastive.template' must hold one {{}} where the class name goes (e.g. 'a "
                           f"photo of a {{}}.'), got {c.template!r:.80}.")
+
+NAFLEX_DATASETS = ("imagefolder", "digits", "cifar10", "cifar100", "synthetic")  # image sizes known before reading
+
+
+def _validate_naflex(cfg: Config) -> None:
+    """data.naflex batches images of many sizes by their patch counts, known before any image is decoded."""
+    d, a = cfg.data, cfg.aug
+    if d.dataset not in NAFLEX_DATASETS or d.labels_file:
+        raise ConfigError(f"config key 'data.naflex' needs every image's size before the epoch starts, which "
+                          f"data.dataset={d.dataset!r}" + (" with data.labels_file" if d.labels_file else "") +
+                          f" does not give; use one of {', '.join(NAFLEX_DATASETS)} (single-label), or remove "
+                          "data.naflex.")
+    if a.mixup or a.cutmix:
+        raise ConfigError("config keys 'aug.mixup' and 'aug.cutmix' mix images of one size, and data.naflex gives "
+                          "each image its own; set both to 0 or remove data.naflex.")
+    if d.sampler != "shuffle":
+        raise ConfigError(f"config key 'data.sampler' is {d.sampler!r}, and data.naflex batches by patch budget with "
+                          "its own shuffle; set data.sampler=shuffle (optim.class_weights=auto balances classes).")
 
 
 # data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset

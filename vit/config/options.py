@@ -70,6 +70,26 @@ class SparseOptions:
         raise ConfigError(f"sparse_attention must be a SparseOptions, its mapping or None (dense), got {value!r}.")
 
 
+@dataclass(frozen=True)
+class NaFlexOptions:
+    """Native aspect ratio (data.naflex, vit/data/naflex.py): every image resized whole to the largest patch grid
+    `max_num_patches` allows, fed as patches with coordinates and a padding mask, batched by a token budget."""
+
+    max_num_patches: int = 256  # patches per image at most (timm's max_seq_len; 256 = a 16 x 16 grid's worth)
+    # padded tokens per batch (images x the batch's longest sequence); null: data.batch_size x max_num_patches
+    tokens_per_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_num_patches) or self.max_num_patches < 1:
+            raise OptionError("NaFlexOptions", "max_num_patches",
+                              f"must be a positive integer, got {self.max_num_patches!r}.")
+        t = self.tokens_per_batch
+        if t is not None and (not _is_int(t) or t < self.max_num_patches):
+            raise OptionError("NaFlexOptions", "tokens_per_batch",
+                              f"must be a whole number of at least max_num_patches ({self.max_num_patches}), so "
+                              f"that the longest image fits a batch, got {t!r}.")
+
+
 # The flat keys of configs and config.json files saved before `SparseOptions` (model.sparse_attention: dsa,
 # model.sparse_block_size: 64, ...): {old key: (field, the value every dense config held)}. Read, never written.
 FLAT_SPARSE_KEYS = {"sparse_block_size": ("block_size", 128), "sparse_topk_blocks": ("topk_blocks", None),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import ConfigError
-from .options import SparseOptions
+from .options import NaFlexOptions, SparseOptions
 
 DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
 
@@ -93,6 +93,10 @@ class DataConfig:
     # shuffle: each image once per epoch; balanced: as many draws per epoch, each class equally likely (images
     # drawn with replacement, weight 1 / their class's count), seeded per (seed, epoch) so a resume is exact
     sampler: Literal["shuffle", "balanced"] = "shuffle"
+    # native aspect ratio (NaFlexOptions: {max_num_patches: 256, tokens_per_batch: null}): each image resized whole
+    # to its own patch grid, batches filled up to a token budget (vit/data/naflex.py); the model takes the batch
+    # dict. aug.random_resized_crop, scale, ratio and eval_crop_pct do not apply. null: square model.img_size inputs
+    naflex: NaFlexOptions | None = None
 
 
 INTERPOLATIONS = ("bilinear", "bicubic")

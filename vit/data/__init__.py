@@ -1,7 +1,7 @@
 """Data: image decoding (`decode`), the augmentation pipelines (`transforms`), the datasets and loaders of
 every `data.dataset` (`datasets`; tar shards in `shards` + `shard_loader`, Hugging Face datasets in
-`hf_datasets`, multi-label labels files in `multilabel`), the config completed from the data (`resolve`) and
-generated images (`synthetic`).
+`hf_datasets`, multi-label labels files in `multilabel`), images at their own aspect ratio batched by token
+budget (`naflex`), the config completed from the data (`resolve`) and generated images (`synthetic`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""
@@ -13,19 +13,23 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {  # public name -> the module of this package that defines it
     **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "build_datasets", "build_loaders",
-                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder"), "datasets"),
+                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder", "image_transform"),
+                  "datasets"),
     **dict.fromkeys(("absolute_root", "choose_channels", "data_channels", "resolve_data_config"), "resolve"),
     **dict.fromkeys(("MultiLabelDataset", "read_labels_file"), "multilabel"),
     **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
     **dict.fromkeys(("colour_coded", "photo_like", "SHAPES", "long_tailed_colours", "shapes_image"), "synthetic"),
     **dict.fromkeys(("Pipeline", "build_transform"), "transforms"),
+    **dict.fromkeys(("grid_for_budget", "patchify", "unpatchify", "build_naflex_transform", "collate_naflex",
+                     "BudgetBatchSampler"), "naflex"),
 }
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
            "resolve_data_config", "build_loaders", "absolute_root", "BadImageError", "decode_image", "photo_like",
            "colour_coded", "Pipeline", "build_transform", "build_eval_split", "choose_channels", "data_channels",
            "class_counts", "class_weights", "is_flat_folder", "MultiLabelDataset", "read_labels_file", "SHAPES",
-           "shapes_image", "long_tailed_colours"]
+           "shapes_image", "long_tailed_colours", "image_transform", "grid_for_budget", "patchify", "unpatchify",
+           "build_naflex_transform", "collate_naflex", "BudgetBatchSampler"]
 
 
 def __getattr__(name: str) -> Any:
@@ -51,10 +55,19 @@ if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
         build_loaders,
         class_counts,
         class_weights,
+        image_transform,
         is_flat_folder,
     )
     from .decode import IMG_EXTENSIONS, BadImageError, decode_image
     from .multilabel import MultiLabelDataset, read_labels_file
+    from .naflex import (
+        BudgetBatchSampler,
+        build_naflex_transform,
+        collate_naflex,
+        grid_for_budget,
+        patchify,
+        unpatchify,
+    )
     from .resolve import absolute_root, choose_channels, data_channels, resolve_data_config
     from .synthetic import SHAPES, colour_coded, long_tailed_colours, photo_like, shapes_image
     from .transforms import Pipeline, build_transform

@@ -32,7 +32,8 @@ from .synthetic import colour_coded
 from .transforms import build_transform
 
 __all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "build_loaders", "train_labels", "class_counts", "class_weights", "is_flat_folder", "build_eval_split"]
+           "build_loaders", "train_labels", "class_counts", "class_weights", "is_flat_folder", "build_eval_split",
+           "image_transform", "with_naflex_collate"]
 log = logging.getLogger(__name__)
 
 
@@ -236,7 +237,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     a dataset whose classes differ raises DataError before any image is read."""
     check_data_sources(cfg)  # a pipe: or URL source from a checkpoint's saved config: refused before anything opens
     size, seed = cfg.model.img_size, cfg.run.seed
-    t_train, t_val = build_transform(cfg.aug, size, True), build_transform(cfg.aug, size, False)
+    t_train, t_val = image_transform(cfg, True), image_transform(cfg, False)
     name = cfg.data.dataset
     if name == "wds":  # tar shards (vit/data/shard_loader.py)
         from .shard_loader import build_wds_datasets
@@ -292,7 +293,8 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
                         raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
                                         f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
                     _check_no_class_emptied(out[split], root if flat else root / ("train" if held_out else split))
-        return out.get("train"), out.get("val"), classes
+        out = out.get("train"), out.get("val"), classes
+        return with_naflex_collate(*out) if cfg.data.naflex is not None else out
     given = classes
     if name == "digits":
         tr, va, classes = _digits(cfg)
@@ -305,8 +307,31 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         remap = np.array([checked.index(c) for c in classes])
         tr, va = (tr[0], remap[np.asarray(tr[1])]), (va[0], remap[np.asarray(va[1])])
     classes = checked
-    return (ArrayDataset(tr[0], tr[1], classes, t_train, seed), ArrayDataset(va[0], va[1], classes, t_val, seed),
-            classes)
+    out = ArrayDataset(tr[0], tr[1], classes, t_train, seed), ArrayDataset(va[0], va[1], classes, t_val, seed), classes
+    return with_naflex_collate(*out) if cfg.data.naflex is not None else out
+
+
+def image_transform(cfg: Config, train: bool):
+    """The pipeline of one split: `build_transform` for square model.img_size inputs, or NaFlex's (each image at
+    its own aspect ratio, patchified; vit/data/naflex.py) with data.naflex, cut in model.patch_size patches."""
+    if cfg.data.naflex is None:
+        return build_transform(cfg.aug, cfg.model.img_size, train)
+    from .naflex import build_naflex_transform
+
+    if not cfg.model.patch_size:
+        raise DataError("data.naflex cuts images into the model's patches, and model.patch_size is not set; set it "
+                        "(train.py fills it from model.name).")
+    return build_naflex_transform(cfg.aug, cfg.model.patch_size, cfg.data.naflex.max_num_patches, train)
+
+
+def with_naflex_collate(train, val, classes):
+    """(train, val, classes) with NaFlex's padding collate on each dataset given (the loaders' collate_fn)."""
+    from .naflex import collate_naflex
+
+    for ds in (train, val):
+        if ds is not None:
+            ds.collate = collate_naflex
+    return train, val, classes
 
 
 def train_labels(ds: Dataset) -> list[int]:
@@ -348,7 +373,7 @@ def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
         train, val, classes = build_text_datasets(cfg, (split,), classes)
         ds = train if split == "train" else val
         return ds, classes, f"text_csv {cfg.data.root}, split {split} ({len(ds)} texts)"
-    t_val = build_transform(cfg.aug, cfg.model.img_size, False)
+    t_val = image_transform(cfg, False)
     name = cfg.data.dataset
     if folder is not None or (name == "imagefolder" and not cfg.data.labels_file and split not in ("train", "val")):
         d = Path(folder) if folder is not None else Path(cfg.data.root) / split
@@ -360,6 +385,8 @@ def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
             raise DataError(f"{d} has no class folders; put images in {d}/<class_name>/.")
         classes = check_classes(classes, found)
         ds = FolderDataset(d, classes, t_val, cfg.run.seed)
+        if cfg.data.naflex is not None:
+            with_naflex_collate(None, ds, classes)
         ds.check(cfg.data.on_bad_image)
         if not len(ds):
             raise DataError(f"no usable image in {d}" + (f" (first unreadable: {ds.bad[0]})" if ds.bad else "") +
@@ -399,12 +426,20 @@ def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=N
     if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
         counts = class_counts(train_ds)
         weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
-    # image-caption pairs: every process must hold as many pairs (their negatives are gathered), so no short batch
-    train = DataLoader(train_ds, batch_size=cfg.data.batch_size, drop_last=cfg.data.dataset == "captions",
-                       num_workers=workers,
-                       sampler=EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights),
+    order = EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights)
+    if cfg.data.naflex is not None:  # batches of as many images as the token budget holds (vit/data/naflex.py)
+        from .naflex import BudgetBatchSampler, sequence_lengths
+
+        nf = cfg.data.naflex
+        lengths = sequence_lengths(train_ds, cfg.model.patch_size, nf.max_num_patches)
+        batching = dict(batch_sampler=BudgetBatchSampler(
+            lengths, nf.tokens_per_batch or cfg.data.batch_size * nf.max_num_patches, order))
+    else:
+        # image-caption pairs: every process must hold as many pairs (their negatives are gathered): no short batch
+        batching = dict(batch_size=cfg.data.batch_size, drop_last=cfg.data.dataset == "captions", sampler=order)
+    train = DataLoader(train_ds, **batching, num_workers=workers,
                        pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed),
-                       collate_fn=getattr(train_ds, "collate", None))  # text: padded per batch (vit/data/text.py)
+                       collate_fn=getattr(train_ds, "collate", None))  # text, NaFlex: padded per batch
     val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
                      num_workers=workers, generator=torch.Generator().manual_seed(seed),
                      collate_fn=getattr(val_ds, "collate", None))

@@ -1,6 +1,7 @@
 """Every generated image: noise whose mean colour encodes its class (`data.dataset: synthetic`, learnable in a
 few steps, for smoke runs), noise with the statistics of photographs (benchmarks, export checks, tests), and
-textured parts with scratches, dents and stains for anomaly detection (`inspection_part`).
+textured parts with scratches, dents and stains for anomaly detection (`inspection_part`), and wide line-scan strips
+with small defects near their ends (`wide_strip`, for NaFlex against a square resize: scripts/naflex_strips.py).
 
 Natural photographs have an amplitude spectrum close to 1/f (Field, 1987, "Relations between the statistics of
 natural images and the response properties of cortical cells"); noise with that spectrum decodes, compresses
@@ -13,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["photo_like", "colour_coded", "SHAPES", "shapes_image", "long_tailed_colours", "DEFECTS", "PART_KINDS",
-           "inspection_part"]
+           "inspection_part", "STRIP_DEFECTS", "wide_strip"]
 
 SHAPES = ("disc", "square", "triangle", "bar")  # each drawn in its own colour, so position never decides
 _SHAPE_COLOURS = {"disc": (230, 40, 40), "square": (40, 200, 60), "triangle": (50, 80, 230), "bar": (230, 210, 40)}
@@ -135,3 +136,33 @@ def inspection_part(rng: np.random.Generator, size: int = 64, kind: str = "brush
         else:
             raise ValueError(f"unknown defect {defect!r}; choose from {', '.join(DEFECTS)}.")
     return np.clip(img, 0, 255).astype(np.uint8), mask
+
+
+STRIP_DEFECTS = ("crack", "pits")  # the defect classes of `wide_strip` (and "good": none)
+
+
+def wide_strip(rng: np.random.Generator, width: int = 192, height: int = 48, defect: str | None = None
+               ) -> np.ndarray:
+    """A line-scan strip as an RGB uint8 (height, width, 3) image: brushed steel streaked along the strip, and
+    `defect` within the outer 12% of one end, where a square centre crop cuts it away and a squash to a square
+    thins it: a crack (a dark line 1 px wide across 40-70% of the height, within 15 degrees of vertical) or pits
+    (three dark dots of radius 1.5 px in a short horizontal row). None: a good strip."""
+    yy, xx = np.mgrid[:height, :width].astype(np.float64)
+    phase = rng.uniform(0, 2 * np.pi, 2)
+    tex = 0.6 * np.sin(2 * np.pi * yy / rng.uniform(3, 6) + phase[0]) + 0.4 * np.sin(2 * np.pi * yy / 7 + phase[1])
+    grey = rng.uniform(110, 150) + 16 * tex + 10 * rng.normal(size=(height, 1)) + rng.normal(0, 5, (height, width))
+    img = np.repeat(grey[..., None], 3, axis=2) * np.array([1.0, 1.0, 1.05])
+    if defect is not None:
+        end = rng.uniform(0.02, 0.12) * width
+        cx, cy = (end if rng.random() < 0.5 else width - 1 - end), rng.uniform(0.3, 0.7) * height
+        if defect == "crack":
+            tilt, half = np.tan(np.radians(rng.uniform(-15, 15))), rng.uniform(0.2, 0.35) * height
+            mask = (np.abs(xx - cx - tilt * (yy - cy)) <= 0.5) & (np.abs(yy - cy) <= half)
+        elif defect == "pits":
+            mask = np.zeros((height, width), bool)
+            for k in (-1, 0, 1):
+                mask |= (xx - cx - 5 * k) ** 2 + (yy - cy) ** 2 <= 1.5 ** 2
+        else:
+            raise ValueError(f"unknown strip defect {defect!r}; choose from {', '.join(STRIP_DEFECTS)}.")
+        img[mask] = rng.uniform(20, 50)
+    return np.clip(img, 0, 255).astype(np.uint8)

@@ -291,18 +291,18 @@ class Pipeline:
         return torch.from_numpy(dst)
 
 
-def build_transform(aug: AugConfig, img_size: int, train: bool) -> Pipeline:
+def build_transform(aug: AugConfig, img_size: int, train: bool, geometry=None) -> Pipeline:
     """The pipeline for one split; input RGB uint8 (H, W, 3), output float tensor (C, S, S) with one channel
-    per value of aug.mean (3 for RGB, 1 for a grey model: model.in_chans=1)."""
+    per value of aug.mean (3 for RGB, 1 for a grey model: model.in_chans=1). `geometry`: a first step in place of
+    the crop and resize (box, need, __call__ as `_Geometry`; NaFlex's whole-image resize, vit/data/naflex.py)."""
     aug = aug.resolved()  # preprocessing left unset: the fallbacks (train.py resolves it from the weights first)
     interp = cv2.INTER_CUBIC if aug.interpolation == "bicubic" else cv2.INTER_LINEAR
     if not train:
         resize = int(round(img_size / aug.eval_crop_pct))
-        return Pipeline(_ResizeCenterCrop(img_size, resize, interp), [], aug.mean, aug.std)
-    if aug.random_resized_crop:
-        geometry: _Geometry = _RandomResizedCrop(img_size, aug.scale, aug.ratio, interp)
-    else:
-        geometry = _Geometry(img_size, interp)
+        return Pipeline(geometry or _ResizeCenterCrop(img_size, resize, interp), [], aug.mean, aug.std)
+    if geometry is None:
+        geometry = _RandomResizedCrop(img_size, aug.scale, aug.ratio, interp) if aug.random_resized_crop \
+            else _Geometry(img_size, interp)
     import albumentations as A  # training only: evaluate, predict and export never pay its ~1 s import
 
     steps: list = []

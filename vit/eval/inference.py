@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..config import ConfigError, apply_overrides, from_dict, to_dict
 from ..data.decode import BadImageError
+from ..data.naflex import NaFlexTransform, collate_naflex, patchify
 from ..data.resolve import resolve_data_config
 from ..data.transforms import Pipeline
 from ..hub.weights import load_pretrained, read_state_dict
@@ -29,18 +30,22 @@ class ImageFiles(Dataset):
     """Yields (image (C, S, S), readable 1/0, index). An unreadable file gives a zero image and 0, so a bad
     file costs one row of a batch, never the run; `decode_error` tells why, afterwards."""
 
-    def __init__(self, paths: list[Path], transform: Pipeline, in_chans: int = 3) -> None:
+    def __init__(self, paths: list[Path], transform: Pipeline | NaFlexTransform, in_chans: int = 3) -> None:
         self.paths, self.transform = list(paths), transform
-        self.shape = (in_chans, transform.geometry.size, transform.geometry.size)
+        self.naflex = isinstance(transform, NaFlexTransform)  # a dict of patches per image (vit/data/naflex.py)
+        self.collate = collate_naflex if self.naflex else None  # NaFlex batches are padded to their longest image
+        size = transform.patch_size if self.naflex else transform.geometry.size
+        self.shape = (in_chans, size, size)
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+    def __getitem__(self, i: int) -> tuple[torch.Tensor | dict, int, int]:
         try:  # a JPEG is decoded at the smallest scale the evaluation resize allows, as in evaluate.py
             return self.transform.load(self.paths[i]), 1, i
         except (BadImageError, ValueError):  # ValueError: e.g. a channel count the normalization cannot take
-            return torch.zeros(self.shape), 0, i
+            blank = torch.zeros(self.shape)  # NaFlex: one zero patch
+            return (patchify(blank, self.shape[1]) if self.naflex else blank), 0, i
 
 
 def decode_error(path: Path, transform: Pipeline) -> str:
@@ -56,7 +61,8 @@ def predict_files(model, dataset: ImageFiles, batch_size: int, num_workers: int,
     """Logits (N, C), ok (N,) bool and index (N,) of every file, gathered on every process, in input order.
     The model and loader go through `accelerator.prepare`, and `vit.eval.metrics.predict` gathers with
     `gather_for_metrics` (which drops the samples repeated to even out the last batch): one row per file."""
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
+                        collate_fn=getattr(dataset, "collate", None))
     model, loader = accelerator.prepare(model, loader)
     out = predict(model, loader, accelerator)  # its "labels" slot carries our readable flag
     return {"logits": out["logits"], "ok": out["labels"].bool(), "index": out["index"]}

@@ -120,6 +120,12 @@ def describe_data(cfg, train_ds, val_ds, classes: list[str]) -> str:
     """The data line: dataset, images per split, classes; then the unreadable images skipped, five named."""
     what = "texts" if cfg.data.dataset == "text_csv" else "images"
     line = f"data: {cfg.data.dataset}, {len(train_ds)} train / {len(val_ds)} val {what}, {len(classes)} classes"
+    nf = cfg.data.naflex
+    if nf is not None:  # the crop options are not used: say so once
+        line += (f"; NaFlex: each image whole at its own aspect ratio, at most {nf.max_num_patches} patches of "
+                 f"{cfg.model.patch_size} px, batches of at most "
+                 f"{nf.tokens_per_batch or cfg.data.batch_size * nf.max_num_patches} tokens (aug.random_resized_crop "
+                 "does not apply)")
     for split, ds in (("train", train_ds), ("val", val_ds)):
         if getattr(ds, "bad", None):
             line += (f"\nskipped {len(ds.bad)} unreadable {split} image(s) (data.on_bad_image=skip): "

@@ -38,8 +38,8 @@ from .runfolder import check_run_weights, kept_note, save_run_state
 from .state import state_dir_name
 from .tracking import log_row, log_step
 
-__all__ = ["TrainState", "Run", "mix_batch", "train_one_epoch", "evaluate_and_checkpoint", "state_save_due",
-           "save_state_if_due", "stop_if_preempted", "finished"]
+__all__ = ["TrainState", "Run", "mix_batch", "batch_images", "train_one_epoch", "evaluate_and_checkpoint",
+           "state_save_due", "save_state_if_due", "stop_if_preempted", "finished"]
 
 
 @dataclass
@@ -165,6 +165,11 @@ def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoo
     return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
 
 
+def batch_images(x) -> int:
+    """Images in a batch: a tensor's first dimension, or the rows of a NaFlex batch dict (vit/data/naflex.py)."""
+    return len(x["patch_valid"]) if isinstance(x, dict) else x.shape[0]
+
+
 def _task_loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     if run.cfg.data.dataset == "captions":  # y: the captions' ids (B, L); vit/train/clip_run.py
         return contrastive_step_loss(run, x, y)
@@ -265,7 +270,7 @@ def train_one_epoch(run: Run) -> EpochStats:
                     state.skipped += 1
                 step_losses, step_n = torch.zeros((), device=acc.device), 0
         state.batch_in_epoch += 1
-        seen += x.shape[0] * acc.num_processes
+        seen += batch_images(x) * acc.num_processes
         if acc.sync_gradients:
             state.step += 1
             fault_point("step", state.step)
