@@ -2,6 +2,7 @@
 budget, the patches, coordinates and mask of an image, the padded batch; the token-budget sampler's guarantees;
 data.naflex's config sentences; and a tiny train.py run whose checkpoint evaluate.py reads."""
 
+import dataclasses
 import random
 
 import numpy as np
@@ -185,29 +186,22 @@ def test_bad_naflex_config_is_one_sentence(naflex, extra, message):
     assert message in str(e.value) and str(e.value).count(". ") == 0
 
 
-# Until VisionTransformer takes NaFlex batches itself, train.py and evaluate.py run with a forward that feeds each
-# image of the batch alone, at its own grid (dynamic_img_size): the same numbers a NaFlex forward must give.
-PER_IMAGE_FORWARD = """
-import runpy, sys, torch
-from vit.models.vision_transformer import VisionTransformer
-from vit.data.naflex import unpatchify
-plain = VisionTransformer.forward
-def forward(self, x, *a, **k):
-    try:
-        return plain(self, x, *a, **k)
-    except Exception:
-        if not isinstance(x, dict):
-            raise
-    dynamic, self.dynamic_img_size = self.dynamic_img_size, True
-    try:
-        return torch.cat([plain(self, unpatchify({n: v[i] for n, v in x.items()}, self.patch_embed.patch_size[0])[None])
-                          for i in range(len(x["patch_valid"]))])
-    finally:
-        self.dynamic_img_size = dynamic
-VisionTransformer.forward = forward
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
+def test_data_naflex_builds_a_naflex_model_and_refuses_square_pretrained_weights():
+    """A square architecture named with data.naflex gets NaFlex embeddings (it reads patch batches); its square
+    pretrained weights would not fit them, which is one sentence, before any download."""
+    from vit.models.build import build_model
+
+    cfg = from_dict({"model": {"name": "vit_tiny_patch16_224", "img_size": 32, "patch_size": 8, "depth": 1},
+                     "data": {"naflex": {"max_num_patches": 16}}})
+    model = build_model(cfg, 3)
+    batch = {"patches": torch.randn(2, 16, 8 * 8 * 3), "patch_coord": torch.stack(torch.meshgrid(
+        torch.arange(4), torch.arange(4), indexing="ij"), -1).reshape(1, 16, 2).expand(2, -1, -1),
+        "patch_valid": torch.ones(2, 16, dtype=torch.bool)}
+    assert model.embeds is not None and model(batch).shape == (2, 3)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=True))
+    with pytest.raises(ConfigError, match=r"^data\.naflex feeds patches of every aspect ratio, and "
+                                          r"vit_tiny_patch16_224 is a square ViT"):
+        build_model(cfg, 3, pretrained=True)
 
 
 @pytest.mark.slow
@@ -227,11 +221,11 @@ def test_train_naflex_and_evaluate_reads_it(tmp_path):
     args = ["--data.dataset=imagefolder", f"--data.root={tmp_path / 'data'}", f"--run.output_dir={tmp_path}",
             "--run.name=nf", "--run.epochs=2", *TINY, "--data.batch_size=4", "--model.patch_size=8",
             "--data.naflex={max_num_patches: 16}"]
-    r = run_script("-c", PER_IMAGE_FORWARD, "train.py", *args)
+    r = run_script("train.py", *args)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "NaFlex: each image whole" in r.stdout and "at most 16 patches of 8 px" in r.stdout
     meta = json.loads((tmp_path / "nf" / "best" / "meta.json").read_text())
-    r = run_script("-c", PER_IMAGE_FORWARD, "evaluate.py", "--checkpoint", str(tmp_path / "nf" / "best"),
+    r = run_script("evaluate.py", "--checkpoint", str(tmp_path / "nf" / "best"),
                    "--out", str(tmp_path / "eval"))
     assert r.returncode == 0, r.stderr[-3000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())

@@ -219,6 +219,15 @@ def build_model(cfg: Config, num_classes: int, pretrained: bool = False,
     setters = {k: overrides.pop(k) for k in list(overrides) if _is_setter(k)}
     name, base = (saved["architecture"], nest_sparse_keys(saved.get("model_args", {}))) if saved \
         else (m.name or DEFAULT_MODEL, {})
+    naflex_data = getattr(cfg.data, "naflex", None) is not None
+    if naflex_data and "naflex" not in {**VARIANTS.get(name.split(".")[0], {}), **base, **overrides}:
+        # data.naflex feeds patch batches: the model takes them through NaFlex embeddings (vit.layers.naflex), whose
+        # weights are named apart from a square ViT's, so square pretrained weights do not fit them
+        if pretrained and m.pretrained:
+            raise ConfigError(f"data.naflex feeds patches of every aspect ratio, and {name} is a square ViT whose "
+                              "pretrained weights fit only square images; name a naflexvit_* model (timm's NaFlex "
+                              "weights) or train from scratch (model.pretrained=null).")
+        overrides["naflex"] = {}
     model = create_model(name, pretrained=m.pretrained if pretrained else None, **{**base, **overrides})
     for key, value in setters.items():  # e.g. model.set_grad_checkpointing(True)
         getattr(model, f"set_{key}")(value)
