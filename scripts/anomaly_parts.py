@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SIZE, PATCH = 64, 8
+SIZE, PATCH = 128, 8
 BACKBONE = [f"--model.img_size={SIZE}", f"--model.patch_size={PATCH}", "--model.embed_dim=64", "--model.depth=4",
-            "--model.num_heads=4", "--model.mlp_ratio=2", "--data.batch_size=32", "--run.epochs=6",
+            "--model.num_heads=4", "--model.mlp_ratio=2", "--data.batch_size=32", "--run.epochs=10",
             "--optim.lr=2e-3", "--optim.warmup_epochs=1", "--aug.random_resized_crop=false", "--aug.hflip=0.5",
-            "--data.num_workers=0", "--run.eval_every=6"]
+            "--data.num_workers=0", "--run.eval_every=10"]
 
 
 def write_parts(folder: Path, seed: int, counts: dict[str, int], defects: bool) -> None:

@@ -144,3 +144,92 @@ def test_script_fits_scores_and_maps(tiny_run, tmp_path):
     bad = run_script("anomaly.py", "score", "--checkpoint", str(run / "best"), str(tmp_path / "test"), "--out",
                      str(out))
     assert bad.returncode == 2 and "build them with anomaly.py fit" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def anomaly_checkpoint(tmp_path_factory):
+    """An untrained 32-px, patch-8 model (4x4 grid) saved as a checkpoint with a bank of generated good weave
+    parts and a threshold; folders of good and stained test parts."""
+    from PIL import Image
+
+    from vit.config import load_config
+    from vit.data.transforms import build_transform
+    from vit.eval.anomaly import fit_patchcore
+    from vit.eval.inference import ImageFiles
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    tmp = tmp_path_factory.mktemp("anomaly")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs/default.yaml",
+                      ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
+                       "--model.num_heads=2", "--model.mlp_ratio=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 4).eval()
+    save_checkpoint(tmp / "ck", model, cfg, list(PART_KINDS))
+    rng = np.random.default_rng(0)
+    for split, names in (("train", {"good": 6}), ("test", {"good": 2, "stain": 2, "scratch": 2})):
+        for name, n in names.items():
+            (tmp / split / name).mkdir(parents=True)
+            for i in range(n):
+                img, _ = inspection_part(rng, 32, "weave", None if name == "good" else name)
+                Image.fromarray(img).save(tmp / split / name / f"{i}.png")
+    (tmp / "test" / "good" / "broken.png").write_bytes(b"\x89PNG not an image")
+    transform = build_transform(cfg.aug, 32, train=False)
+    paths = sorted((tmp / "train" / "good").glob("*.png"))
+    pc = fit_patchcore(model, ImageFiles(paths, transform), ratio=0.5)
+    test = sorted((tmp / "test").rglob("[0-9].png"))
+    pc.threshold = float(pc.score(model, torch.stack([transform.load(p) for p in test]))[0].median())
+    save_patchcore(tmp / "ck" / "anomaly", pc)
+    return tmp, model, pc, transform
+
+
+@pytest.mark.slow
+def test_predict_rows_carry_the_score_and_verdict_and_draw_the_map(anomaly_checkpoint, tmp_path):
+    import csv
+
+    from helpers import import_script
+
+    tmp, model, pc, transform = anomaly_checkpoint
+    out = tmp_path / "preds"
+    assert import_script("predict").main(["--checkpoint", str(tmp / "ck"), str(tmp / "test"), "--out", str(out),
+                                          "--cam", "--topk", "2"]) == 0
+    rows = list(csv.DictReader((out / "predictions.csv").open()))
+    assert len(rows) == 6 and not any(r["path"].endswith("broken.png") for r in rows)
+    want, _ = pc.score(model, torch.stack([transform.load(r["path"]) for r in rows]))
+    np.testing.assert_allclose([float(r["anomaly_score"]) for r in rows], want.numpy(), atol=2e-6)
+    assert [r["verdict"] for r in rows] == ["defect" if s >= pc.threshold else "good" for s in want.tolist()]
+    assert {r["verdict"] for r in rows} == {"defect", "good"}  # the threshold splits them: a real comparison
+    assert all(Path(r["anomaly_map"]).is_file() and Path(r["cam"]).is_file() for r in rows)
+
+
+@pytest.mark.slow
+def test_onnx_predictor_reads_the_bank_as_an_array_and_scores_as_torch(anomaly_checkpoint, tmp_path):
+    """export.py writes anomaly/ (features.onnx, bank.npy, patchcore.json) beside model.onnx; predict.py --onnx,
+    run where torch cannot be imported, gives the torch path's scores within 1e-4 and the same verdicts."""
+    import csv
+    import json
+
+    from helpers import ROOT, import_script, run_script
+    from test_onnx_predict import NO_TORCH
+
+    tmp, model, pc, transform = anomaly_checkpoint
+    exp = tmp_path / "exp"
+    assert import_script("export").main(["--checkpoint", str(tmp / "ck"), "--out", str(exp),
+                                         "--images", str(tmp / "test")]) == 0
+    check = json.loads((exp / "verification.json").read_text())["results"]["anomaly"]
+    assert check["max_abs_score_diff"] <= 1e-4 and check["images"] > 0
+    bank = np.load(exp / "anomaly" / "bank.npy", allow_pickle=False)
+    assert np.array_equal(bank, pc.bank.numpy())
+    ours = tmp_path / "torch"
+    assert import_script("predict").main(["--checkpoint", str(tmp / "ck"), str(tmp / "test"), "--out", str(ours)]) == 0
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(NO_TORCH)
+    r = run_script("predict.py", "--onnx", str(exp / "model.onnx"), str(tmp / "test"), "--out", str(tmp_path / "onnx"),
+                   env={"PYTHONPATH": f"{shim}:{ROOT}"})
+    assert r.returncode == 0, r.stderr
+    a = list(csv.DictReader((ours / "predictions.csv").open()))
+    b = list(csv.DictReader((tmp_path / "onnx" / "predictions.csv").open()))
+    assert [x["path"] for x in a] == [x["path"] for x in b] and len(a) == 6
+    diff = max(abs(float(x["anomaly_score"]) - float(y["anomaly_score"])) for x, y in zip(a, b))
+    assert diff <= 1e-4 and [x["verdict"] for x in a] == [x["verdict"] for x in b]
