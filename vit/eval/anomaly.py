@@ -118,7 +118,10 @@ class PatchCore:
         """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w))."""
         device = next(model.parameters()).device  # the model may sit on an accelerator; results come back on CPU
         feats = patch_features(model, x.to(device), self.layers, self.neighbourhood)  # (B, h*w, F)
-        B, P, _ = feats.shape
+        B, P, F_ = feats.shape
+        if F_ != self.bank.shape[1]:
+            raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this model "
+                             f"give {F_}; the bank was built with another model: run anomaly.py fit with this one.")
         patch = nearest_distance(feats.reshape(B * P, -1), self.bank.to(device)).reshape(B, P).cpu()
         h, w = model.grid_size(tuple(x.shape[-2:]))
         return patch.amax(dim=1), patch.reshape(B, h, w)

@@ -1,5 +1,6 @@
 """A local demo page: drop an image, see the model's top-5 (top-K for K < 5 classes) and where it looked
-(attention rollout).
+(attention rollout); for an anomaly checkpoint (anomaly.py fit wrote <checkpoint>/anomaly/) also its anomaly
+score, verdict and heat map (PatchCore's patch distances, `vit.eval.anomaly`), drawn as the rollout overlay is.
 
 One HTML page of our own (no JavaScript library, no Gradio) served by the standard library's http.server:
 the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
@@ -31,6 +32,7 @@ from PIL import Image
 
 from ..data.decode import BadImageError
 from ..data.transforms import build_transform
+from ..eval.anomaly import find_patchcore
 from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
@@ -50,6 +52,7 @@ class Demo:
         self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
+        self.patchcore = find_patchcore(self.folder)  # None: a plain classifier
         self.lock = threading.Lock()
 
     def predict(self, data: bytes, name: str = "the upload") -> dict:
@@ -59,17 +62,21 @@ class Demo:
             x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
             maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
             probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
+            if self.patchcore is not None:
+                score, heat = self.patchcore.score(self.model, x[None])  # (1,), (1, h, w)
         p, i = probs.topk(self.top)
         seen = to_display(x, self.cfg.aug.mean, self.cfg.aug.std)  # what the model saw, (S, S, 3) in [0, 1]
         scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
         if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
             seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
         over = overlay_image(seen, maps[0].numpy())
-        buf = io.BytesIO()
-        Image.fromarray(over).save(buf, format="PNG")
-        return dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
-                    overlay="data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(),
-                    size=[over.shape[1], over.shape[0]])
+        answer = dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
+                      overlay=_png_url(over), size=[over.shape[1], over.shape[0]])
+        if self.patchcore is not None:  # verdict as predict.py's: defect at or above the saved threshold
+            s, t = float(score[0]), self.patchcore.threshold
+            answer["anomaly"] = dict(score=s, threshold=t, verdict="" if t is None else "defect" if s >= t else "good",
+                                     overlay=_png_url(overlay_image(seen, heat[0].numpy())))
+        return answer
 
     def title(self) -> str:
         """The checkpoint's folder (run/best) and the architecture the weights have, read from the model: the
@@ -157,6 +164,12 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+def _png_url(pixels) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -182,6 +195,7 @@ PAGE = """<!doctype html>
 <div class="row">
  <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
  <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
+ <figure id="anomaly-fig" hidden><img id="anomaly" alt="anomaly map"><figcaption id="verdict"></figcaption></figure>
  <div id="result"><b>top-{{TOP}}</b><ol id="top5"></ol></div>
 </div>
 <script>
@@ -203,6 +217,13 @@ async function classify(file) {
     li.append(label, " ", prob, bar); list.append(li);
   }
   document.getElementById("overlay").src = answer.overlay;
+  const a = answer.anomaly, fig = document.getElementById("anomaly-fig");
+  fig.hidden = !a;
+  if (a) {
+    document.getElementById("anomaly").src = a.overlay;
+    document.getElementById("verdict").textContent = "anomaly score " + a.score.toFixed(3) +
+      (a.verdict ? ": " + a.verdict + " (threshold " + a.threshold.toFixed(3) + ")" : "");
+  }
   status.textContent = "";
 }
 document.getElementById("file").addEventListener("change", e => e.target.files[0] && classify(e.target.files[0]));
