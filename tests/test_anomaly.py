@@ -233,3 +233,58 @@ def test_onnx_predictor_reads_the_bank_as_an_array_and_scores_as_torch(anomaly_c
     assert [x["path"] for x in a] == [x["path"] for x in b] and len(a) == 6
     diff = max(abs(float(x["anomaly_score"]) - float(y["anomaly_score"])) for x, y in zip(a, b))
     assert diff <= 1e-4 and [x["verdict"] for x in a] == [x["verdict"] for x in b]
+
+
+class _Images:
+    """n random images as ImageFiles gives them: (x, readable, index)."""
+
+    def __init__(self, n: int, size: int = 32) -> None:
+        self.x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(n))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], 1, i
+
+
+def test_bank_building_and_scoring_are_linear_in_images(monkeypatch):
+    """Counted, not timed: each image goes through the model once; the features kept, the coreset's distance
+    evaluations under a fixed max_bank, and the scoring's query-bank distances double when the images do."""
+    import vit.eval.anomaly as anomaly
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=2,
+                         num_classes=2).eval()
+    counts = {"images": 0, "coreset": 0, "pairs": 0}
+    forward = model.forward_intermediates
+    greedy, nearest = anomaly.k_center_greedy, anomaly.nearest_distance
+
+    def counted_forward(x, **kw):
+        counts["images"] += len(x)
+        return forward(x, **kw)
+
+    def counted_greedy(z, n, start=0):
+        counts["coreset"] += len(z) * n  # each of the n steps measures every row once
+        return greedy(z, n, start)
+
+    def counted_nearest(q, bank, chunk=2048):
+        counts["pairs"] += len(q) * len(bank)
+        return nearest(q, bank, chunk)
+
+    monkeypatch.setattr(model, "forward_intermediates", counted_forward)
+    monkeypatch.setattr(anomaly, "k_center_greedy", counted_greedy)
+    monkeypatch.setattr(anomaly, "nearest_distance", counted_nearest)
+    seen = []
+    for n in (6, 12):
+        counts.update(images=0, coreset=0, pairs=0)
+        pc = anomaly.fit_patchcore(model, _Images(n), ratio=0.5, batch_size=4, max_bank=20)
+        fit = dict(counts)
+        counts.update(images=0, coreset=0, pairs=0)
+        scores, maps, ok = pc.score_files(model, _Images(n), batch_size=4)
+        seen.append((fit, dict(counts), len(pc.bank), maps.shape))
+    (fit6, score6, bank6, maps6), (fit12, score12, bank12, maps12) = seen
+    assert bank6 == bank12 == 20 and fit6["images"] == 6 and fit12["images"] == 12  # 16 patches each
+    assert fit12["coreset"] == 2 * fit6["coreset"] == 2 * 6 * 16 * 20
+    assert score12["images"] == 12 and score12["pairs"] == 2 * score6["pairs"] == 2 * 6 * 16 * 20
+    assert maps6 == (6, 4, 4) and maps12 == (12, 4, 4)

@@ -2,10 +2,10 @@
 Anomaly Detection") on a ViT's intermediate patch tokens.
 
 1. Patch features (sec. 3.1): the tokens of a few middle blocks (`forward_intermediates`, (B, D, h, w) each),
-   each averaged over its 3x3 neighbourhood (local context, eq. 2), concatenated along channels: one
-   (len(layers) * D)-vector per patch. The neighbourhood is an option: on a coarse grid (8x8 patches of a 64 px
-   image) 3x3 covers a third of the image and dilutes a one-patch defect ninefold (docs/few-labels.md measures
-   it); PatchCore's own grid is 28x28, where 3x3 is 1% of the image.
+   each averaged over its 3x3 neighbourhood (local context, eq. 2; zeros outside the grid, as PatchCore's and
+   anomalib's AvgPool2d(3, 1, 1)), concatenated along channels: one (len(layers) * D)-vector per patch. The grid
+   matters: on 8x8 patches (a 64 px image) 3x3 covers a seventh of the image and dilutes a one-patch defect
+   ninefold; PatchCore's grid is 28x28, and a 16x16 grid already works (docs/few-labels.md measures both).
 2. Memory bank (sec. 3.2): the patch features of the good training images, subsampled by greedy k-center
    coreset selection on a random projection (Johnson-Lindenstrauss) of them: start at a random patch, then add the
    patch farthest from everything chosen, until the bank has `ratio` of them (Alg. 1).
@@ -120,8 +120,8 @@ class PatchCore:
         feats = patch_features(model, x.to(device), self.layers, self.neighbourhood)  # (B, h*w, F)
         B, P, F_ = feats.shape
         if F_ != self.bank.shape[1]:
-            raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this model "
-                             f"give {F_}; the bank was built with another model: run anomaly.py fit with this one.")
+            raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this "
+                             f"model give {F_}; it was built with another model: run anomaly.py fit with this one.")
         patch = nearest_distance(feats.reshape(B * P, -1), self.bank.to(device)).reshape(B, P).cpu()
         h, w = model.grid_size(tuple(x.shape[-2:]))
         return patch.amax(dim=1), patch.reshape(B, h, w)
