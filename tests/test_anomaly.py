@@ -48,12 +48,13 @@ def test_coreset_is_k_center_on_the_projection():
 
 
 def _aggregate64(m: np.ndarray) -> np.ndarray:
-    """(B, D, h, w) -> each position's mean over its existing 3x3 neighbours, by loops in float64."""
+    """(B, D, h, w) -> each position's 3x3 neighbours summed and divided by 9 (PatchCore's zero padding: an edge
+    patch's missing neighbours count as zeros), by loops in float64."""
     B, D, h, w = m.shape
     out = np.zeros_like(m, dtype=np.float64)
     for i in range(h):
         for j in range(w):
-            out[:, :, i, j] = m[:, :, max(0, i - 1):i + 2, max(0, j - 1):j + 2].mean(axis=(2, 3))
+            out[:, :, i, j] = m[:, :, max(0, i - 1):i + 2, max(0, j - 1):j + 2].sum(axis=(2, 3)) / 9
     return out
 
 
