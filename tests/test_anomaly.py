@@ -76,6 +76,23 @@ def test_scores_equal_a_float64_recomputation():
     assert dist[0].min() > 1e-3 and (dist[1:] < 1e-3).sum() == len(bank)  # image 0 is new; banked patches found
 
 
+def test_the_torch_free_nearest_distance_equals_float64_and_torch():
+    """vit/deploy/onnx_anomaly.py's NumPy distance (the |q|^2 + |m|^2 - 2 q.m expansion in float64) against
+    differences in float64 and against the torch path's, including queries that sit on a bank row."""
+    from vit.deploy.onnx_anomaly import nearest_distance as numpy_nearest
+    from vit.eval.anomaly import nearest_distance
+
+    rng = np.random.default_rng(0)
+    bank = (rng.normal(size=(300, 24)) * 4 + 20).astype(np.float32)  # far from 0: cancellation would show
+    q = np.concatenate([rng.normal(size=(50, 24)) * 4 + 20, bank[:5]]).astype(np.float32)
+    want = np.sqrt(((q[:, None].astype(np.float64) - bank[None]) ** 2).sum(-1)).min(1)
+    got = numpy_nearest(q, bank, chunk=16)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(nearest_distance(torch.from_numpy(q), torch.from_numpy(bank)).numpy(), want,
+                               rtol=1e-5, atol=1e-5)
+    assert (got[-5:] < 1e-5).all() and got[:50].min() > 1
+
+
 def test_auroc_equals_sklearn_with_ties():
     from sklearn.metrics import roc_auc_score
 
