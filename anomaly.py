@@ -10,6 +10,9 @@ patchcore.json (the blocks read, the threshold: the highest score of the good --
 the threshold), with --maps maps/<index>_<name>.png (the patch scores over the image), and, where the images sit
 in folders and some folder is named good (parts/test/good/, parts/test/scratch/, ...), metrics.json with the
 image-level AUROC of good against the rest. Any model evaluate.py takes serves as the backbone.
+
+With the bank in <checkpoint>/anomaly/, predict.py adds the score and verdict to its rows (and with --cam the heat
+map), demo.py shows them, and export.py writes anomaly/ beside model.onnx for predict.py --onnx (docs/few-labels.md).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fit: other good images that set the threshold (default: none; then score gives no verdict)")
     ap.add_argument("--bank", default=None, help="the bank folder (default: <checkpoint>/anomaly)")
     ap.add_argument("--ratio", type=float, default=0.1, help="fit: the share of good patches the coreset keeps")
+    ap.add_argument("--max-bank", type=int, default=None,
+                    help="fit: at most this many patch features in the bank (the coreset's time is then linear in "
+                         "images; default: no cap)")
     ap.add_argument("--layers", type=int, nargs="+", default=None,
                     help="fit: the blocks whose patch tokens are read (default: the two around the middle)")
     ap.add_argument("--neighbourhood", type=int, default=3,
@@ -103,7 +109,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         good = _files(args.good, "--good")
         pc = fit_patchcore(model, files(good), tuple(args.layers) if args.layers else None, args.ratio,
-                           args.batch_size, args.seed, neighbourhood=args.neighbourhood)
+                           args.batch_size, args.seed, neighbourhood=args.neighbourhood, max_bank=args.max_bank)
         extra = {"ratio": args.ratio, "good_images": len(good)}
         if args.val:
             scores, _, _ = pc.score_files(model, files(_files(args.val, "--val")), args.batch_size)

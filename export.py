@@ -91,6 +91,7 @@ from vit.deploy.export import (
     ExportableClassifier,
     ExportError,
     export_model,
+    export_patchcore,
     fingerprint,
     load_exported,
     preprocessing,
@@ -99,6 +100,7 @@ from vit.deploy.export import (
     write_preprocessing,
 )
 from vit.deploy.int8 import INT8_FILE, budget_metric, describe_change, labelled_images, quantize_int8, samples
+from vit.eval.anomaly import ANOMALY_DIR, find_patchcore
 from vit.eval.inference import ImageFiles, label_names, load_model_and_config
 from vit.eval.multilabel import decision_threshold, saved_threshold
 from vit.utils.atomic import atomic_write_text
@@ -206,16 +208,28 @@ def main(argv=None) -> int:
             results["int8"] = int8(args, model, data, metric, staged["onnx"], staging, out)
             results["int8"]["model_fingerprint"] = model_id
             staged["int8"] = staging / INT8_FILE
+        head = decision_threshold(cfg, args.checkpoint)  # None: single-label; a multi-label model's threshold
+        info = preprocessing(model, cfg.aug, classes, threshold=head)
+        anomaly = find_patchcore(args.checkpoint) if "onnx" in args.format else None
+        if anomaly is not None:  # an anomaly checkpoint: its feature model and bank for predict.py --onnx
+            results["anomaly"] = export_patchcore(model, anomaly, staging / ANOMALY_DIR, batches,
+                                                  write_preprocessing(staging, info))
+            results["anomaly"]["model_fingerprint"] = model_id
+            print(f"anomaly           {out / ANOMALY_DIR}/  max |score - score_torch| = "
+                  f"{results['anomaly']['max_abs_score_diff']:.1e} (<= {results['anomaly']['atol']:g}): ok")
         results = {**previous_results(out, model_id, list(results)), **results}
         for path in staged.values():
             path.replace(out / path.name)
-        head = decision_threshold(cfg, args.checkpoint)  # None: single-label; a multi-label model's threshold
-        write_preprocessing(out, preprocessing(model, cfg.aug, classes, threshold=head))
+        if anomaly is not None:
+            shutil.rmtree(out / ANOMALY_DIR, ignore_errors=True)
+            (staging / ANOMALY_DIR).replace(out / ANOMALY_DIR)
+        write_preprocessing(out, info)
         atomic_write_text(out / "verification.json", json.dumps(dict(images=source, model_fingerprint=model_id,
                                                                      results=results), indent=1))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    print(f"wrote {out}/: {', '.join(p.name for p in staged.values())}, preprocessing.json, verification.json")
+    print(f"wrote {out}/: {', '.join(p.name for p in staged.values())}, preprocessing.json, verification.json"
+          + (f", {ANOMALY_DIR}/" if anomaly is not None else ""))
     return 0
 
 

@@ -10,6 +10,9 @@ IMAGES are files, folders (searched recursively), globs, or text files (.txt, .l
 A text checkpoint (train.py with data.dataset text_csv) labels sentences instead: its inputs are text files, one
 sentence a line, or CSV files (their data.text_column column); each row names its file:line and the text.
 Images go through the model's evaluation preprocessing (evaluate.py's: resize, centre crop, its mean and std).
+An anomaly checkpoint (one whose folder holds anomaly/, written by anomaly.py fit) adds to every row its anomaly
+score and verdict (defect at or above the threshold saved with the bank, good below; empty without one), and with
+--cam its heat map, cam/<index>_<name>_anomaly.png; --onnx does the same from the export's anomaly/ folder.
 Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), skipped.csv (every input passed
 over, with the reason; a broken file never stops the run) and, with --cam, cam/<input index>_<name>.png: the
 attention-rollout overlay of each image, named in its row.
@@ -79,12 +82,25 @@ def rows_for(paths, probs, classes: list[str], topk: int, threshold: float | Non
     return rows
 
 
+ANOMALY_KEYS = ("anomaly_score", "verdict", "cam", "anomaly_map")  # what a row may add after the top-k
+
+
+def add_anomaly(rows: list[dict], scores, threshold: float | None) -> None:
+    """Each row gets anomaly_score (PatchCore's: the worst patch's distance to the bank of good patches) and
+    verdict: defect at or above `threshold` (chosen on good validation images and saved with the bank), good
+    below, empty when the bank has no threshold."""
+    for row, s in zip(rows, scores):
+        row["anomaly_score"] = float(s)
+        row["verdict"] = "" if threshold is None else "defect" if s >= threshold else "good"
+
+
 def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
 
     path = out / f"predictions.{fmt}"
     if fmt == "csv":  # probabilities with 6 decimals, as evaluate.py writes them
-        text_rows = [{k: f"{v:.6f}" if k.startswith("prob") else v for k, v in r.items()} for r in rows]
+        text_rows = [{k: f"{v:.6f}" if k.startswith("prob") or k == "anomaly_score" else v for k, v in r.items()}
+                     for r in rows]
         atomic_write_csv(path, list(rows[0]), text_rows)
         return path
     nested = []
@@ -93,7 +109,7 @@ def write_rows(out: Path, fmt: str, rows: list[dict]) -> Path:
         item = {"path": r["path"], **({"labels": r["labels"].split()} if "labels" in r else {}),
                 "topk": [{"index": r[f"pred{j}"], "class": r[f"pred{j}_name"], "prob": r[f"prob{j}"]}
                          for j in range(1, k + 1)]}
-        nested.append({**item, **({"cam": r["cam"]} if "cam" in r else {})})
+        nested.append({**item, **{k: r[k] for k in ANOMALY_KEYS if k in r}})
     text = json.dumps(nested, indent=1) if fmt == "json" else "".join(json.dumps(n) + "\n" for n in nested)
     atomic_write_text(path, text)
     return path
@@ -112,6 +128,7 @@ def main_onnx(args) -> int:
     """--onnx: ONNX Runtime and the reference preprocessing, the same files as main(); no torch imported."""
     from vit.cli.images import collect_images
     from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
+    from vit.deploy.onnx_anomaly import OnnxPatchCore
     from vit.deploy.onnx_predict import OnnxClassifier
     from vit.utils.atomic import atomic_write_csv
     from vit.utils.untrusted_text import printable
@@ -125,6 +142,8 @@ def main_onnx(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
+    folder = Path(args.onnx).parent / "anomaly"  # export.py's copy of an anomaly checkpoint's bank, if any
+    patchcore = OnnxPatchCore(folder) if folder.is_dir() else None
     check_threshold(args.threshold, clf.threshold is not None)
     threshold = args.threshold if args.threshold is not None else clf.threshold  # None: single-label (softmax)
     if not args.images:
@@ -147,6 +166,9 @@ def main_onnx(args) -> int:
             raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                              f"{dest}/skipped.csv.")
         rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok], clf.classes, args.topk, threshold)
+        if patchcore is not None:
+            scores = patchcore.predict([p for p, good in zip(paths, ok) if good], args.batch_size or 32)[0]
+            add_anomaly(rows, scores, patchcore.threshold)
         written = dest / write_rows(staging, args.format, rows).name
         publish(staging, dest, OWNED)
     print(f"{len(rows)} image(s), ONNX Runtime, {len(paths) / max(seconds, 1e-9):.0f} images/s; skipped "
@@ -209,6 +231,7 @@ from vit.cli.runtime import check_options, make_accelerator, resolve_workers, ru
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.data.datasets import image_transform
+from vit.eval.anomaly import find_patchcore
 from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
 from vit.models.checkpoint import is_text_checkpoint
 from vit.utils.atomic import atomic_write_csv
@@ -242,6 +265,20 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
             title = f"{Path(row['path']).name}: {row['pred1_name']} ({100 * row['prob1']:.1f}%)  |  rollout"
             plot_attention_map(path, to_display(x[j], cfg.aug.mean, cfg.aug.std), maps[j].numpy(), title)
             row["cam"] = str((final or out) / path.relative_to(out))
+
+
+def write_anomaly_maps(dataset: ImageFiles, rows: list[dict], good: list[int], maps, cfg, out: Path,
+                       final: Path) -> None:
+    """Each readable image's anomaly heat map (the patch scores, (h, w)) drawn as write_cams draws rollout, into
+    `out`/cam/; rows name them as they will be in `final`."""
+    from vit.eval.plots import plot_attention_map, to_display
+
+    for i, row in zip(good, rows):
+        path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}_anomaly.png"
+        title = (f"{Path(row['path']).name}: anomaly score {row['anomaly_score']:.3f} {row['verdict']}  |  "
+                 "distance to the good patches")
+        plot_attention_map(path, to_display(dataset[i][0], cfg.aug.mean, cfg.aug.std), maps[i], title)
+        row["anomaly_map"] = str(final / path.relative_to(out))
 
 
 def multilabel_threshold(args, cfg) -> float | None:
@@ -311,6 +348,7 @@ def _predict(args, overrides) -> int:
         raise ConfigError("--cam draws attention on square inputs, and this checkpoint reads images at their own "
                           "aspect ratio (data.naflex); leave --cam out.")
     transform = image_transform(cfg, train=False)  # data.naflex: each image at its own aspect ratio, patchified
+    patchcore = find_patchcore(args.checkpoint)  # <checkpoint>/anomaly/ from anomaly.py fit, else None
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
     batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
@@ -340,8 +378,13 @@ def _predict(args, overrides) -> int:
     logits = out["logits"][ok].float()
     probs = logits.softmax(1) if threshold is None else logits.sigmoid()  # multi-label: one sigmoid per class
     rows = rows_for([paths[i] for i in good], probs.numpy(), classes, args.topk, threshold)
+    if patchcore is not None:
+        scores, maps, _ = patchcore.score_files(model, dataset, batch)  # (N,), (N, h, w) in input order
+        add_anomaly(rows, scores[good], patchcore.threshold)
     if args.cam:
         write_cams(model, dataset, rows, good, cfg, staging, batch, dest)
+        if patchcore is not None:
+            write_anomaly_maps(dataset, rows, good, maps, cfg, staging, dest)
     written = dest / write_rows(staging, args.format, rows).name
     publish(staging, dest, OWNED)
 
@@ -349,7 +392,8 @@ def _predict(args, overrides) -> int:
           f"skipped {len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
     for r in rows[:5]:
         chosen = f"[{printable(r['labels'])}] at threshold {threshold:.2f}; top " if threshold is not None else ""
-        print(f"  {printable(r['path'])}: {chosen}{printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
+        anomaly = f"; anomaly score {r['anomaly_score']:.3f} {r['verdict']}" if "anomaly_score" in r else ""
+        print(f"  {printable(r['path'])}: {chosen}{printable(r['pred1_name'])} {100 * r['prob1']:.1f}%{anomaly}")
     cams = f" and {dest}/cam/" if args.cam else ""
     print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}{cams}", keep="\n"))
     return 0

@@ -48,12 +48,13 @@ def test_coreset_is_k_center_on_the_projection():
 
 
 def _aggregate64(m: np.ndarray) -> np.ndarray:
-    """(B, D, h, w) -> each position's mean over its existing 3x3 neighbours, by loops in float64."""
+    """(B, D, h, w) -> each position's 3x3 neighbours summed and divided by 9 (PatchCore's zero padding: an edge
+    patch's missing neighbours count as zeros), by loops in float64."""
     B, D, h, w = m.shape
     out = np.zeros_like(m, dtype=np.float64)
     for i in range(h):
         for j in range(w):
-            out[:, :, i, j] = m[:, :, max(0, i - 1):i + 2, max(0, j - 1):j + 2].mean(axis=(2, 3))
+            out[:, :, i, j] = m[:, :, max(0, i - 1):i + 2, max(0, j - 1):j + 2].sum(axis=(2, 3)) / 9
     return out
 
 
@@ -73,6 +74,23 @@ def test_scores_equal_a_float64_recomputation():
     np.testing.assert_allclose(heat.numpy().reshape(3, 16), dist, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(scores.numpy(), dist.max(1), rtol=1e-4, atol=1e-5)
     assert dist[0].min() > 1e-3 and (dist[1:] < 1e-3).sum() == len(bank)  # image 0 is new; banked patches found
+
+
+def test_the_torch_free_nearest_distance_equals_float64_and_torch():
+    """vit/deploy/onnx_anomaly.py's NumPy distance (the |q|^2 + |m|^2 - 2 q.m expansion in float64) against
+    differences in float64 and against the torch path's, including queries that sit on a bank row."""
+    from vit.deploy.onnx_anomaly import nearest_distance as numpy_nearest
+    from vit.eval.anomaly import nearest_distance
+
+    rng = np.random.default_rng(0)
+    bank = (rng.normal(size=(300, 24)) * 4 + 20).astype(np.float32)  # far from 0: cancellation would show
+    q = np.concatenate([rng.normal(size=(50, 24)) * 4 + 20, bank[:5]]).astype(np.float32)
+    want = np.sqrt(((q[:, None].astype(np.float64) - bank[None]) ** 2).sum(-1)).min(1)
+    got = numpy_nearest(q, bank, chunk=16)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(nearest_distance(torch.from_numpy(q), torch.from_numpy(bank)).numpy(), want,
+                               rtol=1e-5, atol=1e-5)
+    assert (got[-5:] < 1e-5).all() and got[:50].min() > 1
 
 
 def test_auroc_equals_sklearn_with_ties():
@@ -144,3 +162,147 @@ def test_script_fits_scores_and_maps(tiny_run, tmp_path):
     bad = run_script("anomaly.py", "score", "--checkpoint", str(run / "best"), str(tmp_path / "test"), "--out",
                      str(out))
     assert bad.returncode == 2 and "build them with anomaly.py fit" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def anomaly_checkpoint(tmp_path_factory):
+    """An untrained 32-px, patch-8 model (4x4 grid) saved as a checkpoint with a bank of generated good weave
+    parts and a threshold; folders of good and stained test parts."""
+    from PIL import Image
+
+    from vit.config import load_config
+    from vit.data.transforms import build_transform
+    from vit.eval.anomaly import fit_patchcore
+    from vit.eval.inference import ImageFiles
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    tmp = tmp_path_factory.mktemp("anomaly")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs/default.yaml",
+                      ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
+                       "--model.num_heads=2", "--model.mlp_ratio=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 4).eval()
+    save_checkpoint(tmp / "ck", model, cfg, list(PART_KINDS))
+    rng = np.random.default_rng(0)
+    for split, names in (("train", {"good": 6}), ("test", {"good": 2, "stain": 2, "scratch": 2})):
+        for name, n in names.items():
+            (tmp / split / name).mkdir(parents=True)
+            for i in range(n):
+                img, _ = inspection_part(rng, 32, "weave", None if name == "good" else name)
+                Image.fromarray(img).save(tmp / split / name / f"{i}.png")
+    (tmp / "test" / "good" / "broken.png").write_bytes(b"\x89PNG not an image")
+    transform = build_transform(cfg.aug, 32, train=False)
+    paths = sorted((tmp / "train" / "good").glob("*.png"))
+    pc = fit_patchcore(model, ImageFiles(paths, transform), ratio=0.5)
+    test = sorted((tmp / "test").rglob("[0-9].png"))
+    pc.threshold = float(pc.score(model, torch.stack([transform.load(p) for p in test]))[0].median())
+    save_patchcore(tmp / "ck" / "anomaly", pc)
+    return tmp, model, pc, transform
+
+
+@pytest.mark.slow
+def test_predict_rows_carry_the_score_and_verdict_and_draw_the_map(anomaly_checkpoint, tmp_path):
+    import csv
+
+    from helpers import import_script
+
+    tmp, model, pc, transform = anomaly_checkpoint
+    out = tmp_path / "preds"
+    assert import_script("predict").main(["--checkpoint", str(tmp / "ck"), str(tmp / "test"), "--out", str(out),
+                                          "--cam", "--topk", "2"]) == 0
+    rows = list(csv.DictReader((out / "predictions.csv").open()))
+    assert len(rows) == 6 and not any(r["path"].endswith("broken.png") for r in rows)
+    want, _ = pc.score(model, torch.stack([transform.load(r["path"]) for r in rows]))
+    np.testing.assert_allclose([float(r["anomaly_score"]) for r in rows], want.numpy(), atol=2e-6)
+    assert [r["verdict"] for r in rows] == ["defect" if s >= pc.threshold else "good" for s in want.tolist()]
+    assert {r["verdict"] for r in rows} == {"defect", "good"}  # the threshold splits them: a real comparison
+    assert all(Path(r["anomaly_map"]).is_file() and Path(r["cam"]).is_file() for r in rows)
+
+
+@pytest.mark.slow
+def test_onnx_predictor_reads_the_bank_as_an_array_and_scores_as_torch(anomaly_checkpoint, tmp_path):
+    """export.py writes anomaly/ (features.onnx, bank.npy, patchcore.json) beside model.onnx; predict.py --onnx,
+    run where torch cannot be imported, gives the torch path's scores within 1e-4 and the same verdicts."""
+    import csv
+    import json
+
+    from helpers import ROOT, import_script, run_script
+    from test_onnx_predict import NO_TORCH
+
+    tmp, model, pc, transform = anomaly_checkpoint
+    exp = tmp_path / "exp"
+    assert import_script("export").main(["--checkpoint", str(tmp / "ck"), "--out", str(exp),
+                                         "--images", str(tmp / "test")]) == 0
+    check = json.loads((exp / "verification.json").read_text())["results"]["anomaly"]
+    assert check["max_abs_score_diff"] <= 1e-4 and check["images"] > 0
+    bank = np.load(exp / "anomaly" / "bank.npy", allow_pickle=False)
+    assert np.array_equal(bank, pc.bank.numpy())
+    ours = tmp_path / "torch"
+    assert import_script("predict").main(["--checkpoint", str(tmp / "ck"), str(tmp / "test"), "--out", str(ours)]) == 0
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(NO_TORCH)
+    r = run_script("predict.py", "--onnx", str(exp / "model.onnx"), str(tmp / "test"), "--out", str(tmp_path / "onnx"),
+                   env={"PYTHONPATH": f"{shim}:{ROOT}"})
+    assert r.returncode == 0, r.stderr
+    a = list(csv.DictReader((ours / "predictions.csv").open()))
+    b = list(csv.DictReader((tmp_path / "onnx" / "predictions.csv").open()))
+    assert [x["path"] for x in a] == [x["path"] for x in b] and len(a) == 6
+    diff = max(abs(float(x["anomaly_score"]) - float(y["anomaly_score"])) for x, y in zip(a, b))
+    assert diff <= 1e-4 and [x["verdict"] for x in a] == [x["verdict"] for x in b]
+
+
+class _Images:
+    """n random images as ImageFiles gives them: (x, readable, index)."""
+
+    def __init__(self, n: int, size: int = 32) -> None:
+        self.x = torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(n))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], 1, i
+
+
+def test_bank_building_and_scoring_are_linear_in_images(monkeypatch):
+    """Counted, not timed: each image goes through the model once; the features kept, the coreset's distance
+    evaluations under a fixed max_bank, and the scoring's query-bank distances double when the images do."""
+    import vit.eval.anomaly as anomaly
+
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=2, embed_dim=32, num_heads=2,
+                         num_classes=2).eval()
+    counts = {"images": 0, "coreset": 0, "pairs": 0}
+    forward = model.forward_intermediates
+    greedy, nearest = anomaly.k_center_greedy, anomaly.nearest_distance
+
+    def counted_forward(x, **kw):
+        counts["images"] += len(x)
+        return forward(x, **kw)
+
+    def counted_greedy(z, n, start=0):
+        counts["coreset"] += len(z) * n  # each of the n steps measures every row once
+        return greedy(z, n, start)
+
+    def counted_nearest(q, bank, chunk=2048):
+        counts["pairs"] += len(q) * len(bank)
+        return nearest(q, bank, chunk)
+
+    monkeypatch.setattr(model, "forward_intermediates", counted_forward)
+    monkeypatch.setattr(anomaly, "k_center_greedy", counted_greedy)
+    monkeypatch.setattr(anomaly, "nearest_distance", counted_nearest)
+    seen = []
+    for n in (6, 12):
+        counts.update(images=0, coreset=0, pairs=0)
+        pc = anomaly.fit_patchcore(model, _Images(n), ratio=0.5, batch_size=4, max_bank=20)
+        fit = dict(counts)
+        counts.update(images=0, coreset=0, pairs=0)
+        scores, maps, ok = pc.score_files(model, _Images(n), batch_size=4)
+        seen.append((fit, dict(counts), len(pc.bank), maps.shape))
+    (fit6, score6, bank6, maps6), (fit12, score12, bank12, maps12) = seen
+    assert bank6 == bank12 == 20 and fit6["images"] == 6 and fit12["images"] == 12  # 16 patches each
+    assert fit12["coreset"] == 2 * fit6["coreset"] == 2 * 6 * 16 * 20
+    assert score12["images"] == 12 and score12["pairs"] == 2 * score6["pairs"] == 2 * 6 * 16 * 20
+    assert maps6 == (6, 4, 4) and maps12 == (12, 4, 4)

@@ -437,3 +437,59 @@ def test_the_clip_page_in_a_headless_browser_takes_typed_labels(clip_folder, ima
             driver.quit()
         proc.terminate()
         proc.wait(timeout=30)
+@pytest.fixture(scope="module")
+def anomaly_checkpoint(checkpoint, tmp_path_factory):
+    """The demo checkpoint with a PatchCore bank (a random one) and a threshold in anomaly/."""
+    from vit.eval.anomaly import PatchCore, save_patchcore
+
+    folder = tmp_path_factory.mktemp("demo-anomaly") / "best"
+    shutil.copytree(checkpoint, folder)
+    torch.manual_seed(1)
+    save_patchcore(folder / "anomaly", PatchCore(torch.randn(30, 64), (0, 1), threshold=3.0))  # 2 blocks x width 32
+    return folder
+
+
+def test_an_anomaly_checkpoint_adds_the_score_verdict_and_map(anomaly_checkpoint, checkpoint, image):
+    from vit.data.transforms import build_transform
+    from vit.eval.anomaly import load_patchcore
+    from vit.explain.demo import Demo
+    from vit.models.checkpoint import load_checkpoint
+
+    answer = Demo(anomaly_checkpoint).predict(image.read_bytes(), image.name)["anomaly"]
+    model, cfg, _, _ = load_checkpoint(anomaly_checkpoint)
+    x = build_transform(cfg.aug, 32, train=False).load(image)[None]
+    pc = load_patchcore(anomaly_checkpoint / "anomaly")
+    score, heat = pc.score(model, x)
+    assert answer["score"] == pytest.approx(float(score[0]), rel=1e-6) and answer["threshold"] == 3.0
+    assert answer["verdict"] == ("defect" if float(score[0]) >= 3.0 else "good")
+    check_overlay(decode_overlay(answer["overlay"]), heat[0].numpy())
+    assert "anomaly" not in Demo(checkpoint).predict(image.read_bytes())  # a plain classifier: no anomaly part
+
+
+@pytest.mark.slow
+def test_the_page_shows_the_anomaly_map_and_verdict_of_an_anomaly_checkpoint(anomaly_checkpoint, image, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from vit.explain.demo import Demo, make_server
+
+    demo = Demo(anomaly_checkpoint)
+    want = demo.predict(image.read_bytes())["anomaly"]
+    server = make_server(demo, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    driver = None
+    try:
+        driver = _browser(tmp_path / "profile")
+        driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
+        assert not driver.find_element(By.ID, "anomaly-fig").is_displayed()
+        driver.find_element(By.ID, "file").send_keys(str(image))
+        WebDriverWait(driver, 60).until(lambda d: d.execute_script(
+            "const i = document.getElementById('anomaly'); return i.complete && i.naturalWidth > 0;"))
+        assert driver.find_element(By.ID, "verdict").text == (f"anomaly score {want['score']:.3f}: {want['verdict']} "
+                                                              "(threshold 3.000)")
+        assert driver.find_element(By.ID, "anomaly").get_attribute("src") == want["overlay"]
+    finally:
+        if driver is not None:
+            driver.quit()
+        server.shutdown()
+        server.server_close()

@@ -40,7 +40,8 @@ from ..utils.atomic import atomic_write_text
 from .session import open_session
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "ExportableNaFlexClassifier", "export_model",
-           "load_exported", "verify", "preprocessing", "write_preprocessing", "require_onnx", "fingerprint"]
+           "load_exported", "verify", "preprocessing", "write_preprocessing", "require_onnx", "fingerprint",
+           "export_patchcore"]
 
 FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
 ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
@@ -295,3 +296,48 @@ def write_preprocessing(out_dir: str | Path, info: dict) -> Path:
     path = Path(out_dir) / "preprocessing.json"
     atomic_write_text(path, json.dumps(info, indent=1))
     return path
+
+
+@torch.no_grad()
+def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches: list[torch.Tensor],
+                     preprocessing_json: str | Path, atol: float = 1e-4) -> dict:
+    """An anomaly checkpoint's PatchCore (`vit.eval.anomaly`) for the torch-free predictor, in `out_dir`:
+    features.onnx, a separate model from images to the patch features the bank holds (B, h*w, F), whose first
+    output is that; bank.npy, the bank as a plain float32 array; patchcore.json, its settings with the grid. The
+    scores of vit/deploy/onnx_anomaly.py on `batches` (read with `preprocessing_json`, the classifier's) must
+    equal PatchCore.score's within `atol`, else ExportError. -> the check's numbers."""
+    import numpy as np
+
+    from ..eval.anomaly import PatchFeatures
+    from .onnx_anomaly import BANK_NPY, FEATURES_ONNX, SETTINGS, OnnxPatchCore
+
+    require_onnx()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    features = PatchFeatures(ExportableClassifier(model).model, pc.layers, pc.neighbourhood).eval()
+    example = batches[0] if len(batches[0]) > 1 else batches[0].repeat(2, 1, 1, 1)  # size 1 would be frozen
+    dynamic = _dynamic_shapes(features.model, features.model.dynamic_img_size)
+    program = torch.onnx.export(features, (example,), dynamo=True, dynamic_shapes=dynamic, input_names=["x"],
+                                output_names=["patch_features"], opset_version=ONNX_OPSET, verbose=False)
+    program.save(str(out_dir / FEATURES_ONNX))
+    with open(out_dir / BANK_NPY, "wb") as f:
+        np.save(f, pc.bank.numpy().astype(np.float32), allow_pickle=False)
+    grid = list(model.grid_size(tuple(batches[0].shape[-2:])))
+    settings = dict(layers=list(pc.layers), neighbourhood=pc.neighbourhood, threshold=pc.threshold, grid=grid,
+                    bank_size=len(pc.bank), output="patch_features (B, h*w, F); score = max over patches of the "
+                    "distance to the nearest bank row")
+    atomic_write_text(out_dir / SETTINGS, json.dumps(settings, indent=1))
+    onnx = OnnxPatchCore(out_dir, preprocessing_json)
+    worst, n = 0.0, 0
+    for x in batches:
+        if tuple(x.shape[-2:]) != tuple(batches[0].shape[-2:]):
+            continue  # the bank's grid is the checkpoint's: other sizes are the classifier's check only
+        ref, _ = pc.score(model, x)
+        got, _ = onnx.score(x.numpy())
+        if not (np.isfinite(got).all() and torch.isfinite(ref).all()):
+            raise ExportError("the anomaly scores are not finite (NaN or inf); the bank or the model is broken.")
+        worst, n = max(worst, float(np.abs(got - ref.double().numpy()).max())), n + len(x)
+    if worst > atol:
+        raise ExportError(f"the exported anomaly scorer differs from PyTorch's by {worst:.2e} (> {atol:g}); it must "
+                          "not be used.")
+    return dict(max_abs_score_diff=worst, images=n, atol=atol, file=str(out_dir / FEATURES_ONNX))

@@ -25,7 +25,7 @@ from ..data.decode import BadImageError
 from .preprocess import ReferencePreprocessing, read_preprocessing
 from .session import open_session
 
-__all__ = ["OnnxClassifier", "softmax", "sigmoid", "PROBLEM_TYPES"]
+__all__ = ["OnnxClassifier", "softmax", "sigmoid", "PROBLEM_TYPES", "load_batches", "regular_file"]
 
 SINGLE, MULTI = "single_label_classification", "multi_label_classification"
 PROBLEM_TYPES = (SINGLE, MULTI)
@@ -65,7 +65,26 @@ def _heads(info: dict) -> tuple[list[str], str, float | None]:
     return names, problem, float(threshold)
 
 
-def _regular_file(path: Path, what: str) -> None:
+def load_batches(preprocess: ReferencePreprocessing, paths: list[Path], batch_size: int, reasons: list[str]):
+    """Yield (indices, images (b, C, S, S) float32) of the readable files of each run of `batch_size` paths; an
+    unreadable file's sentence goes into reasons[i] instead (a broken file never stops the run)."""
+    for start in range(0, len(paths), batch_size):
+        xs, idx = [], []
+        for i in range(start, min(len(paths), start + batch_size)):
+            try:
+                xs.append(preprocess.load(paths[i]))
+                idx.append(i)
+            except BadImageError as e:  # vit.data.decode's sentence names the file
+                reasons[i] = str(e)
+            except MemoryError:  # past every size check, the machine still had too little: this file only
+                reasons[i] = f"cannot decode image {paths[i]}: out of memory while decoding it"
+            except (OSError, ValueError, SyntaxError, cv2.error) as e:
+                reasons[i] = f"cannot decode image {paths[i]}: {str(e).strip().splitlines()[-1]}"
+        if xs:
+            yield idx, np.stack(xs)
+
+
+def regular_file(path: Path, what: str) -> None:
     """FileNotFoundError or ValueError (one sentence) unless `path` is a regular file (stat: nothing opened)."""
     try:
         st = path.stat()
@@ -83,7 +102,7 @@ class OnnxClassifier:
 
         model = Path(model)
         pre = Path(preprocessing) if preprocessing else model.parent / "preprocessing.json"
-        _regular_file(model, "pass the model.onnx export.py wrote")
+        regular_file(model, "pass the model.onnx export.py wrote")
         self.info = read_preprocessing(pre)
         try:
             self.preprocess = ReferencePreprocessing.from_dict(self.info)
@@ -116,20 +135,8 @@ class OnnxClassifier:
         probs = np.full((n, len(self.classes)), np.nan, dtype=np.float32)
         ok = np.zeros(n, dtype=bool)
         reasons = [""] * n
-        for start in range(0, n, batch_size):
-            xs, idx = [], []
-            for i in range(start, min(n, start + batch_size)):
-                try:
-                    xs.append(self.preprocess.load(paths[i]))
-                    idx.append(i)
-                except BadImageError as e:  # vit.data.decode's sentence names the file
-                    reasons[i] = str(e)
-                except MemoryError:  # past every size check, the machine still had too little: this file only
-                    reasons[i] = f"cannot decode image {paths[i]}: out of memory while decoding it"
-                except (OSError, ValueError, SyntaxError, cv2.error) as e:
-                    reasons[i] = f"cannot decode image {paths[i]}: {str(e).strip().splitlines()[-1]}"
-            if xs:
-                probs[idx], ok[idx] = self.scores(np.stack(xs)), True
+        for idx, x in load_batches(self.preprocess, paths, batch_size, reasons):
+            probs[idx], ok[idx] = self.scores(x), True
         return probs, ok, reasons
 
     def scores(self, x: np.ndarray) -> np.ndarray:

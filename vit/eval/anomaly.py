@@ -2,10 +2,10 @@
 Anomaly Detection") on a ViT's intermediate patch tokens.
 
 1. Patch features (sec. 3.1): the tokens of a few middle blocks (`forward_intermediates`, (B, D, h, w) each),
-   each averaged over its 3x3 neighbourhood (local context, eq. 2), concatenated along channels: one
-   (len(layers) * D)-vector per patch. The neighbourhood is an option: on a coarse grid (8x8 patches of a 64 px
-   image) 3x3 covers a third of the image and dilutes a one-patch defect ninefold (docs/few-labels.md measures
-   it); PatchCore's own grid is 28x28, where 3x3 is 1% of the image.
+   each averaged over its 3x3 neighbourhood (local context, eq. 2; zeros outside the grid, as PatchCore's and
+   anomalib's AvgPool2d(3, 1, 1)), concatenated along channels: one (len(layers) * D)-vector per patch. The grid
+   matters: on 8x8 patches (a 64 px image) 3x3 covers a seventh of the image and dilutes a one-patch defect
+   ninefold; PatchCore's grid is 28x28, and a 16x16 grid already works (docs/few-labels.md measures both).
 2. Memory bank (sec. 3.2): the patch features of the good training images, subsampled by greedy k-center
    coreset selection on a random projection (Johnson-Lindenstrauss) of them: start at a random patch, then add the
    patch farthest from everything chosen, until the bank has `ratio` of them (Alg. 1).
@@ -28,11 +28,12 @@ import torch.nn.functional as F
 from ..utils.atomic import atomic_write_bytes, atomic_write_text
 from .inference import ImageFiles
 
-__all__ = ["middle_layers", "patch_features", "random_projection", "k_center_greedy", "coreset",
+__all__ = ["middle_layers", "patch_features", "PatchFeatures", "random_projection", "k_center_greedy", "coreset",
            "nearest_distance", "PatchCore", "fit_patchcore", "choose_threshold", "auroc", "save_patchcore",
-           "load_patchcore", "BANK_FILE", "SETTINGS_FILE"]
+           "load_patchcore", "find_patchcore", "BANK_FILE", "SETTINGS_FILE", "ANOMALY_DIR"]
 
 BANK_FILE, SETTINGS_FILE = "bank.safetensors", "patchcore.json"
+ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes the bank and predict.py and demo.py look for it
 
 
 def middle_layers(depth: int) -> tuple[int, ...]:
@@ -48,10 +49,24 @@ def patch_features(model, x: torch.Tensor, layers: tuple[int, ...], neighbourhoo
     if neighbourhood < 1 or neighbourhood % 2 == 0:
         raise ValueError(f"the neighbourhood must be an odd number of patches (3, or 1 for none), got {neighbourhood}.")
     maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
-    # each patch with its neighbours (edges: the mean of those that exist), (B, D, h, w) per layer
-    maps = [F.avg_pool2d(m.float(), neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=False)
+    # each patch's k x k neighbourhood summed and divided by k*k, zeros outside the grid (PatchCore's and anomalib's
+    # AvgPool2d(k, 1, k // 2)): an edge patch is shrunk toward 0, not averaged over fewer (noisier) neighbours,
+    # which on a small grid would put good images' worst patch on the border; (B, D, h, w) per layer
+    maps = [F.avg_pool2d(m.float(), neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=True)
             for m in maps]
     return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)  # (B, h*w, L*D)
+
+
+class PatchFeatures(torch.nn.Module):
+    """`patch_features` as a module: images (B, C, H, W) -> (B, h*w, F), what an exporter traces (the ONNX
+    feature model of vit/deploy/export.py's `export_patchcore`)."""
+
+    def __init__(self, model, layers: tuple[int, ...], neighbourhood: int = 3) -> None:
+        super().__init__()
+        self.model, self.layers, self.neighbourhood = model, tuple(layers), neighbourhood
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return patch_features(self.model, x, self.layers, self.neighbourhood)
 
 
 def random_projection(x: torch.Tensor, dim: int, seed: int = 0) -> torch.Tensor:
@@ -101,9 +116,13 @@ class PatchCore:
     @torch.no_grad()
     def score(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w))."""
-        feats = patch_features(model, x, self.layers, self.neighbourhood)  # (B, h*w, F)
-        B, P, _ = feats.shape
-        patch = nearest_distance(feats.reshape(B * P, -1), self.bank).reshape(B, P)
+        device = next(model.parameters()).device  # the model may sit on an accelerator; results come back on CPU
+        feats = patch_features(model, x.to(device), self.layers, self.neighbourhood)  # (B, h*w, F)
+        B, P, F_ = feats.shape
+        if F_ != self.bank.shape[1]:
+            raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this "
+                             f"model give {F_}; it was built with another model: run anomaly.py fit with this one.")
+        patch = nearest_distance(feats.reshape(B * P, -1), self.bank.to(device)).reshape(B, P).cpu()
         h, w = model.grid_size(tuple(x.shape[-2:]))
         return patch.amax(dim=1), patch.reshape(B, h, w)
 
@@ -125,11 +144,16 @@ class PatchCore:
 
 @torch.no_grad()
 def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = None, ratio: float = 0.1,
-                  batch_size: int = 32, seed: int = 0, projection_dim: int = 128, neighbourhood: int = 3) -> PatchCore:
+                  batch_size: int = 32, seed: int = 0, projection_dim: int = 128, neighbourhood: int = 3,
+                  max_bank: int | None = None) -> PatchCore:
     """The bank of the good images in `dataset`: all their patch features, subsampled to `ratio` of them by the
-    greedy coreset (at least one). `layers`: the blocks read (default: `middle_layers`)."""
+    greedy coreset (at least one, at most `max_bank`). `layers`: the blocks read (default: `middle_layers`).
+    Each image is read once and its features kept, (N * h*w, F) in memory; the coreset costs N * h*w * K
+    distances for a bank of K, so at a fixed ratio it grows as N^2 and under `max_bank` linearly in N."""
     if not 0 < ratio <= 1:
         raise ValueError(f"the coreset ratio must be in (0, 1], got {ratio}; 0.1 keeps a tenth of the patches.")
+    if max_bank is not None and max_bank < 1:
+        raise ValueError(f"the bank's largest size must be at least 1 patch feature, got {max_bank}.")
     model.eval()
     layers = tuple(layers) if layers is not None else middle_layers(len(model.blocks))
     feats = []
@@ -142,7 +166,9 @@ def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = N
     if not feats:
         raise ValueError("none of the good images could be read; pass a folder of readable images of good parts.")
     feats = torch.cat(feats)  # (N * h*w, F)
-    keep = coreset(feats, max(1, int(round(ratio * len(feats)))), projection_dim, seed) if ratio < 1 else None
+    n = max(1, int(round(ratio * len(feats))))
+    n = n if max_bank is None else min(n, max_bank)
+    keep = coreset(feats, n, projection_dim, seed) if n < len(feats) else None
     return PatchCore(feats if keep is None else feats[keep], layers, None, neighbourhood)
 
 
@@ -203,3 +229,11 @@ def load_patchcore(folder: str | Path) -> PatchCore:
     if bank.ndim != 2 or not torch.isfinite(bank).all():
         raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank; rebuild it with anomaly.py fit.")
     return PatchCore(bank, tuple(layers), threshold, hood)
+
+
+def find_patchcore(checkpoint: str | Path | None) -> PatchCore | None:
+    """The PatchCore that anomaly.py fit saved into `checkpoint`/anomaly/, or None when there is none (a plain
+    classifier checkpoint); a folder that is there but broken is load_patchcore's one sentence."""
+    if checkpoint is None or not (Path(checkpoint) / ANOMALY_DIR).is_dir():
+        return None
+    return load_patchcore(Path(checkpoint) / ANOMALY_DIR)

@@ -1,5 +1,6 @@
 """A local demo page: drop an image, see the model's top-5 (top-K for K < 5 classes) and where it looked
-(attention rollout).
+(attention rollout); for an anomaly checkpoint (anomaly.py fit wrote <checkpoint>/anomaly/) also its anomaly
+score, verdict and heat map (PatchCore's patch distances, `vit.eval.anomaly`), drawn as the rollout overlay is.
 
 One HTML page of our own (no JavaScript library, no Gradio) served by the standard library's http.server:
 the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
@@ -41,6 +42,7 @@ from PIL import Image
 from ..data.base import DataError
 from ..data.decode import BadImageError
 from ..data.transforms import build_transform
+from ..eval.anomaly import find_patchcore
 from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
@@ -62,6 +64,7 @@ class Demo:
         self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
+        self.patchcore = find_patchcore(self.folder)  # None: a plain classifier
         self.lock = threading.Lock()
 
     def predict(self, data: bytes, name: str = "the upload") -> dict:
@@ -71,9 +74,17 @@ class Demo:
             x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
             maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
             probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
+            if self.patchcore is not None:
+                score, heat = self.patchcore.score(self.model, x[None])  # (1,), (1, h, w)
         p, i = probs.topk(self.top)
-        return dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
-                    **overlay_answer(x, maps[0], self.cfg.aug.mean, self.cfg.aug.std))
+        answer = dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
+                      **overlay_answer(x, maps[0], self.cfg.aug.mean, self.cfg.aug.std))
+        if self.patchcore is not None:  # verdict as predict.py's: defect at or above the saved threshold
+            s, t = float(score[0]), self.patchcore.threshold
+            heat_map = overlay_answer(x, heat[0], self.cfg.aug.mean, self.cfg.aug.std)["overlay"]
+            answer["anomaly"] = dict(score=s, threshold=t, verdict="" if t is None else "defect" if s >= t else "good",
+                                     overlay=heat_map)
+        return answer
 
     def title(self) -> str:
         """The checkpoint's folder (run/best) and the architecture the weights have, read from the model: the
@@ -236,6 +247,12 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
+def _png_url(pixels) -> str:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -266,6 +283,7 @@ PAGE = """<!doctype html>
 <div class="row">
  <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
  <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
+ <figure id="anomaly-fig" hidden><img id="anomaly" alt="anomaly map"><figcaption id="verdict"></figcaption></figure>
  <div id="result"><b>top-{{TOP}}</b><ol id="top5"></ol></div>
 </div>
 <script>
@@ -294,6 +312,13 @@ async function classify(file, which) {
   document.getElementById("overlay").src = answer.overlay;
   if (explain) {  // the labels the rollout can be shown for, the one shown selected
     explain.replaceChildren(...answer.labels.map(l => new Option(l, l, false, l === answer.explained)));
+  }
+  const a = answer.anomaly, fig = document.getElementById("anomaly-fig");
+  if (fig) fig.hidden = !a;
+  if (a) {
+    document.getElementById("anomaly").src = a.overlay;
+    document.getElementById("verdict").textContent = "anomaly score " + a.score.toFixed(3) +
+      (a.verdict ? ": " + a.verdict + " (threshold " + a.threshold.toFixed(3) + ")" : "");
   }
   status.textContent = "";
 }
