@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 import sys
 
 import numpy as np
@@ -98,7 +99,7 @@ def test_missing_and_foreign_checkpoints(trained, tmp_path):
 
     bad = tmp_path / "bad"
     shutil.copytree(run / "t/best", bad)
-    (bad / "config.yaml").write_text((bad / "config.yaml").read_text().replace("depth: 2", "depth: 3"))
+    (bad / "config.yaml").write_text(re.sub(r"(?m)^(\s+)depth: 2$", r"\1depth: 3", (bad / "config.yaml").read_text()))
     r = run_script("evaluate.py", "--checkpoint", str(bad))
     assert r.returncode == 2 and "another architecture" in r.stderr and "Traceback" not in r.stderr
 
