@@ -13,9 +13,9 @@ whole, with `--budget` patches of `--patch` px at most:
 Same model, optimizer, schedule, epochs and seeds; the table gives each arm's validation top-1 per seed, and the
 training throughput in valid tokens/s (the model's steps in CPU time of the one compute thread, and whole epochs
 with loading by the clock), followed by an interleaved timing (vit.utils.timing, CPU time) of one training step on
-a NaFlex batch against one on a fixed-size batch of as many tokens. `--model timm` trains timm's NaFlexVit (it
-takes both the batch dict and image tensors); `--model ours` the same architecture as our VisionTransformer
-(create_model by timm's name, which takes NaFlex batches once the model side is in).
+a NaFlex batch against one on a fixed-size batch of as many tokens. `--model ours` (the default) trains the
+architecture as our VisionTransformer (create_model by timm's name, NaFlex embeddings); `--model timm` timm's
+NaFlexVit, for comparison.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--patch", type=int, default=8)
     p.add_argument("--budget", type=int, default=64, help="patches per image at most (max_num_patches)")
     p.add_argument("--batch", type=int, default=32, help="images per batch at the full budget")
-    p.add_argument("--model", choices=("timm", "ours"), default="timm")
+    p.add_argument("--model", choices=("timm", "ours"), default="ours")
     p.add_argument("--lr", type=float, default=2e-3)
     return p
 
