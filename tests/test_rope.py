@@ -170,3 +170,19 @@ def test_dinov3_loads_timms_weights_and_gives_its_logits(arch, pool):
             torch.testing.assert_close(ours(x), ref(x), rtol=0, atol=1e-5)
             mine, theirs = ours.forward_intermediates(x)[1], ref.forward_intermediates(x)[1]
         torch.testing.assert_close(mine[-1], theirs[-1], rtol=0, atol=1e-5)
+
+
+def test_token_reduction_on_a_rotary_model_is_refused_not_run_without_positions():
+    """ToMe / EViT change which tokens exist, and the rotary table rotates by grid place: the reduced stack would
+    run without positions, silently. Refused where it is switched on, and in the encoder if reached another way."""
+    import vit
+
+    model = vit.create_model("vit_small_patch16_rope_224", img_size=32, depth=2, embed_dim=64, num_heads=2)
+    with pytest.raises(ValueError, match=r"^token reduction merges or drops patches whose rotary positions"):
+        model.set_token_reduction("merge", r=2)
+    model.set_token_reduction(None)
+    from vit.layers import build_token_reduction
+
+    model.blocks.set_token_reduction(build_token_reduction(2, model.num_prefix_tokens, "merge", 2, None, None))
+    with pytest.raises(ValueError, match=r"^token reduction cannot run with rotary positions"):
+        model(torch.randn(1, 3, 32, 32))

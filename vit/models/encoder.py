@@ -234,6 +234,8 @@ class Encoder(nn.ModuleList):
         `rope`: one rotary table (vit.layers.rope) shared by every block."""
         attentions: list[torch.Tensor] = []
         if self.reduces_tokens and not torch.jit.is_scripting():  # TorchScript keeps the plain stack only
+            if rope is not None:  # the reduced tokens have no grid places for the table to rotate
+                raise ValueError("token reduction cannot run with rotary positions; call set_token_reduction(None).")
             return self._forward_reduced(x, mask, is_causal, return_attention, last_queries)
         last = -1
         for i, _ in enumerate(self):  # len(self): TorchScript has no len() of a ModuleList in its own methods

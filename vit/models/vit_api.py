@@ -146,6 +146,9 @@ class ModelApi:
             opts = parse_token_reduction(method)
             method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
                                             opts.get("layers"))
+        if method not in (None, "none", "") and getattr(self, "rope", None) is not None:
+            raise ValueError("token reduction merges or drops patches whose rotary positions every block still "
+                             "applies by grid place; this model has rotary positions, so leave token reduction off.")
         self.blocks.set_token_reduction(
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 
