@@ -25,8 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -35,7 +33,7 @@ from safetensors.torch import load_file, save
 from ..config import DEFAULT_MODEL, Config, dump, from_dict, read_yaml, withhold_remote_sources
 from ..hub.hub_config import split_tag, timm_config
 from ..hub.weights import check_finite, check_weights
-from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
+from ..utils.atomic import atomic_write_bytes, atomic_write_text, staged_dir
 from ..utils.faults import fault_point
 from .build import build_model
 from .clip import CLIP
@@ -89,11 +87,7 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **built))
     cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
     # the whole folder at once: written beside it, then swapped in (a kill between files leaves the old one whole)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    recover_dir(folder, f".tmp-{folder.name}-*")
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    tmp.mkdir()
-    try:
+    with staged_dir(folder) as tmp:
         metadata = {"format": "pt", "model": cfg.model.name, SINCOS_MARK[0]: SINCOS_MARK[1]}
         atomic_write_bytes(tmp / "model.safetensors", save(state, metadata=metadata))
         fault_point("checkpoint", int((meta or {}).get("step", -1)))
@@ -108,10 +102,6 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
         atomic_write_text(tmp / "config.json", json.dumps(timm, indent=2))
         num_params = sum(v.numel() for v in state.values())
         atomic_write_text(tmp / "README.md", model_card(cfg, classes, meta or {}, num_params))  # the hub's card
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder
 
 

@@ -19,8 +19,6 @@ swapped in whole (vit/utils/atomic.py), so a kill mid-save leaves the previous f
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -29,7 +27,7 @@ from torch import nn
 
 from ..hub.weights import check_finite
 from ..layers.mlp import GELUTanh, QuickGELU
-from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
+from ..utils.atomic import atomic_write_bytes, atomic_write_text, staged_dir
 from .clip import CLIP
 
 __all__ = ["open_clip_config", "open_clip_state_dict_of", "save_clip_model"]
@@ -217,11 +215,7 @@ def save_clip_model(model: CLIP, folder: str | Path, state_dict: dict[str, torch
     config["preprocess_cfg"].update({k: list(v) if isinstance(v, tuple) else v for k, v in (preprocess or {}).items()})
     state = open_clip_state_dict_of(model, config, state_dict)
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    recover_dir(folder, f".tmp-{folder.name}-*")
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    tmp.mkdir()
-    try:
+    with staged_dir(folder) as tmp:
         atomic_write_bytes(tmp / "open_clip_model.safetensors", save(state, metadata={"format": "pt"}))
         atomic_write_text(tmp / "open_clip_config.json", json.dumps(config, indent=2))
         if model.tokenizer is not None:
@@ -233,8 +227,4 @@ def save_clip_model(model: CLIP, folder: str | Path, state_dict: dict[str, torch
                     padding_side=tok.padding_side, model_max_length=model.tokenizer.context_length), indent=2))
         for name, text in (extra or {}).items():
             atomic_write_text(tmp / name, text)
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder

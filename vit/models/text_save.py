@@ -15,8 +15,6 @@ leaves the previous folder complete.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 from safetensors.torch import save
@@ -24,7 +22,7 @@ from safetensors.torch import save
 from ..hub.names import repo_file
 from ..hub.text_weights import hf_state_dict
 from ..hub.weights import check_finite
-from ..utils.atomic import atomic_write_bytes, atomic_write_text, recover_dir, replace_dir
+from ..utils.atomic import atomic_write_bytes, atomic_write_text, staged_dir
 from .text_build import FAMILIES
 from .text_classifier import TextClassifier
 
@@ -65,11 +63,7 @@ def save_text_model(folder: str | Path, model: TextClassifier, classes: list[str
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
     state = hf_state_dict(state, FAMILIES[model.model_type][1], model.model_type)
     source = tokenizer or getattr(model, "source", None)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    recover_dir(folder, f".tmp-{folder.name}-*")
-    tmp = folder.parent / f".tmp-{folder.name}-{os.getpid()}"
-    tmp.mkdir()
-    try:
+    with staged_dir(folder) as tmp:
         atomic_write_bytes(tmp / "model.safetensors", save(state, metadata={"format": "pt"}))
         atomic_write_text(tmp / "config.json", json.dumps(config, indent=2))
         for name in TOKENIZER_FILES if source else ():
@@ -80,8 +74,4 @@ def save_text_model(folder: str | Path, model: TextClassifier, classes: list[str
             atomic_write_bytes(tmp / name, path.read_bytes())
         for name, text in (extra or {}).items():
             atomic_write_text(tmp / name, text)
-        replace_dir(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return folder

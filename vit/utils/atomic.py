@@ -17,11 +17,13 @@ import io
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .untrusted_text import csv_cell
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "fsync_dir", "new_file_mode",
+__all__ = ["staged_dir", "atomic_write_bytes", "atomic_write_text", "atomic_write_csv", "fsync_dir", "new_file_mode",
            "replace_dir"]
 
 
@@ -156,3 +158,23 @@ def recover_dir(final: str | Path, temporaries: str) -> None:
             if final.is_dir():
                 carry_over(stale, final)
             shutil.rmtree(stale, ignore_errors=True)
+
+
+@contextmanager
+def staged_dir(final: str | Path) -> Iterator[Path]:
+    """Write a whole folder at once: yields an empty temporary folder beside `final` (after `recover_dir` cleans
+    up a killed writer's), swapped in for `final` by `replace_dir` when the block ends, removed if it raises, so
+    a kill or an error between files leaves the previous `final` whole."""
+    import shutil
+
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(final, f".tmp-{final.name}-*")
+    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
