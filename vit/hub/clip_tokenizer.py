@@ -11,7 +11,6 @@ them, run by the `tokenizers` library from the repository's tokenizer.json (vit.
 `word_tokenizer(captions, context_length)` makes an 'hf' one for a text tower trained from scratch: one id per
 lower-cased word of the captions (punctuation split off), <unk> for any other, <start> ... <end> around each
 caption, the end token the highest id (where CLIP's tower pools, as open_clip's `argmax` pooling finds it).
-`tokenizer_files` gives what a checkpoint folder needs to load it again (tokenizer.json, tokenizer_config.json).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ import torch
 
 from .tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer", "repo_clip_tokenizer", "tokenizer_files",
-           "word_tokenizer"]
+__all__ = ["ClipTokenizer", "clean_text", "load_clip_tokenizer", "repo_clip_tokenizer", "word_tokenizer"]
 
 WORD_SPECIALS = ("<pad>", "<unk>")  # ids 0 and 1; <start> and <end> are the two highest ids
 
@@ -133,16 +131,3 @@ def word_tokenizer(captions: list[str], context_length: int) -> ClipTokenizer:
     tok = Tokenizer(backend, {"pad_token": "<pad>", "model_max_length": context_length,
                               "model_input_names": ["input_ids", "attention_mask"]})
     return ClipTokenizer(tok, context_length, "hf", "lower")
-
-
-def tokenizer_files(tok: ClipTokenizer) -> dict[str, str]:
-    """{file name: text} that `load_clip_tokenizer` reads back into `tok` (with the kind and cleaning the model's
-    config records): tokenizer.json, and tokenizer_config.json with its padding token and length."""
-    import json
-
-    t = tok.tokenizer
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": tok.context_length,
-              "model_input_names": ["input_ids", "attention_mask"]}
-    if t.pad_token is not None:
-        config["pad_token"] = t.pad_token
-    return {"tokenizer.json": t.backend.to_str(), "tokenizer_config.json": json.dumps(config, indent=1)}
