@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..config import AugConfig
+from ..layers.naflex import patchify as patchify_batch
 from .base import DataError
 from .transforms import Pipeline, build_transform
 
@@ -88,15 +89,11 @@ class SequenceResize:
 def patchify(image: torch.Tensor, patch_size: int) -> dict[str, torch.Tensor]:
     """(C, h P, w P) -> {"patches": (h w, P P C), "patch_coord": (h w, 2) (row, col), "patch_valid": (h w,) all
     True}, patches in row-major grid order, each flattened (row, col, channel) as timm's patchify_image."""
-    c, height, width = image.shape
+    _, height, width = image.shape
     p = patch_size
     if height % p or width % p:
         raise ValueError(f"image {height}x{width} is not a whole number of {p}x{p} patches; resize it first.")
-    h, w = height // p, width // p
-    patches = image.reshape(c, h, p, w, p).permute(1, 3, 2, 4, 0).reshape(h * w, p * p * c)
-    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    coord = torch.stack([rows.reshape(-1), cols.reshape(-1)], dim=1)  # (h w, 2)
-    return {"patches": patches, "patch_coord": coord, "patch_valid": torch.ones(h * w, dtype=torch.bool)}
+    return {k: v[0].contiguous() for k, v in patchify_batch(image[None], (p, p)).items()}  # the model's own cut
 
 
 def unpatchify(sample: dict[str, torch.Tensor], patch_size: int) -> torch.Tensor:
