@@ -29,6 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="one sample per seed")
     ap.add_argument("--methods", nargs="+", default=["knn", "linear", "lora", "full"],
                     choices=("knn", "linear", "lora", "full"), help="which methods")
+    ap.add_argument("--features", nargs="+", default=["pooled"], choices=("pooled", "patches"),
+                    help="knn/linear: the pooled embedding the head reads, the final patch tokens (flattened in grid "
+                         "order; they keep where things are), or both (one row each)")
     ap.add_argument("--steps", type=int, default=200, help="lora/full: full-batch AdamW steps (epochs)")
     ap.add_argument("--lr", type=float, default=1e-3, help="full: peak learning rate")
     ap.add_argument("--layer-decay", type=float, default=0.0, help="full: layer-wise lr decay (0: none)")
@@ -93,16 +96,17 @@ def main(argv=None) -> int:
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)
     optim = dataclasses.replace(FINETUNE, lr=args.lr, layer_decay=args.layer_decay or None)
     rows = few_shot_rows(model, train_x, train_y, test_x, test_y, tuple(args.shots), tuple(args.seeds),
-                         tuple(args.methods), optim, cfg.aug, args.steps, args.lora_rank, args.lr_lora)
+                         tuple(args.methods), optim, cfg.aug, args.steps, args.lora_rank, args.lr_lora,
+                         features=tuple(dict.fromkeys(args.features)))
     table = summarize(rows)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_csv(out / "few_shot.csv", list(rows[0]), rows)
     atomic_write_csv(out / "summary.csv", list(table[0]), table)
     plot_few_shot(table, out / "few_shot.png")
     print(f"{len(classes)} classes, {len(test_y)} test images, seeds {args.seeds}")
-    print(f"{'method':>8s} {'N':>4s}  top-1 (mean +- std)")
+    print(f"{'method':>14s} {'N':>4s}  top-1 (mean +- std)")
     for r in table:
-        print(f"{r['method']:>8s} {r['shots'] or 'all':>4}  {100 * r['mean']:6.2f} +- {100 * r['std']:.2f}")
+        print(f"{r['method']:>14s} {r['shots'] or 'all':>4}  {100 * r['mean']:6.2f} +- {100 * r['std']:.2f}")
     share = {r["method"]: r["trained_share"] for r in rows if r["trained_share"]}
     if share:
         print("trained share: " + ", ".join(f"{m} {100 * s:.2f}%" for m, s in share.items()))

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--temperature", type=float, default=0.07, help="knn: T of the vote weight exp(similarity / T)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
                     help="linear: inverse regularisation strengths to choose from")
+    ap.add_argument("--features", choices=("pooled", "patches"), default="pooled",
+                    help="the pooled embeddings, or the patch tokens flattened in grid order (files written by "
+                         "features.py --patch-tokens; they keep where things are)")
     ap.add_argument("--out", default=None, help="output folder (default: probe-<method>)")
     return ap
 
@@ -59,11 +62,19 @@ def main(argv=None) -> int:
         raise ConfigError("--k must be at least 1, and --temperature and every --C above 0.")
     out = Path(args.out or f"probe-{args.method}")
     check_writable(out)
-    train, test = load_features(args.train), load_features(args.test)
-    val = load_features(args.val) if args.val else None
+    files = {"train": args.train, "test": args.test, **({"val": args.val} if args.val else {})}
+    feats = {role: load_features(path) for role, path in files.items()}
+    if args.features == "patches":
+        for role, f in feats.items():
+            if "patch_tokens" not in f:
+                raise ConfigError(f"--{role} {files[role]} holds no patch tokens; write it with features.py "
+                                  "--patch-tokens, or probe the pooled embeddings (--features pooled).")
+            f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
+    train, test, val = feats["train"], feats["test"], feats.get("val")
     r = probe(train, test, args.method, args.k, args.temperature, tuple(args.C), val)
 
     metrics = {k: r[k] for k in ("method", "n_train", "n", "top1", "macro", "weighted", "settings", "classes")}
+    metrics["features"] = args.features
     metrics["settings"] = {**r["settings"], "val_top1": {str(c): v for c, v in r["settings"].get("val_top1",
                                                                                                   {}).items()}}
     out.mkdir(parents=True, exist_ok=True)
@@ -75,7 +86,7 @@ def main(argv=None) -> int:
                       for p, y, q in zip(test["paths"].tolist(), r["labels"], r["pred"])])
 
     chosen = ", ".join(f"{k}={v}" for k, v in r["settings"].items() if k != "val_top1")
-    print(f"{r['method']} probe ({chosen}): {r['n_train']} training, {r['n']} test images, top-1 "
+    print(f"{r['method']} probe on {args.features} features ({chosen}): {r['n_train']} training, {r['n']} test images, top-1 "
           f"{100 * r['top1']:.2f}%, macro F1 {r['macro']['f1']:.3f}")
     print(f"{'class':>20s} {'precision':>9s} {'recall':>7s} {'f1':>6s} {'n':>5s}")
     for c, row in zip(r["classes"], r["per_class"]):

@@ -51,6 +51,30 @@ def test_knn_rows_match_sklearn(data):
     assert table[0]["mean"] == pytest.approx(np.mean([r["top1"] for r in rows]))
 
 
+def test_frozen_rows_on_patch_tokens_match_sklearn(data):
+    """features=("pooled", "patches"): knn rows on the pooled embedding and knn-patches rows on the final patch
+    tokens flattened in grid order, each as scikit-learn's weighted vote on those arrays."""
+    from sklearn.neighbors import KNeighborsClassifier
+
+    x, y = data
+    tr, te = np.arange(0, 36, 2), np.arange(1, 36, 2)
+    model = _backbone()
+    rows = few_shot_rows(model, x[tr], y[tr], x[te], y[te], shots=(3,), seeds=(0,), methods=("knn",), k=3,
+                         temperature=0.1, features=("pooled", "patches"))
+    assert [r["method"] for r in rows] == ["knn", "knn-patches"]
+    with torch.no_grad():
+        tokens = [model.forward_features(x[i]) for i in (tr, te)]  # (N, 1 + 4, D): [CLS] then the 2x2 grid
+    want = {"knn": [t[:, 0].numpy() for t in tokens], "knn-patches": [t[:, 1:].flatten(1).numpy() for t in tokens]}
+    idx = sample_per_class(y[tr], 3, 0)
+    for r in rows:
+        f_tr, f_te = want[r["method"]]
+        ref = KNeighborsClassifier(n_neighbors=3, metric="cosine", algorithm="brute",
+                                   weights=lambda d: np.exp((1 - d) / 0.1)).fit(f_tr[idx], y[tr][idx])
+        assert r["top1"] == pytest.approx(float((ref.predict(f_te) == y[te]).mean()))
+    with pytest.raises(ValueError, match="unknown few-shot method or features 'tokens'"):
+        few_shot_rows(model, x[tr], y[tr], x[te], y[te], methods=("knn",), features=("tokens",))
+
+
 def test_lora_trains_a_small_share_and_full_everything(data):
     pytest.importorskip("peft")
     x, y = data

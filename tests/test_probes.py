@@ -128,6 +128,35 @@ def test_probe_script_writes_the_report(tmp_path):
     assert bad.returncode == 2 and "no features file" in bad.stderr
 
 
+def test_probe_script_reads_patch_tokens_flattened(tmp_path):
+    """--features patches: the k-NN votes on each image's (h*w, D) patch tokens flattened in grid order, as
+    scikit-learn on the same flattened arrays; a file without patch tokens is one sentence."""
+    from helpers import run_script
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from vit.eval.features import save_features
+
+    x, y = _blobs(n=60, d=24, seed=10)
+    q, yq = _blobs(n=30, d=24, seed=11)
+    tok = lambda a: a.reshape(len(a), 4, 6)  # noqa: E731  four 6-d "patch tokens" per image
+    pooled = lambda a: tok(a).mean(1)  # noqa: E731  a pooled embedding that tells the classes apart worse
+    for name, a, labels in (("tr", x, y), ("te", q, yq)):
+        f = {**_feats(pooled(a), labels), "patch_tokens": tok(a), "grid": np.array([2, 2])}
+        save_features(tmp_path / f"{name}.npz", f, parquet=False)
+    ref = KNeighborsClassifier(n_neighbors=5, metric="cosine", algorithm="brute",
+                               weights=lambda d: np.exp((1 - d) / 0.1)).fit(x, y).predict(q)
+    r = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "te.npz"), "--k", "5",
+                   "--temperature", "0.1", "--features", "patches", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((tmp_path / "o" / "metrics.json").read_text())
+    assert m["features"] == "patches" and m["top1"] == pytest.approx(float((ref == yq).mean()))
+    save_features(tmp_path / "plain.npz", _feats(x, y), parquet=False)
+    bad = run_script("probe.py", "--train", str(tmp_path / "plain.npz"), "--test", str(tmp_path / "te.npz"),
+                     "--features", "patches", "--out", str(tmp_path / "o2"))
+    assert bad.returncode == 2 and "holds no patch tokens; write it with features.py --patch-tokens" in bad.stderr
+    assert not (tmp_path / "o2").exists()
+
+
 @pytest.mark.parametrize("case,message", [
     ("one class", r"the training features hold one class \('ant'\); a probe chooses between classes"),
     ("empty train", r"the training features are empty; extract them from a folder that holds images\."),

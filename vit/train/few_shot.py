@@ -21,10 +21,14 @@ from ..eval.probes import knn_scores, linear_probe
 from .lora import add_lora, trainable_share
 from .optim import build_optimizer, lr_at, set_lr
 
-__all__ = ["METHODS", "FINETUNE", "sample_per_class", "random_affine", "finetune", "embed", "few_shot_rows",
+__all__ = ["METHODS", "FEATURES", "FINETUNE", "sample_per_class", "random_affine", "finetune", "embed", "few_shot_rows",
            "summarize"]
 
 METHODS = ("knn", "linear", "lora", "full")
+# what the frozen methods read: the pooled embedding the head reads, or the final patch tokens in grid order,
+# flattened (features.py --patch-tokens): on a backbone trained on a narrow task the pooled [CLS] keeps what told
+# its own classes apart, the patch grid keeps where things are (the digits transfer of docs/few-labels.md)
+FEATURES = ("pooled", "patches")
 # configs/default.yaml's recipe (AdamW at 1e-3 without decay on norms and biases, warmup, cosine, clipping; with the
 # backbone's augmentation and label smoothing). On the digits transfer, 5 labels per class, 3 seeds: 82.5% top-1,
 # 81.6% with layer decay 0.75, 73.2% at finetune_imagefolder.yaml's lr 3e-4, 55.7% for plain AdamW without
@@ -40,11 +44,18 @@ def sample_per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def embed(model, x: torch.Tensor, batch_size: int = 256) -> torch.Tensor:
-    """Pooled pre-logits features (N, D) of images x (N, C, H, W) (vit.eval.features.Embedder's, in memory)."""
+def embed(model, x: torch.Tensor, batch_size: int = 256, features: str = "pooled") -> torch.Tensor:
+    """Frozen features of images x (N, C, H, W), in memory: the pooled pre-logits (N, D) (vit.eval.features.
+    Embedder's) or, for `features="patches"`, the final patch tokens flattened in grid order (N, h*w*D)."""
+    if features not in FEATURES:
+        raise ValueError(f"unknown features {features!r}; choose from {', '.join(FEATURES)}.")
     model.eval()
-    return torch.cat([model.forward_head(model.forward_features(x[i:i + batch_size]), pre_logits=True)
-                      for i in range(0, len(x), batch_size)])
+    out = []
+    for i in range(0, len(x), batch_size):
+        tokens = model.forward_features(x[i:i + batch_size])
+        out.append(model.forward_head(tokens, pre_logits=True) if features == "pooled"
+                   else tokens[:, model.num_prefix_tokens:].flatten(1))
+    return torch.cat(out)
 
 
 def random_affine(x: torch.Tensor, translate: float, rotate: float, scale: float, fill: torch.Tensor,
@@ -109,28 +120,33 @@ def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: 
                   shots: tuple[int, ...] = (1, 5, 10), seeds: tuple[int, ...] = (0, 1, 2),
                   methods: tuple[str, ...] = METHODS, optim: OptimConfig = FINETUNE, aug: AugConfig | None = None,
                   steps: int = 200, lora_rank: int = 4, lr_lora: float = 1e-2, k: int = 20,
-                  temperature: float = 0.07) -> list[dict]:
+                  temperature: float = 0.07, features: tuple[str, ...] = ("pooled",)) -> list[dict]:
     """One row {method, shots, seed, top1, trained_share} per method, N in `shots` (0: every training image) and
-    seed; labels are class indices 0..K-1. The same N-per-class sample serves every method of a seed. Full
-    fine-tuning follows `optim` and `aug` (finetune); LoRA the same at `lr_lora`, without layer decay."""
-    unknown = [m for m in methods if m not in METHODS]
+    seed; labels are class indices 0..K-1. The same N-per-class sample serves every method of a seed. k-NN and the
+    linear probe run once per kind of `features` (FEATURES; on patch tokens their rows are named knn-patches and
+    linear-patches). Full fine-tuning follows `optim` and `aug` (finetune); LoRA the same at `lr_lora`, without
+    layer decay."""
+    unknown = [m for m in methods if m not in METHODS] + [f for f in features if f not in FEATURES]
     if unknown:
-        raise ValueError(f"unknown few-shot method {unknown[0]!r}; choose from {', '.join(METHODS)}.")
+        raise ValueError(f"unknown few-shot method or features {unknown[0]!r}; choose methods from "
+                         f"{', '.join(METHODS)} and features from {', '.join(FEATURES)}.")
     num_classes = int(max(train_y.max(), test_y.max()) + 1)
     yt = torch.from_numpy(test_y)
-    frozen_train = embed(backbone, train_x) if {"knn", "linear"} & set(methods) else None
-    frozen_test = embed(backbone, test_x) if frozen_train is not None else None
+    frozen = {}  # features kind -> (train (N, F), test (M, F))
+    if {"knn", "linear"} & set(methods):
+        frozen = {f: (embed(backbone, train_x, features=f), embed(backbone, test_x, features=f)) for f in features}
+    runs = [(m, f) for m in methods for f in (features if m in ("knn", "linear") else ("",))]
     rows = []
     for n in shots:
         for seed in seeds:
             idx = sample_per_class(train_y, n if n > 0 else len(train_y), seed)
             xs, ys = train_x[idx], torch.from_numpy(train_y[idx])
-            for method in methods:
+            for method, kind in runs:
                 share = 0.0
                 if method == "knn":
-                    scores = knn_scores(frozen_train[idx], ys, frozen_test, num_classes, k, temperature)
+                    scores = knn_scores(frozen[kind][0][idx], ys, frozen[kind][1], num_classes, k, temperature)
                 elif method == "linear":
-                    scores, _ = linear_probe(frozen_train[idx], ys, frozen_test, num_classes, seed=seed)
+                    scores, _ = linear_probe(frozen[kind][0][idx], ys, frozen[kind][1], num_classes, seed=seed)
                 else:
                     lora = method == "lora"
                     recipe = dataclasses.replace(optim, lr=lr_lora, layer_decay=None) if lora else optim
@@ -139,7 +155,8 @@ def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: 
                     with torch.no_grad():
                         scores = torch.cat([model(test_x[i:i + 256]) for i in range(0, len(test_x), 256)])
                 top1 = float((scores.argmax(1) == yt).double().mean())
-                rows.append({"method": method, "shots": n, "seed": seed, "top1": top1, "trained_share": share})
+                name = method if kind in ("", "pooled") else f"{method}-{kind}"
+                rows.append({"method": name, "shots": n, "seed": seed, "top1": top1, "trained_share": share})
     return rows
 
 
