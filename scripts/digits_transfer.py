@@ -50,7 +50,8 @@ def main() -> int:
                         f"--run.epochs={args.epochs}", f"--run.eval_every={args.epochs}", "--data.num_workers=0",
                         "--aug.interpolation=bicubic"], check=True, cwd=ROOT)
     subprocess.run([sys.executable, str(ROOT / "few_shot.py"), "--checkpoint", str(ckpt), "--train",
-                    str(out / "new" / "train"), "--test", str(out / "new" / "test"), "--out", str(out / "table")],
+                    str(out / "new" / "train"), "--test", str(out / "new" / "test"), "--out", str(out / "table"),
+                    "--features", "pooled", "patches"],
                    check=True, cwd=ROOT)
     return 0
 

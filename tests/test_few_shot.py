@@ -65,6 +65,7 @@ def test_frozen_rows_on_patch_tokens_match_sklearn(data):
     with torch.no_grad():
         tokens = [model.forward_features(x[i]) for i in (tr, te)]  # (N, 1 + 4, D): [CLS] then the 2x2 grid
     want = {"knn": [t[:, 0].numpy() for t in tokens], "knn-patches": [t[:, 1:].flatten(1).numpy() for t in tokens]}
+    torch.testing.assert_close(embed(model, x[te], features="patches").numpy(), want["knn-patches"][1])
     idx = sample_per_class(y[tr], 3, 0)
     for r in rows:
         f_tr, f_te = want[r["method"]]

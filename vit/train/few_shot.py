@@ -77,7 +77,7 @@ def random_affine(x: torch.Tensor, translate: float, rotate: float, scale: float
 
 
 def finetune(backbone, x: torch.Tensor, y: torch.Tensor, num_classes: int, optim: OptimConfig,
-             aug: AugConfig | None = None, steps: int = 200, lora_rank: int | None = None, seed: int = 0
+             aug: AugConfig | None = None, steps: int = 600, lora_rank: int | None = None, seed: int = 0
              ) -> tuple[torch.nn.Module, float]:
     """A copy of `backbone` with a new `num_classes` head, trained on (x, y) by the fine-tuning recipe in `optim`
     (AdamW with timm's parameter groups and optim.layer_decay, warmup then cosine, gradient clipping) for `steps`
@@ -119,7 +119,7 @@ def finetune(backbone, x: torch.Tensor, y: torch.Tensor, num_classes: int, optim
 def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: torch.Tensor, test_y: np.ndarray,
                   shots: tuple[int, ...] = (1, 5, 10), seeds: tuple[int, ...] = (0, 1, 2),
                   methods: tuple[str, ...] = METHODS, optim: OptimConfig = FINETUNE, aug: AugConfig | None = None,
-                  steps: int = 200, lora_rank: int = 4, lr_lora: float = 1e-2, k: int = 20,
+                  steps: int = 600, lora_rank: int = 4, lr_lora: float = 1e-2, k: int = 20,
                   temperature: float = 0.07, features: tuple[str, ...] = ("pooled",)) -> list[dict]:
     """One row {method, shots, seed, top1, trained_share} per method, N in `shots` (0: every training image) and
     seed; labels are class indices 0..K-1. The same N-per-class sample serves every method of a seed. k-NN and the
