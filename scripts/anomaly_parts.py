@@ -1,6 +1,6 @@
 """PatchCore on generated inspection parts, with a backbone trained here: the experiment of docs/few-labels.md.
 
-    python scripts/anomaly_parts.py --out /tmp/parts          # ~15 min on 2 busy CPU cores
+    python scripts/anomaly_parts.py --out /tmp/parts          # ~10 min on 2 CPU cores (~6 with --neighbourhoods 3)
 
 1. Good parts only (vit.data.synthetic.inspection_part: brushed, grain, weave, knurl surfaces) train a tiny ViT
    with train.py to tell the four surfaces apart (128 px, patch 8: a 16x16 grid; 4 blocks of width 64; no defect
