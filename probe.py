@@ -67,8 +67,9 @@ def main(argv=None) -> int:
     if args.features == "patches":
         for role, f in feats.items():
             if "patch_tokens" not in f:
-                raise ConfigError(f"--{role} {files[role]} holds no patch tokens; write it with features.py "
-                                  "--patch-tokens, or probe the pooled embeddings (--features pooled).")
+                raise ConfigError(f"--{role} {files[role]} holds no patch tokens; pass the .npz that features.py "
+                                  "--patch-tokens writes (the .parquet beside it has only the pooled embeddings), "
+                                  "or probe those (--features pooled).")
             f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
     train, test, val = feats["train"], feats["test"], feats.get("val")
     r = probe(train, test, args.method, args.k, args.temperature, tuple(args.C), val)
