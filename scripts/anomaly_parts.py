@@ -1,6 +1,6 @@
 """PatchCore on generated inspection parts, with a backbone trained here: the experiment of docs/few-labels.md.
 
-    python scripts/anomaly_parts.py --out /tmp/parts          # ~10 min on 2 CPU cores (~6 with --neighbourhoods 3)
+    python scripts/anomaly_parts.py --out /tmp/parts          # ~30 min on 2 CPU cores (~17 with --neighbourhoods 3)
 
 1. Good parts only (vit.data.synthetic.inspection_part: brushed, grain, weave, knurl surfaces) train a tiny ViT
    with train.py to tell the four surfaces apart (128 px, patch 8: a 16x16 grid; 4 blocks of width 64; no defect
@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE, PATCH = 128, 8
-TRAIN_GOOD = 320  # good parts in the bank, 80 of each surface (MVTec AD's categories have 60 to 391)
+TRAIN_GOOD = 1280  # good parts in the bank by default, 320 of each surface (--good; 320 and 640 score lower: docs)
 BACKBONE = [f"--model.img_size={SIZE}", f"--model.patch_size={PATCH}", "--model.embed_dim=64", "--model.depth=4",
             "--model.num_heads=4", "--model.mlp_ratio=2", "--data.batch_size=32", "--run.epochs=10",
             "--optim.lr=2e-3", "--optim.warmup_epochs=1", "--aug.random_resized_crop=false", "--aug.hflip=0.5",
@@ -63,7 +63,8 @@ def train_backbone(out: Path) -> Path:
     return out / "backbone" / "best"
 
 
-def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats: int = 3) -> dict:
+def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats: int = 3,
+             good: int = TRAIN_GOOD) -> dict:
     import numpy as np
     import torch
 
@@ -72,8 +73,11 @@ def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats
     from vit.eval.inference import ImageFiles
 
     d = out / f"seed{seed}"
+    if len(list((d / "train" / "good").glob("*.png"))) != good:
+        write_parts(d / "train", 1000 + seed, {"good": good}, False)
+        for extra in sorted((d / "train" / "good").glob("*.png"))[good:]:  # from an earlier, larger --good
+            extra.unlink()
     if not (d / "test").is_dir():
-        write_parts(d / "train", 1000 + seed, {"good": TRAIN_GOOD}, False)
         write_parts(d / "val", 2000 + seed, {"good": 40}, False)
         write_parts(d / "test", 3000 + seed, {"good": 60, "scratch": 20, "dent": 20, "stain": 20}, True)
     files = lambda sub: ImageFiles(collect_images([str(d / sub)])[0], transform)  # noqa: E731
@@ -117,6 +121,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the generated parts and the run")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--good", type=int, default=TRAIN_GOOD, help="good parts in the bank (before the coreset)")
     ap.add_argument("--neighbourhoods", type=int, nargs="+", default=[3, 1],
                     help="PatchCore's 3x3 feature averaging, and none (1), compared")
     args = ap.parse_args()
@@ -135,7 +140,7 @@ def main() -> int:
     rows = []
     for n in args.neighbourhoods:
         for s in args.seeds:
-            rows.append(r := run_seed(model, transform, out, s, n))
+            rows.append(r := run_seed(model, transform, out, s, n, good=args.good))
             print(f"{r['neighbourhood']}x{r['neighbourhood']} seed {r['seed']}: "
                   f"AUROC {r['auroc']:.4f}  recall {r['recall']:.2f} at threshold {r['threshold']:.3f}"
                   f" ({r['false_alarms']}/{r['good_test']} false alarms)  hottest patch on the defect "
