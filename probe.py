@@ -87,8 +87,8 @@ def main(argv=None) -> int:
                       for p, y, q in zip(test["paths"].tolist(), r["labels"], r["pred"])])
 
     chosen = ", ".join(f"{k}={v}" for k, v in r["settings"].items() if k != "val_top1")
-    print(f"{r['method']} probe on {args.features} features ({chosen}): {r['n_train']} training, {r['n']} test images, top-1 "
-          f"{100 * r['top1']:.2f}%, macro F1 {r['macro']['f1']:.3f}")
+    print(f"{r['method']} probe on {args.features} features ({chosen}): {r['n_train']} training, {r['n']} test "
+          f"images, top-1 {100 * r['top1']:.2f}%, macro F1 {r['macro']['f1']:.3f}")
     print(f"{'class':>20s} {'precision':>9s} {'recall':>7s} {'f1':>6s} {'n':>5s}")
     for c, row in zip(r["classes"], r["per_class"]):
         print(printable(f"{c[:20]:>20s} {row['precision']:9.3f} {row['recall']:7.3f} {row['f1']:6.3f} "

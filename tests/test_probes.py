@@ -153,7 +153,8 @@ def test_probe_script_reads_patch_tokens_flattened(tmp_path):
     save_features(tmp_path / "plain.npz", _feats(x, y), parquet=False)
     bad = run_script("probe.py", "--train", str(tmp_path / "plain.npz"), "--test", str(tmp_path / "te.npz"),
                      "--features", "patches", "--out", str(tmp_path / "o2"))
-    assert bad.returncode == 2 and "holds no patch tokens; pass the .npz that features.py --patch-tokens writes" in bad.stderr
+    assert bad.returncode == 2
+    assert "holds no patch tokens; pass the .npz that features.py --patch-tokens writes" in bad.stderr
     assert not (tmp_path / "o2").exists()
 
 
