@@ -70,6 +70,15 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--{role} {files[role]} holds no patch tokens; pass the .npz that features.py "
                                   "--patch-tokens writes (the .parquet beside it has only the pooled embeddings), "
                                   "or probe those (--features pooled).")
+            # (N, h*w, D) and the (h, w) it came from: compared with the training file's, since two grids of one
+            # flattened size (other img sizes, or another model's width) would put other patches side by side
+            shape = (tuple(int(g) for g in f.get("grid", ())), f["patch_tokens"].shape[1:])
+            ref = (tuple(int(g) for g in feats["train"].get("grid", ())), feats["train"]["patch_tokens"].shape[1:])
+            if shape != ref:
+                grid = lambda g: "x".join(map(str, g[0])) + f" grid of {g[1][-1]}-d tokens"  # noqa: E731
+                raise ConfigError(f"--{role} {files[role]} holds patch tokens on a {grid(shape)} but --train "
+                                  f"{files['train']} on a {grid(ref)}; extract every file with the same model at "
+                                  "the same image size.")
             f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
     train, test, val = feats["train"], feats["test"], feats.get("val")
     r = probe(train, test, args.method, args.k, args.temperature, tuple(args.C), val)
@@ -87,8 +96,8 @@ def main(argv=None) -> int:
                       for p, y, q in zip(test["paths"].tolist(), r["labels"], r["pred"])])
 
     chosen = ", ".join(f"{k}={v}" for k, v in r["settings"].items() if k != "val_top1")
-    print(f"{r['method']} probe on {args.features} features ({chosen}): {r['n_train']} training, {r['n']} test images, top-1 "
-          f"{100 * r['top1']:.2f}%, macro F1 {r['macro']['f1']:.3f}")
+    print(f"{r['method']} probe on {args.features} features ({chosen}): {r['n_train']} training, {r['n']} test "
+          f"images, top-1 {100 * r['top1']:.2f}%, macro F1 {r['macro']['f1']:.3f}")
     print(f"{'class':>20s} {'precision':>9s} {'recall':>7s} {'f1':>6s} {'n':>5s}")
     for c, row in zip(r["classes"], r["per_class"]):
         print(printable(f"{c[:20]:>20s} {row['precision']:9.3f} {row['recall']:7.3f} {row['f1']:6.3f} "
