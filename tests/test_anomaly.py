@@ -109,6 +109,24 @@ def test_nearest_distance_ranks_by_a_product_but_measures_exactly():
         np.testing.assert_allclose(got.numpy(), want, rtol=2e-3, atol=1e-5)
 
 
+def test_empty_banks_and_sizes_below_one_are_one_sentence(tmp_path):
+    """An empty bank (a hand-edited file, or a coreset of 0) or a count below 1: a ValueError that says so, not an
+    IndexError from inside a reduction; an empty query set is fine (no distances)."""
+    from vit.eval.anomaly import nearest_distance
+
+    bank, q = torch.randn(5, 4), torch.randn(3, 4)
+    assert nearest_distance(q[:0], bank).shape == (0,)
+    for kw in ({"bank": bank[:0]}, {"bank": bank, "candidates": 0}, {"bank": bank, "chunk": 0}):
+        with pytest.raises(ValueError, match="nearest distances need a bank of at least 1 row"):
+            nearest_distance(q, **kw)
+    for z, n in ((bank, 0), (bank[:0], 3)):
+        with pytest.raises(ValueError, match="k-center greedy chooses at least 1 of at least 1 rows"):
+            k_center_greedy(z, n)
+    save_patchcore(tmp_path / "anomaly", PatchCore(torch.zeros(0, 4), (1, 2)))
+    with pytest.raises(ValueError, match="bank of at least 1 row; rebuild it with anomaly.py fit"):
+        load_patchcore(tmp_path / "anomaly")
+
+
 def test_auroc_equals_sklearn_with_ties():
     from sklearn.metrics import roc_auc_score
 
