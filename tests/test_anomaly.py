@@ -341,3 +341,15 @@ def test_bank_building_and_scoring_are_linear_in_images(monkeypatch):
     assert fit12["coreset"] == 2 * fit6["coreset"] == 2 * 6 * 16 * 20
     assert score12["images"] == 12 and score12["pairs"] == 2 * score6["pairs"] == 2 * 6 * 16 * 20
     assert maps6 == (6, 4, 4) and maps12 == (12, 4, 4)
+
+
+@pytest.mark.parametrize("args", [["--good", "0"], ["--good", "-5"], ["--neighbourhoods", "3", "2"]])
+def test_parts_experiment_refuses_bad_counts_before_training(tmp_path, capsys, args):
+    """scripts/anomaly_parts.py: --good 0 or below (which would have emptied the bank's folder) or an even
+    neighbourhood is one sentence at once, not a failure after the backbone's minutes of training."""
+    from helpers import import_script
+
+    with pytest.raises(SystemExit) as e:
+        import_script("scripts/anomaly_parts").main(["--out", str(tmp_path / "parts"), *args])
+    assert e.value.code == 2 and not (tmp_path / "parts").exists()
+    assert "--good must be at least 1 part and every --neighbourhoods an odd number" in capsys.readouterr().err
