@@ -74,6 +74,11 @@ def test_frozen_rows_on_patch_tokens_match_sklearn(data):
         assert r["top1"] == pytest.approx(float((ref.predict(f_te) == y[te]).mean()))
     with pytest.raises(ValueError, match="unknown few-shot method or features 'tokens'"):
         few_shot_rows(model, x[tr], y[tr], x[te], y[te], methods=("knn",), features=("tokens",))
+    with pytest.raises(ValueError, match="k-NN and the linear probe need features to read"):
+        few_shot_rows(model, x[tr], y[tr], x[te], y[te], methods=("knn", "full"), features=())
+    twice = few_shot_rows(model, x[tr], y[tr], x[te], y[te], shots=(3,), seeds=(0,), methods=("knn",), k=3,
+                          temperature=0.1, features=("patches", "patches"))
+    assert twice == rows[1:]  # one knn-patches row, as above
 
 
 def test_lora_trains_a_small_share_and_full_everything(data):
