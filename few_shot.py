@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="knn/linear: the pooled embedding the head reads, the final patch tokens (flattened in grid "
                          "order; they keep where things are), or both (one row each)")
     ap.add_argument("--steps", type=int, default=600,
-                    help="lora/full: full-batch AdamW steps (epochs); LoRA needs more than full fine-tuning to converge")
+                    help="lora/full: full-batch AdamW steps (epochs); LoRA needs more than full fine-tuning to "
+                         "converge")
     ap.add_argument("--lr", type=float, default=1e-3, help="full: peak learning rate")
     ap.add_argument("--layer-decay", type=float, default=0.0, help="full: layer-wise lr decay (0: none)")
     ap.add_argument("--lr-lora", type=float, default=1e-2, help="lora: learning rate")
