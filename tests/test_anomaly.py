@@ -39,6 +39,14 @@ def test_k_center_greedy_equals_brute_force(seed):
     assert got.tolist() == _brute_k_center(z, 10, seed)
 
 
+def test_k_center_greedy_breaks_ties_on_the_first_row():
+    """Rows on an integer grid, each repeated (exact ties, zero distances once every distinct row is chosen), in
+    float32: the same choices as the float64 reference's first-maximum rule; one row: just the start."""
+    z = np.tile(np.random.default_rng(3).integers(0, 3, size=(20, 3)), (2, 1)).astype(np.float32)  # (40, 3)
+    assert k_center_greedy(torch.from_numpy(z), 25, start=7).tolist() == _brute_k_center(z.astype(np.float64), 25, 7)
+    assert k_center_greedy(torch.from_numpy(z), 1, start=7).tolist() == [7]
+
+
 def test_coreset_is_k_center_on_the_projection():
     x = torch.randn(50, 300, dtype=torch.float64)
     got = coreset(x, 7, projection_dim=16, seed=3)
