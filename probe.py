@@ -70,6 +70,15 @@ def main(argv=None) -> int:
                 raise ConfigError(f"--{role} {files[role]} holds no patch tokens; pass the .npz that features.py "
                                   "--patch-tokens writes (the .parquet beside it has only the pooled embeddings), "
                                   "or probe those (--features pooled).")
+            # (N, h*w, D) and the (h, w) it came from: compared with the training file's, since two grids of one
+            # flattened size (other img sizes, or another model's width) would put other patches side by side
+            shape = (tuple(int(g) for g in f.get("grid", ())), f["patch_tokens"].shape[1:])
+            ref = (tuple(int(g) for g in feats["train"].get("grid", ())), feats["train"]["patch_tokens"].shape[1:])
+            if shape != ref:
+                grid = lambda g: "x".join(map(str, g[0])) + f" grid of {g[1][-1]}-d tokens"  # noqa: E731
+                raise ConfigError(f"--{role} {files[role]} holds patch tokens on a {grid(shape)} but --train "
+                                  f"{files['train']} on a {grid(ref)}; extract every file with the same model at "
+                                  "the same image size.")
             f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
     train, test, val = feats["train"], feats["test"], feats.get("val")
     r = probe(train, test, args.method, args.k, args.temperature, tuple(args.C), val)

@@ -117,14 +117,17 @@ def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats
             "classify_images_per_s": float(np.median(speed["classify"]))}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the generated parts and the run")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--good", type=int, default=TRAIN_GOOD, help="good parts in the bank (before the coreset)")
     ap.add_argument("--neighbourhoods", type=int, nargs="+", default=[3, 1],
                     help="PatchCore's 3x3 feature averaging, and none (1), compared")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.good < 1 or any(n < 1 or n % 2 == 0 for n in args.neighbourhoods):  # before minutes of training
+        ap.error(f"--good must be at least 1 part and every --neighbourhoods an odd number (3, or 1 for none), got "
+                 f"{args.good} and {' '.join(map(str, args.neighbourhoods))}")
     out = Path(args.out)
     ckpt = out / "backbone" / "best"
     if not ckpt.is_dir():

@@ -39,6 +39,14 @@ def test_k_center_greedy_equals_brute_force(seed):
     assert got.tolist() == _brute_k_center(z, 10, seed)
 
 
+def test_k_center_greedy_breaks_ties_on_the_first_row():
+    """Rows on an integer grid, each repeated (exact ties, zero distances once every distinct row is chosen), in
+    float32: the same choices as the float64 reference's first-maximum rule; one row: just the start."""
+    z = np.tile(np.random.default_rng(3).integers(0, 3, size=(20, 3)), (2, 1)).astype(np.float32)  # (40, 3)
+    assert k_center_greedy(torch.from_numpy(z), 25, start=7).tolist() == _brute_k_center(z.astype(np.float64), 25, 7)
+    assert k_center_greedy(torch.from_numpy(z), 1, start=7).tolist() == [7]
+
+
 def test_coreset_is_k_center_on_the_projection():
     x = torch.randn(50, 300, dtype=torch.float64)
     got = coreset(x, 7, projection_dim=16, seed=3)
@@ -107,6 +115,24 @@ def test_nearest_distance_ranks_by_a_product_but_measures_exactly():
     for candidates in (1, 8):
         got = nearest_distance(torch.from_numpy(q), torch.from_numpy(bank), chunk=32, candidates=candidates)
         np.testing.assert_allclose(got.numpy(), want, rtol=2e-3, atol=1e-5)
+
+
+def test_empty_banks_and_sizes_below_one_are_one_sentence(tmp_path):
+    """An empty bank (a hand-edited file, or a coreset of 0) or a count below 1: a ValueError that says so, not an
+    IndexError from inside a reduction; an empty query set is fine (no distances)."""
+    from vit.eval.anomaly import nearest_distance
+
+    bank, q = torch.randn(5, 4), torch.randn(3, 4)
+    assert nearest_distance(q[:0], bank).shape == (0,)
+    for kw in ({"bank": bank[:0]}, {"bank": bank, "candidates": 0}, {"bank": bank, "chunk": 0}):
+        with pytest.raises(ValueError, match="nearest distances need a bank of at least 1 row"):
+            nearest_distance(q, **kw)
+    for z, n in ((bank, 0), (bank[:0], 3)):
+        with pytest.raises(ValueError, match="k-center greedy chooses at least 1 of at least 1 rows"):
+            k_center_greedy(z, n)
+    save_patchcore(tmp_path / "anomaly", PatchCore(torch.zeros(0, 4), (1, 2)))
+    with pytest.raises(ValueError, match="bank of at least 1 row; rebuild it with anomaly.py fit"):
+        load_patchcore(tmp_path / "anomaly")
 
 
 def test_auroc_equals_sklearn_with_ties():
@@ -323,3 +349,15 @@ def test_bank_building_and_scoring_are_linear_in_images(monkeypatch):
     assert fit12["coreset"] == 2 * fit6["coreset"] == 2 * 6 * 16 * 20
     assert score12["images"] == 12 and score12["pairs"] == 2 * score6["pairs"] == 2 * 6 * 16 * 20
     assert maps6 == (6, 4, 4) and maps12 == (12, 4, 4)
+
+
+@pytest.mark.parametrize("args", [["--good", "0"], ["--good", "-5"], ["--neighbourhoods", "3", "2"]])
+def test_parts_experiment_refuses_bad_counts_before_training(tmp_path, capsys, args):
+    """scripts/anomaly_parts.py: --good 0 or below (which would have emptied the bank's folder) or an even
+    neighbourhood is one sentence at once, not a failure after the backbone's minutes of training."""
+    from helpers import import_script
+
+    with pytest.raises(SystemExit) as e:
+        import_script("scripts/anomaly_parts").main(["--out", str(tmp_path / "parts"), *args])
+    assert e.value.code == 2 and not (tmp_path / "parts").exists()
+    assert "--good must be at least 1 part and every --neighbourhoods an odd number" in capsys.readouterr().err

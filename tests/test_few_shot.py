@@ -74,6 +74,11 @@ def test_frozen_rows_on_patch_tokens_match_sklearn(data):
         assert r["top1"] == pytest.approx(float((ref.predict(f_te) == y[te]).mean()))
     with pytest.raises(ValueError, match="unknown few-shot method or features 'tokens'"):
         few_shot_rows(model, x[tr], y[tr], x[te], y[te], methods=("knn",), features=("tokens",))
+    with pytest.raises(ValueError, match="k-NN and the linear probe need features to read"):
+        few_shot_rows(model, x[tr], y[tr], x[te], y[te], methods=("knn", "full"), features=())
+    twice = few_shot_rows(model, x[tr], y[tr], x[te], y[te], shots=(3,), seeds=(0,), methods=("knn",), k=3,
+                          temperature=0.1, features=("patches", "patches"))
+    assert twice == rows[1:]  # one knn-patches row, as above
 
 
 def test_lora_trains_a_small_share_and_full_everything(data):
@@ -106,3 +111,20 @@ def test_random_affine_is_torchvisions_affine():
         torch.testing.assert_close(got[i], ref, atol=1e-12, rtol=0)
     assert (got - x).abs().max() > 0.1  # it moved the images
     assert torch.isclose(got, fill[None, :, None, None]).any()  # the uncovered border is the fill
+
+
+@pytest.mark.parametrize("kw", [{"reg_tokens": 2}, {"class_token": False, "global_pool": "avg"}])
+def test_patch_features_leave_out_every_prefix_token(data, kw):
+    """features="patches" on registers (3 prefix tokens) or none: exactly timm's final patch tokens, flattened in
+    grid order, for any number of prefix tokens (slicing off only a [CLS] would keep the registers)."""
+    import timm
+
+    args = dict(img_size=16, patch_size=8, depth=2, embed_dim=32, num_heads=2, num_classes=4, **kw)
+    torch.manual_seed(0)
+    model = create_model("vit_tiny_patch16_224", **args).eval()
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, **args).eval()
+    ref.load_state_dict(model.state_dict())
+    x = data[0][:5]
+    with torch.no_grad():
+        want = ref.forward_features(x)[:, ref.num_prefix_tokens:].flatten(1)  # (5, 2*2*32)
+    torch.testing.assert_close(embed(model, x, features="patches"), want, atol=1e-6, rtol=1e-6)

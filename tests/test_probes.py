@@ -131,9 +131,10 @@ def test_probe_script_writes_the_report(tmp_path):
 def test_probe_script_reads_patch_tokens_flattened(tmp_path):
     """--features patches: the k-NN votes on each image's (h*w, D) patch tokens flattened in grid order, as
     scikit-learn on the same flattened arrays; a file without patch tokens is one sentence."""
-    from helpers import run_script
+    from helpers import import_script
     from sklearn.neighbors import KNeighborsClassifier
 
+    from vit.config import ConfigError
     from vit.eval.features import save_features
 
     x, y = _blobs(n=60, d=24, seed=10)
@@ -145,17 +146,38 @@ def test_probe_script_reads_patch_tokens_flattened(tmp_path):
         save_features(tmp_path / f"{name}.npz", f, parquet=False)
     ref = KNeighborsClassifier(n_neighbors=5, metric="cosine", algorithm="brute",
                                weights=lambda d: np.exp((1 - d) / 0.1)).fit(x, y).predict(q)
-    r = run_script("probe.py", "--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "te.npz"), "--k", "5",
-                   "--temperature", "0.1", "--features", "patches", "--out", str(tmp_path / "o"))
-    assert r.returncode == 0, r.stderr[-2000:]
+    main = import_script("probe").main  # in-process: a subprocess would spend seconds importing torch
+    assert main(["--train", str(tmp_path / "tr.npz"), "--test", str(tmp_path / "te.npz"), "--k", "5",
+                 "--temperature", "0.1", "--features", "patches", "--out", str(tmp_path / "o")]) == 0
     m = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert m["features"] == "patches" and m["top1"] == pytest.approx(float((ref == yq).mean()))
     save_features(tmp_path / "plain.npz", _feats(x, y), parquet=False)
-    bad = run_script("probe.py", "--train", str(tmp_path / "plain.npz"), "--test", str(tmp_path / "te.npz"),
-                     "--features", "patches", "--out", str(tmp_path / "o2"))
-    assert bad.returncode == 2
-    assert "holds no patch tokens; pass the .npz that features.py --patch-tokens writes" in bad.stderr
+    with pytest.raises(ConfigError, match="holds no patch tokens; pass the .npz that features.py --patch-tokens "
+                                          "writes"):
+        main(["--train", str(tmp_path / "plain.npz"), "--test", str(tmp_path / "te.npz"), "--features", "patches",
+              "--out", str(tmp_path / "o2")])
     assert not (tmp_path / "o2").exists()
+
+
+def test_probe_patches_refuses_another_grid_of_the_same_flattened_size(tmp_path):
+    """Patch tokens from another model or image size: a 4x2 grid of 4-d tokens flattens to as many numbers as a
+    2x2 grid of 8-d ones, so only their shapes tell; one sentence, nothing written, for --test and --val."""
+    from helpers import import_script
+
+    from vit.config import ConfigError
+    from vit.eval.features import save_features
+
+    x, y = _blobs(n=40, d=32, seed=12)
+    for name, grid, shape in (("tr", (2, 2), (4, 8)), ("te", (4, 2), (8, 4)), ("same", (2, 2), (4, 8))):
+        f = {**_feats(x[:, :8], y), "patch_tokens": x.reshape(len(x), *shape), "grid": np.array(grid)}
+        save_features(tmp_path / f"{name}.npz", f, parquet=False)
+    main = import_script("probe").main
+    for args in (["--test", "te.npz"], ["--test", "same.npz", "--val", "te.npz", "--method", "linear"]):
+        with pytest.raises(ConfigError, match=r"te.npz holds patch tokens on a 4x2 grid of 4-d tokens but --train "
+                                              r".*tr.npz on a 2x2 grid of 8-d tokens; extract every file"):
+            main(["--train", str(tmp_path / "tr.npz"), *[str(tmp_path / a) if a.endswith(".npz") else a for a in args],
+                  "--features", "patches", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("case,message", [

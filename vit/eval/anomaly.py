@@ -79,6 +79,8 @@ def random_projection(x: torch.Tensor, dim: int, seed: int = 0) -> torch.Tensor:
 def k_center_greedy(z: torch.Tensor, n: int, start: int = 0) -> torch.Tensor:
     """Indices of `n` rows of z (N, D) chosen greedily: `start`, then each time the row whose distance to its
     nearest chosen row is largest (the first such row on a tie). O(N n) time, O(N) memory."""
+    if n < 1 or not len(z):
+        raise ValueError(f"k-center greedy chooses at least 1 of at least 1 rows, asked for {n} of {len(z)}.")
     n = min(n, len(z))
     chosen = torch.empty(n, dtype=torch.long)
     chosen[0] = start
@@ -108,6 +110,9 @@ def nearest_distance(queries: torch.Tensor, bank: torch.Tensor, chunk: int = 204
     features sit far from the origin. It only ranks; a true nearest row ranked below `candidates` others would
     be within that error of each of them, so the exact minimum over the candidates differs from the true one by
     no more than it."""
+    if not len(bank) or candidates < 1 or chunk < 1:
+        raise ValueError(f"nearest distances need a bank of at least 1 row (it has {len(bank)}) and at least 1 "
+                         f"candidate and query per chunk (got {candidates} and {chunk}).")
     c = min(candidates, len(bank))
     mean = bank.mean(0)
     centred = bank - mean
@@ -242,8 +247,9 @@ def load_patchcore(folder: str | Path) -> PatchCore:
         layers, threshold, hood = settings["layers"], settings.get("threshold"), int(settings["neighbourhood"])
     except (SafetensorError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); rebuild it with anomaly.py fit.") from None
-    if bank.ndim != 2 or not torch.isfinite(bank).all():
-        raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank; rebuild it with anomaly.py fit.")
+    if bank.ndim != 2 or not len(bank) or not torch.isfinite(bank).all():
+        raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank of at least 1 row; rebuild it with "
+                         "anomaly.py fit.")
     return PatchCore(bank, tuple(layers), threshold, hood)
 
 

@@ -130,6 +130,9 @@ def few_shot_rows(backbone, train_x: torch.Tensor, train_y: np.ndarray, test_x: 
     if unknown:
         raise ValueError(f"unknown few-shot method or features {unknown[0]!r}; choose methods from "
                          f"{', '.join(METHODS)} and features from {', '.join(FEATURES)}.")
+    features = tuple(dict.fromkeys(features))  # a kind named twice: one set of rows
+    if not features and {"knn", "linear"} & set(methods):
+        raise ValueError(f"k-NN and the linear probe need features to read; pass one or more of {', '.join(FEATURES)}.")
     num_classes = int(max(train_y.max(), test_y.max()) + 1)
     yt = torch.from_numpy(test_y)
     frozen = {}  # features kind -> (train (N, F), test (M, F))
