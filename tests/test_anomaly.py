@@ -3,6 +3,7 @@ brute-force k-center greedy, AUROC against scikit-learn; the generated inspectio
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -170,7 +171,6 @@ def test_a_defect_changes_only_its_mask(kind):
 def test_script_fits_scores_and_maps(tiny_run, tmp_path):
     import csv
     import json
-    import shutil
 
     from helpers import run_script
     from PIL import Image
@@ -281,6 +281,13 @@ def test_onnx_predictor_reads_the_bank_as_an_array_and_scores_as_torch(anomaly_c
     assert check["max_abs_score_diff"] <= 1e-4 and check["images"] > 0
     bank = np.load(exp / "anomaly" / "bank.npy", allow_pickle=False)
     assert np.array_equal(bank, pc.bank.numpy())
+    from vit.deploy.onnx_anomaly import OnnxPatchCore
+
+    for name, broken in (("empty", bank[:0]), ("nan", np.full_like(bank, np.nan))):  # a hand-edited bank.npy
+        shutil.copytree(exp / "anomaly", tmp_path / name)
+        np.save(tmp_path / name / "bank.npy", broken)
+        with pytest.raises(ValueError, match="is not a finite, non-empty \\(K, F\\) float32 bank; export the"):
+            OnnxPatchCore(tmp_path / name, exp / "preprocessing.json")
     ours = tmp_path / "torch"
     assert import_script("predict").main(["--checkpoint", str(tmp / "ck"), str(tmp / "test"), "--out", str(ours)]) == 0
     shim = tmp_path / "shim"

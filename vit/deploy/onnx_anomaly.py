@@ -60,8 +60,9 @@ class OnnxPatchCore:
             threshold, grid = settings.get("threshold"), [int(g) for g in settings["grid"]]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{folder} does not hold an exported PatchCore ({str(e)[:120]}); {redo}.") from None
-        if self.bank.dtype != np.float32 or self.bank.ndim != 2 or not np.isfinite(self.bank).all():
-            raise ValueError(f"{folder / BANK_NPY} is not a finite (K, F) float32 bank; {redo}.")
+        if (self.bank.dtype != np.float32 or self.bank.ndim != 2 or not len(self.bank)
+                or not np.isfinite(self.bank).all()):
+            raise ValueError(f"{folder / BANK_NPY} is not a finite, non-empty (K, F) float32 bank; {redo}.")
         if threshold is not None and not (type(threshold) in (int, float) and math.isfinite(threshold)):
             raise ValueError(f"{folder / SETTINGS} has threshold {threshold!r}, not a number; {redo}.")
         self.threshold, self.grid = threshold, tuple(grid)
