@@ -75,7 +75,8 @@ def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats
     d = out / f"seed{seed}"
     if len(list((d / "train" / "good").glob("*.png"))) != good:
         write_parts(d / "train", 1000 + seed, {"good": good}, False)
-        for extra in sorted((d / "train" / "good").glob("*.png"))[good:]:  # from an earlier, larger --good
+        numbered = sorted((d / "train" / "good").glob("*.png"), key=lambda p: int(p.stem))  # 9999 before 10000
+        for extra in numbered[good:]:  # from an earlier, larger --good
             extra.unlink()
     if not (d / "test").is_dir():
         write_parts(d / "val", 2000 + seed, {"good": 40}, False)
