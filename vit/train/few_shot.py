@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import AugConfig, OptimConfig
+from ..eval.features import Embedder
 from ..eval.probes import knn_scores, linear_probe
 from .lora import add_lora, trainable_share
 from .optim import build_optimizer, lr_at, set_lr
@@ -45,17 +46,15 @@ def sample_per_class(y: np.ndarray, n: int, seed: int) -> np.ndarray:
 
 @torch.no_grad()
 def embed(model, x: torch.Tensor, batch_size: int = 256, features: str = "pooled") -> torch.Tensor:
-    """Frozen features of images x (N, C, H, W), in memory: the pooled pre-logits (N, D) (vit.eval.features.
-    Embedder's) or, for `features="patches"`, the final patch tokens flattened in grid order (N, h*w*D)."""
+    """Frozen features of images x (N, C, H, W), in memory, as vit.eval.features.Embedder gives them: the pooled
+    pre-logits (N, D) or, for `features="patches"`, the final patch tokens flattened in grid order (N, h*w*D)."""
     if features not in FEATURES:
         raise ValueError(f"unknown features {features!r}; choose from {', '.join(FEATURES)}.")
     model.eval()
-    out = []
-    for i in range(0, len(x), batch_size):
-        tokens = model.forward_features(x[i:i + batch_size])
-        out.append(model.forward_head(tokens, pre_logits=True) if features == "pooled"
-                   else tokens[:, model.num_prefix_tokens:].flatten(1))
-    return torch.cat(out)
+    patches = features == "patches"
+    embedder = Embedder(model, patch_tokens=patches)  # (B, D), or (B, D + h*w*D) with the patch tokens after
+    out = torch.cat([embedder(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+    return out[:, model.num_features:] if patches else out
 
 
 def random_affine(x: torch.Tensor, translate: float, rotate: float, scale: float, fill: torch.Tensor,
