@@ -50,7 +50,7 @@ from pathlib import Path
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import run_cli
 from vit.config import ConfigError
-from vit.eval.features import load_features
+from vit.eval.features import load_features, use_patch_tokens
 from vit.eval.probes import probe
 from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
@@ -65,21 +65,7 @@ def main(argv=None) -> int:
     files = {"train": args.train, "test": args.test, **({"val": args.val} if args.val else {})}
     feats = {role: load_features(path) for role, path in files.items()}
     if args.features == "patches":
-        for role, f in feats.items():
-            if "patch_tokens" not in f:
-                raise ConfigError(f"--{role} {files[role]} holds no patch tokens; pass the .npz that features.py "
-                                  "--patch-tokens writes (the .parquet beside it has only the pooled embeddings), "
-                                  "or probe those (--features pooled).")
-            # (N, h*w, D) and the (h, w) it came from: compared with the training file's, since two grids of one
-            # flattened size (other img sizes, or another model's width) would put other patches side by side
-            shape = (tuple(int(g) for g in f.get("grid", ())), f["patch_tokens"].shape[1:])
-            ref = (tuple(int(g) for g in feats["train"].get("grid", ())), feats["train"]["patch_tokens"].shape[1:])
-            if shape != ref:
-                grid = lambda g: "x".join(map(str, g[0])) + f" grid of {g[1][-1]}-d tokens"  # noqa: E731
-                raise ConfigError(f"--{role} {files[role]} holds patch tokens on a {grid(shape)} but --train "
-                                  f"{files['train']} on a {grid(ref)}; extract every file with the same model at "
-                                  "the same image size.")
-            f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
+        use_patch_tokens(feats, files)
     train, test, val = feats["train"], feats["test"], feats.get("val")
     r = probe(train, test, args.method, args.k, args.temperature, tuple(args.C), val)
 

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config import ConfigError
 from ..utils.atomic import atomic_write_bytes
 from .inference import ImageFiles, predict_files
 
-__all__ = ["Embedder", "extract_features", "save_features", "load_features", "FEATURE_KEYS"]
+__all__ = ["Embedder", "extract_features", "save_features", "load_features", "use_patch_tokens", "FEATURE_KEYS"]
 
 # what a features .npz holds: paths (N,) str, labels (N,) str, embeddings (N, D) float32, optionally
 # patch_tokens (N, h*w, D) float32 and grid (2,) int (h, w)
@@ -125,3 +126,29 @@ def load_features(path: str | Path) -> dict:
         raise ValueError(f"{path} has {sizes['embeddings']} embeddings for {sizes['paths']} paths and "
                          f"{sizes['labels']} labels; write it again with features.py.")
     return out
+
+
+def use_patch_tokens(feats: dict[str, dict], files: dict[str, str]) -> None:
+    """Make each features dict of `feats` (role -> load_features' dict; "train" among them) probe its patch
+    tokens: `embeddings` becomes patch_tokens flattened in grid order, (N, h*w*D). `files` (role -> path) names
+    them in the one-sentence ConfigError for a file without patch tokens (a .parquet never has them) or with
+    another grid or width than the training file's: two grids of one flattened size (another image size, or
+    another model's width) would put other patches side by side."""
+    def layout(f: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:  # ((h, w), (h*w, D))
+        return tuple(int(g) for g in f.get("grid", ())), f["patch_tokens"].shape[1:]
+
+    def said(shape) -> str:
+        return "x".join(map(str, shape[0])) + f" grid of {shape[1][-1]}-d tokens"
+
+    for role, f in feats.items():
+        if "patch_tokens" not in f:
+            raise ConfigError(f"--{role} {files[role]} holds no patch tokens; pass the .npz that features.py "
+                              "--patch-tokens writes (the .parquet beside it has only the pooled embeddings), "
+                              "or probe those (--features pooled).")
+    ref = layout(feats["train"])
+    for role, f in feats.items():
+        if layout(f) != ref:
+            raise ConfigError(f"--{role} {files[role]} holds patch tokens on a {said(layout(f))} but --train "
+                              f"{files['train']} on a {said(ref)}; extract every file with the same model at "
+                              "the same image size.")
+        f["embeddings"] = f["patch_tokens"].reshape(len(f["patch_tokens"]), -1)
