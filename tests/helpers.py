@@ -78,7 +78,17 @@ def run_script(script: str, *args: str, timeout: float = 600, env: dict | None =
     e = _script_env(env)
     if launcher is None and not script.startswith("-") and _server.fits(e):
         return _server.run(cmd, e, timeout)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e,
+                          preexec_fn=_sigint_as_in_a_terminal)
+
+
+def _sigint_as_in_a_terminal() -> None:
+    """In the child, before exec: SIGINT back to its default, as tests/script_server.py's children get it. A test
+    run started in the background (`make test &`, nohup) inherits SIGINT ignored, and a Python started so ignores
+    Ctrl-C: train.py's Ctrl-C tests would then see a run that is never interrupted."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _script_env(extra: dict | None = None) -> dict:
