@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli.args import add_model_source
+    from vit.cli.args import add_model_source, add_zero_shot_inputs
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
@@ -33,10 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
                                         "e.g. --data.dataset=imagefolder --data.root=/data/other.")
     add_model_source(ap, clip=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --clip NAME
-    ap.add_argument("--classes", metavar="DIR_OR_LIST", help="--clip: class names, a folder's subfolders (also the "
-                    "images scored unless --data-dir), a file of names or 'cat,dog'")
-    ap.add_argument("--templates", metavar="FILE", help="--clip: prompt templates, one per line with {} for the class "
-                    "(default: a short set of our own, vit/eval/zero_shot.py)")
+    add_zero_shot_inputs(ap, ": also the images scored, unless --data-dir")  # --classes, --templates
     data = ap.add_mutually_exclusive_group()
     data.add_argument("--split", default="val",
                       help="the split of the config's data to score: val (default: the held-out split training "
@@ -131,7 +128,7 @@ def main_zero_shot(args) -> int:
     if not args.classes:
         raise ConfigError("--clip needs --classes: a folder of class subfolders, a file of names or 'cat,dog'.")
     folder = args.data_dir or args.classes
-    if not Path(folder).is_dir():
+    if not os.path.isdir(folder):  # False, not OSError, for names too long to be a path
         raise ConfigError(f"--clip scores a folder of <class>/ images: pass --data-dir FOLDER (not {folder!r:.60}).")
     out_dir = Path(args.out or Path("runs") / "eval-zero-shot")
     check_writable(out_dir)

@@ -37,7 +37,7 @@ OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.cs
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from vit.cli.args import add_model_source
+    from vit.cli.args import add_model_source, add_zero_shot_inputs
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
@@ -45,9 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
                                         "lists them), e.g. --aug.eval_crop_pct=1.0.")
     add_model_source(ap, onnx=True, clip=True)  # --checkpoint | --model NAME [...] | --onnx FILE | --clip NAME
-    ap.add_argument("--classes", metavar="DIR_OR_LIST", help="--clip: class names (a folder's subfolders, a file of "
-                    "names or 'cat,dog')")
-    ap.add_argument("--templates", metavar="FILE", help="--clip: prompts, one per line with {} for the class")
+    add_zero_shot_inputs(ap)  # --classes DIR_OR_LIST, --templates FILE
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
     ap.add_argument("--topk", type=int, default=5, help="classes per row")
     ap.add_argument("--format", choices=("csv", "json", "jsonl"), default="csv", help="output file format")

@@ -398,6 +398,40 @@ def test_typed_labels_give_open_clips_probabilities_and_the_rollout_for_the_chos
         demo.predict(image.read_bytes(), labels="cat, dog", explain="fox")
 
 
+def test_typed_labels_are_text_never_a_file_or_folder(clip_folder, image, tmp_path):
+    """Labels that spell a local file or folder (the page may be reachable by others) are the typed text split at
+    its commas, through the HTTP handler too, never the file's lines or the folder's subfolders; labels longer
+    than a file name can be are text; one label for CLIP's softmax is one sentence (HTTP 400)."""
+    from urllib.parse import quote
+
+    from vit.data.base import DataError
+    from vit.explain.demo import ClipDemo, make_server
+
+    secret = tmp_path / "secret, notes.txt"  # a comma in the name: split as text, it is two labels
+    secret.write_text("private line one\nprivate line two\n")
+    folder = tmp_path / "private, photos"
+    for sub in ("alice", "bob"):
+        (folder / sub).mkdir(parents=True)
+    long = ", ".join(f"a photo of object number {i}" for i in range(12))  # 370 bytes: no file name is so long
+    demo = ClipDemo(f"local-dir:{clip_folder[0]}")
+    server = make_server(demo, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/predict?labels="
+        for typed in (str(secret), str(folder), long):
+            want = [s.strip() for s in typed.split(",")]
+            assert demo.predict(image.read_bytes(), labels=typed)["labels"] == want
+            status, answer = _post(url + quote(typed), image.read_bytes())
+            assert status == 200 and answer["labels"] == want
+        status, answer = _post(url + quote(str(tmp_path / "names.txt")), image.read_bytes())
+        assert status == 400 and "softmax over 1 class" in answer["error"] and "\n" not in answer["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(DataError, match="softmax over 1 class"):  # demo.py --labels: refused at start
+        ClipDemo(f"local-dir:{clip_folder[0]}", labels=str(secret.with_name("one")))
+
+
 @pytest.mark.slow
 def test_the_clip_page_in_a_headless_browser_takes_typed_labels(clip_folder, image, tmp_path):
     """demo.py --clip: type labels, choose the file, then choose the label to explain: the page shows open_clip's

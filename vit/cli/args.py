@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_model_source", "check_model_source"]
+__all__ = ["add_model_source", "add_zero_shot_inputs", "check_model_source"]
 
 
 def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input size for --model (default: the "
@@ -35,6 +35,18 @@ def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input si
                          help="--model's weights by name from the hub cache (what --model alone means)")
     weights.add_argument("--weights", help="timm / HF-timm weights file (.safetensors, .pth, .bin) for --model")
     ap.add_argument("--img-size", type=int, default=None, help=img_size_help)
+
+
+def add_zero_shot_inputs(ap: argparse.ArgumentParser, classes_note: str = "") -> None:
+    """--classes and --templates for --clip (predict.py, evaluate.py; vit.eval.zero_shot.class_names reads them),
+    with the rule that tells a path from names; `classes_note`: what the script adds about the folder."""
+    ap.add_argument("--classes", metavar="DIR_OR_LIST", help="--clip: class names: a folder (its class subfolders"
+                    f"{classes_note}), a file of names (one a line; .json: a list, as classes.json) or names separated "
+                    "by commas ('cat,dog'). A value with a '/' or ending in .txt, .lst, .csv or .json, or naming "
+                    "an existing file or folder, is a path and must be a readable folder or regular file; anything "
+                    "else is names, however long")
+    ap.add_argument("--templates", metavar="FILE", help="--clip: prompt templates, a file with one per line, {} "
+                    "where the class goes (default: a short set of our own, vit/eval/zero_shot.py)")
 
 
 def check_model_source(args: argparse.Namespace) -> None:

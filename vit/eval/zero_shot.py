@@ -12,6 +12,9 @@ The classifier weight of class c is the normalised mean of the normalised embedd
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,9 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.base import DataError, class_folders, image_files
+from ..utils.files import read_regular_file
 
-__all__ = ["DEFAULT_TEMPLATES", "ZeroShotClassifier", "class_names", "evaluate_zero_shot", "load_zero_shot",
-           "predict_zero_shot", "read_templates", "zero_shot_accuracy"]
+__all__ = ["DEFAULT_TEMPLATES", "LIST_SUFFIXES", "MAX_LIST_BYTES", "ZeroShotClassifier", "class_names",
+           "evaluate_zero_shot", "load_zero_shot", "looks_like_path", "predict_zero_shot", "read_templates",
+           "split_class_names", "zero_shot_accuracy"]
+
+LIST_SUFFIXES = (".txt", ".lst", ".csv", ".json")  # a --classes value ending so is a file, never a class name
+MAX_LIST_BYTES = 16 * 2**20  # a class list or templates file (ImageNet-21k's 21,843 names take under 1 MB)
 
 # a short set of our own wording: the object named plainly, in a few photographic conditions
 DEFAULT_TEMPLATES = (
@@ -37,16 +45,68 @@ DEFAULT_TEMPLATES = (
 
 
 def class_names(spec: str | Path | Sequence[str]) -> list[str]:
-    """Class names from a list, a folder (its class subfolders, sorted: a dataset's split folder), a text file
-    (one name per line) or a comma-separated string ("cat,dog,scratched part")."""
+    """Class names from a list, a folder (its class subfolders, sorted: a dataset's split folder), a file (one name
+    per line; a .json file a list of names, as a checkpoint's classes.json) or names separated by commas ("cat,dog,
+    scratched part"). A string is a path when `looks_like_path` says so, and must then be a readable folder or
+    regular file (a typo is refused, never one class named after it); otherwise it is names."""
     if not isinstance(spec, (str, Path)):
-        names = [str(n).strip() for n in spec]
-    elif Path(spec).is_dir():
-        names = class_folders(Path(spec))
-    elif Path(spec).is_file():
-        names = [line.strip() for line in Path(spec).read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        names = [n.strip() for n in str(spec).split(",")]
+        return _checked([str(n).strip() for n in spec], spec)
+    if isinstance(spec, Path) or looks_like_path(spec):
+        return _checked(_names_at(Path(spec)), spec)
+    return split_class_names(spec)
+
+
+def split_class_names(text: str) -> list[str]:
+    """Names separated by commas, taken as text only: never looked up as a file or folder, whatever they spell
+    (the demo's typed labels, which may come from anyone who can reach the page)."""
+    return _checked([n.strip() for n in text.split(",")], text)
+
+
+def looks_like_path(value: str) -> bool:
+    """The rule `class_names` reads a string by: a path when it holds a path separator, ends in one of
+    LIST_SUFFIXES, or names something that exists; names otherwise. Never raises (a name too long for the file
+    system is text)."""
+    seps = {"/", os.sep, os.altsep} - {None}
+    return any(s in value for s in seps) or value.lower().endswith(LIST_SUFFIXES) or os.path.lexists(value)
+
+
+def _names_at(path: Path) -> list[str]:
+    """The names a folder or a regular file holds; DataError or ValueError (one sentence) for anything else."""
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"there is no file or folder at {str(path)!r:.80}; pass a folder of class subfolders, a "
+                        "file of names or names separated by commas (a value with a '/' or ending in "
+                        f"{', '.join(LIST_SUFFIXES)} is read as a path: put a name with a '/' in a file, one per "
+                        "line).") from None
+    except OSError as e:  # too long a name, a looping link, no permission
+        raise DataError(f"the class list {str(path)!r:.80} cannot be read ({e.strerror or e}); pass a folder "
+                        "of class subfolders, a file of names or names separated by commas.") from None
+    if is_dir:
+        try:
+            return class_folders(path)
+        except PermissionError as e:
+            raise DataError(f"the class folder {path} cannot be listed ({e.strerror}); check its "
+                            "permissions.") from None
+    data = read_regular_file(path, MAX_LIST_BYTES, "the class list")  # a FIFO or a device: named, never opened
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise DataError(f"the class list {path} is not UTF-8 text; save it as UTF-8, one name per line.") from None
+    if path.suffix.lower() != ".json":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    try:
+        names = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"the class list {path} is not JSON ({e.msg}, line {e.lineno}); a .json class list is a "
+                        "list of names, as a checkpoint's classes.json.") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise DataError(f"the class list {path} is not a JSON list of names (strings), as a checkpoint's "
+                        "classes.json is; write it so, or one name per line in a .txt file.")
+    return [n.strip() for n in names]
+
+
+def _checked(names: list[str], spec) -> list[str]:
     if not names or any(not n for n in names):
         raise DataError(f"no class names in {str(spec)!r:.80} (or an empty one); pass a folder of class subfolders, "
                         "a text file with one name per line, or names separated by commas.")
@@ -56,8 +116,15 @@ def class_names(spec: str | Path | Sequence[str]) -> list[str]:
 
 
 def read_templates(path: str | Path) -> list[str]:
-    """Prompt templates from a text file, one per line, each with one `{}` where the class name goes."""
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """Prompt templates from a text file, one per line, each with one `{}` where the class name goes; a regular
+    file of at most MAX_LIST_BYTES (a FIFO or /dev/zero is refused, never read)."""
+    data = read_regular_file(path, MAX_LIST_BYTES, "the prompt templates file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise DataError(f"the prompt templates file {path} is not UTF-8 text; save it as UTF-8, one prompt per "
+                        "line.") from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
     bad = [t for t in lines if t.count("{}") != 1]
     if not lines or bad:
         raise DataError(f"{path}: every line must be a prompt with one {{}} for the class name (e.g. 'a photo of a "
@@ -78,6 +145,10 @@ class ZeroShotClassifier(nn.Module):
             raise ValueError("the model has no tokenizer (its repository holds no tokenizer.json); pass tokenizer=.")
         self.model, self.classes, self.templates = model, list(classes), list(templates)
         self.sigmoid = getattr(model, "logit_bias", None) is not None  # SigLIP: one yes/no per class
+        if not self.sigmoid and len(self.classes) < 2:  # softmax over one class: 1.0 for every image
+            raise DataError(f"a CLIP model's softmax over {len(self.classes)} class ({', '.join(self.classes):.60}) "
+                            "is 1.0 for every image, so it says nothing; give two or more class names (a SigLIP "
+                            "model scores one class on its own).")
         self.register_buffer("weights", self._text_weights(tokenizer, batch_size), persistent=False)
 
     @torch.no_grad()

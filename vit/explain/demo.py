@@ -129,13 +129,16 @@ class ClipDemo:
         self.transform = build_transform(self.aug, self.model.visual.patch_embed.img_size[0], train=False)
         self.classifiers: dict[tuple[str, ...], object] = {}  # label set -> its ZeroShotClassifier
         self.lock = threading.Lock()
+        if labels:  # the starting labels refused at start (e.g. one label for CLIP), not on the first upload
+            self.classifier(labels)
 
     def classifier(self, labels: str):
         """The zero-shot classifier of comma-separated `labels`, built once per label set; DataError (one
-        sentence) for none, an empty or a repeated one."""
-        from ..eval.zero_shot import ZeroShotClassifier, class_names
+        sentence) for none, an empty or a repeated one, or one label for CLIP's softmax. Labels are text, never
+        looked up as a file or folder: the page may be reachable by others than its owner."""
+        from ..eval.zero_shot import ZeroShotClassifier, split_class_names
 
-        names = tuple(class_names(labels))
+        names = tuple(split_class_names(labels))
         if names not in self.classifiers:
             if len(self.classifiers) >= 32:  # a page typing label after label: keep the memory bounded
                 self.classifiers.pop(next(iter(self.classifiers)))
