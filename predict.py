@@ -141,10 +141,6 @@ def main_onnx(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
-    note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
-                     "export again with --aug.eval_crop_pct=1.0")
-    if note:
-        print(note, file=sys.stderr)
     folder = Path(args.onnx).parent / "anomaly"  # export.py's copy of an anomaly checkpoint's bank, if any
     patchcore = OnnxPatchCore(folder) if folder.is_dir() else None
     check_threshold(args.threshold, clf.threshold is not None)
@@ -160,6 +156,10 @@ def main_onnx(args) -> int:
         t0 = time.perf_counter()
         probs, ok, reasons = clf.predict(paths, args.batch_size or 32)
         seconds = time.perf_counter() - t0
+        note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
+                         "export again with --aug.eval_crop_pct=1.0")
+        if note:  # once the run is on: a refusal stays one line
+            print(note, file=sys.stderr)
         skipped += [(str(p), r) for p, r, good in zip(paths, reasons, ok) if not good]
         dest = Path(args.out)
         staging = new_staging(dest, "predict")

@@ -98,5 +98,5 @@ def crop_note(crop_pct: float, what: str, fix: str = "pass --aug.eval_crop_pct=1
     `what` then never sees the image's border, where an inspection image's defect may lie. None when it does not."""
     if crop_pct >= 1:
         return None
-    return (f"note: {what} sees only the centre {crop_pct:.0%} of each image (eval_crop_pct {crop_pct:g}), so "
+    return (f"note: {what} sees only the centre {crop_pct:.0%} of each image (eval_crop_pct {crop_pct:.3g}), so "
             f"anything nearer the border is cut away; {fix} to keep the whole image.")
