@@ -23,10 +23,11 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import AUG_EPILOG, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
-                                 usage="%(prog)s {fit,score} (--checkpoint DIR | --model NAME ...) [IMAGES...]")
+                                 usage="%(prog)s {fit,score} (--checkpoint DIR | --model NAME ...) [IMAGES...]",
+                                 epilog=AUG_EPILOG)
     ap.add_argument("mode", choices=("fit", "score"), help="fit: build the bank from good images; score: use it")
     add_model_source(ap)
     ap.add_argument("images", nargs="*", help="score: files, folders, globs or .txt lists of images to score")
@@ -62,12 +63,13 @@ import time
 from pathlib import Path
 
 from vit.cli.args import check_model_source
-from vit.cli.images import collect_images
+from vit.cli.images import collect_images, crop_note
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import check_options, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.data.transforms import build_transform
+from vit.data.datasets import image_transform
+from vit.data.naflex import as_picture
 from vit.eval.anomaly import auroc, choose_threshold, fit_patchcore, load_patchcore, save_patchcore
 from vit.eval.inference import ImageFiles, load_model_and_config
 from vit.eval.plots import plot_attention_map, to_display
@@ -100,7 +102,10 @@ def main(argv=None) -> int:
         raise ConfigError("anomaly.py score needs images to score.")
     check_writable(bank_dir if args.mode == "fit" else args.out)
     model, cfg, _ = load_model_and_config(args, overrides)
-    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    transform = image_transform(cfg, train=False)  # data.naflex: each image whole, on its own grid of patches
+    note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, f"anomaly.py {args.mode}")
+    if note:
+        print(note, file=sys.stderr)
 
     def files(paths):
         return ImageFiles(paths, transform, cfg.model.in_chans)
@@ -137,8 +142,8 @@ def main(argv=None) -> int:
         row = {"path": str(p), "score": f"{s:.6f}" if good else "", "verdict": verdict}
         if args.maps and good:
             png = out / "maps" / f"{i:06d}_{p.stem}.png"
-            plot_attention_map(png, to_display(dataset[i][0], cfg.aug.mean, cfg.aug.std), maps[i],
-                               f"{p.name}: score {s:.3f} {verdict}")
+            seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
+            plot_attention_map(png, seen, maps[i], f"{p.name}: score {s:.3f} {verdict}")
             row["map"] = str(png)
         rows.append(row)
     atomic_write_csv(out / "scores.csv", ["path", "score", "verdict"] + (["map"] if args.maps else []), rows)

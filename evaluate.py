@@ -26,12 +26,12 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source, add_zero_shot_inputs
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import CROP_HINT, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
-                                        "e.g. --data.dataset=imagefolder --data.root=/data/other.")
+                                        "e.g. --data.dataset=imagefolder --data.root=/data/other. " + CROP_HINT)
     add_model_source(ap, clip=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --clip NAME
     add_zero_shot_inputs(ap, ": also the images scored, unless --data-dir")  # --classes, --templates
     data = ap.add_mutually_exclusive_group()

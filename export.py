@@ -31,11 +31,10 @@ EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import AUG_EPILOG, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
-                                 epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
-                                        "lists them).")
+                                 epilog=AUG_EPILOG)
     add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("--dynamic-img-size", action="store_true",
                     help="--model: accept any height and width (positions resampled), exported as dynamic")
@@ -179,6 +178,11 @@ def main(argv=None) -> int:
     if "onnx" in args.format:
         require_onnx()
     model, cfg, classes = load_model_and_config(args, overrides)
+    if cfg.data.naflex is not None:  # its images are patch batches of any length, which preprocessing.json and
+        # predict.py --onnx's reference preprocessing (a resize and a square crop) cannot state
+        raise ConfigError("export.py writes models that read square images, and this checkpoint reads each image at "
+                          "its own aspect ratio (data.naflex); run it with predict.py --checkpoint, or export it from "
+                          "Python with vit.deploy.export.ExportableNaFlexClassifier (docs/naflex.md).")
     classes = classes or label_names(model, model.num_classes)
     if args.token_reduction:
         if model.dynamic_img_size:  # the merge count r depends on the token count, fixed only at a fixed size

@@ -22,12 +22,11 @@ from pathlib import Path
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import AUG_EPILOG, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... --out FILE.npz",
-                                 epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
-                                        "lists them), e.g. --aug.eval_crop_pct=1.0.")
+                                 epilog=AUG_EPILOG)
     add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
     ap.add_argument("--out", default="features.npz", help="the .npz to write (a .parquet is written beside it)")
@@ -52,7 +51,7 @@ from vit.cli.outputs import check_writable
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
-from vit.data.transforms import build_transform
+from vit.data.datasets import image_transform
 from vit.eval.features import extract_features, save_features
 from vit.eval.inference import ImageFiles, decode_error, load_model_and_config
 from vit.utils.untrusted_text import printable
@@ -77,7 +76,7 @@ def main(argv=None) -> int:
         raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
                         "or a .txt list of paths.")
     model, cfg, _ = load_model_and_config(args, overrides)
-    transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
+    transform = image_transform(cfg, train=False)  # data.naflex: each image whole, at its own aspect ratio
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()
     batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size

@@ -38,12 +38,11 @@ OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.cs
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source, add_zero_shot_inputs
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import AUG_EPILOG, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) IMAGES... [options]",
-                                 epilog="Any --aug.* config key may follow (the preprocessing; train.py --help "
-                                        "lists them), e.g. --aug.eval_crop_pct=1.0.")
+                                 epilog=AUG_EPILOG)
     add_model_source(ap, onnx=True, clip=True)  # --checkpoint | --model NAME [...] | --onnx FILE | --clip NAME
     add_zero_shot_inputs(ap)  # --classes DIR_OR_LIST, --templates FILE
     ap.add_argument("images", nargs="*", help="files, folders, globs, or .txt/.lst files listing paths")
@@ -124,7 +123,7 @@ def check_threshold(threshold: float | None, multi_label: bool) -> None:
 
 def main_onnx(args) -> int:
     """--onnx: ONNX Runtime and the reference preprocessing, the same files as main(); no torch imported."""
-    from vit.cli.images import collect_images
+    from vit.cli.images import collect_images, crop_note
     from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
     from vit.deploy.onnx_anomaly import OnnxPatchCore
     from vit.deploy.onnx_predict import OnnxClassifier
@@ -155,6 +154,10 @@ def main_onnx(args) -> int:
         t0 = time.perf_counter()
         probs, ok, reasons = clf.predict(paths, args.batch_size or 32)
         seconds = time.perf_counter() - t0
+        note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
+                         "export again with --aug.eval_crop_pct=1.0")
+        if note:  # once the run is on: a refusal stays one line
+            print(note, file=sys.stderr)
         skipped += [(str(p), r) for p, r, good in zip(paths, reasons, ok) if not good]
         dest = Path(args.out)
         staging = new_staging(dest, "predict")
@@ -220,17 +223,16 @@ if __name__ == "__main__":  # --help answers here, before torch and the model co
         sys.exit(run_onnx(sys.argv[1:]))
 
 
-import torch
-
 from vit.cli.args import check_model_source
-from vit.cli.images import collect_images
+from vit.cli.images import collect_images, crop_note
 from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
 from vit.cli.runtime import check_options, make_accelerator, resolve_workers, run_cli
 from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.data.datasets import image_transform
+from vit.data.naflex import as_picture
 from vit.eval.anomaly import find_patchcore
-from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
+from vit.eval.inference import ImageFiles, batch_of, decode_error, label_names, load_model_and_config, predict_files
 from vit.models.checkpoint import is_text_checkpoint
 from vit.utils.atomic import atomic_write_csv
 from vit.utils.untrusted_text import printable
@@ -249,19 +251,21 @@ def parse_args(argv):
 
 def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int,
                final: Path | None = None) -> None:
-    """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot),
-    written into `out`; rows name them as they will be in `final` (the --out they are moved to)."""
+    """Attention rollout of each readable image, drawn over what the model saw (visualize_attention's plot; a
+    NaFlex image at its own aspect ratio, on its own grid), written into `out`; rows name them as they will be in
+    `final` (the --out they are moved to)."""
     from vit.eval.plots import plot_attention_map, to_display
     from vit.explain.rollout import attention_maps
 
     for start in range(0, len(good), batch):
         chunk = good[start:start + batch]
-        x = torch.stack([dataset[i][0] for i in chunk])
-        maps, _ = attention_maps(model, x, "rollout")
+        items = [dataset[i] for i in chunk]
+        maps, _ = attention_maps(model, batch_of(dataset, items), "rollout")  # (B, h, w) or B maps (h_i, w_i)
         for j, (i, row) in enumerate(zip(chunk, rows[start:start + batch])):
             path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}.png"
             title = f"{Path(row['path']).name}: {row['pred1_name']} ({100 * row['prob1']:.1f}%)  |  rollout"
-            plot_attention_map(path, to_display(x[j], cfg.aug.mean, cfg.aug.std), maps[j].numpy(), title)
+            seen = to_display(as_picture(items[j][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
+            plot_attention_map(path, seen, maps[j].numpy(), title)
             row["cam"] = str((final or out) / path.relative_to(out))
 
 
@@ -275,7 +279,8 @@ def write_anomaly_maps(dataset: ImageFiles, rows: list[dict], good: list[int], m
         path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}_anomaly.png"
         title = (f"{Path(row['path']).name}: anomaly score {row['anomaly_score']:.3f} {row['verdict']}  |  "
                  "distance to the good patches")
-        plot_attention_map(path, to_display(dataset[i][0], cfg.aug.mean, cfg.aug.std), maps[i], title)
+        seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
+        plot_attention_map(path, seen, maps[i], title)
         row["anomaly_map"] = str(final / path.relative_to(out))
 
 
@@ -342,10 +347,10 @@ def _predict(args, overrides) -> int:
     model, cfg, classes = load_model_and_config(args, overrides)
     classes = classes or label_names(model, model.num_classes)
     threshold = multilabel_threshold(args, cfg)
-    if args.cam and cfg.data.naflex is not None:
-        raise ConfigError("--cam draws attention on square inputs, and this checkpoint reads images at their own "
-                          "aspect ratio (data.naflex); leave --cam out.")
     transform = image_transform(cfg, train=False)  # data.naflex: each image at its own aspect ratio, patchified
+    note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, "predict.py")
+    if note:
+        print(note, file=sys.stderr)
     patchcore = find_patchcore(args.checkpoint)  # <checkpoint>/anomaly/ from anomaly.py fit, else None
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()

@@ -139,3 +139,13 @@ def test_train_help_outside_the_repository_uses_the_default_config_next_to_train
     assert "  img_size = 224  (int)  [file: 64]" in helptext().splitlines()  # configs/default.yaml was found
     text = " ".join(helptext("--config", "nope.yaml").split())
     assert "The config file nope.yaml does not exist" in text and "[file: 64]" not in text
+
+
+def test_every_command_that_takes_aug_overrides_says_how_to_keep_the_border(helps):
+    """A hub ViT's 0.9 centre crop cut the border off inspection images (12 of 90 defects reached into it): every
+    command that takes --aug.* says in its help how to keep the whole image; train.py's config help says it too."""
+    takers = [n for n in SCRIPTS if n != "train" and 'startswith("aug.")' in (ROOT / f"{n}.py").read_text()]
+    assert set(takers) >= {"anomaly", "evaluate", "export", "features", "predict"}
+    for name in takers:
+        assert "--aug.eval_crop_pct=1.0 keeps the whole image, border included" in " ".join(helps[name].split()), name
+    assert "eval_crop_pct = null" in helps["train"] and "0.9 cuts borders" in helps["train"]

@@ -345,3 +345,28 @@ def test_naflex_variants_have_timms_keys_and_shapes():
         for arch in ["naflexvit_base_patch16_parfac_gap"]:
             ref = {k: v.shape for k, v in timm.create_model(arch).state_dict().items()}
             assert {k: v.shape for k, v in vit.create_model(arch).state_dict().items()} == ref, arch
+
+
+def test_a_patch_far_beyond_any_grid_is_refused_before_the_grid_is_allocated(monkeypatch):
+    """One patch at (5000, 5000) once made a 5001 x 5001 position table (18 s, 3 GB); a grid may hold at most the
+    batch's sequence length or MAX_GRID_PATCHES patches, which is said before any table is resampled. A sparse
+    grid within the bound (patches dropped) still runs, with the positions of its grid."""
+    from vit.layers.naflex import MAX_GRID_PATCHES, NaFlexEmbeds
+
+    model = vit.create_model("naflexvit_base_patch16_gap", **SMALL).eval()
+    tables = []
+    real = NaFlexEmbeds._table
+    monkeypatch.setattr(NaFlexEmbeds, "_table", lambda self, grid: tables.append(grid) or real(self, grid))
+    side = math.isqrt(MAX_GRID_PATCHES)  # (side, side) is the first corner past the bound: (side + 1)^2 patches
+    for corner in ((side, side), (0, MAX_GRID_PATCHES), (5000, 5000), (2**62, 3)):
+        batch = dict(patches=torch.randn(1, 1, P * P * 3), patch_coord=torch.tensor([[corner]]),
+                     patch_valid=torch.ones(1, 1, dtype=torch.bool))
+        with pytest.raises(ValueError, match=rf"its grid would exceed {MAX_GRID_PATCHES} patches \(the batch's "
+                                             r"sequence length, or \d+ when that is less\) with 1 valid; "
+                                             r"coordinates count the image's patches from 0\.$"):
+            model(batch)
+    assert tables == []  # refused before any position table was made
+    sparse = dict(patches=torch.randn(1, 2, P * P * 3), patch_coord=torch.tensor([[[0, 0], [side - 1, side - 1]]]),
+                  patch_valid=torch.ones(1, 2, dtype=torch.bool))
+    with torch.no_grad():
+        assert torch.isfinite(model(sparse)).all() and tables == [(side, side)]

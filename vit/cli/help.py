@@ -24,9 +24,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HelpFormatter", "exit_if_help", "config_schema", "config_help", "field_comments", "format_value"]
+__all__ = ["AUG_EPILOG", "CROP_HINT", "HelpFormatter", "exit_if_help",
+           "config_schema", "config_help", "field_comments", "format_value"]
 
 HELP_FLAGS = ("-h", "--help")
+# the epilog of every command that takes --aug.* overrides (the evaluation preprocessing): the crop, said once
+CROP_HINT = ("A hub model's weights usually centre-crop (crop_pct 0.875 or 0.9): --aug.eval_crop_pct=1.0 keeps the "
+             "whole image, border included (inspection images, whose defects may sit at the edge).")
+AUG_EPILOG = "Any --aug.* config key may follow (the preprocessing; train.py --help lists them). " + CROP_HINT
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

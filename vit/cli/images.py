@@ -91,3 +91,12 @@ def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]
             for m in matches:
                 add(Path(m), named=Path(m).is_file() and Path(m).suffix.lower() in IMG_EXTENSIONS)
     return paths, skipped
+
+
+def crop_note(crop_pct: float, what: str, fix: str = "pass --aug.eval_crop_pct=1.0") -> str | None:
+    """One line for stderr when the evaluation preprocessing centre-crops (`crop_pct` < 1, e.g. a hub ViT's 0.9):
+    `what` then never sees the image's border, where an inspection image's defect may lie. None when it does not."""
+    if crop_pct >= 1:
+        return None
+    return (f"note: {what} sees only the centre {crop_pct:.0%} of each image (eval_crop_pct {crop_pct:.3g}), so "
+            f"anything nearer the border is cut away; {fix} to keep the whole image.")

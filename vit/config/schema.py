@@ -124,7 +124,7 @@ class AugConfig:
     # resolve_data_config), else the fallbacks in `resolved`. train.py saves the resolved values.
     mean: list[float] | None = None  # per-channel mean subtracted; null: the pretrained weights' own, else 0.5
     std: list[float] | None = None  # per-channel std divided by; null: the pretrained weights' own, else 0.5
-    eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' crop_pct, else 1.0
+    eval_crop_pct: float | None = None  # evaluation centre-crop share; null: the weights' (0.9 cuts borders), else 1
     interpolation: str | None = None  # bilinear | bicubic, for resizing and crops
 
     def resolved(self, pretrained_cfg: dict | None = None, in_chans: int | None = 3) -> AugConfig:

@@ -28,7 +28,7 @@ from ..layers.naflex import patchify as patchify_batch
 from .base import DataError
 from .transforms import Pipeline, build_transform
 
-__all__ = ["grid_for_budget", "SequenceResize", "patchify", "unpatchify", "NaFlexTransform",
+__all__ = ["grid_for_budget", "SequenceResize", "patchify", "unpatchify", "as_picture", "NaFlexTransform",
            "build_naflex_transform", "collate_naflex", "image_size", "sequence_lengths", "BudgetBatchSampler"]
 
 
@@ -107,6 +107,12 @@ def unpatchify(sample: dict[str, torch.Tensor], patch_size: int) -> torch.Tensor
     grid = patches.new_zeros(h, w, p, p, c)
     grid[coord[:, 0], coord[:, 1]] = patches.reshape(-1, p, p, c)
     return grid.permute(4, 0, 2, 1, 3).reshape(c, h * p, w * p)
+
+
+def as_picture(sample: torch.Tensor | dict[str, torch.Tensor], patch_size: int | None) -> torch.Tensor:
+    """What a model saw of one image as a picture (C, H, W): an image tensor as it is, a NaFlex sample (a
+    `patchify` dict) its patches put back at their coordinates (`unpatchify`), at its own aspect ratio."""
+    return unpatchify(sample, patch_size) if isinstance(sample, dict) else sample
 
 
 class NaFlexTransform:

@@ -15,19 +15,20 @@ onnx_predict does. Imports numpy, Pillow, OpenCV and onnxruntime only.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from ..eval.anomaly_settings import SETTINGS_FILE as SETTINGS
+from ..eval.anomaly_settings import read_settings
 from .onnx_predict import load_batches, regular_file
 from .preprocess import ReferencePreprocessing, read_preprocessing
 from .session import open_session
 
 __all__ = ["OnnxPatchCore", "nearest_distance", "FEATURES_ONNX", "BANK_NPY"]
 
-FEATURES_ONNX, BANK_NPY, SETTINGS = "features.onnx", "bank.npy", "patchcore.json"
+FEATURES_ONNX, BANK_NPY = "features.onnx", "bank.npy"  # beside SETTINGS (patchcore.json)
 
 
 def nearest_distance(queries: np.ndarray, bank: np.ndarray, chunk: int = 1024) -> np.ndarray:
@@ -51,27 +52,36 @@ class OnnxPatchCore:
             regular_file(folder / name, f"{folder} needs {FEATURES_ONNX}, {BANK_NPY} and {SETTINGS}: {redo}")
         pre = Path(preprocessing) if preprocessing else folder.parent / "preprocessing.json"
         try:
-            self.preprocess = ReferencePreprocessing.from_dict(read_preprocessing(pre))
+            info = read_preprocessing(pre)
+            self.preprocess = ReferencePreprocessing.from_dict(info)
         except ValueError as e:
             raise ValueError(f"{pre}: {e}; {redo}.") from None
+        settings = read_settings(folder / SETTINGS, redo)  # vit.eval.anomaly's checks: one reader for both paths
+        size, patch = self.preprocess.size, info.get("patch_size")
+        expected = (size // patch[0], size // patch[1]) if isinstance(patch, list) and len(patch) == 2 and all(
+            isinstance(p, int) and 0 < p <= size for p in patch) else None
+        if expected is None or settings.get("grid") != list(expected):  # before predict allocates maps of it
+            raise ValueError(f"{folder / SETTINGS} has grid {settings.get('grid')!r}, but {pre}'s {size} x {size} "
+                             f"images in {patch!r}-pixel patches make a {expected} grid; {redo}.")
         try:
             self.bank = np.load(folder / BANK_NPY, allow_pickle=False)
-            settings = json.loads((folder / SETTINGS).read_text())
-            threshold, grid = settings.get("threshold"), [int(g) for g in settings["grid"]]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError) as e:
             raise ValueError(f"{folder} does not hold an exported PatchCore ({str(e)[:120]}); {redo}.") from None
         if (self.bank.dtype != np.float32 or self.bank.ndim != 2 or not len(self.bank)
                 or not np.isfinite(self.bank).all()):
             raise ValueError(f"{folder / BANK_NPY} is not a finite, non-empty (K, F) float32 bank; {redo}.")
-        if threshold is not None and not (type(threshold) in (int, float) and math.isfinite(threshold)):
-            raise ValueError(f"{folder / SETTINGS} has threshold {threshold!r}, not a number; {redo}.")
-        self.threshold, self.grid = threshold, tuple(grid)
+        self.threshold, self.grid = settings["threshold"], tuple(settings["grid"])
         try:
             self.session = open_session(folder / FEATURES_ONNX, threads)
         except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
             raise ValueError(f"ONNX Runtime cannot load {folder / FEATURES_ONNX}: {str(e).splitlines()[0]}") from None
         self.input = self.session.get_inputs()[0].name
         self.folder = folder
+        dims = self.session.get_outputs()[0].shape  # (batch, h*w, F); symbolic where dynamic
+        for dim, want, what in ((1, math.prod(self.grid), "patches"), (2, self.bank.shape[1], "features")):
+            if len(dims) != 3 or isinstance(dims[dim], int) and dims[dim] != want:
+                raise ValueError(f"{folder / FEATURES_ONNX} gives outputs {dims}, but the bank and grid need {want} "
+                                 f"{what} in dimension {dim}; {redo}.")
 
     def score(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Preprocessed images (B, C, S, S) float32 -> (image scores (B,), patch score maps (B, h, w))."""

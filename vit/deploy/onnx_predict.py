@@ -115,6 +115,10 @@ class OnnxClassifier:
             raise ValueError(f"ONNX Runtime cannot load {model}: {str(e).splitlines()[0]}") from None
         self.model, self.pre = model, pre
         x, logits = self.session.get_inputs()[0], self.session.get_outputs()[0]
+        if "patch_coord" in [i.name for i in self.session.get_inputs()]:
+            raise ValueError(f"{model.name} is a NaFlex export (inputs patches, patch_coord, patch_valid), which this "
+                             "predictor, made for square images, cannot feed; run predict.py --checkpoint on the "
+                             "NaFlex checkpoint instead.")
         self.input = x.name
         want = [len(self.preprocess.mean), self.preprocess.size, self.preprocess.size]  # (C, S, S)
         fixed = x.shape[1:] if len(x.shape) == 4 else None  # ints where the export fixed a side, else names

@@ -25,14 +25,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..layers.naflex import grid_sizes
 from ..utils.atomic import atomic_write_bytes, atomic_write_text
-from .inference import ImageFiles
+from .anomaly_settings import SETTINGS_FILE, check_threshold, read_settings
+from .inference import ImageFiles, batch_of
 
 __all__ = ["middle_layers", "patch_features", "PatchFeatures", "random_projection", "k_center_greedy", "coreset",
            "nearest_distance", "PatchCore", "fit_patchcore", "choose_threshold", "auroc", "save_patchcore",
-           "load_patchcore", "find_patchcore", "BANK_FILE", "SETTINGS_FILE", "ANOMALY_DIR"]
+           "load_patchcore", "find_patchcore", "BANK_FILE", "ANOMALY_DIR"]
 
-BANK_FILE, SETTINGS_FILE = "bank.safetensors", "patchcore.json"
+BANK_FILE = "bank.safetensors"  # beside SETTINGS_FILE, patchcore.json (vit.eval.anomaly_settings)
 ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes the bank and predict.py and demo.py look for it
 
 
@@ -42,19 +44,27 @@ def middle_layers(depth: int) -> tuple[int, ...]:
     return tuple(sorted({max(0, depth // 2 - 1), depth // 2 if depth > 1 else 0}))
 
 
+def _pooled(maps: list[torch.Tensor], k: int) -> torch.Tensor:
+    """Per-layer maps (B, D, h, w) -> each patch's k x k neighbourhood summed and divided by k*k, zeros outside the
+    grid (PatchCore's and anomalib's AvgPool2d(k, 1, k // 2)): an edge patch is shrunk toward 0, not averaged over
+    fewer (noisier) neighbours, which on a small grid would put good images' worst patch on the border. The layers
+    concatenated along channels -> (B, h*w, L*D)."""
+    maps = [F.avg_pool2d(m.float(), k, stride=1, padding=k // 2, count_include_pad=True) for m in maps]
+    return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)
+
+
 @torch.no_grad()
-def patch_features(model, x: torch.Tensor, layers: tuple[int, ...], neighbourhood: int = 3) -> torch.Tensor:
+def patch_features(model, x: torch.Tensor | dict, layers: tuple[int, ...],
+                   neighbourhood: int = 3) -> torch.Tensor | list[torch.Tensor]:
     """Images (B, C, H, W) -> patch features averaged over their `neighbourhood` x `neighbourhood` neighbours
-    (odd; 1: none), (B, h*w, len(layers) * D)."""
+    (odd; 1: none), (B, h*w, len(layers) * D). A NaFlex batch (a dict, vit.layers.naflex: each image at its own
+    aspect ratio) -> a list of B (h_i*w_i, len(layers) * D), each image's neighbourhoods on its own grid."""
     if neighbourhood < 1 or neighbourhood % 2 == 0:
         raise ValueError(f"the neighbourhood must be an odd number of patches (3, or 1 for none), got {neighbourhood}.")
     maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
-    # each patch's k x k neighbourhood summed and divided by k*k, zeros outside the grid (PatchCore's and anomalib's
-    # AvgPool2d(k, 1, k // 2)): an edge patch is shrunk toward 0, not averaged over fewer (noisier) neighbours,
-    # which on a small grid would put good images' worst patch on the border; (B, D, h, w) per layer
-    maps = [F.avg_pool2d(m.float(), neighbourhood, stride=1, padding=neighbourhood // 2, count_include_pad=True)
-            for m in maps]
-    return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)  # (B, h*w, L*D)
+    if isinstance(x, dict):  # per layer a list of the B images' own grids (D, h_i, w_i)
+        return [_pooled([m[None] for m in image], neighbourhood)[0] for image in zip(*maps)]
+    return _pooled(maps, neighbourhood)  # (B, h*w, L*D)
 
 
 class PatchFeatures(torch.nn.Module):
@@ -135,32 +145,42 @@ class PatchCore:
         self.neighbourhood = int(neighbourhood)
 
     @torch.no_grad()
-    def score(self, model, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w))."""
+    def score(self, model, x: torch.Tensor | dict) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
+        """Images (B, C, H, W) -> (image scores (B,), patch score maps (B, h, w)); a NaFlex batch (a dict) ->
+        (scores (B,), a list of B maps (h_i, w_i), each on its image's own grid)."""
         device = next(model.parameters()).device  # the model may sit on an accelerator; results come back on CPU
-        feats = patch_features(model, x.to(device), self.layers, self.neighbourhood)  # (B, h*w, F)
-        B, P, F_ = feats.shape
-        if F_ != self.bank.shape[1]:
+        x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
+        feats = patch_features(model, x, self.layers, self.neighbourhood)  # (B, h*w, F) or B x (h_i*w_i, F)
+        flat = torch.cat(list(feats)) if isinstance(feats, list) else feats.flatten(0, 1)
+        if flat.shape[1] != self.bank.shape[1]:
             raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this "
-                             f"model give {F_}; it was built with another model: run anomaly.py fit with this one.")
-        patch = nearest_distance(feats.reshape(B * P, -1), self.bank.to(device)).reshape(B, P).cpu()
+                             f"model give {flat.shape[1]}; it was built with another model: run anomaly.py fit with "
+                             "this one.")
+        patch = nearest_distance(flat, self.bank.to(device)).cpu()
+        if isinstance(feats, list):
+            grids = grid_sizes(x["patch_coord"], x["patch_valid"]).tolist()
+            maps = [p.reshape(h, w) for p, (h, w) in zip(patch.split([len(f) for f in feats]), grids)]
+            return torch.stack([m.amax() for m in maps]), maps
+        B, P = feats.shape[:2]
+        patch = patch.reshape(B, P)
         h, w = model.grid_size(tuple(x.shape[-2:]))
         return patch.amax(dim=1), patch.reshape(B, h, w)
 
-    def score_files(self, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray,
+    def score_files(self, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray | list,
                                                                                       np.ndarray]:
         """(scores (N,), maps (N, h, w), readable (N,) bool) of every file of `dataset`, in order; an unreadable
-        file scores nan."""
+        file scores nan. With a NaFlex pipeline the maps are a list of N (h_i, w_i) arrays."""
         scores, maps, ok = [], [], []
         model.eval()
         for start in range(0, len(dataset), batch_size):
             items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-            s, m = self.score(model, torch.stack([it[0] for it in items]))
+            s, m = self.score(model, batch_of(dataset, items))
             good = torch.tensor([bool(it[1]) for it in items])
             scores.append(torch.where(good, s, torch.nan))
-            maps.append(m)
+            maps += [g.numpy() for g in m] if isinstance(m, list) else [m]
             ok.append(good)
-        return torch.cat(scores).numpy(), torch.cat(maps).numpy(), torch.cat(ok).numpy()
+        maps = maps if getattr(dataset, "naflex", False) else torch.cat(maps).numpy()
+        return torch.cat(scores).numpy(), maps, torch.cat(ok).numpy()
 
 
 @torch.no_grad()
@@ -182,8 +202,8 @@ def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = N
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         items = [it for it in items if it[1]]  # unreadable images teach nothing
         if items:
-            x = torch.stack([it[0] for it in items])
-            feats.append(patch_features(model, x, layers, neighbourhood).flatten(0, 1))
+            f = patch_features(model, batch_of(dataset, items), layers, neighbourhood)
+            feats.append(torch.cat(f) if isinstance(f, list) else f.flatten(0, 1))  # (sum of h*w, F)
     if not feats:
         raise ValueError("none of the good images could be read; pass a folder of readable images of good parts.")
     feats = torch.cat(feats)  # (N * h*w, F)
@@ -229,7 +249,8 @@ def save_patchcore(folder: str | Path, pc: PatchCore, extra: dict | None = None)
     atomic_write_bytes(folder / BANK_FILE, save({"bank": pc.bank.contiguous()}))
     settings = {"layers": list(pc.layers), "neighbourhood": pc.neighbourhood, "threshold": pc.threshold,
                 "bank_size": len(pc.bank), **(extra or {})}
-    atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=1))
+    check_threshold(pc.threshold, "this PatchCore", "choose it with choose_threshold on good images")
+    atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=1, allow_nan=False))
     return folder
 
 
@@ -241,16 +262,16 @@ def load_patchcore(folder: str | Path) -> PatchCore:
     folder = Path(folder)
     if not (folder / BANK_FILE).is_file() or not (folder / SETTINGS_FILE).is_file():
         raise FileNotFoundError(f"{folder} has no {BANK_FILE} and {SETTINGS_FILE}; build them with anomaly.py fit.")
+    redo = "rebuild it with anomaly.py fit"
+    settings = read_settings(folder / SETTINGS_FILE, redo)  # the checks predict.py --onnx's reader makes too
     try:
         bank = load_file(folder / BANK_FILE)["bank"]
-        settings = json.loads((folder / SETTINGS_FILE).read_text())
-        layers, threshold, hood = settings["layers"], settings.get("threshold"), int(settings["neighbourhood"])
-    except (SafetensorError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); rebuild it with anomaly.py fit.") from None
+    except (SafetensorError, KeyError, OSError, ValueError) as e:
+        raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); {redo}.") from None
     if bank.ndim != 2 or not len(bank) or not torch.isfinite(bank).all():
         raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank of at least 1 row; rebuild it with "
                          "anomaly.py fit.")
-    return PatchCore(bank, tuple(layers), threshold, hood)
+    return PatchCore(bank, tuple(settings["layers"]), settings["threshold"], settings["neighbourhood"])
 
 
 def find_patchcore(checkpoint: str | Path | None) -> PatchCore | None:

@@ -30,19 +30,21 @@ FEATURE_KEYS = ("paths", "labels", "embeddings", "patch_tokens", "grid")
 
 
 class Embedder(nn.Module):
-    """A classifier seen as a feature extractor: images (B, C, H, W) -> pooled embedding (B, D), followed, with
-    `patch_tokens`, by the flattened final patch tokens (B, h*w*D). One tensor per batch, so that the
+    """A classifier seen as a feature extractor: images (B, C, H, W) or a NaFlex batch (a dict: each image at its
+    own aspect ratio) -> pooled embedding (B, D), followed, with `patch_tokens` (images only), by the flattened
+    final patch tokens (B, h*w*D). One tensor per batch, so that the
     multi-process gathering of `vit.eval.metrics.predict` carries both."""
 
     def __init__(self, model: nn.Module, patch_tokens: bool = False) -> None:
         super().__init__()
         self.model, self.patch_tokens = model, patch_tokens
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = self.model.forward_features(x)  # (B, prefix + h*w, D), after the final norm
+    def forward(self, x: torch.Tensor | dict) -> torch.Tensor:
+        tokens = self.model.forward_features(x)  # (B, prefix + h*w, D) after the final norm; NaFlex: timm's dict
         pooled = self.model.forward_head(tokens, pre_logits=True)  # (B, D): what the head would read
         if not self.patch_tokens:
             return pooled
+
         return torch.cat([pooled, tokens[:, self.model.num_prefix_tokens:].flatten(1)], dim=1)
 
 
@@ -50,6 +52,10 @@ def extract_features(model: nn.Module, dataset: ImageFiles, batch_size: int, num
                      patch_tokens: bool = False) -> dict:
     """{paths, labels, embeddings (N, D), ok (N,) bool[, patch_tokens (N, h*w, D), grid (h, w)]} of every file
     of `dataset`, in input order, gathered on every process; an unreadable file has ok False and zero features."""
+    if patch_tokens and getattr(dataset, "naflex", False):
+        raise ConfigError("these images are read at their own aspect ratio (data.naflex), each on its own grid of "
+                          "patches, which one (N, h*w, D) patch_tokens array cannot hold; leave out --patch-tokens "
+                          "(the pooled embeddings are each image's own).")
     model.eval()
     dim = model.num_features
     out = predict_files(Embedder(model, patch_tokens), dataset, batch_size, num_workers, accelerator)

@@ -23,7 +23,7 @@ from ..models.build import create_model
 from ..models.checkpoint import CheckpointError, load_checkpoint
 from .metrics import predict
 
-__all__ = ["ImageFiles", "predict_files", "load_model_and_config",
+__all__ = ["ImageFiles", "batch_of", "predict_files", "load_model_and_config",
            "label_names", "decode_error"]
 
 class ImageFiles(Dataset):
@@ -46,6 +46,14 @@ class ImageFiles(Dataset):
         except (BadImageError, ValueError):  # ValueError: e.g. a channel count the normalization cannot take
             blank = torch.zeros(self.shape)  # NaFlex: one zero patch
             return (patchify(blank, self.shape[1]) if self.naflex else blank), 0, i
+
+
+def batch_of(dataset: ImageFiles, items: list[tuple]) -> torch.Tensor | dict:
+    """Items of `dataset` ((image, readable, index) each) as one model input: images stacked (B, C, H, W), or a
+    NaFlex batch padded to its longest image (the dataset's collate)."""
+    if getattr(dataset, "collate", None) is not None:
+        return dataset.collate([(it[0], 0) for it in items])[0]
+    return torch.stack([it[0] for it in items])
 
 
 def decode_error(path: Path, transform: Pipeline) -> str:

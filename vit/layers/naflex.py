@@ -36,10 +36,14 @@ from torch import nn
 from .patch_embed import to_2tuple
 from .rope import RotaryEmbedding, rope_table
 
-__all__ = ["NaFlex", "NaFlexEmbeds", "PatchGrid", "check_batch", "grid_sizes", "key_padding_mask", "naflex_grids",
-           "naflex_rope_table", "patchify", "resample_weights"]
+__all__ = ["MAX_GRID_PATCHES", "NaFlex", "NaFlexEmbeds", "PatchGrid", "check_batch", "grid_sizes", "key_padding_mask",
+           "naflex_grids", "naflex_rope_table", "patchify", "resample_weights"]
 
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
+# The largest grid (rows x columns) an image may claim beyond the batch's sequence length N: positions and rotary
+# angles are computed over each image's whole grid, so a coordinate sets an allocation of h*w*D. A complete image
+# has h*w = its patches <= N; a sparse one (patches dropped) may span up to this many (256 x 256, 4096 px at P 16).
+MAX_GRID_PATCHES = 65536
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,15 @@ def check_batch(batch: dict, patch_dim: int) -> None:
     if bool((c < 0).any()):
         raise ValueError("patch_coord holds a negative row or column; coordinates count patches from 0 at the "
                          "image's top-left.")
+    limit = max(p.shape[1], MAX_GRID_PATCHES)  # before anything is allocated over a grid
+    last = (c * v[..., None]).amax(1).clamp(max=limit)  # (B, 2) each image's last row and column (no overflow)
+    area = (last[:, 0] + 1) * (last[:, 1] + 1)
+    if bool((area > limit).any()):
+        b = int(area.argmax())
+        raise ValueError(f"image {b} of the NaFlex batch has a patch at (row, column) {tuple(last[b].tolist())}, so "
+                         f"its grid would exceed {limit} patches (the batch's sequence length, or "
+                         f"{MAX_GRID_PATCHES} when that is less) with {int(v[b].sum())} valid; coordinates count "
+                         "the image's patches from 0.")
 
 
 def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,61 @@
+"""A PatchCore bank's settings file, patchcore.json: one reader and one set of checks for every path that scores
+with a bank (anomaly.py, predict.py and the demo through `vit.eval.anomaly.load_patchcore`; predict.py --onnx
+through `vit.deploy.onnx_anomaly.OnnxPatchCore`). Standard library only, so the torch-free predictor imports it.
+
+    settings = read_settings(folder / SETTINGS_FILE, "rebuild it with anomaly.py fit")
+    settings["threshold"]   # None (no verdict) or a finite float: NaN would call every image good (s >= NaN is
+                            # False), a string would fail mid-run, so neither gets past here
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+__all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "check_threshold", "read_settings"]
+
+SETTINGS_FILE = "patchcore.json"
+MAX_SETTINGS_BYTES = 1 << 20  # a settings file is a few hundred bytes; anything larger is not one
+
+
+def check_threshold(value, where: str, redo: str) -> float | None:
+    """None, or the threshold as a float; ValueError (one sentence naming `where` and what to do, `redo`) for
+    anything but a finite number (NaN, infinity, a string, true/false)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where} has threshold {value!r}, not a finite number (NaN would call every image "
+                         f"good); {redo}.")
+    return float(value)
+
+
+def _whole(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def read_settings(path: str | Path, redo: str) -> dict:
+    """patchcore.json at `path` as a dict whose `layers` (a list of block indices >= 0), `neighbourhood` (odd,
+    >= 1), `threshold` (`check_threshold`) and, when present, `grid` ([rows, columns] >= 1) are checked; any other
+    content is a ValueError of one sentence ending in `redo`."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SETTINGS_BYTES + 1)
+        if len(raw) > MAX_SETTINGS_BYTES:
+            raise ValueError(f"it is over {MAX_SETTINGS_BYTES} bytes")
+        settings = json.loads(raw)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ValueError(f"{path} is not a PatchCore settings file ({str(e)[:120]}); {redo}.") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} holds {type(settings).__name__}, not a settings object; {redo}.")
+    layers, hood = settings.get("layers"), settings.get("neighbourhood")
+    if not isinstance(layers, list) or not layers or not all(_whole(i, 0) for i in layers):
+        raise ValueError(f"{path} has layers {layers!r}, not a list of block indices; {redo}.")
+    if not _whole(hood, 1) or hood % 2 == 0:
+        raise ValueError(f"{path} has neighbourhood {hood!r}, not an odd whole number of patches; {redo}.")
+    settings["threshold"] = check_threshold(settings.get("threshold"), str(path), redo)
+    grid = settings.get("grid")
+    if grid is not None and not (isinstance(grid, list) and len(grid) == 2 and all(_whole(g, 1) for g in grid)):
+        raise ValueError(f"{path} has grid {grid!r}, not [rows, columns] of whole numbers >= 1; {redo}.")
+    return settings
