@@ -314,6 +314,37 @@ def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text_cfg, logit_scale, message", [
+    (dict(pool_type="eos", eos_id=49408), 2.0, "sets eos_id to 49408, which is no token of its vocabulary .ids 0 "
+                                                "to 49407.; set it to the tokenizer's end-of-text id."),
+    (dict(pool_type="eos", eos_id=-1), 2.0, "sets eos_id to -1, which is no token"),
+    (dict(pool_type="eos", eos_id=2.5), 2.0, "sets eos_id to 2.5, which is no token"),
+    ({}, 1e4, "its logit_scale .the log of the similarity scale. is .10000.0., whose exp is not a finite float32"),
+])
+def test_config_values_that_make_every_output_nan_or_wrong_are_refused(hub, tmp_path, text_cfg, logit_scale,
+                                                                        message):
+    """An eos_id no token has pooled every caption at position 0; a logit_scale whose exp overflows float32 made
+    every logit inf (NaN after the softmax): refused when the repository is read, in one sentence."""
+    cls, cfg = OPEN_CLIP["oc_clip"]
+    cfg = dict(cfg, text_cfg=dict(cfg["text_cfg"], **text_cfg))
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    state = dict(hub["oc_clip"].state_dict(), logit_scale=torch.tensor(logit_scale))
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "open_clip_model.safetensors")
+    with pytest.raises(ValueError, match=message) as e:
+        vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
+    if text_cfg:  # the same tower with an end-of-text id its vocabulary has loads, and pools there as open_clip
+        cfg["text_cfg"]["eos_id"] = 49407
+        (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+        ref = getattr(open_clip.model, cls)(**cfg)
+        ref.load_state_dict(state)
+        ids = _inputs(49407, 16)[1]
+        ids[:, 7] = 49407
+        with torch.no_grad():
+            torch.testing.assert_close(vit.create_clip_model(f"local-dir:{tmp_path}").encode_text(ids),
+                                       ref.encode_text(ids), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["oc_clip", "oc_siglip", "hf_clip"])
 def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
     """save_clip_model writes open_clip's layout: create_clip_model("local-dir:") gives the same outputs bit for

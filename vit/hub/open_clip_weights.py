@@ -208,7 +208,11 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
     if not all(isinstance(v, int) and v > 0 for v in (width, heads, text.get("layers", 12))) or width % heads:
         raise ValueError(f"{name}: its open_clip text_cfg has width {width!r}, heads {heads!r}; the width must be a "
                          "positive multiple of the heads.")
-    eos = text.get("eos_id", 2) if pool == "eos" else None
+    eos, vocab = text.get("eos_id", 2) if pool == "eos" else None, text.get("vocab_size", 49408)
+    if eos is not None and isinstance(vocab, int) and not (type(eos) is int and 0 <= eos < vocab):
+        # no token has it: every caption would be pooled at position 0, whatever it says
+        raise ValueError(f"{name}: its open_clip text_cfg sets eos_id to {eos!r:.40}, which is no token of its "
+                         f"vocabulary (ids 0 to {vocab - 1}); set it to the tokenizer's end-of-text id.")
     act = "quick_gelu" if model.get("quick_gelu") else "gelu"
     if text.get("act_kwargs") not in (None, {}):  # SigLIP2's text tower: GELU's tanh approximation
         if text["act_kwargs"] != {"approximate": "tanh"} or act != "gelu":
@@ -216,7 +220,7 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
                              "TextEncoder does not compute (only GELU's approximate='tanh'); load it with open_clip "
                              "instead.")
         act = "gelu_tanh"
-    return dict(vocab_size=text.get("vocab_size", 49408), embed_dim=width, depth=text.get("layers", 12),
+    return dict(vocab_size=vocab, embed_dim=width, depth=text.get("layers", 12),
                 num_heads=heads, max_len=text.get("context_length", 77),
                 mlp_ratio=_float(text.get("mlp_ratio", 4.0), "mlp_ratio", name), norm_first=True,
                 norm_eps=_float((text.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),
