@@ -373,6 +373,35 @@ def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
         assert torch.equal(again.tokenizer(texts), open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
 
 
+@pytest.mark.parametrize("final_ln_after_pool", [False, True])
+def test_an_avg_pooled_tower_round_trips_through_open_clip(tmp_path, final_ln_after_pool):
+    """open_clip's average-pooled ViT norms the tokens before pooling (ln_post: our `norm`) or, with
+    final_ln_after_pool, the pooled vector (ln_post: our `fc_norm`). Random open_clip weights load here with its
+    features (1e-5), and, moved as by fine-tuning, save into a folder open_clip reloads with ours."""
+    cfg = dict(OPEN_CLIP["oc_clip"][1], quick_gelu=False)
+    cfg["vision_cfg"] = dict(cfg["vision_cfg"], pool_type="avg", final_ln_after_pool=final_ln_after_pool)
+    torch.manual_seed(1)
+    ref = perturb(open_clip.model.CLIP(**cfg)).eval()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, src / "open_clip_model.safetensors")
+    model = vit.create_clip_model(f"local-dir:{src}")
+    images, ids = _inputs(cfg["text_cfg"]["vocab_size"], cfg["text_cfg"]["context_length"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image(images), ref.encode_image(images), atol=1e-5, rtol=0)
+        for key, p in model.named_parameters():
+            p.add_(0.01 * torch.randn_like(p) if key != "visual.head.bias" else 0.0)
+        folder = vit.save_clip_model(model, tmp_path / "saved")
+        theirs = open_clip.create_model(f"local-dir:{folder}").eval()
+        ours = model.encode_image(images)
+        torch.testing.assert_close(theirs.encode_image(images), ours, atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs.encode_text(ids), model.encode_text(ids), atol=1e-5, rtol=0)
+    assert ours.std(0).mean() > 0.05  # not vacuous: features vary by image
+    saved = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]["vision_cfg"]
+    assert saved["final_ln_after_pool"] is final_ln_after_pool
+
+
 def test_a_clip_open_clip_cannot_hold_is_one_sentence(hub, tmp_path):
     """transformers' tiny SigLIP: its image tower is no timm model by name, its text uses tanh GELU; nothing is
     written."""
@@ -408,6 +437,24 @@ def test_siglip_tokenizer_ids_equal_open_clip(hub, tmp_path):
     saved = vit.save_clip_model(model, tmp_path / "saved")
     assert torch.equal(vit.create_clip_model(f"local-dir:{saved}").tokenizer(texts), ids)
     assert torch.equal(open_clip.get_tokenizer(f"local-dir:{saved}")(texts), ids)
+
+
+def test_an_hf_tokenizer_without_a_cleaner_cleans_as_open_clips_default(tmp_path):
+    """An open_clip config naming a Hugging Face tokenizer (hf_tokenizer_name) without tokenizer_kwargs.clean gets
+    HFTokenizer's default, 'whitespace' (case kept): ids equal open_clip's get_tokenizer on the same folder, and
+    differ from lowercasing's on these captions (a case-sensitive vocabulary), so a wrong default is seen."""
+    from vit.hub.clip_tokenizer import repo_clip_tokenizer
+
+    folder = siglip_tokenizer_folder(tmp_path / "repo")
+    text = dict(OPEN_CLIP["oc_siglip"][1]["text_cfg"], hf_tokenizer_name=".")
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": dict(text_cfg=text)}))
+    texts = prompts(200, seed=2)
+    ours = repo_clip_tokenizer(f"local-dir:{folder}")
+    ids = ours(texts)
+    assert ours.clean == "whitespace"
+    assert torch.equal(ids, open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
+    assert not torch.equal(ids, vit.load_clip_tokenizer(f"local-dir:{folder}", text["context_length"], "hf",
+                                                        "lower")(texts))
 
 
 def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monkeypatch):
