@@ -88,6 +88,32 @@ def siglip_tokenizer_folder(folder, vocab_size=60):
     return folder
 
 
+def gemma_tokenizer_folder(folder, template="$A <eos>", **config):
+    """SigLIP2's tokenizer files as its repositories hold them, for a vocabulary trained here: Gemma's BPE (byte
+    fallback, spaces as '▁', no pre-split; <pad> 0, <eos> 1, <bos> 2, <unk> 3) with `template` as its post-processor,
+    and tokenizer_config.json naming GemmaTokenizer with `config` (add_bos_token, add_eos_token, padding_side)."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import BPE
+
+    from vit.hub.clip_tokenizer import clean_text
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    tok = Tokenizer(BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    corpus = [clean_text(t, "lower") for t in prompts(400, seed=7)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=60, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, pair=f"{template} {template.replace('$A', '$B')}", special_tokens=[("<eos>", 1), ("<bos>", 2)])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="GemmaTokenizer", pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
+        mask_token="<mask>", model_max_length=64, **config)))
+    return folder
+
+
 def prompts(n=300, seed=0):
     """Captions with what open_clip's cleaning touches: case, HTML entities, tabs and runs of spaces, accents,
     apostrophes, digits, emoji, CJK, underscores, and ones longer than the context."""
@@ -487,3 +513,41 @@ def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monk
     with pytest.raises(ValueError, match="not a square grid; only fixed-resolution SigLIP2") as e:
         vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("template, config", [
+    ("$A <eos>", dict(add_bos_token=False, add_eos_token=True, padding_side="right")),  # as SigLIP2's repositories
+    # flags that disagree with the template: transformers 5 follows tokenizer.json's template, and so do we
+    ("<bos> $A", dict(add_bos_token=False, add_eos_token=True, padding_side="right")),
+    ("$A <eos>", dict(add_bos_token=False, add_eos_token=True)),  # no padding side: Gemma's class pads on the left
+])
+def test_a_siglip2_repository_with_its_tokenizer_gives_transformers_ids(tmp_path, template, config):
+    """transformers' Siglip2Model saved with SigLIP2's tokenizer files loads (its Gemma tokenizer was read as CLIP's
+    BPE and refused), with the ids transformers' AutoTokenizer gives on the same folder (its Siglip2Tokenizer:
+    lowercased, padded and cut to the text positions) on captions with case, accents, apostrophes, emoji and CJK,
+    and the text features of transformers' model on them."""
+    from vit.hub.clip_tokenizer import clean_text
+
+    T = transformers
+    tower = {k: v for k, v in TOWER.items() if k != "image_size"} | dict(num_patches=(IMG // 8) ** 2)
+    text = dict(TEXT, hidden_act="gelu_pytorch_tanh", projection_size=32)
+    ref = perturb(T.Siglip2Model(T.Siglip2Config(text_config=text, vision_config=tower))).eval()
+    folder = tmp_path / "s2"
+    ref.save_pretrained(folder)
+    gemma_tokenizer_folder(folder, template, **config)
+    model = vit.create_clip_model(f"local-dir:{folder}")
+    # captions open_clip's cleaning leaves as they are but for case (it also folds whitespace runs and HTML
+    # entities, which transformers' tokenizer keeps)
+    texts = [" ".join(w for w in t.split() if w != "&amp;") or "a" for t in prompts(200, seed=3)]
+    assert all(clean_text(t, "whitespace") == t for t in texts)
+    length = TEXT["max_position_embeddings"]
+    auto = T.AutoTokenizer.from_pretrained(str(folder))
+    expected = auto(texts, padding="max_length", max_length=length, truncation=True, return_tensors="pt").input_ids
+    ids = model.tokenizer(texts)
+    assert torch.equal(ids, expected)
+    assert (ids == 0).any(dim=1).any() and (ids != 0).all(dim=1).any()  # padded and cut captions both present
+    unlowered = vit.load_clip_tokenizer(f"local-dir:{folder}", length, "hf", "whitespace")(texts)
+    assert not torch.equal(unlowered, ids)  # the lowercasing is seen
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_text(ids[:16]),
+                                   ref.get_text_features(input_ids=expected[:16]).pooler_output, atol=1e-5, rtol=0)
