@@ -88,6 +88,32 @@ def siglip_tokenizer_folder(folder, vocab_size=60):
     return folder
 
 
+def gemma_tokenizer_folder(folder, template="$A <eos>", **config):
+    """SigLIP2's tokenizer files as its repositories hold them, for a vocabulary trained here: Gemma's BPE (byte
+    fallback, spaces as '▁', no pre-split; <pad> 0, <eos> 1, <bos> 2, <unk> 3) with `template` as its post-processor,
+    and tokenizer_config.json naming GemmaTokenizer with `config` (add_bos_token, add_eos_token, padding_side)."""
+    from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers.models import BPE
+
+    from vit.hub.clip_tokenizer import clean_text
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    tok = Tokenizer(BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    corpus = [clean_text(t, "lower") for t in prompts(400, seed=7)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=60, special_tokens=specials))
+    tok.post_processor = processors.TemplateProcessing(
+        single=template, pair=f"{template} {template.replace('$A', '$B')}", special_tokens=[("<eos>", 1), ("<bos>", 2)])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(dict(
+        tokenizer_class="GemmaTokenizer", pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>",
+        mask_token="<mask>", model_max_length=64, **config)))
+    return folder
+
+
 def prompts(n=300, seed=0):
     """Captions with what open_clip's cleaning touches: case, HTML entities, tabs and runs of spaces, accents,
     apostrophes, digits, emoji, CJK, underscores, and ones longer than the context."""
@@ -314,6 +340,37 @@ def test_a_hostile_text_config_is_refused_before_allocating(tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("text_cfg, logit_scale, message", [
+    (dict(pool_type="eos", eos_id=49408), 2.0, "sets eos_id to 49408, which is no token of its vocabulary .ids 0 "
+                                                "to 49407.; set it to the tokenizer's end-of-text id."),
+    (dict(pool_type="eos", eos_id=-1), 2.0, "sets eos_id to -1, which is no token"),
+    (dict(pool_type="eos", eos_id=2.5), 2.0, "sets eos_id to 2.5, which is no token"),
+    ({}, 1e4, "its logit_scale .the log of the similarity scale. is .10000.0., whose exp is not a finite float32"),
+])
+def test_config_values_that_make_every_output_nan_or_wrong_are_refused(hub, tmp_path, text_cfg, logit_scale,
+                                                                        message):
+    """An eos_id no token has pooled every caption at position 0; a logit_scale whose exp overflows float32 made
+    every logit inf (NaN after the softmax): refused when the repository is read, in one sentence."""
+    cls, cfg = OPEN_CLIP["oc_clip"]
+    cfg = dict(cfg, text_cfg=dict(cfg["text_cfg"], **text_cfg))
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    state = dict(hub["oc_clip"].state_dict(), logit_scale=torch.tensor(logit_scale))
+    save_file({k: v.contiguous() for k, v in state.items()}, tmp_path / "open_clip_model.safetensors")
+    with pytest.raises(ValueError, match=message) as e:
+        vit.create_clip_model(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
+    if text_cfg:  # the same tower with an end-of-text id its vocabulary has loads, and pools there as open_clip
+        cfg["text_cfg"]["eos_id"] = 49407
+        (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+        ref = getattr(open_clip.model, cls)(**cfg)
+        ref.load_state_dict(state)
+        ids = _inputs(49407, 16)[1]
+        ids[:, 7] = 49407
+        with torch.no_grad():
+            torch.testing.assert_close(vit.create_clip_model(f"local-dir:{tmp_path}").encode_text(ids),
+                                       ref.encode_text(ids), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("name", ["oc_clip", "oc_siglip", "hf_clip"])
 def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
     """save_clip_model writes open_clip's layout: create_clip_model("local-dir:") gives the same outputs bit for
@@ -340,6 +397,35 @@ def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
     if model.tokenizer is not None:
         texts = prompts(40)
         assert torch.equal(again.tokenizer(texts), open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
+
+
+@pytest.mark.parametrize("final_ln_after_pool", [False, True])
+def test_an_avg_pooled_tower_round_trips_through_open_clip(tmp_path, final_ln_after_pool):
+    """open_clip's average-pooled ViT norms the tokens before pooling (ln_post: our `norm`) or, with
+    final_ln_after_pool, the pooled vector (ln_post: our `fc_norm`). Random open_clip weights load here with its
+    features (1e-5), and, moved as by fine-tuning, save into a folder open_clip reloads with ours."""
+    cfg = dict(OPEN_CLIP["oc_clip"][1], quick_gelu=False)
+    cfg["vision_cfg"] = dict(cfg["vision_cfg"], pool_type="avg", final_ln_after_pool=final_ln_after_pool)
+    torch.manual_seed(1)
+    ref = perturb(open_clip.model.CLIP(**cfg)).eval()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    save_file({k: v.contiguous() for k, v in ref.state_dict().items()}, src / "open_clip_model.safetensors")
+    model = vit.create_clip_model(f"local-dir:{src}")
+    images, ids = _inputs(cfg["text_cfg"]["vocab_size"], cfg["text_cfg"]["context_length"])
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image(images), ref.encode_image(images), atol=1e-5, rtol=0)
+        for key, p in model.named_parameters():
+            p.add_(0.01 * torch.randn_like(p) if key != "visual.head.bias" else 0.0)
+        folder = vit.save_clip_model(model, tmp_path / "saved")
+        theirs = open_clip.create_model(f"local-dir:{folder}").eval()
+        ours = model.encode_image(images)
+        torch.testing.assert_close(theirs.encode_image(images), ours, atol=1e-5, rtol=0)
+        torch.testing.assert_close(theirs.encode_text(ids), model.encode_text(ids), atol=1e-5, rtol=0)
+    assert ours.std(0).mean() > 0.05  # not vacuous: features vary by image
+    saved = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]["vision_cfg"]
+    assert saved["final_ln_after_pool"] is final_ln_after_pool
 
 
 def test_a_clip_open_clip_cannot_hold_is_one_sentence(hub, tmp_path):
@@ -379,6 +465,24 @@ def test_siglip_tokenizer_ids_equal_open_clip(hub, tmp_path):
     assert torch.equal(open_clip.get_tokenizer(f"local-dir:{saved}")(texts), ids)
 
 
+def test_an_hf_tokenizer_without_a_cleaner_cleans_as_open_clips_default(tmp_path):
+    """An open_clip config naming a Hugging Face tokenizer (hf_tokenizer_name) without tokenizer_kwargs.clean gets
+    HFTokenizer's default, 'whitespace' (case kept): ids equal open_clip's get_tokenizer on the same folder, and
+    differ from lowercasing's on these captions (a case-sensitive vocabulary), so a wrong default is seen."""
+    from vit.hub.clip_tokenizer import repo_clip_tokenizer
+
+    folder = siglip_tokenizer_folder(tmp_path / "repo")
+    text = dict(OPEN_CLIP["oc_siglip"][1]["text_cfg"], hf_tokenizer_name=".")
+    (folder / "open_clip_config.json").write_text(json.dumps({"model_cfg": dict(text_cfg=text)}))
+    texts = prompts(200, seed=2)
+    ours = repo_clip_tokenizer(f"local-dir:{folder}")
+    ids = ours(texts)
+    assert ours.clean == "whitespace"
+    assert torch.equal(ids, open_clip.get_tokenizer(f"local-dir:{folder}")(texts))
+    assert not torch.equal(ids, vit.load_clip_tokenizer(f"local-dir:{folder}", text["context_length"], "hf",
+                                                        "lower")(texts))
+
+
 def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monkeypatch):
     """transformers' Siglip2Model (its vision tower reads (p, p, C) patch rows and resizes its position table to
     each image's grid): at the table's own grid, our ViT's image features, text features and logits equal it; a
@@ -409,3 +513,41 @@ def test_siglip2_layout_equals_transformers_at_a_fixed_resolution(tmp_path, monk
     with pytest.raises(ValueError, match="not a square grid; only fixed-resolution SigLIP2") as e:
         vit.create_clip_model(f"local-dir:{tmp_path / 's2'}")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("template, config", [
+    ("$A <eos>", dict(add_bos_token=False, add_eos_token=True, padding_side="right")),  # as SigLIP2's repositories
+    # flags that disagree with the template: transformers 5 follows tokenizer.json's template, and so do we
+    ("<bos> $A", dict(add_bos_token=False, add_eos_token=True, padding_side="right")),
+    ("$A <eos>", dict(add_bos_token=False, add_eos_token=True)),  # no padding side: Gemma's class pads on the left
+])
+def test_a_siglip2_repository_with_its_tokenizer_gives_transformers_ids(tmp_path, template, config):
+    """transformers' Siglip2Model saved with SigLIP2's tokenizer files loads (its Gemma tokenizer was read as CLIP's
+    BPE and refused), with the ids transformers' AutoTokenizer gives on the same folder (its Siglip2Tokenizer:
+    lowercased, padded and cut to the text positions) on captions with case, accents, apostrophes, emoji and CJK,
+    and the text features of transformers' model on them."""
+    from vit.hub.clip_tokenizer import clean_text
+
+    T = transformers
+    tower = {k: v for k, v in TOWER.items() if k != "image_size"} | dict(num_patches=(IMG // 8) ** 2)
+    text = dict(TEXT, hidden_act="gelu_pytorch_tanh", projection_size=32)
+    ref = perturb(T.Siglip2Model(T.Siglip2Config(text_config=text, vision_config=tower))).eval()
+    folder = tmp_path / "s2"
+    ref.save_pretrained(folder)
+    gemma_tokenizer_folder(folder, template, **config)
+    model = vit.create_clip_model(f"local-dir:{folder}")
+    # captions open_clip's cleaning leaves as they are but for case (it also folds whitespace runs and HTML
+    # entities, which transformers' tokenizer keeps)
+    texts = [" ".join(w for w in t.split() if w != "&amp;") or "a" for t in prompts(200, seed=3)]
+    assert all(clean_text(t, "whitespace") == t for t in texts)
+    length = TEXT["max_position_embeddings"]
+    auto = T.AutoTokenizer.from_pretrained(str(folder))
+    expected = auto(texts, padding="max_length", max_length=length, truncation=True, return_tensors="pt").input_ids
+    ids = model.tokenizer(texts)
+    assert torch.equal(ids, expected)
+    assert (ids == 0).any(dim=1).any() and (ids != 0).all(dim=1).any()  # padded and cut captions both present
+    unlowered = vit.load_clip_tokenizer(f"local-dir:{folder}", length, "hf", "whitespace")(texts)
+    assert not torch.equal(unlowered, ids)  # the lowercasing is seen
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_text(ids[:16]),
+                                   ref.get_text_features(input_ids=expected[:16]).pooler_output, atol=1e-5, rtol=0)

@@ -37,6 +37,11 @@ CAPTIONS = {"dataset": "captions", "root": "/data"}
     ({"data": CAPTIONS, "contrastive": {"context_length": 2}}, "'contrastive.context_length' must be at least 3"),
     ({"data": CAPTIONS, "contrastive": {"loss": "softmax"}}, "config key 'contrastive.loss' must be one of 'clip'"),
     ({"data": CAPTIONS, "contrastive": {"embed_dim": 0}}, "config key 'contrastive.embed_dim' must be positive"),
+    ({"data": CAPTIONS, "contrastive": {"logit_scale": 1e10}},
+     "config key 'contrastive.logit_scale' is the log of the similarity scale, whose exp is infinite in float32"),
+    ({"data": CAPTIONS, "contrastive": {"logit_scale": -200.0}}, "whose exp is 0 in float32 at -200"),
+    ({"data": CAPTIONS, "contrastive": {"logit_scale": float("nan")}},
+     "config key 'contrastive.logit_scale' must be a finite number"),
 ])
 def test_bad_contrastive_configs_get_one_sentence(data, sentence):
     with pytest.raises(ConfigError) as e:
@@ -44,6 +49,23 @@ def test_bad_contrastive_configs_get_one_sentence(data, sentence):
     message = str(e.value)
     assert sentence in message and message.endswith(".") and "\n" not in message, message
     from_dict({"data": CAPTIONS, "contrastive": {"loss": "siglip", "exchange": "ring", "logit_bias": -5.0}})
+
+
+def test_the_logit_scale_bounds_are_where_float32_exp_stays_finite_and_normal():
+    """contrastive.logit_scale's range, against torch's float32 exp (the model stores and exponentiates it so): at
+    the bounds exp is a finite normal number, a model built there gives finite logits, beyond them inf or 0."""
+    from vit.config.checks import LOG_SCALE_RANGE
+
+    low, high = torch.tensor(LOG_SCALE_RANGE)
+    tiny, big = torch.finfo(torch.float32).tiny, torch.finfo(torch.float32).max
+    assert tiny <= low.exp() and high.exp() <= big
+    assert (low - 17).exp() == 0 and (high + 0.01).exp() == float("inf")
+    for scale in LOG_SCALE_RANGE:
+        from_dict({"data": CAPTIONS, "contrastive": {"logit_scale": scale}})
+        model = _tiny_clip("clip")
+        model.logit_scale.data.fill_(scale)
+        image, text, exp_scale = model(torch.randn(2, 3, 32, 32), torch.randint(0, 6, (3, 8)))
+        assert torch.isfinite(model.logits(image, text)).all() and torch.isfinite(exp_scale)
 
 
 def test_caption_files_read_and_refused(tmp_path):

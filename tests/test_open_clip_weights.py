@@ -28,6 +28,8 @@ CONFIGS = {  # name -> open_clip model_cfg
                  vision_cfg=dict(image_size=32, layers=2, width=32, head_width=8, patch_size=8)),
     "clip_avg_ls": dict(embed_dim=20, vision_cfg=dict(image_size=32, layers=2, width=32, head_width=16, patch_size=8,
                                                        mlp_ratio=3.0, ls_init_value=0.5, pool_type="avg")),
+    "clip_avg_final_ln": dict(embed_dim=20, vision_cfg=dict(image_size=32, layers=2, width=32, head_width=16,
+                                                             patch_size=8, pool_type="avg", final_ln_after_pool=True)),
     "trunk_map": dict(embed_dim=64, vision_cfg=dict(image_size=32, timm_model_name="test_vit", timm_pool="map",
                                                     timm_proj="none")),
     "trunk_linear": dict(embed_dim=24, vision_cfg=dict(image_size=32, timm_model_name="test_vit", timm_pool="avg",

@@ -146,6 +146,51 @@ def test_bad_rotary_settings_say_what_to_do(make, message):
         make()
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("settings, key", [
+    (dict(grid_offset=NAN), "grid_offset"), (dict(grid_offset=-INF), "grid_offset"),
+    (dict(grid_offset=1e38), "grid_offset"), (dict(temperature=NAN), "temperature"),
+    (dict(temperature=INF), "temperature"), (dict(temperature=1e-300), "temperature"),
+    (dict(kind="dinov3", min_period=NAN, max_period=10.0), "min_period"),
+    (dict(kind="dinov3", min_period=1.0, max_period=INF), "max_period"),
+    (dict(kind="dinov3", min_period=1e-300, max_period=10.0), "min_period"),
+])
+def test_settings_that_make_every_angle_nan_are_refused(settings, key):
+    """NaN, inf, or magnitudes whose float32 angles overflow (every table, so every output, NaN) are one sentence
+    naming the setting; at the bounds, the table of a large grid is still finite."""
+    with pytest.raises(ValueError, match=f"rope {key} must be a .*finite number") as e:
+        Rope(**settings)
+    assert "\n" not in str(e.value)
+    tables = [rope_table(Rope(temperature=1e-6, grid_offset=-1e6), 32, (64, 48)),
+              rope_table(Rope("dinov3", grid_offset=1e6, min_period=1e-6, max_period=1e12), 32, (64, 48)),
+              rope_table(Rope("dinov3", temperature=1e12, grid_offset=1e6), 32, (64, 48))]
+    assert all(torch.isfinite(t).all() for t in tables)
+
+
+def test_a_nan_grid_offset_in_a_saved_config_is_refused_by_key(tmp_path):
+    """A config.json whose model_args give rotary positions a NaN offset built a model that answers NaN for every
+    image; it is refused when the folder is read, naming the file and the key."""
+    import json
+
+    from safetensors.torch import save_file
+
+    import vit
+
+    model = vit.create_model("vit_base_patch16_rope_224", img_size=32, patch_size=8, embed_dim=32, depth=1,
+                             num_heads=2, num_classes=3)
+    args = dict(model._model_args, rope=dict(grid_offset=NAN))
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        architecture="vit_base_patch16_rope_224", num_classes=3, model_args=args,
+        pretrained_cfg=dict(input_size=[3, 32, 32], num_classes=3))))
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"config.json: config key 'model_args.rope': rope grid_offset must be a "
+                                         r"finite number") as e:
+        vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("arch,pool", [("vit_small_patch16_dinov3", "avg"), ("vit_small_plus_patch16_dinov3", "token")])
 def test_dinov3_loads_timms_weights_and_gives_its_logits(arch, pool):
     """A tiny DINOv3 (timm's Eva class with DINOv3 rope): timm's random weights load strictly under timm's names

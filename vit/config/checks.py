@@ -57,6 +57,7 @@ NON_NEGATIVE = {"optim.indexer_warmup_steps", "optim.lora_rank",
                 "aug.mixup", "aug.cutmix", "aug.label_smoothing", "aug.color_jitter", "run.save_state_every",
                 "aug.affine_translate", "aug.affine_rotate", "aug.affine_scale", "aug.rand_augment_ops"}
 AUTO = {"data.num_workers", "run.num_threads"}
+LOG_SCALE_RANGE = (-87.0, 88.72)  # contrastive.logit_scale: exp() is a normal, finite float32 within it
 # run.log_with: csv is our metrics.csv; the others are Accelerate's trackers (accelerate.utils.LoggerType)
 TRACKERS = ("tensorboard", "csv", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob", "model.drop_rate",
@@ -270,6 +271,11 @@ def _validate_contrastive(cfg: Config) -> None:
     if c.loss == "clip" and c.logit_bias is not None:
         raise ConfigError("config key 'contrastive.logit_bias' is SigLIP's; CLIP's softmax has no bias: remove it or "
                           "set contrastive.loss=siglip.")
+    if c.logit_scale is not None and not LOG_SCALE_RANGE[0] <= c.logit_scale <= LOG_SCALE_RANGE[1]:
+        raise ConfigError(f"config key 'contrastive.logit_scale' is the log of the similarity scale, whose exp is "
+                          f"{'0' if c.logit_scale < 0 else 'infinite'} in float32 at {c.logit_scale:g}; use a value "
+                          f"from {LOG_SCALE_RANGE[0]:g} to {LOG_SCALE_RANGE[1]:g} (CLIP starts at log(1 / 0.07) = "
+                          "2.66, open_clip clamps it at log(100) = 4.61).")
     if c.loss == "clip" and c.exchange != "gather":
         raise ConfigError("config key 'contrastive.exchange=ring' passes SigLIP's caption chunks between processes; "
                           "CLIP's softmax needs every caption at once: set contrastive.loss=siglip or exchange=gather.")

@@ -93,7 +93,8 @@ def repo_clip_tokenizer(name: str, cache_dir: str | Path | None = None) -> ClipT
     """The tokenizer of the CLIP / SigLIP repository `name` as its config says (None when it has no
     tokenizer.json; the model then takes ids only): open_clip's text_cfg (an hf_tokenizer_name: 'hf', cleaned
     as tokenizer_kwargs.clean says, default 'whitespace'; else CLIP's 'bpe', lowercased; context_length, 77), or
-    transformers' CLIPModel ('bpe') / SiglipModel ('hf', canonicalized) with text_config's positions (77 / 64)."""
+    transformers' CLIPModel ('bpe') / SiglipModel ('hf', canonicalized) / Siglip2Model ('hf', lowercased) with
+    text_config's positions (77 / 64)."""
     from .names import read_json, repo_file
 
     try:
@@ -104,9 +105,12 @@ def repo_clip_tokenizer(name: str, cache_dir: str | Path | None = None) -> ClipT
         clean = (text.get("tokenizer_kwargs") or {}).get("clean", "whitespace" if hf else "lower")
     except FileNotFoundError:
         config = read_json(repo_file(name, ("config.json",), cache_dir), name)
-        siglip = config.get("model_type") == "siglip"
-        length = (config.get("text_config") or {}).get("max_position_embeddings", 64 if siglip else 77)
-        kind, clean = ("hf", "canonicalize") if siglip else ("bpe", "lower")
+        model_type = config.get("model_type")
+        length = (config.get("text_config") or {}).get("max_position_embeddings",
+                                                         64 if model_type in ("siglip", "siglip2") else 77)
+        # SigLIP's SentencePiece, canonicalized as its SiglipTokenizer does; SigLIP2's Gemma tokenizer, lowercased as
+        # transformers' Siglip2Tokenizer does (its tokenizer.json's template decides <bos> / <eos>, as there)
+        kind, clean = {"siglip": ("hf", "canonicalize"), "siglip2": ("hf", "lower")}.get(model_type, ("bpe", "lower"))
     try:
         return load_clip_tokenizer(name, length, kind, clean, cache_dir)
     except FileNotFoundError:

@@ -8,7 +8,7 @@ open_clip_pytorch_model.bin). Its image tower comes in two layouts, both read as
     visual.* (OpenAI / LAION CLIP ViTs)           timm                       options
     conv1 (no bias)                               patch_embed.proj           pre_norm (no patch bias, norm_pre)
     class_embedding (D,), positional_embedding    cls_token (1, 1, D), pos_embed (1, N, D)
-    ln_pre, ln_post                               norm_pre, norm
+    ln_pre, ln_post                               norm_pre, norm (fc_norm: avg pooling, final_ln_after_pool)
     transformer.resblocks.i.ln_1|ln_2             blocks.i.norm1|norm2
     ....attn.in_proj_weight|bias (3D, D)          blocks.i.attn.qkv          (q, k, v rows, as timm's)
     ....attn.out_proj, .mlp.c_fc, .mlp.c_proj     blocks.i.attn.proj, .mlp.fc1, .mlp.fc2
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 __all__ = ["OPENAI_MEAN", "OPENAI_STD", "TEXT_POOLS", "is_open_clip_config", "open_clip_model_args",
-           "open_clip_pretrained_cfg", "open_clip_text_args", "open_clip_text_state_dict",
+           "open_clip_pretrained_cfg", "open_clip_text_args", "final_norm_after_pool", "open_clip_text_state_dict",
            "open_clip_state_dict", "is_open_clip_state"]
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's defaults when preprocess_cfg leaves them out
@@ -142,9 +142,20 @@ _SWAPS = [("conv1", "patch_embed.proj"), ("positional_embedding", "pos_embed"), 
           ("attn.out_proj", "attn.proj"), ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")]
 
 
-def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any) -> dict[str, torch.Tensor]:
+def final_norm_after_pool(config: dict | None) -> bool:
+    """Whether an open_clip config's native tower norms after average pooling (`final_ln_after_pool`): its
+    `ln_post` is then timm's `fc_norm` (on the pooled features), not `norm` (on the tokens)."""
+    model = (config or {}).get("model_cfg", config or {})
+    vision = model.get("vision_cfg") if isinstance(model, dict) else None
+    return isinstance(vision, dict) and vision.get("pool_type") == "avg" and bool(vision.get("final_ln_after_pool"))
+
+
+def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any, config: dict | None = None
+                         ) -> dict[str, torch.Tensor]:
     """A whole open_clip model's state dict -> its image tower in timm's ViT names (see the table above);
-    `report.actions` (a vit.hub.weights.LoadReport) records what was dropped."""
+    `report.actions` (a vit.hub.weights.LoadReport) records what was dropped. `config`: its open_clip config,
+    which says where `ln_post` goes (`final_norm_after_pool`; without one, on the tokens, open_clip's default)."""
+    swaps = [(a, "fc_norm" if a == "ln_post" and final_norm_after_pool(config) else b) for a, b in _SWAPS]
     prefix = "module." if all(k.startswith("module.") for k in state) else ""
     visual = {k[len(prefix) + 7:]: v for k, v in state.items() if k.startswith(prefix + "visual.")}
     if not visual:
@@ -163,7 +174,7 @@ def open_clip_state_dict(state: dict[str, torch.Tensor], report: Any) -> dict[st
             out["head.bias"] = out["head.weight"].new_zeros(out["head.weight"].shape[0])
     else:
         for k, v in visual.items():
-            for old, new in _SWAPS:
+            for old, new in swaps:
                 k = k.replace(old, new)
             if k == "proj":  # (D, E), used as pooled @ proj: a Linear's weight is its transpose
                 out["head.weight"], out["head.bias"] = v.T.contiguous(), v.new_zeros(v.shape[1])
@@ -208,7 +219,11 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
     if not all(isinstance(v, int) and v > 0 for v in (width, heads, text.get("layers", 12))) or width % heads:
         raise ValueError(f"{name}: its open_clip text_cfg has width {width!r}, heads {heads!r}; the width must be a "
                          "positive multiple of the heads.")
-    eos = text.get("eos_id", 2) if pool == "eos" else None
+    eos, vocab = text.get("eos_id", 2) if pool == "eos" else None, text.get("vocab_size", 49408)
+    if eos is not None and isinstance(vocab, int) and not (type(eos) is int and 0 <= eos < vocab):
+        # no token has it: every caption would be pooled at position 0, whatever it says
+        raise ValueError(f"{name}: its open_clip text_cfg sets eos_id to {eos!r:.40}, which is no token of its "
+                         f"vocabulary (ids 0 to {vocab - 1}); set it to the tokenizer's end-of-text id.")
     act = "quick_gelu" if model.get("quick_gelu") else "gelu"
     if text.get("act_kwargs") not in (None, {}):  # SigLIP2's text tower: GELU's tanh approximation
         if text["act_kwargs"] != {"approximate": "tanh"} or act != "gelu":
@@ -216,7 +231,7 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
                              "TextEncoder does not compute (only GELU's approximate='tanh'); load it with open_clip "
                              "instead.")
         act = "gelu_tanh"
-    return dict(vocab_size=text.get("vocab_size", 49408), embed_dim=width, depth=text.get("layers", 12),
+    return dict(vocab_size=vocab, embed_dim=width, depth=text.get("layers", 12),
                 num_heads=heads, max_len=text.get("context_length", 77),
                 mlp_ratio=_float(text.get("mlp_ratio", 4.0), "mlp_ratio", name), norm_first=True,
                 norm_eps=_float((text.get("norm_kwargs") or {}).get("eps", 1e-5), "norm_kwargs.eps", name),

@@ -7,10 +7,12 @@ transformers' tokenizer gives, without transformers.
     model(**batch)                                                          # input_ids, attention_mask, token_type_ids
 
 tokenizer.json holds the whole pipeline (normaliser, pre-tokeniser, WordPiece / BPE / Unigram model, the
-[CLS] ... [SEP] template); tokenizer_config.json beside it gives what transformers adds around it: the padding
-token and side, `model_max_length` (the default truncation length) and which inputs the model takes (token
-types for BERT and ELECTRA, not for RoBERTa, DistilBERT or CLIP). A repository with only vocab.txt or
-vocab.json + merges.txt is refused with the command that writes its tokenizer.json.
+[CLS] ... [SEP] template, which decides the special tokens: transformers 5 ignores tokenizer_config.json's
+`add_bos_token` / `add_eos_token` beside a tokenizer.json, and so does this); tokenizer_config.json gives what
+transformers adds around it: the padding token and side (the class's default side when it sets none: left for
+Gemma's), `model_max_length` (the default truncation length) and which inputs the model takes (token types for
+BERT and ELECTRA, not for RoBERTa, DistilBERT or CLIP). A repository with only vocab.txt or vocab.json +
+merges.txt is refused with the command that writes its tokenizer.json.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ __all__ = ["Tokenizer", "load_tokenizer"]
 # (BERT's, ELECTRA's and the default) return them
 _NO_TOKEN_TYPES = {"DistilBertTokenizer", "RobertaTokenizer", "XLMRobertaTokenizer", "CamembertTokenizer",
                    "CLIPTokenizer", "GPT2Tokenizer", "BartTokenizer", "LongformerTokenizer", "MPNetTokenizer"}
+# tokenizer classes that pad on the left unless tokenizer_config.json says otherwise (their `padding_side`)
+_LEFT_PADDED = {"GemmaTokenizer", "Siglip2Tokenizer", "LlamaTokenizer", "CodeLlamaTokenizer", "CohereTokenizer",
+                "XLNetTokenizer"}
 _HUGE = 10**20  # transformers' "no limit" model_max_length is 1e30
 MAX_LENGTH = 2**20  # tokens per text at most: past any model's positions, and far below what Rust aborts on
 TOKENIZER_LIMIT = 256 * 2**20  # bytes of a tokenizer.json read at most
@@ -59,7 +64,8 @@ class Tokenizer:
         for key in ("padding_side", "truncation_side"):
             if config.get(key, "right") not in ("left", "right"):
                 _bad_config(key, config[key], "'left' or 'right'")
-        self.padding_side = config.get("padding_side", "right")
+        cls = str(config.get("tokenizer_class") or "").removesuffix("Fast")
+        self.padding_side = config.get("padding_side", "left" if cls in _LEFT_PADDED else "right")
         self.truncation_side = config.get("truncation_side", "right")
         limit = config.get("model_max_length")
         if limit is not None and (type(limit) not in (int, float) or not limit >= 1):  # `not >=`: NaN too
@@ -70,7 +76,6 @@ class Tokenizer:
         self.model_max_length = int(limit) if limit is not None and limit < _HUGE else None
         names = config.get("model_input_names")
         if names is None:
-            cls = str(config.get("tokenizer_class") or "").removesuffix("Fast")
             names = ["input_ids", "attention_mask"] + ([] if cls in _NO_TOKEN_TYPES else ["token_type_ids"])
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             _bad_config("model_input_names", names, "a list of input names such as ['input_ids', 'attention_mask']")

@@ -181,7 +181,7 @@ def converted_state_dict(state: dict[str, torch.Tensor], source: Source | None, 
         check_weights({k: v for k, v in state.items() if not k.endswith("position_ids")}, report.path)
         return hf_state_dict(state, source.format_config, report)
     if fmt == "open_clip" or is_open_clip_state(state):
-        return open_clip_state_dict(state, report)
+        return open_clip_state_dict(state, report, source.format_config if source is not None else None)
     return state
 
 

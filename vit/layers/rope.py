@@ -36,6 +36,8 @@ from torch import nn
 __all__ = ["MixedRotaryEmbedding", "Rope", "RotaryEmbedding", "apply_rope", "rope_table", "rotary_embedding"]
 
 _KINDS = ("axial", "dinov3", "mixed")
+SCALE_RANGE = (1e-6, 1e12)  # temperature and periods: every real model's (10 .. 10000) and far beyond
+MAX_GRID_OFFSET = 1e6  # patches
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,19 @@ class Rope:
             raise ValueError(f"rope kind must be one of {', '.join(_KINDS)}, got {self.kind!r}.")
         if not isinstance(self.rotate_half, bool):
             raise TypeError(f"rotate_half must be true or false, got {self.rotate_half!r}.")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(f"rope temperature must be a positive number, got {self.temperature!r}.")
+        # bounds that keep every angle finite in float32 on any grid (NaN / inf would make every table NaN; a
+        # temperature or period far outside them, or an offset of 1e38, overflows or underflows the angles)
+        if not (_number(self.temperature) and SCALE_RANGE[0] <= self.temperature <= SCALE_RANGE[1]):
+            raise ValueError(f"rope temperature must be a positive finite number from {SCALE_RANGE[0]:g} to "
+                             f"{SCALE_RANGE[1]:g} (10000 for EVA02, 100 for DINOv3), got {self.temperature!r}.")
+        if not (_number(self.grid_offset) and abs(self.grid_offset) <= MAX_GRID_OFFSET):  # `not <=`: NaN too
+            raise ValueError(f"rope grid_offset must be a finite number of patches within +-{MAX_GRID_OFFSET:g} (0 "
+                             f"for EVA02, 1 for PE), got {self.grid_offset!r}.")
+        for key in ("min_period", "max_period"):
+            value = getattr(self, key)
+            if value is not None and not (_number(value) and SCALE_RANGE[0] <= value <= SCALE_RANGE[1]):
+                raise ValueError(f"rope {key} must be a positive finite number from {SCALE_RANGE[0]:g} to "
+                                 f"{SCALE_RANGE[1]:g}, got {value!r}.")
         if self.grid_indexing not in ("ij", "xy"):
             raise ValueError(f"grid_indexing must be 'ij' or 'xy', got {self.grid_indexing!r}.")
         if self.normalize_coords not in ("separate", "min", "max"):
@@ -71,6 +84,10 @@ class Rope:
             raise ValueError("'mixed' rotary positions pair channels (2i, 2i + 1); set rotate_half=false.")
         if (self.min_period is None) != (self.max_period is None):
             raise ValueError("give both min_period and max_period, or neither (then the temperature sets periods).")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _grid(grid) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_mode
 from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import check_depth_fits, load_pretrained
 from ..layers import to_2tuple
+from ..layers.rope import Rope
 from .features import features_only_model
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
@@ -100,8 +101,13 @@ def create_model(
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         implied = nest_sparse_keys(source.model_kwargs())
-        check_model_args(implied, option_types(),
-                         f"{source.name}: {source.config or 'its pretrained config'}")
+        where = f"{source.name}: {source.config or 'its pretrained config'}"
+        check_model_args(implied, option_types(), where)
+        if isinstance(implied.get("rope"), dict):  # NaN positions: checked here, named by the file and key
+            try:
+                Rope(**implied["rope"])
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{where}: config key 'model_args.rope': {e}") from None
         lacking = sorted(set(implied) - OPTIONS)
         if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
             raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "

@@ -161,6 +161,11 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     where = f"{name} (text tower)"
     check_fit(text_state, text.state_dict(), where)
     text.load_state_dict(text_state)
+    scale = extra["logit_scale"].reshape(-1)[:1].float()
+    if scale.numel() != 1 or not torch.isfinite(scale.exp()).all():  # NaN, or every logit inf
+        raise ValueError(f"{name}: its logit_scale (the log of the similarity scale) is {scale.tolist()}, whose exp "
+                         "is not a finite float32, so every logit would be inf or NaN; these weights are damaged "
+                         "(trained CLIP and SigLIP models hold 2.6 to 4.8).")
     proj_w = extra["proj.weight"]
     projection = nn.Linear(proj_w.shape[1], proj_w.shape[0], bias="proj.bias" in extra)
     projection.load_state_dict({k[5:]: v for k, v in extra.items() if k.startswith("proj.")})

@@ -53,7 +53,8 @@ def _native_vision(v: nn.Module) -> bool:
     """Whether the image tower is open_clip's own ViT: pre-norm stem, [CLS], learned positions, no extras."""
     return (not isinstance(v.norm_pre, nn.Identity) and v.has_class_token and v.num_reg_tokens == 0
             and v.dist_token is None and v.attn_pool is None and v.rope is None and v.pos_embed_type == "learn"
-            and v.global_pool in ("token", "avg") and v.patch_embed.proj.bias is None)
+            and v.global_pool in ("token", "avg") and v.patch_embed.proj.bias is None
+            and isinstance(v.norm, nn.Identity) != isinstance(v.fc_norm, nn.Identity))  # one final norm: ln_post
 
 
 def _vision_cfg(v: nn.Module) -> dict:
@@ -183,7 +184,8 @@ def open_clip_state_dict_of(model: CLIP, config: dict, state: dict[str, torch.Te
         elif k == "head.weight":  # (E, D) Linear weight -> open_clip's (D, E), used as pooled @ proj
             out["visual.proj"] = v.T
         elif k != "head.bias":  # zero (checked by open_clip_config)
-            k = _rename(k, _VISION)
+            # the pooled features' norm is open_clip's ln_post too (final_ln_after_pool, set by _vision_cfg)
+            k = "ln_post." + k[8:] if k.startswith("fc_norm.") else _rename(k, _VISION)
             out["visual." + k] = v.reshape(-1) if k == "class_embedding" else v[0] if k == "positional_embedding" \
                 else v
     inner = "text." if cfg.get("custom_text") else ""
