@@ -46,6 +46,8 @@ class Stem:
         object.__setattr__(self, "widths", tuple(self.widths))
         if not all(isinstance(n, int) and n > 0 for n in self.layers + self.widths):
             raise ValueError(f"stem layers and widths are whole numbers > 0, got {self.layers} and {self.widths}.")
+        if self.kind == "resnetv2" and len(self.layers) > 4:  # timm's ResNetV2 zips them with 4 stage widths
+            raise ValueError(f"a resnetv2 stem has at most 4 stages (timm's ResNetV2), got layers={self.layers}.")
         if self.kind == "vitamin" and len(self.widths) != 2:
             raise ValueError(f"a ViTamin stem has two MBConv stages: give widths=(w1, w2), got {self.widths}.")
 
