@@ -11,7 +11,8 @@ softmax probabilities must agree with the PyTorch model's within 1e-4 and the to
 command fails (exit 2). The images are the checkpoint's own validation split, or --images. Next to the model:
 preprocessing.json (input size, mean, std, interpolation, crop_pct, label names: what a runtime needs) and
 verification.json (the check's numbers). The batch dimension is dynamic; height and width too with
-dynamic_img_size (multiples of the patch size). ONNX needs the export extra: pip install -e '.[export]'.
+dynamic_img_size (multiples of the pixels per token: the patch size, a hybrid's stem stride times it). ONNX needs
+the export extra: pip install -e '.[export]'.
 """
 
 from __future__ import annotations
@@ -194,8 +195,8 @@ def main(argv=None) -> int:
         data = labelled_images(cfg, classes, args.eval_images, args.calibration_images)
     x, source = verification_images(args, cfg, classes, size)
     batches = [x[:1], x]
-    if model.dynamic_img_size:  # the same images at a second size, two patches larger
-        x2, _ = verification_images(args, cfg, classes, size + 2 * model.patch_embed.patch_size[0])
+    if model.dynamic_img_size:  # the same images at a second size, two tokens larger
+        x2, _ = verification_images(args, cfg, classes, size + 2 * model.patch_embed.token_step[0])
         batches += [x2[:1], x2]
     wrapper = ExportableClassifier(model)
     model_id = fingerprint(model)

@@ -527,3 +527,35 @@ def test_the_page_shows_the_anomaly_map_and_verdict_of_an_anomaly_checkpoint(ano
             driver.quit()
         server.shutdown()
         server.server_close()
+
+
+def test_a_hybrid_checkpoint_is_described_by_its_tokens_and_its_overlay_follows_the_model_grid(tmp_path, image):
+    """A hybrid's patch_size (8) is not what a token covers (its stem's stride 4 times 8): the title said
+    '8-pixel patches'."""
+    from vit.config import load_config
+    from vit.explain.demo import Demo
+    from vit.explain.rollout import attention_rollout, to_grid
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--data.dataset=synthetic", "--model.name=vit_tiny_r_s16_p8_224", "--model.img_size=64",
+                             "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 4)
+    folder = tmp_path / "hybrid" / "best"
+    save_checkpoint(folder, model, cfg, CLASSES[:4], dict(val_acc1=0.5, epoch=1, step=3))
+    demo = Demo(folder)
+    assert demo.title().startswith("hybrid/best: ViT, 64x64 input, a resnetv2 stem, 32-pixel tokens, width 32")
+    answer = demo.predict(image.read_bytes(), image.name)
+    assert answer["size"] == [256, 256]  # 64 pixels drawn 4x: at least DISPLAY wide
+    x = demo.transform.load(image)[None]
+    with torch.no_grad():
+        _, attns = demo.model.forward_with_attention(x)
+    grid = to_grid(attention_rollout(attns), demo.model.grid_size((64, 64)))[0].numpy()
+    assert grid.shape == (2, 2)
+    over = decode_overlay(answer["overlay"])
+    cell = 128  # each token's 32 pixels drawn 4x
+    red = [[float(over[r * cell + 32:(r + 1) * cell - 32, c * cell + 32:(c + 1) * cell - 32, 0].mean()
+                  - over[r * cell + 32:(r + 1) * cell - 32, c * cell + 32:(c + 1) * cell - 32, 2].mean())
+            for c in range(2)] for r in range(2)]
+    assert np.unravel_index(np.argmax(red), (2, 2)) == np.unravel_index(grid.argmax(), grid.shape)

@@ -131,3 +131,33 @@ def _load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _hybrid():
+    torch.manual_seed(0)
+    return _peaked(vit.create_model("vit_tiny_r_s16_p8_224", img_size=64, embed_dim=32, depth=2, num_heads=2,
+                                    num_classes=5, dynamic_img_size=True)).eval()
+
+
+def test_a_hybrid_model_refuses_a_dynamic_exported_program_in_one_sentence(tmp_path):
+    """torch.export.save fails deep in its serializer on the stem's math.ceil padding: one sentence instead."""
+    with pytest.raises(ExportError, match=r"a resnetv2 stem's 'same' padding .* export onnx or torchscript"):
+        export_model(ExportableClassifier(_hybrid()), "exported-program", tmp_path, torch.randn(2, 3, 64, 64))
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_hybrid_model_exports_at_its_token_step(tmp_path, fmt):
+    """A hybrid's token covers its stem's stride times the patch size (here 4 x 8 = 32 pixels): the dynamic sides
+    were declared as multiples of the patch size (8) alone, which the stem's grid does not follow."""
+    model = _hybrid()
+    assert model.patch_embed.token_step == (32, 32)
+    g = torch.Generator().manual_seed(3)
+    batches = [torch.randn(n, 3, h, w, generator=g) for n in (1, 3) for h, w in ((64, 64), (96, 128))]
+    run = load_exported(export_model(ExportableClassifier(model), fmt, tmp_path, batches[1]), fmt)
+    for x in batches:
+        with torch.no_grad():
+            ref = model(x).softmax(-1)
+        got = run(x).softmax(-1)
+        assert (got - ref).abs().max() <= 1e-4 and torch.equal(got.argmax(-1), ref.argmax(-1)), tuple(x.shape)

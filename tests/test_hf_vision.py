@@ -279,3 +279,20 @@ def test_qkv_are_checked_before_they_are_fused(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match) as e:
         vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("crop_size", 0, r"sets crop_size=0, which is not a size in whole pixels > 0"),
+    ("crop_size", {"height": 0, "width": 0}, r"sets crop_size=\{'height': 0, 'width': 0\}, which is not a size"),
+    ("size", {"shortest_edge": -32}, r"sets size=\{'shortest_edge': -32\}, which is not a size"),
+    ("resample", 99, r"sets resample=99, which is not one of PIL's filters"),
+    ("resample", "bicubic", r"sets resample='bicubic', which is not one of PIL's filters"),
+    ("image_std", [0.5, 0.0, 0.5], r"sets image_std=\[0\.5, 0\.0, 0\.5\], which is not a list of finite numbers > 0"),
+])
+def test_an_impossible_preprocessor_value_is_refused_with_its_key(tmp_path, key, value, match):
+    """A crop_size of 0 became a crop ratio of 1.0 and a resample of 99 timm's bilinear, without a word."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"crop_size": 32, key: value}))
+    with pytest.raises(ValueError, match=match) as e:
+        vit.create_model(f"local-dir:{tmp_path}")
+    assert "preprocessor_config.json" in str(e.value) and "\n" not in str(e.value)

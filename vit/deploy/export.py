@@ -7,10 +7,11 @@ checked against the PyTorch model right after it is written.
     check = verify(wrapper, run, batches)                  # max |p_exported - p_torch|, top-1 agreement
 
 The batch dimension is always dynamic; height and width too when the model has `dynamic_img_size` (as a
-multiple of the patch size). The model's `forward` chooses between its own position table and a resampled one
-with a Python comparison of the patch grid against the configured grid; an exporter would freeze that choice
-at the example's size, so `ExportableClassifier` always resamples (bicubic, antialiased, as
-`resample_abs_pos_embed`; at the configured size the resampling is the identity). ONNX goes through PyTorch's
+multiple of the pixels per token, `patch_embed.token_step`: the patch size, a hybrid's stem stride times it).
+The model's `forward` chooses between its own position table and a resampled one with a Python comparison of the
+patch grid against the configured grid; an exporter would freeze that choice at the example's size, so
+`ExportableClassifier` always resamples (bicubic, antialiased, as `resample_abs_pos_embed`; at the configured
+size the resampling is the identity). ONNX goes through PyTorch's
 current exporter (`torch.onnx.export(..., dynamo=True)`) at opset 23, whose `Attention` operator carries
 `F.scaled_dot_product_attention` as one node. TorchScript is traced (`torch.jit.trace`): scripting the model
 would compile the attention layer's error messages, which TorchScript's compiler does not accept.
@@ -128,10 +129,11 @@ class ExportableNaFlexClassifier(nn.Module):
 
 def _dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
     dims = {0: torch.export.Dim("batch", min=1, max=65536)}
-    if dynamic_img_size:  # sides as whole numbers of patches, so the exporter knows they tile exactly
-        ph, pw = model.patch_embed.patch_size
-        dims[2] = ph * torch.export.Dim("grid_h", min=1, max=1024)
-        dims[3] = pw * torch.export.Dim("grid_w", min=1, max=1024)
+    if dynamic_img_size:  # sides as whole numbers of tokens, so the exporter knows they tile exactly (a hybrid's
+        # token is its stem's stride times the patch size)
+        sh, sw = model.patch_embed.token_step
+        dims[2] = sh * torch.export.Dim("grid_h", min=1, max=1024)
+        dims[3] = sw * torch.export.Dim("grid_w", min=1, max=1024)
     return {"x": dims}
 
 
@@ -148,6 +150,11 @@ def export_model(wrapper: ExportableClassifier | ExportableNaFlexClassifier, fmt
     if isinstance(wrapper, ExportableNaFlexClassifier):
         args, names, dynamic = _naflex_inputs(example)
     else:
+        stem = getattr(wrapper.model.patch_embed, "stem", None)
+        if fmt == "exported-program" and wrapper.model.dynamic_img_size and getattr(stem, "kind", "") == "resnetv2":
+            raise ExportError("a resnetv2 stem's 'same' padding is computed with math.ceil of the input size, which "
+                              "a torch.export program cannot save at dynamic sizes; export onnx or torchscript, or "
+                              "build the model without dynamic_img_size.")
         dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
         if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
             example = example.repeat(2, 1, 1, 1)
@@ -282,7 +289,8 @@ def preprocessing(model: VisionTransformer, aug, classes: list[str], threshold: 
         mean=list(aug.mean), std=list(aug.std), interpolation=aug.interpolation, crop_pct=aug.eval_crop_pct,
         crop_mode="center", resize=f"shorter side to {resize} (round(input_size / crop_pct)), then a center crop",
         steps=steps, reference="vit/deploy/preprocess.py (NumPy, Pillow, OpenCV; no torch)",
-        dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw], input_name="x", output_name="logits",
+        dynamic_img_size=bool(model.dynamic_img_size), patch_size=[ph, pw],
+        input_multiple=list(model.patch_embed.token_step), input_name="x", output_name="logits",
         output="logits (B, num_classes); " + ("softmax gives the probabilities" if threshold is None else
                                                "a sigmoid per class gives the probabilities; a class is predicted "
                                                "where it is at or above threshold"),

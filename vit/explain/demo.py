@@ -90,13 +90,21 @@ class Demo:
         """The checkpoint's folder (run/best) and the architecture the weights have, read from the model: the
         config's model.name is only the template its fields override (vit_tiny_patch16_224 with patch_size 8)."""
         m = self.model
-        (h, w), (ph, pw) = m.patch_embed.img_size, m.patch_embed.patch_size
-        patches = f"{ph}-pixel" if ph == pw else f"{ph}x{pw}-pixel"
-        arch = (f"ViT, {h}x{w} input, {patches} patches, width {m.embed_dim}, depth {len(m.blocks)}, "
+        (h, w) = m.patch_embed.img_size
+        arch = (f"ViT, {h}x{w} input, {tokens(m.patch_embed)}, width {m.embed_dim}, depth {len(m.blocks)}, "
                 f"{m.blocks[0].attn.num_heads} heads")
         acc = self.meta.get("val_acc1")
         scored = f", val top-1 {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
         return f"{self.folder.parent.name}/{self.folder.name}: {arch}: {len(self.classes)} classes{scored}"
+
+
+def tokens(embed) -> str:
+    """What a token covers: '16-pixel patches', or for a hybrid 'a resnetv2 stem, 16-pixel tokens' (its stride
+    times the patch size; its `patch_size` alone would say 1)."""
+    sh, sw = embed.token_step
+    side = f"{sh}-pixel" if sh == sw else f"{sh}x{sw}-pixel"
+    stem = getattr(embed, "stem", None)
+    return f"a {stem.kind} stem, {side} tokens" if stem is not None else f"{side} patches"
 
 
 def overlay_answer(x, grid_map, mean, std) -> dict:
@@ -163,9 +171,9 @@ class ClipDemo:
 
     def title(self) -> str:
         m = self.model.visual
-        (h, w), (ph, _) = m.patch_embed.img_size, m.patch_embed.patch_size
+        (h, w) = m.patch_embed.img_size
         kind = "SigLIP (a sigmoid per label)" if self.model.logit_bias is not None else "CLIP (softmax over labels)"
-        return (f"{self.name}: {kind}, {h}x{w} input, {ph}-pixel patches, width {m.embed_dim}, depth "
+        return (f"{self.name}: {kind}, {h}x{w} input, {tokens(m.patch_embed)}, width {m.embed_dim}, depth "
                 f"{len(m.blocks)}: zero-shot, labels typed below")
 
 

@@ -213,11 +213,34 @@ def hf_pretrained_cfg(config: dict, preprocessor: dict | None, args: dict, name:
     std and interpolation as given; the crop ratio (crop / resize; 1.0 and `squash` when it resizes to the size
     without a crop) applied at the model's own image size; the labels of config.json's id2label."""
     model_type = _vision_config(config, name)[0]
+    if isinstance(preprocessor, dict):
+        _check_preprocessor(preprocessor, name)
     try:
         return _pretrained_cfg(model_type, config, preprocessor, args)
     except (TypeError, ValueError, AttributeError) as e:  # e.g. an image_mean of strings, a size that is a list
         raise ValueError(f"{name}: its preprocessor_config.json is not a valid image processor config "
                          f"({type(e).__name__}: {e}); re-save it with transformers.") from None
+
+
+def _check_preprocessor(p: dict[str, Any], name: str) -> None:
+    """Values no image processor can apply, refused with their key (a crop_size of 0 was a crop ratio of 1.0, a
+    resample of 99 timm's bilinear, an image_std of 0 a division by zero, all without a word)."""
+    def bad(key: str, want: str) -> None:
+        raise ValueError(f"{name}: its preprocessor_config.json sets {key}={p[key]!r:.60}, which is not {want}; fix "
+                         "that key (transformers' save_pretrained writes a valid one).")
+
+    if "resample" in p and not (type(p["resample"]) is int and p["resample"] in _RESAMPLE):
+        bad("resample", "one of PIL's filters (0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming)")
+    for key in ("size", "crop_size"):
+        value = p.get(key)
+        sides = list(value.values()) if isinstance(value, dict) else [value]
+        if value is not None and not all(s is None or (type(s) is int and s > 0) for s in sides):
+            bad(key, "a size in whole pixels > 0 (an integer, or e.g. {\"height\": 224, \"width\": 224})")
+    for key, least in (("image_mean", -math.inf), ("image_std", 0.0)):
+        values = p.get(key)
+        numbers = isinstance(values, (list, tuple)) and all(type(v) in (int, float) for v in values)
+        if numbers and not all(math.isfinite(v) and v > least for v in values):  # other types: the reader's error
+            bad(key, "a list of finite numbers" + (" > 0 (each channel is divided by its std)" if least == 0 else ""))
 
 
 def _pretrained_cfg(model_type: str, config: dict, preprocessor: dict | None, args: dict) -> dict[str, Any]:

@@ -46,6 +46,8 @@ class Stem:
         object.__setattr__(self, "widths", tuple(self.widths))
         if not all(isinstance(n, int) and n > 0 for n in self.layers + self.widths):
             raise ValueError(f"stem layers and widths are whole numbers > 0, got {self.layers} and {self.widths}.")
+        if self.kind == "resnetv2" and len(self.layers) > 4:  # timm's ResNetV2 zips them with 4 stage widths
+            raise ValueError(f"a resnetv2 stem has at most 4 stages (timm's ResNetV2), got layers={self.layers}.")
         if self.kind == "vitamin" and len(self.widths) != 2:
             raise ValueError(f"a ViTamin stem has two MBConv stages: give widths=(w1, w2), got {self.widths}.")
 
@@ -108,10 +110,15 @@ class HybridEmbed(nn.Module):
         feat_ratio())."""
         return self.stem.stride * max(self.patch_size)
 
+    @property
+    def token_step(self) -> tuple[int, int]:
+        """Input pixels per token along each side (h, w): the stem's stride times the patch size."""
+        return self.stem.stride * self.patch_size[0], self.stem.stride * self.patch_size[1]
+
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The token grid (h, w) of an input of the given size; raises unless the stem's stride times the patch
         size divides it."""
-        step = (self.stem.stride * self.patch_size[0], self.stem.stride * self.patch_size[1])
+        step = self.token_step
         if height % step[0] or width % step[1]:
             raise ValueError(f"input of size {height}x{width} is not divisible by {step[0]}x{step[1]} (the "
                              f"{self.stem.kind} stem's stride {self.stem.stride} times the patch size); resize or "

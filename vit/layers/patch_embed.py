@@ -58,6 +58,11 @@ class PatchEmbed(nn.Module):
         """Input pixels per token along the longer patch side (timm's feature_info reduction)."""
         return max(self.patch_size)
 
+    @property
+    def token_step(self) -> tuple[int, int]:
+        """Input pixels per token along each side (h, w): the patch size (a hybrid's stem stride times it)."""
+        return tuple(self.patch_size)
+
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
         ph, pw = self.patch_size

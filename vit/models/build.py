@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import math
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,10 @@ from torch import nn
 from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args, nest_sparse_keys
 from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import check_depth_fits, load_pretrained
-from ..layers import to_2tuple
+from ..layers import Stem, to_2tuple
 from ..layers.rope import Rope
 from .features import features_only_model
+from .model_size import check_size, stacked_size
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
 from .vit_options import OPTIONS, constructor_kwargs, option_types
@@ -43,25 +43,30 @@ def list_models() -> list[str]:
     return sorted(VARIANTS)
 
 
-MAX_PARAMS = 10**10  # 40 GB in float32: a model past this is a typo or a hostile config.json, not a ViT to build
+_SIZE_KEYS = ("embed_dim", "depth", "mlp_ratio", "img_size", "patch_size", "num_classes", "reg_tokens", "rel_pos",
+              "stem", "attn_pool_mlp_ratio", "naflex")
 
 
-def estimated_params(kwargs: dict) -> float | None:
-    """The parameter count `VisionTransformer(**kwargs)` would allocate, from the arguments alone (within a few
-    per cent: blocks 4D^2 + 2rD^2, patch projection, positions, head); None when they are not all numbers (the
-    constructor then names what is wrong)."""
+def estimated_params(kwargs: dict, keep: int = 16) -> float | None:
+    """The parameters and buffer entries `VisionTransformer(**kwargs)` (create_model's keywords) would allocate,
+    counted on the meta device with the blocks and each stem stage cut to one and two copies (vit.models.model_size):
+    every option that makes a tensor counts. None when the arguments are not ones the constructor takes (it then
+    names what is wrong); inf past torch's 64-bit sizes."""
+    stem = kwargs.get("stem")
     try:
-        size, patch = to_2tuple(kwargs.get("img_size", 224)), to_2tuple(kwargs.get("patch_size", 16))
-        d, depth, r = kwargs.get("embed_dim", 768), kwargs.get("depth", 12), kwargs.get("mlp_ratio", 4.0)
-        tokens = (size[0] // max(patch[0], 1)) * (size[1] // max(patch[1], 1)) + 1
-        blocks = depth * ((4 + 2 * r) * d * d + (9 + 2 * r) * d)
-        n = float(blocks + kwargs.get("in_chans", 3) * patch[0] * patch[1] * d + tokens * d
-                  + (kwargs.get("num_classes", 1000) + 1) * d)
-        return None if math.isnan(n) else n  # inf (an mlp_ratio of 1e308) is over the bound too
-    except OverflowError:
-        return math.inf
+        stem = Stem(**stem) if isinstance(stem, dict) else stem
     except (TypeError, ValueError):
         return None
+    layers = stem.layers if isinstance(stem, Stem) and stem.kind == "resnetv2" else ()
+    counts = {"depth": kwargs.get("depth", 12), **{f"stage{i}": n for i, n in enumerate(layers)}}
+
+    def build(n: dict[str, int]) -> VisionTransformer:
+        cut = {**kwargs, "depth": n["depth"]}
+        if layers:
+            cut["stem"] = dataclasses.replace(stem, layers=tuple(n[f"stage{i}"] for i in range(len(layers))))
+        return VisionTransformer(**constructor_kwargs(cut))
+
+    return stacked_size(build, counts, keep)
 
 
 def check_buildable(name: str) -> None:
@@ -131,13 +136,10 @@ def create_model(
     kwargs = {**VARIANTS[name], **overrides}
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
-    n = estimated_params(kwargs)
-    if n is not None and not n <= MAX_PARAMS:  # `not <=`: a NaN ratio passes no bound
-        shown = ", ".join(f"{k}={kwargs[k]}" for k in ("embed_dim", "depth", "img_size", "patch_size") if k in kwargs)
-        where = f" (its options come from {source.config})" if source is not None and source.config else ""
-        about = f"about {n:.2g}" if math.isfinite(n) else "over 1e+308"
-        raise ValueError(f"{source.name if source else name} would have {about} parameters, more than "
-                         f"{MAX_PARAMS:.0e} ({shown}){where}; check the model's size options.")
+    shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
+    where = f"; its options come from {source.config}" if source is not None and source.config else ""
+    check_size(estimated_params(kwargs), source.name if source else name, shown + where,
+               "check the model's size options")
     if source is not None:
         check_depth_fits(kwargs.get("depth"), source.weights, source.name)
     model = VisionTransformer(**constructor_kwargs(kwargs))

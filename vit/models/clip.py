@@ -33,7 +33,8 @@ from ..hub.open_clip_weights import WEIGHT_FILES as OPEN_CLIP_FILES
 from ..hub.open_clip_weights import open_clip_text_args, open_clip_text_state_dict
 from ..hub.text_weights import text_state_dict
 from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
-from .build import MAX_PARAMS, create_model
+from .build import create_model
+from .model_size import MAX_PARAMS, check_size, entries, shown_size, text_size
 from .text_build import ACTIVATIONS, text_model_args
 from .text_encoder import TextEncoder
 
@@ -151,13 +152,16 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     if not all(isinstance(v, int) and v > 0 for v in (D, depth, V, P)):
         raise _bad(name, f"its text tower's sizes (width {D!r}, layers {depth!r}, vocabulary {V!r}, context {P!r}) "
                    "are not positive integers")
-    if depth * 13 * D * D + (V + P) * D > MAX_PARAMS:  # before anything is allocated (a hostile config)
-        raise _bad(name, f"its text tower would have more than {MAX_PARAMS:.0e} parameters (width {D}, layers "
-                   f"{depth}, vocabulary {V}); its config is wrong")
+    pool = kwargs.pop("global_pool")
+    kwargs["global_pool"] = "avg" if pool == "last" else pool  # 'last' is read in CLIP
+    n = text_size(kwargs)  # before anything is allocated (a hostile config: its vocabulary, depth, MLP width)
+    if n is not None and not n <= MAX_PARAMS:
+        raise _bad(name, f"its text tower would have {shown_size(n)} parameters (buffers included), more than "
+                   f"{MAX_PARAMS:.0e} (width {D}, layers {depth}, vocabulary {V}, MLP ratio "
+                   f"{kwargs.get('mlp_ratio', 4.0):.3g}); its config is wrong")
     if "proj.weight" not in extra or "logit_scale" not in extra:
         raise _bad(name, "its weights have no text projection or logit_scale")
-    pool = kwargs.pop("global_pool")
-    text = TextEncoder(**kwargs, global_pool="avg" if pool == "last" else pool)  # 'last' is read in CLIP
+    text = TextEncoder(**kwargs)
     where = f"{name} (text tower)"
     check_fit(text_state, text.state_dict(), where)
     text.load_state_dict(text_state)
@@ -190,6 +194,13 @@ def new_clip_model(visual: nn.Module, tokenizer: ClipTokenizer, embed_dim: int, 
         visual.head = nn.Linear(head.in_features, head.out_features, bias=False)
         visual.head.weight.data.copy_(head.weight.data)
     vocab = tokenizer.tokenizer.vocab_size
-    text = TextEncoder(vocab, embed_dim=text_width, depth=text_depth, num_heads=text_heads,
-                       max_len=tokenizer.context_length, global_pool="eos", causal=True, norm_eps=1e-5)
-    return CLIP(visual, text, nn.Linear(text_width, embed_dim, bias=False), "eos", logit_scale, logit_bias, tokenizer)
+    options = dict(vocab_size=vocab, embed_dim=text_width, depth=text_depth, num_heads=text_heads,
+                   max_len=tokenizer.context_length, global_pool="eos", causal=True, norm_eps=1e-5)
+    tower = text_size(options)
+    if tower is not None:  # the image tower is built: the two together, before the text tower is allocated
+        check_size(tower + text_width * embed_dim + entries(visual), "the contrastive model",
+                   f"text tower: width {text_width}, depth {text_depth}, vocabulary {vocab}, context "
+                   f"{tokenizer.context_length}; image tower: {entries(visual):.2g}",
+                   "lower contrastive.text_width, text_depth or context_length, or the image tower's size")
+    return CLIP(visual, TextEncoder(**options), nn.Linear(text_width, embed_dim, bias=False), "eos", logit_scale,
+                logit_bias, tokenizer)

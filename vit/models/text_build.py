@@ -32,7 +32,7 @@ import torch
 from ..hub.names import WEIGHT_FILES, read_json, repo_file
 from ..hub.text_weights import head_state_dict, text_state_dict
 from ..hub.weights import LoadReport, check_fit, check_weights, read_state_dict
-from .build import MAX_PARAMS
+from .model_size import MAX_PARAMS
 from .text_classifier import HEADS, TextClassifier
 from .text_encoder import TextEncoder
 

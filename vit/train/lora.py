@@ -14,8 +14,12 @@ are a plain ViT; `model.freeze` (VisionTransformer.set_freeze) trains the head a
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
+
+from ..models.model_size import check_size, entries, shown_size
 
 __all__ = ["LORA_TARGETS", "add_lora", "has_lora", "merged_state_dict", "trainable_share"]
 
@@ -29,6 +33,11 @@ def add_lora(model: nn.Module, rank: int = 8, alpha: float | None = None, dropou
     place, freeze everything else except the head, and return it. Needs `pip install peft`."""
     if rank < 1:
         raise ValueError(f"a LoRA rank must be at least 1, got {rank}; set optim.lora_rank to 8, say, or 0 for none.")
+    adapted = [m for name, m in model.named_modules() if isinstance(m, nn.Linear) and re.fullmatch(targets, name)]
+    added = rank * sum(m.in_features + m.out_features for m in adapted)  # A (r, in) and B (out, r) per layer
+    check_size(entries(model) + added, f"the model with LoRA adapters of rank {rank}",
+               f"{shown_size(added)} of them in the adapters of {len(adapted)} layers",
+               "set optim.lora_rank (few_shot.py: --lora-rank) to 8, say")
     try:
         from peft import LoraConfig, inject_adapter_in_model
     except ImportError:
