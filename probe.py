@@ -45,21 +45,29 @@ if __name__ == "__main__":  # --help answers here, before torch is imported
 
 
 import json
+import math
 from pathlib import Path
 
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import run_cli
 from vit.config import ConfigError
 from vit.eval.features import load_features, use_patch_tokens
-from vit.eval.probes import probe
+from vit.eval.probes import check_C, probe
 from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.k < 1 or args.temperature <= 0 or min(args.C) <= 0:
-        raise ConfigError("--k must be at least 1, and --temperature and every --C above 0.")
+    if args.k < 1:
+        raise ConfigError(f"--k must be at least 1, got {args.k}.")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ConfigError(f"--temperature must be a finite number above 0 (the vote weighs exp(similarity / T)), "
+                          f"got {args.temperature}.")
+    try:
+        check_C(args.C, "--C")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     out = Path(args.out or f"probe-{args.method}")
     check_writable(out)
     files = {"train": args.train, "test": args.test, **({"val": args.val} if args.val else {})}
