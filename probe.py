@@ -28,9 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val", default=None, help="linear: features that choose C (default: cross-validation on --train)")
     ap.add_argument("--method", choices=("knn", "linear"), default="knn", help="which probe")
     ap.add_argument("--k", type=int, default=20, help="knn: neighbours that vote")
-    ap.add_argument("--temperature", type=float, default=0.07, help="knn: T of the vote weight exp(similarity / T)")
+    ap.add_argument("--temperature", type=float, default=0.07,
+                    help="knn: T of the vote weight exp(similarity / T) (finite, above 0)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
-                    help="linear: inverse regularisation strengths to choose from")
+                    help="linear: inverse regularisation strengths to choose from (each 1e-6 to 1e6)")
     ap.add_argument("--features", choices=("pooled", "patches"), default="pooled",
                     help="the pooled embeddings, or the patch tokens flattened in grid order (files written by "
                          "features.py --patch-tokens; they keep where things are)")
