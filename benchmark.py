@@ -8,6 +8,7 @@
     python benchmark.py --sparse-attention moba:0.125:block dsa:0.125:block dsa:0.25:block --sparse-tokens 1024 8192
     python benchmark.py --edge --edge-models vit_tiny_patch16_224 vit_small_patch16_224 --out edge.json
     python benchmark.py --clip ViT-B-16 --batch-size 64 --device cuda --precision bf16   # CLIP vs open_clip
+    python benchmark.py --probe --probe-widths 384 49152 --repeats 3    # linear probe vs scikit-learn, CPU
 
 Inference and training-step (forward, backward, optimizer step) throughput are measured for ours and timm's
 model interleaved (A, B, A, B, ...) after warm-up; each side uses its toolkit's own optimizer factory
@@ -100,6 +101,17 @@ def build_parser() -> argparse.ArgumentParser:
                          "random weights: zero-shot images/s and a contrastive training step; CONFIG: an open_clip "
                          "config name (ViT-B-16, ViT-B-16-SigLIP, ...), 'tiny' or 'tiny-siglip'")
     ap.add_argument("--clip-classes", type=count(1), default=1000, help="--clip: classes of the zero-shot classifier")
+    ap.add_argument("--probe", action="store_true",
+                    help="instead of the ours-vs-timm comparison, the linear probe (probe.py --method linear) against "
+                         "scikit-learn's LogisticRegression doing the same work on the same features (CPU), "
+                         "interleaved, with both top-1s")
+    ap.add_argument("--probe-widths", type=count(1), nargs="+", default=[384, 16 * 16 * 192],
+                    help="--probe: feature widths (384: a ViT-S embedding; 49152: its 16x16 patch tokens at 192)")
+    ap.add_argument("--probe-n", type=count(2), default=2000, help="--probe: training features (test: half as many)")
+    ap.add_argument("--probe-classes", type=count(2), default=10, help="--probe: classes")
+    ap.add_argument("--probe-C", type=float, nargs="+", default=[1.0],
+                    help="--probe: one C (one fit each), or several (the cross-validated sweep, then the refit)")
+    ap.add_argument("--probe-threads", type=count(1), default=1, help="--probe: CPU threads of each side")
     ap.add_argument("--out", default=None, help="write the results as JSON to this file")
     return ap
 
@@ -117,6 +129,7 @@ from vit.bench.clip import bench_clip, format_clip_report
 from vit.bench.data import bench_data, format_data_report
 from vit.bench.edge import EDGE_HEADER, bench_edge, format_edge_rows
 from vit.bench.model import bench_model, bench_scaling, format_model_report
+from vit.bench.probes import bench_linear_probe, format_probe_report
 from vit.bench.runtime import bench_onnxruntime, format_onnxruntime_report
 from vit.bench.sparse import bench_sparse
 from vit.bench.token_reduction import bench_token_reduction, format_token_reduction_report
@@ -151,7 +164,11 @@ def run_modes(args, device: torch.device) -> dict:
         res["clip"] = bench_clip(args.clip, device, args.batch_size, args.precision, args.clip_classes,
                                  iters=args.iters, **timing)
         print(format_clip_report(res["clip"]))
-    if not (args.no_model or args.edge or args.token_reduction or args.sparse_attention or args.clip):
+    if args.probe:
+        res["probe"] = bench_linear_probe(args.probe_widths, args.probe_n, max(2, args.probe_n // 2),
+                                          args.probe_classes, tuple(args.probe_C), args.probe_threads, **timing)
+        print(format_probe_report(res["probe"]))
+    if not (args.no_model or args.edge or args.token_reduction or args.sparse_attention or args.clip or args.probe):
         res.update(bench_model(args.model, device, args.batch_size, args.img_size, args.precision, args.compile,
                                iters=args.iters, peak_size=args.peak_size, **timing))
     if args.scaling:

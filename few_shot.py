@@ -3,6 +3,10 @@ backbone (k-NN and linear probe on frozen features, LoRA, full fine-tuning), on 
 
     python few_shot.py --checkpoint runs/digits04/best --train data/new/train --test data/new/test --out fewshot/
     python few_shot.py --checkpoint runs/x/best --train a/ --test b/ --shots 1 5 10 0 --methods knn linear
+    python few_shot.py --model vit_small_patch16_224.augreg_in21k --train a/ --test b/ --methods knn linear
+
+The backbone is any model features.py and anomaly.py take: a train.py checkpoint folder, or --model NAME with
+its weights by name (hub cache, local-dir:/folder, hf-hub:org/repo) or those of a --weights file.
 
 --train and --test are folders of <class>/ image folders (their classes need not be the backbone's: a new head
 is trained). --shots 0 means every training image. Writes to --out: few_shot.csv (one row per method, N, seed),
@@ -19,10 +23,14 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
     from vit.cli.help import HelpFormatter
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--checkpoint", required=True, help="the backbone: a checkpoint folder written by train.py")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 usage="%(prog)s (--checkpoint DIR | --model NAME ...) --train DIR --test DIR ...",
+                                 epilog="Any --aug.* config key may follow (the preprocessing and the fine-tuning's "
+                                        "augmentation; train.py --help lists them), e.g. --aug.eval_crop_pct=1.0.")
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("--train", required=True, help="the labelled pool: a folder of <class>/ folders")
     ap.add_argument("--test", required=True, help="the images scored: a folder of <class>/ folders")
     ap.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10], help="labelled images per class (0: all)")
@@ -54,15 +62,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vit.cli.args import check_model_source
 from vit.cli.images import collect_images
 from vit.cli.outputs import check_writable
-from vit.cli.runtime import run_cli
-from vit.config import ConfigError
+from vit.cli.runtime import check_options, run_cli
+from vit.config import ConfigError, parse_overrides
 from vit.data import DataError
 from vit.data.transforms import build_transform
-from vit.eval.inference import ImageFiles
+from vit.eval.inference import ImageFiles, load_model_and_config
 from vit.eval.plots import plot_few_shot
-from vit.models.checkpoint import load_checkpoint
 from vit.train.few_shot import FINETUNE, few_shot_rows, summarize
 from vit.utils.atomic import atomic_write_csv
 
@@ -86,12 +94,18 @@ def load_folder(folder: str, transform, in_chans: int, classes: list[str] | None
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
+    overrides = parse_overrides(rest)
+    bad = [k for k in overrides if not k.startswith("aug.")]
+    if bad:
+        raise ConfigError(f"few_shot.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
+    check_options(args, ("img_size",))
+    check_model_source(args)
     if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1 or not 0 <= args.layer_decay <= 1:
         raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1, --layer-decay in [0, 1].")
     out = Path(args.out)
     check_writable(out)
-    model, cfg, _, _ = load_checkpoint(args.checkpoint)
+    model, cfg, _ = load_model_and_config(args, overrides)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)

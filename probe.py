@@ -28,9 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val", default=None, help="linear: features that choose C (default: cross-validation on --train)")
     ap.add_argument("--method", choices=("knn", "linear"), default="knn", help="which probe")
     ap.add_argument("--k", type=int, default=20, help="knn: neighbours that vote")
-    ap.add_argument("--temperature", type=float, default=0.07, help="knn: T of the vote weight exp(similarity / T)")
+    ap.add_argument("--temperature", type=float, default=0.07,
+                    help="knn: T of the vote weight exp(similarity / T) (finite, above 0)")
     ap.add_argument("--C", type=float, nargs="+", default=[0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
-                    help="linear: inverse regularisation strengths to choose from")
+                    help="linear: inverse regularisation strengths to choose from (each 1e-6 to 1e6)")
     ap.add_argument("--features", choices=("pooled", "patches"), default="pooled",
                     help="the pooled embeddings, or the patch tokens flattened in grid order (files written by "
                          "features.py --patch-tokens; they keep where things are)")
@@ -45,21 +46,29 @@ if __name__ == "__main__":  # --help answers here, before torch is imported
 
 
 import json
+import math
 from pathlib import Path
 
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import run_cli
 from vit.config import ConfigError
 from vit.eval.features import load_features, use_patch_tokens
-from vit.eval.probes import probe
+from vit.eval.probes import check_C, probe
 from vit.utils.atomic import atomic_write_csv, atomic_write_text
 from vit.utils.untrusted_text import printable
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.k < 1 or args.temperature <= 0 or min(args.C) <= 0:
-        raise ConfigError("--k must be at least 1, and --temperature and every --C above 0.")
+    if args.k < 1:
+        raise ConfigError(f"--k must be at least 1, got {args.k}.")
+    if not (math.isfinite(args.temperature) and args.temperature > 0):
+        raise ConfigError(f"--temperature must be a finite number above 0 (the vote weighs exp(similarity / T)), "
+                          f"got {args.temperature}.")
+    try:
+        check_C(args.C, "--C")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     out = Path(args.out or f"probe-{args.method}")
     check_writable(out)
     files = {"train": args.train, "test": args.test, **({"val": args.val} if args.val else {})}

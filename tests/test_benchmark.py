@@ -226,3 +226,20 @@ def test_clip_against_open_clip_prints_a_ratio(tmp_path, capsys, config):
         assert t["ratio_ours_over_open_clip"] == ratio_stats(t["ours"]["seconds_all"], t["open_clip"]["seconds_all"])
     assert bench.main(["--clip", "ViT-Q-99", "--device", "cpu"]) == 2
     assert "unknown open_clip config 'ViT-Q-99'" in capsys.readouterr().err
+
+
+def test_linear_probe_against_sklearn_prints_a_ratio(tmp_path, capsys):
+    """benchmark.py --probe: our linear probe and scikit-learn's LogisticRegression doing the same sweep of C on the
+    same features choose the same C, score within a point, and the ratio is the paired repeats'; a C no fit takes
+    is one sentence."""
+    bench = import_script("benchmark")
+    out = tmp_path / "probe.json"
+    assert bench.main(["--probe", "--probe-widths", "16", "--probe-n", "120", "--probe-classes", "3", "--probe-C",
+                       "0.1", "1", "10", "--repeats", "2", "--warmup", "0", "--out", str(out)]) == 0
+    assert "ours / scikit-learn over interleaved repeats" in capsys.readouterr().out
+    (r,) = json.loads(out.read_text())["probe"]
+    assert r["ratio"] == ratio_stats(r["seconds_all"]["sklearn"], r["seconds_all"]["ours"])
+    assert r["C"]["ours"] == r["C"]["sklearn"] and abs(r["top1"]["ours"] - r["top1"]["sklearn"]) <= 0.01
+    assert 0.4 < r["top1"]["ours"] < 1  # neither chance nor trivial: the comparison means something
+    assert bench.main(["--probe", "--probe-C", "nan"]) == 2
+    assert "C must be a number from 1e-06 to 1e+06, got nan" in capsys.readouterr().err

@@ -78,3 +78,86 @@ def test_script_writes_what_the_library_reads(tiny_run, tmp_path):
     assert back["patch_tokens"].shape[1] == int(np.prod(back["grid"]))
     bad = run_script("features.py", "--checkpoint", str(run / "best"), str(data / "val"), "--out", str(tmp_path))
     assert bad.returncode == 2 and "must name a .npz file" in bad.stderr
+
+
+def _arrays(n=6, tokens=4, width=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"paths": np.array([f"c{i % 2}/{i}.png" for i in range(n)]), "labels": np.array([f"c{i % 2}" for i in
+                                                                                          range(n)]),
+            "embeddings": rng.normal(size=(n, width)).astype(np.float32),
+            "patch_tokens": rng.normal(size=(n, tokens, width)).astype(np.float32), "grid": np.array([2, 2])}
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(patch_tokens=lambda a: a[:4]), r"holds arrays of different lengths \(paths 6, labels 6, embeddings 6, "
+                                          r"patch_tokens 4\) where each holds one row per image; write it again"),
+    (dict(labels=lambda a: a[:5]), r"\(paths 6, labels 5, embeddings 6, patch_tokens 6\)"),
+    (dict(grid=lambda a: np.array([3, 2])), r"has a 3x2 grid but 4 patch tokens per image; write it again"),
+    (dict(grid=lambda a: np.array([4])), r"has a grid of 1 numbers where features.py writes \(h, w\)"),
+    (dict(embeddings=lambda a: a.ravel()), r"its embeddings is a 1-d array of float32 where features.py writes 2-d "
+                                           r"floats"),
+    (dict(patch_tokens=lambda a: a.astype(np.int64)), r"its patch_tokens is a 3-d array of int64 where"),
+    (dict(paths=lambda a: np.arange(len(a))), r"its paths is a 1-d array of int64 where features.py writes 1-d "
+                                              r"strings"),
+])
+def test_every_array_of_a_features_file_is_checked_against_the_others(tmp_path, change, message):
+    """Patch tokens shorter than the labels were probed over misaligned rows (row i's tokens under another image's
+    label); each row array, the grid and each array's kind are checked, in one sentence, before a probe runs."""
+    from helpers import import_script
+
+    arrays = _arrays()
+    arrays.update({k: f(arrays[k]) for k, f in change.items()})
+    np.savez(tmp_path / "f.npz", **arrays)
+    with pytest.raises(ValueError, match=message):
+        load_features(tmp_path / "f.npz")
+    np.savez(tmp_path / "good.npz", **_arrays())
+    with pytest.raises(ValueError, match=message):  # probe.py: the same sentence
+        import_script("probe").main(["--train", str(tmp_path / "good.npz"), "--test", str(tmp_path / "f.npz"),
+                                     "--features", "patches", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_compressed_npz_is_refused_from_its_headers_before_it_unpacks(tmp_path, monkeypatch):
+    """A small .npz of compressed zeros claims arrays far larger than itself (the attack's: 2.3 MB -> 2.9 GB,
+    here 4 MiB from a few KiB under a 1 MiB floor): refused from the .npy headers, no array read. Real features
+    compressed (random floats barely shrink) and features.py's own files load."""
+    import vit.eval.features as features
+
+    monkeypatch.setattr(features, "FLOOR_BYTES", 1 << 20)
+    n = 2048
+    bomb = {"paths": np.array(["a/0.png"] * n), "labels": np.array(["a"] * n),
+            "embeddings": np.zeros((n, 512), np.float32)}
+    np.savez_compressed(tmp_path / "bomb.npz", **bomb)
+    assert (tmp_path / "bomb.npz").stat().st_size < 64 << 10
+    read = []
+    real_load = np.load
+    monkeypatch.setattr(np, "load", lambda *a, **k: read.append(a) or real_load(*a, **k))
+    with pytest.raises(ValueError, match=r"bomb\.npz would unpack to 4\.[0-9] MiB from [0-9]+ KiB \(over 1\.0 MiB\); "
+                                         r"features.py stores its arrays uncompressed"):
+        load_features(tmp_path / "bomb.npz")
+    assert read == []  # refused from the headers alone
+    real = {**bomb, "embeddings": np.random.default_rng(0).normal(size=(n, 512)).astype(np.float32)}
+    np.savez_compressed(tmp_path / "real.npz", **real)
+    np.testing.assert_array_equal(load_features(tmp_path / "real.npz")["embeddings"], real["embeddings"])
+    save_features(tmp_path / "ours.npz", {**_arrays(n=3000, width=512), "grid": (2, 2)}, parquet=False)
+    assert load_features(tmp_path / "ours.npz")["patch_tokens"].shape == (3000, 4, 512)  # 31 MiB, > the floor
+
+
+@pytest.mark.parametrize("arrays,message", [
+    (dict(embeddings=np.zeros((1, 70000), np.float32)), r"holds embeddings 70000-wide \(at most 4096 characters, "
+                                                        r"65536 numbers per feature and 65536 tokens per image"),
+    (dict(patch_tokens=np.zeros((1, 70000, 1), np.float32)), r"holds 70000 patch tokens per image"),
+    (dict(paths=np.array(["x" * 5000])), r"holds paths of 5000 characters"),
+])
+def test_widths_over_the_bounds_are_refused_before_reading(tmp_path, arrays, message):
+    base = {"paths": np.array(["a/0.png"]), "labels": np.array(["a"]), "embeddings": np.zeros((1, 8), np.float32)}
+    np.savez(tmp_path / "f.npz", **{**base, **arrays})
+    with pytest.raises(ValueError, match=message):
+        load_features(tmp_path / "f.npz")
+
+
+@pytest.mark.parametrize("content", [b"not a zip", b""])
+def test_a_file_that_is_no_npz_is_one_sentence(tmp_path, content):
+    (tmp_path / "f.npz").write_bytes(content)
+    with pytest.raises(ValueError, match=r"f\.npz is not a features file \(.*\); pass a .npz written by features"):
+        load_features(tmp_path / "f.npz")

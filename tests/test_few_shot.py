@@ -128,3 +128,65 @@ def test_patch_features_leave_out_every_prefix_token(data, kw):
     with torch.no_grad():
         want = ref.forward_features(x)[:, ref.num_prefix_tokens:].flatten(1)  # (5, 2*2*32)
     torch.testing.assert_close(embed(model, x, features="patches"), want, atol=1e-6, rtol=1e-6)
+
+
+def test_finetune_fills_the_uncovered_border_with_black_after_normalisation(data, monkeypatch):
+    """The affine augmentation's uncovered border is a black pixel as the model sees it, (0 - mean) / std per
+    channel (the training pipeline's Affine pads with 0 before Normalize); mean / std instead is near-white, a
+    bright frame the test images never have. The fill finetune hands random_affine, and the border it makes."""
+    import vit.train.few_shot as few_shot
+
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet's: near-white and black far apart
+    aug = AugConfig(mean=mean, std=std, affine_translate=0.2, affine_rotate=30, affine_scale=0.1, hflip=0.0)
+    seen = []
+
+    def spy(x, translate, rotate, scale, fill, generator=None):
+        out = random_affine(x, translate, rotate, scale, fill, generator)
+        seen.append((fill, out))
+        return out
+
+    monkeypatch.setattr(few_shot, "random_affine", spy)
+    x, y = data
+    finetune(_backbone(), x[:6], torch.from_numpy(y[:6]), 3, FINETUNE, aug, steps=1)
+    black = torch.tensor([(0.0 - m) / s for m, s in zip(mean, std)])  # the float formula
+    fill, out = seen[0]
+    torch.testing.assert_close(fill.double(), black.double(), atol=1e-6, rtol=0)
+    corners = out[:, :, [0, 0, -1, -1], [0, -1, 0, -1]].permute(0, 2, 1).reshape(-1, 3)  # (N * 4, C)
+    assert torch.isclose(corners, black.to(corners), atol=1e-5).all(1).any()  # some corner uncovered: black
+
+
+def test_script_takes_a_model_name_as_features_py_does(tmp_path, request):
+    """few_shot.py --model NAME --weights FILE (the front-end features.py and anomaly.py share): its k-NN and
+    linear rows are those of timm's model with the same weights, under the weights' own preprocessing."""
+    import csv
+
+    import timm
+    from helpers import import_script, make_image_folder
+    from safetensors.torch import save_file
+
+    from vit.config import load_config
+    from vit.data import resolve_data_config
+    from vit.data.transforms import build_transform
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # hundreds of tiny L-BFGS steps: a second thread on a busy machine only waits
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    torch.manual_seed(0)
+    ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32).eval()
+    save_file(ref.state_dict(), str(tmp_path / "w.safetensors"))
+    img = make_image_folder(tmp_path / "img", classes=("a", "b", "c"), n_train=4, n_val=3, size=32)
+    script = import_script("few_shot")
+    assert script.main(["--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                        "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"), "--shots", "2",
+                        "--seeds", "0", "1", "--methods", "knn", "linear", "--out", str(tmp_path / "o")]) == 0
+    with open(tmp_path / "o" / "few_shot.csv") as f:
+        got = [(r["method"], int(r["seed"]), float(r["top1"])) for r in csv.DictReader(f)]
+    cfg = resolve_data_config(load_config(None, ["--model.img_size=32"]), ref.pretrained_cfg)  # timm's own
+    t = build_transform(cfg.aug, 32, train=False)
+    train_x, train_y, classes = script.load_folder(str(img / "train"), t, 3)
+    test_x, test_y, _ = script.load_folder(str(img / "val"), t, 3, classes)
+    want = few_shot_rows(ref, train_x, train_y, test_x, test_y, shots=(2,), seeds=(0, 1), methods=("knn", "linear"))
+    assert got == [(r["method"], r["seed"], pytest.approx(r["top1"])) for r in want]
+    with pytest.raises(ValueError, match="--img-size goes with --model NAME"):
+        script.main(["--checkpoint", str(tmp_path), "--img-size", "32", "--train", str(img / "train"), "--test",
+                     str(img / "val"), "--out", str(tmp_path / "o2")])

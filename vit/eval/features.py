@@ -22,7 +22,8 @@ from ..config import ConfigError
 from ..utils.atomic import atomic_write_bytes
 from .inference import ImageFiles, predict_files
 
-__all__ = ["Embedder", "extract_features", "save_features", "load_features", "use_patch_tokens", "FEATURE_KEYS"]
+__all__ = ["Embedder", "extract_features", "save_features", "load_features", "npz_headers", "check_npz_layout",
+           "use_patch_tokens", "FEATURE_KEYS"]
 
 # what a features .npz holds: paths (N,) str, labels (N,) str, embeddings (N, D) float32, optionally
 # patch_tokens (N, h*w, D) float32 and grid (2,) int (h, w)
@@ -104,9 +105,93 @@ def save_features(path: str | Path, feats: dict, parquet: bool = True) -> list[P
     return written
 
 
+# bounds a features file's arrays are checked against, from their .npy headers, before any is read
+MAX_WIDTH = 1 << 16  # numbers per embedding or patch token (ViT-22B's are 6144)
+MAX_TOKENS = 1 << 16  # patch tokens per image (a 256 x 256 grid)
+MAX_TEXT = 4096  # characters of a path or a label
+# features.py stores the arrays uncompressed: what they unpack to may exceed the file's size by this factor (a
+# compressed file's strings), or be up to FLOOR_BYTES whatever the file's size
+INFLATION, FLOOR_BYTES = 16, 256 << 20
+# each array: (dtype kinds, ndim); ROWS hold one row per image
+LAYOUT = {"paths": ("U", 1), "labels": ("U", 1), "embeddings": ("f", 2), "patch_tokens": ("f", 3), "grid": ("iu", 1)}
+ROWS = ("paths", "labels", "embeddings", "patch_tokens")
+
+
+def npz_headers(path: str | Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{key: (shape, dtype)} of the FEATURE_KEYS members of a .npz, read from their .npy headers without reading
+    their data (numpy.lib.format), so that a file whose arrays would unpack to gigabytes is refused before they
+    do. A file that is no .npz, or a header numpy cannot read: a ValueError."""
+    import zipfile
+
+    from numpy.lib import format as npy
+
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+            for key in FEATURE_KEYS:
+                if f"{key}.npy" not in names:
+                    continue
+                with zf.open(f"{key}.npy") as f:
+                    version = npy.read_magic(f)
+                    if version not in ((1, 0), (2, 0)):
+                        raise ValueError(f"{key} is a .npy of format {version[0]}.{version[1]}")
+                    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                out[key] = (tuple(int(n) for n in shape), dtype)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise ValueError(f"{path} is not a features file ({e}); pass a .npz written by features.py.") from None
+    return out
+
+
+def said_bytes(n: float) -> str:
+    """1.5 GiB, 4.0 MiB, 12 KiB: a size as a sentence says it."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{max(1, round(n / 1024))} KiB"
+
+
+def check_npz_layout(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dtype]]) -> None:
+    """One sentence (ValueError) for a .npz whose headers no probe can use: an array of another kind or rank than
+    LAYOUT says, a width, token count or text length over the bounds above, row arrays of different lengths (a
+    patch token row would be probed under another image's label), a grid that is not the token count, or arrays
+    that would unpack to more than INFLATION times the file's size."""
+    for key, (shape, dtype) in headers.items():
+        kinds, ndim = LAYOUT[key]
+        if dtype.kind not in kinds or len(shape) != ndim:
+            want = {"U": "strings", "f": "floats", "iu": "integers"}[kinds]
+            raise ValueError(f"{path} is not a features file: its {key} is a {len(shape)}-d array of {dtype} where "
+                             f"features.py writes {ndim}-d {want}; pass a .npz written by features.py.")
+    text = {k: headers[k][1].itemsize // 4 for k in ("paths", "labels") if k in headers}
+    over = [f"{k} of {n} characters" for k, n in text.items() if n > MAX_TEXT]
+    over += [f"{k} {n}-wide" for k in ("embeddings", "patch_tokens") if k in headers
+             for n in [headers[k][0][-1]] if n > MAX_WIDTH]
+    if "patch_tokens" in headers and headers["patch_tokens"][0][1] > MAX_TOKENS:
+        over.append(f"{headers['patch_tokens'][0][1]} patch tokens per image")
+    if over:
+        raise ValueError(f"{path} holds {over[0]} (at most {MAX_TEXT} characters, {MAX_WIDTH} numbers per feature "
+                         f"and {MAX_TOKENS} tokens per image are read); pass a .npz written by features.py.")
+    rows = {k: headers[k][0][0] for k in ROWS if k in headers}
+    if len(set(rows.values())) > 1:
+        said = ", ".join(f"{k} {n}" for k, n in rows.items())
+        raise ValueError(f"{path} holds arrays of different lengths ({said}) where each holds one row per image; "
+                         "write it again with features.py.")
+    if "grid" in headers and headers["grid"][0] != (2,):
+        raise ValueError(f"{path} has a grid of {headers['grid'][0][0]} numbers where features.py writes (h, w); "
+                         "write it again with features.py.")
+    size = sum(int(np.prod(shape, dtype=np.float64)) * dtype.itemsize for shape, dtype in headers.values())
+    bound = max(FLOOR_BYTES, INFLATION * path.stat().st_size)
+    if size > bound:
+        raise ValueError(f"{path} would unpack to {said_bytes(size)} from {said_bytes(path.stat().st_size)} (over "
+                         f"{said_bytes(bound)}); features.py stores its arrays uncompressed, so this file is damaged "
+                         "or made to exhaust memory: write it again with features.py.")
+
+
 def load_features(path: str | Path) -> dict:
     """A features file `save_features` wrote (.npz, never unpickled) or its .parquet: {paths, labels, embeddings
-    [, patch_tokens, grid]} as NumPy arrays. A file of another kind: a ValueError that says what was expected."""
+    [, patch_tokens, grid]} as NumPy arrays. A file of another kind, or one whose arrays disagree (check_npz_layout,
+    from the headers before any data is read): a ValueError that says what is wrong."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no features file {path}; write one with features.py.")
@@ -117,20 +202,26 @@ def load_features(path: str | Path) -> dict:
         missing = {"path", "label", "embedding"} - set(t.column_names)
         if missing:
             raise ValueError(f"{path} has no {sorted(missing)[0]!r} column; pass a .parquet written by features.py.")
-        emb = np.array(t.column("embedding").to_pylist(), dtype=np.float32)
+        rows = t.column("embedding").to_pylist()
+        widths = sorted({len(r) for r in rows if r is not None} | ({0} if None in rows else set()))
+        if len(widths) > 1:
+            raise ValueError(f"{path} has embeddings of {widths[0]} and {widths[-1]} numbers; every row needs the "
+                             "same width, so write it again with features.py.")
+        emb = np.array(rows, dtype=np.float32)
         return {"paths": np.array(t.column("path").to_pylist(), dtype=str),
                 "labels": np.array(t.column("label").to_pylist(), dtype=str), "embeddings": emb.reshape(len(t), -1)}
+    headers = npz_headers(path)
+    if not {"paths", "labels", "embeddings"} <= set(headers):
+        raise ValueError(f"{path} holds no paths/labels/embeddings arrays; pass a .npz written by features.py.")
+    check_npz_layout(path, headers)
     try:
         with np.load(path, allow_pickle=False) as z:  # an object array inside would raise, not run code
-            out = {k: z[k] for k in FEATURE_KEYS if k in z.files}
-    except (ValueError, OSError) as e:
+            out = {k: z[k] for k in headers}
+    except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"{path} is not a features file ({e}); pass a .npz written by features.py.") from None
-    if not {"paths", "labels", "embeddings"} <= set(out):
-        raise ValueError(f"{path} holds no paths/labels/embeddings arrays; pass a .npz written by features.py.")
-    sizes = {k: len(out[k]) for k in ("paths", "labels", "embeddings")}
-    if len(set(sizes.values())) > 1:
-        raise ValueError(f"{path} has {sizes['embeddings']} embeddings for {sizes['paths']} paths and "
-                         f"{sizes['labels']} labels; write it again with features.py.")
+    if "grid" in out and "patch_tokens" in out and int(np.prod(out["grid"])) != out["patch_tokens"].shape[1]:
+        raise ValueError(f"{path} has a {'x'.join(map(str, out['grid']))} grid but {out['patch_tokens'].shape[1]} "
+                         "patch tokens per image; write it again with features.py.")
     return out
 
 

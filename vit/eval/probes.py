@@ -17,13 +17,18 @@ sweep by top-1 on a validation set, else by stratified k-fold cross-validation o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["probe", "knn_scores", "fit_logistic", "linear_probe", "cv_folds", "class_index", "CS"]
+__all__ = ["probe", "knn_scores", "fit_logistic", "check_C", "linear_probe", "cv_folds", "class_index", "CS", "C_RANGE",
+           "TOL"]
 
 CS = (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)  # linear_probe's sweep of C (inverse strength, as scikit-learn)
+C_RANGE = (1e-6, 1e6)  # the Cs a fit takes (check_C)
+TOL = 1e-4  # fit_logistic stops when the scaled objective's largest gradient entry is below this (scikit-learn's)
 
 
 def class_index(train_labels, test_labels=None) -> tuple[list[str], np.ndarray, np.ndarray | None]:
@@ -44,30 +49,53 @@ def class_index(train_labels, test_labels=None) -> tuple[list[str], np.ndarray, 
 @torch.no_grad()
 def knn_scores(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor, num_classes: int, k: int = 20,
                temperature: float = 0.07, chunk: int = 1024) -> torch.Tensor:
-    """Class scores (N_test, num_classes) of the weighted k-NN vote above. train_x (N, D), train_y (N,) int,
-    test_x (M, D); queries in chunks of `chunk` so that memory stays (chunk, N)."""
-    if k < 1 or temperature <= 0:
-        raise ValueError(f"k-NN needs k >= 1 and a temperature > 0, got k={k}, T={temperature}.")
+    """Class scores (N_test, num_classes) of the weighted k-NN vote above, each row divided by its largest weight
+    exp(s_1 / T) (the same argmax and shares, finite at any T > 0). train_x (N, D), train_y (N,) int, test_x
+    (M, D); queries in chunks of `chunk` so that memory stays (chunk, N)."""
+    if k < 1 or not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"k-NN needs k >= 1 and a finite temperature > 0, got k={k}, T={temperature}.")
     k = min(k, len(train_x))
     train_x, test_x = F.normalize(train_x.float(), dim=1), F.normalize(test_x.float(), dim=1)
     out = []
     for start in range(0, len(test_x), chunk):
         sim = test_x[start:start + chunk] @ train_x.T  # (m, N) cosine similarities
-        top, idx = sim.topk(k, dim=1)  # (m, k)
+        top, idx = sim.topk(k, dim=1)  # (m, k), the nearest first
+        # exp((s_j - s_1) / T): the row's weights times exp(-s_1 / T), which neither the argmax nor the shares
+        # see; the largest is 1, so a small T cannot overflow float32 (exp(s / T) is inf for s / T > 88.7)
+        weights = ((top - top[:, :1]) / temperature).exp()
         votes = torch.zeros(len(sim), num_classes, dtype=sim.dtype, device=sim.device)
-        out.append(votes.scatter_add_(1, train_y[idx], (top / temperature).exp()))
+        out.append(votes.scatter_add_(1, train_y[idx], weights))
     return torch.cat(out)
 
 
-def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, C: float, max_iter: int = 1000
+def check_C(Cs, name: str = "C") -> None:
+    """One sentence (ValueError) for a C no fit can use: none given, NaN or infinite, or outside C_RANGE. Below
+    it the weights are ~C * n (the penalty's optimum) and vanish in float64 rounding beside the bias, so every
+    image gets one class; above it the penalty is under the solver's tolerance: the unregularised fit of 1e6."""
+    Cs = list(Cs)
+    bad = [c for c in Cs if not (math.isfinite(c) and C_RANGE[0] <= c <= C_RANGE[1])]
+    if not Cs or bad:
+        raise ValueError(f"{name} must be a number from {C_RANGE[0]:g} to {C_RANGE[1]:g}, got "
+                         f"{bad[0] if bad else 'none'}: below, the weights vanish in float64 rounding beside the "
+                         "bias (every image gets one class); above, the fit is the unregularised one.")
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, num_classes: int, C: float, max_iter: int = 1000,
+                 tol: float = TOL, start: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """(W (K, D), b (K,)) minimising C * sum_i CE(W x_i + b, y_i) + ||W||^2 / 2 in float64 (L-BFGS with a strong
     Wolfe line search): scikit-learn's multinomial LogisticRegression(C=C) optimum. The objective is divided by
-    C * n (the same minimiser) so that its gradient has one scale whatever C and n, and one tolerance fits all."""
+    C * n (the same minimiser; scikit-learn's scaling) so that its gradient has one scale whatever C and n, and
+    the fit stops, as scikit-learn's lbfgs does at its `tol`, when the gradient's largest entry is below `tol`
+    (1e-4, scikit-learn's default: predictions settle long before; 1e-10 gives the optimum to ~1e-6, at ten times
+    the steps). `start`: (W, b) to start from (a neighbouring C's solution), else zeros."""
+    check_C([C])
     x = x.double()
-    W = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, device=x.device, requires_grad=True)
-    b = torch.zeros(num_classes, dtype=torch.float64, device=x.device, requires_grad=True)
-    opt = torch.optim.LBFGS([W, b], lr=1, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=0,
+    W0, b0 = start if start is not None else (None, None)
+    W = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, device=x.device) if W0 is None else W0.double()
+    b = torch.zeros(num_classes, dtype=torch.float64, device=x.device) if b0 is None else b0.double()
+    W, b = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    opt = torch.optim.LBFGS([W, b], lr=1, max_iter=max_iter, tolerance_grad=tol, tolerance_change=0,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def closure():
@@ -103,7 +131,8 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     chosen by top-1 on `val` (features, labels), else by stratified k-fold cross-validation on the training
     features (cv_folds: top-1 over every held-out sample; with a few labels per class a single held-out split is
     a handful of images), then the final fit uses them all; the smallest C among equals (the strongest
-    regularisation)."""
+    regularisation). Each split's fits run from the smallest C up, each starting from the last one's solution."""
+    check_C(Cs)
     xs, xt = F.normalize(train_x.double(), dim=1), F.normalize(test_x.double(), dim=1)
     if val is not None:
         splits = [(torch.ones(len(xs), dtype=torch.bool, device=xs.device), F.normalize(val[0].double(), dim=1),
@@ -116,10 +145,11 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
             splits = [(fold != f, xs[fold == f], train_y[fold == f]) for f in range(int(fold.max()) + 1)]
     scores: dict[float, float] = {}
     if splits:
-        for C in Cs:
+        starts = [None] * len(splits)  # each split's fit at the previous (smaller) C: where the next one starts
+        for C in sorted(set(Cs)):
             right = 0
-            for keep, val_x, val_y in splits:
-                W, b = fit_logistic(xs[keep], train_y[keep], num_classes, C)
+            for i, (keep, val_x, val_y) in enumerate(splits):
+                W, b = starts[i] = fit_logistic(xs[keep], train_y[keep], num_classes, C, start=starts[i])
                 right += int(((val_x @ W.T + b).argmax(1) == val_y).sum())
             scores[C] = right / sum(len(v) for _, _, v in splits)
         best = max(Cs, key=lambda c: (scores[c], -c))
