@@ -24,12 +24,12 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source
-    from vit.cli.help import HelpFormatter
+    from vit.cli.help import CROP_HINT, HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME ...) --train DIR --test DIR ...",
                                  epilog="Any --aug.* config key may follow (the preprocessing and the fine-tuning's "
-                                        "augmentation; train.py --help lists them), e.g. --aug.eval_crop_pct=1.0.")
+                                        "augmentation; train.py --help lists them). " + CROP_HINT)
     add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
     ap.add_argument("--train", required=True, help="the labelled pool: a folder of <class>/ folders")
     ap.add_argument("--test", required=True, help="the images scored: a folder of <class>/ folders")

@@ -105,7 +105,7 @@ def _is_int(v: Any) -> bool:
 
 def _check_config(c: dict[str, Any], arch: str, model_type: str, name: str) -> None:
     """Every field `text_model_args` reads, type and range, in one place, then the parameter count (the image
-    side's bound, vit.models.build.MAX_PARAMS) before anything is allocated: a hostile or mistyped config.json
+    side's bound, vit.models.model_size.MAX_PARAMS) before anything is allocated: a hostile or mistyped config.json
     is one sentence, never a TypeError or ZeroDivisionError from torch or a 10**13-row embedding."""
     width, depth, heads, ff = _SIZE_FIELDS.get(arch, _BERT_SIZES)
     for key in ("vocab_size", width, depth, heads, ff, "max_position_embeddings"):
