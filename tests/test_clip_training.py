@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import vit
 from vit.config import ConfigError, from_dict
 from vit.data.base import DataError
-from vit.data.captions import read_pairs
+from vit.data.captions import check_cut, read_pairs
 from vit.hub.clip_tokenizer import word_tokenizer
 from vit.models.clip import new_clip_model
 from vit.models.clip_save import save_clip_model
@@ -80,6 +80,38 @@ def test_caption_files_read_and_refused(tmp_path):
         (tmp_path / "bad.csv").write_text(text)
         with pytest.raises(DataError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
             read_pairs("bad.csv", tmp_path)
+
+
+def test_a_quoted_line_break_stays_in_its_caption(tmp_path):
+    """csv's own quoting: a caption written over two lines inside quotes keeps its break (it became 'a redsquare'
+    when the file was split into lines before the CSV reader saw it)."""
+    (tmp_path / "a.png").write_bytes(b"x")
+    (tmp_path / "pairs.csv").write_text('image,caption\na.png,"a red\nsquare"\n', newline="")
+    (tmp_path / "crlf.csv").write_bytes(b'image,caption\r\na.png,"a red\r\nsquare"\r\n')
+    assert read_pairs("pairs.csv", tmp_path)[1] == ["a red\nsquare"]
+    assert read_pairs("crlf.csv", tmp_path)[1] == ["a red\r\nsquare"]
+
+
+def test_captions_the_context_cuts_are_counted_and_refused_when_they_merge(caplog):
+    """A caption longer than contrastive.context_length is cut without a word (clip_shapes.yaml's context of 5 with
+    plain captions gave 100% retrieval over '1 captions'): a warning counts the cut ones, and a cut that makes two
+    distinct captions the same ids is refused, naming both."""
+    caps = ["a red circle", "a red circle on grey", "a blue square"]
+    tok = word_tokenizer(caps, 6)
+    assert tok.lengths(caps) == [5, 7, 5]
+    assert tok.lengths(caps) == [int((r > 0).sum()) for r in word_tokenizer(caps, 16)(caps)]  # uncut ids, unpadded
+    with caplog.at_level("WARNING", logger="vit.data.captions"):
+        check_cut(caps, tok.lengths(caps), tok(caps))
+    assert "cuts 1 of 3 captions (the longest needs 7 tokens)" in caplog.text
+    tok = word_tokenizer(caps, 4)
+    with pytest.raises(DataError, match=r"contrastive.context_length=4 cuts distinct captions to the same tokens "
+                                        r"\('a red circle' and 'a red circle on grey'\); raise "
+                                        r"contrastive.context_length to 7"):
+        check_cut(caps, tok.lengths(caps), tok(caps))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vit.data.captions"):
+        check_cut(caps, word_tokenizer(caps, 7).lengths(caps), word_tokenizer(caps, 7)(caps))
+    assert not caplog.text
 
 
 def test_word_tokenizer_ends_each_caption_at_its_highest_id():

@@ -18,7 +18,9 @@ evaluation can tell which captions are the same.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +31,10 @@ from ..config import Config
 from ..utils.files import read_regular_file
 from .base import DataError
 
-__all__ = ["CaptionDataset", "caption_datasets", "pair_samples", "read_pairs"]
+__all__ = ["CaptionDataset", "caption_datasets", "check_cut", "pair_samples", "read_pairs"]
 
 MAX_PAIRS_BYTES = 512 * 2**20  # a captions file read at most
+log = logging.getLogger(__name__)
 
 
 class CaptionDataset(Dataset):
@@ -83,7 +86,7 @@ def read_pairs(path: str | Path, root: str | Path) -> tuple[list[Path], list[str
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise DataError(f"{path} must hold a list of {{\"image\": ..., \"caption\": ...}} objects.")
     else:
-        rows = list(csv.DictReader(text.splitlines()))
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))  # a quoted line break stays in its caption
         header = list(rows[0]) if rows else []
         if "image" not in header or "caption" not in header:
             raise DataError(f"{path} needs a header row with the columns image and caption (its columns: "
@@ -143,6 +146,26 @@ def caption_datasets(cfg: Config, parts: dict, captions: list[str], classes: lis
     used = sorted({captions[k] for _, k in parts["train"].samples})
     tokenizer = tokenizer or word_tokenizer(used, c.context_length)
     ids = tokenizer(captions)  # (C, context_length)
+    check_cut(captions, tokenizer.lengths(captions), ids)
     out = [CaptionDataset(parts[s], captions, ids, classes) for s in ("train", "val")]
     out[0].tokenizer = out[1].tokenizer = tokenizer
     return out[0], out[1], classes
+
+
+def check_cut(captions: list[str], lengths: list[int], ids: torch.Tensor) -> None:
+    """Say how many captions the context cuts (a warning), and refuse when the cut makes distinct captions the
+    same ids: contrastive training would then score them as one caption (100% retrieval over fewer captions than
+    there are). `lengths`: the ids each caption needs uncut; `ids`: (C, context_length) as the tower reads them."""
+    n = ids.shape[1]
+    cut = [i for i, k in enumerate(lengths) if k > n]
+    if not cut:
+        return
+    first: dict[tuple[int, ...], int] = {}
+    for i, row in enumerate(ids.tolist()):
+        j = first.setdefault(tuple(row), i)
+        if j != i:
+            raise DataError(f"contrastive.context_length={n} cuts distinct captions to the same tokens "
+                            f"({captions[j]!r} and {captions[i]!r}); raise contrastive.context_length to "
+                            f"{max(lengths)} (the longest caption's) or shorten the captions.")
+    log.warning("contrastive.context_length=%d cuts %d of %d captions (the longest needs %d tokens), e.g. %r; "
+                "raise it to keep them whole.", n, len(cut), len(captions), max(lengths), captions[cut[0]])

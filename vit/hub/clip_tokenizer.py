@@ -81,6 +81,15 @@ class ClipTokenizer:
         return out
 
 
+    def lengths(self, texts: list[str]) -> list[int]:
+        """How many ids each text needs uncut (start and end tokens included): more than context_length means
+        `__call__` cuts it."""
+        cleaned = [clean_text(t, self.clean) for t in texts]
+        if self.kind == "hf":
+            return [len(ids) for ids in self.tokenizer(cleaned)["input_ids"]]
+        return [len(ids) + 2 for ids in self.tokenizer(cleaned, add_special_tokens=False)["input_ids"]]
+
+
 def load_clip_tokenizer(name: str, context_length: int, kind: str = "bpe", clean: str = "lower",
                         cache_dir: str | Path | None = None) -> ClipTokenizer:
     """The tokenizer of the CLIP / SigLIP repository `name` (`hf-hub:org/repo`, `local-dir:/folder`): its
