@@ -24,16 +24,24 @@ from typing import Any
 
 from torch import nn
 
-from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args, nest_sparse_keys
+from ..config import (
+    DEFAULT_MODEL,
+    Config,
+    ConfigError,
+    ModelConfig,
+    Stem,
+    check_model_args,
+    nest_sparse_keys,
+    options_from,
+)
 from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import check_depth_fits, load_pretrained
-from ..layers import Stem, to_2tuple
-from ..layers.rope import Rope
+from ..layers import to_2tuple
 from .features import features_only_model
 from .model_size import check_size, stacked_size
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
-from .vit_options import OPTIONS, constructor_kwargs, option_types
+from .vit_options import MAPPINGS, OPTIONS, constructor_kwargs, option_types
 
 __all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
            "check_model_config", "resolve_name"]
@@ -52,10 +60,9 @@ def estimated_params(kwargs: dict, keep: int = 16) -> float | None:
     counted on the meta device with the blocks and each stem stage cut to one and two copies (vit.models.model_size):
     every option that makes a tensor counts. None when the arguments are not ones the constructor takes (it then
     names what is wrong); inf past torch's 64-bit sizes."""
-    stem = kwargs.get("stem")
     try:
-        stem = Stem(**stem) if isinstance(stem, dict) else stem
-    except (TypeError, ValueError):
+        stem = options_from(Stem, kwargs.get("stem"), "stem")
+    except ValueError:  # the constructor names what is wrong
         return None
     layers = stem.layers if isinstance(stem, Stem) and stem.kind == "resnetv2" else ()
     counts = {"depth": kwargs.get("depth", 12), **{f"stage{i}": n for i, n in enumerate(layers)}}
@@ -108,11 +115,6 @@ def create_model(
         implied = nest_sparse_keys(source.model_kwargs())
         where = f"{source.name}: {source.config or 'its pretrained config'}"
         check_model_args(implied, option_types(), where)
-        if isinstance(implied.get("rope"), dict):  # NaN positions: checked here, named by the file and key
-            try:
-                Rope(**implied["rope"])
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"{where}: config key 'model_args.rope': {e}") from None
         lacking = sorted(set(implied) - OPTIONS)
         if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
             raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
@@ -133,7 +135,9 @@ def create_model(
             f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
             f"valid options are: {', '.join(sorted(OPTIONS))}."
         )
-    kwargs = {**VARIANTS[name], **overrides}
+    # options given as mappings made their objects here, once, so config.json records every field of each
+    kwargs = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in {**VARIANTS[name],
+                                                                                        **overrides}.items()}
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
