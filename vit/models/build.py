@@ -112,34 +112,8 @@ def create_model(
     overrides = nest_sparse_keys(overrides)  # the flat sparse_* keys of configs saved before SparseOptions
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
-        implied = nest_sparse_keys(source.model_kwargs())
-        where = f"{source.name}: {source.config or 'its pretrained config'}"
-        check_model_args(implied, option_types(), where)
-        lacking = sorted(set(implied) - OPTIONS)
-        if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
-            raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
-                             "library's VisionTransformer does not have yet; load it with timm or its own library "
-                             "meanwhile.")
-        # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
-        # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
-        new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
-            != implied.get("num_classes")
-        name, overrides = source.architecture, {**implied, **overrides}
-    if name not in VARIANTS:
-        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
-        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
-                         f"lists all {len(VARIANTS)}).")
-    unknown = sorted(set(overrides) - OPTIONS)
-    if unknown:
-        raise TypeError(
-            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
-            f"valid options are: {', '.join(sorted(OPTIONS))}."
-        )
-    # options given as mappings made their objects here, once, so config.json records every field of each
-    kwargs = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in {**VARIANTS[name],
-                                                                                        **overrides}.items()}
-    if isinstance(kwargs.get("img_size"), list):
-        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+        name, overrides, new_head = _weights_options(source, overrides)
+    kwargs = _variant_kwargs(name, overrides)
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
     where = f"; its options come from {source.config}" if source is not None and source.config else ""
     check_size(estimated_params(kwargs), source.name if source else name, shown + where,
@@ -159,6 +133,43 @@ def create_model(
     if features_only:
         return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
     return model
+
+
+def _weights_options(source, overrides: dict) -> tuple[str, dict, bool]:
+    """The architecture, options and whether the head is new for weights `source` (vit.hub.names.resolve_source):
+    the weights' config.json model_args, checked, under the caller's `overrides`."""
+    implied = nest_sparse_keys(source.model_kwargs())
+    check_model_args(implied, option_types(), f"{source.name}: {source.config or 'its pretrained config'}")
+    lacking = sorted(set(implied) - OPTIONS)
+    if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
+        raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
+                         "library's VisionTransformer does not have yet; load it with timm or its own library "
+                         "meanwhile.")
+    # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
+    # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
+    new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
+        != implied.get("num_classes")
+    return source.architecture, {**implied, **overrides}, new_head
+
+
+def _variant_kwargs(name: str, overrides: dict) -> dict:
+    """The variant `name`'s options under `overrides` (unknown names and options refused, naming the valid ones),
+    options given as mappings made their objects here, once, so that config.json records every field of each."""
+    if name not in VARIANTS:
+        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
+        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
+                         f"lists all {len(VARIANTS)}).")
+    unknown = sorted(set(overrides) - OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
+            f"valid options are: {', '.join(sorted(OPTIONS))}."
+        )
+    kwargs = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in {**VARIANTS[name],
+                                                                                        **overrides}.items()}
+    if isinstance(kwargs.get("img_size"), list):
+        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    return kwargs
 
 
 def pretrained_cfg_of(m: ModelConfig) -> dict | None:
