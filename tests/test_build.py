@@ -48,8 +48,10 @@ def test_defaults_defer_to_the_variant_and_saved_model_args():
 
 
 def test_model_choices_live_in_the_field_type_and_the_models_package_exports_build_model():
-    assert CHOICES["model.global_pool"] == (None, "token", "avg", "max", "avgmax", "map")
-    assert CHOICES["model.mlp_layer"] == ("gelu", "swiglu")
+    from vit.layers import MLP_LAYERS, POOL_KINDS
+
+    assert CHOICES["model.global_pool"] == (*POOL_KINDS, None)  # the layers' registries, not copies of them
+    assert CHOICES["model.mlp_layer"] == tuple(MLP_LAYERS)
     with pytest.raises(ConfigError, match=r"'model\.norm_layer' must be one of 'layernorm', 'rmsnorm'"):
         load_config(None, ["--model.norm_layer=batchnorm"])
     from vit.models import build_model as exported

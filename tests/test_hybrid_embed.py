@@ -52,7 +52,7 @@ def test_hybrid_models_give_timms_logits(arch):
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: Stem(kind="convnext"), "stem kind must be one of"),
+    (lambda: Stem(kind="convnext"), "Stem option 'kind' must be one of"),
     (lambda: Stem(kind="vitamin", widths=(64,)), "give widths=\\(w1, w2\\)"),
     (lambda: vit.create_model("vit_base_mci_224", depth=1, patch_size=2), "build it with patch_size=1"),
     (lambda: vit.create_model("vit_tiny_r_s16_p8_224", depth=1, img_size=64, embed_dim=48, num_heads=3)

@@ -123,8 +123,8 @@ def test_relpos_models_give_timms_logits(arch):
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: RelPos(kind="swin"), "rel_pos kind must be one of"),
-    (lambda: RelPos(hidden_dim=0), "hidden_dim must be a whole number"),
+    (lambda: RelPos(kind="swin"), "RelPos option 'kind' must be one of"),
+    (lambda: RelPos(hidden_dim=0), "RelPos option 'hidden_dim' must be a whole number"),
     (lambda: RelPosTable((4, 4), 2, prefix=0), "entries for one \\[CLS\\] token"),
     (lambda: vit.create_model("vit_relpos_small_patch16_224", dynamic_img_size=True),
      "built for one patch grid"),

@@ -131,9 +131,9 @@ def test_per_image_tables_equal_a_shared_table():
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: Rope(kind="learned"), "rope kind must be one of"),
-    (lambda: Rope(rotate_half="yes"), "rotate_half must be true or false"),
-    (lambda: Rope("dinov3", ref_grid=(14, 14)), "ref_grid rescales 'axial' positions only"),
+    (lambda: Rope(kind="learned"), "Rope option 'kind' must be one of"),
+    (lambda: Rope(rotate_half="yes"), "Rope option 'rotate_half' must be true or false"),
+    (lambda: Rope("dinov3", ref_grid=(14, 14)), "Rope option 'ref_grid' rescales 'axial' positions only"),
     (lambda: Rope(min_period=1.0), "give both min_period and max_period"),
     (lambda: Rope("mixed", rotate_half=True), "set rotate_half=false"),
     (lambda: RotaryEmbedding(Rope(), 30), "head width divisible by 4"),
@@ -160,7 +160,7 @@ NAN, INF = float("nan"), float("inf")
 def test_settings_that_make_every_angle_nan_are_refused(settings, key):
     """NaN, inf, or magnitudes whose float32 angles overflow (every table, so every output, NaN) are one sentence
     naming the setting; at the bounds, the table of a large grid is still finite."""
-    with pytest.raises(ValueError, match=f"rope {key} must be a .*finite number") as e:
+    with pytest.raises(ValueError, match=f"Rope option '{key}' must be a .*finite number") as e:
         Rope(**settings)
     assert "\n" not in str(e.value)
     tables = [rope_table(Rope(temperature=1e-6, grid_offset=-1e6), 32, (64, 48)),
@@ -185,7 +185,7 @@ def test_a_nan_grid_offset_in_a_saved_config_is_refused_by_key(tmp_path):
         architecture="vit_base_patch16_rope_224", num_classes=3, model_args=args,
         pretrained_cfg=dict(input_size=[3, 32, 32], num_classes=3))))
     save_file(model.state_dict(), tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"config.json: config key 'model_args.rope': rope grid_offset must be a "
+    with pytest.raises(ValueError, match=r"config.json: config key 'model_args.rope.grid_offset' must be a "
                                          r"finite number") as e:
         vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
     assert "\n" not in str(e.value)

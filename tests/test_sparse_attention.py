@@ -714,7 +714,7 @@ def test_indexer_schedule_moves_only_the_indexers_without_touching_requires_grad
 def test_config_refuses_unknown_sparse_values():
     from vit.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="'model.sparse_attention.method' must be 'dsa' or 'moba', got 'nsa'"):
+    with pytest.raises(ConfigError, match="'model.sparse_attention.method' must be one of 'dsa', 'moba', got 'nsa'"):
         load_config(None, ["--model.sparse_attention.method=nsa"])
     with pytest.raises(ConfigError, match="'model.sparse_attention.density' and topk_blocks .* set one of them"):
         load_config(None, ["--model.sparse_attention.method=dsa", "--model.sparse_attention.density=0.2",

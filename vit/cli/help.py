@@ -98,6 +98,18 @@ def field_comments(cls: type, source: str | None = None) -> dict[str, str]:
     return out
 
 
+def type_text(tp: Any) -> str:
+    """A field's resolved type as help shows it: 'int | None', 'choice: a|b' for a Literal."""
+    if typing.get_origin(tp) is typing.Literal:
+        return "choice: " + "|".join(format_value(c) if c != "" else "''" for c in typing.get_args(tp) if c is not None)
+    if tp is type(None):
+        return "None"
+    args = typing.get_args(tp)
+    if args and typing.get_origin(tp) in (typing.Union, type(int | None)):
+        return " | ".join(type_text(a) for a in args)
+    return getattr(tp, "__name__", str(tp)) if not args else str(tp).replace("typing.", "")
+
+
 def config_schema() -> list[dict[str, Any]]:
     """One row per config key, in the dataclasses' order: section, key, type, default, meaning."""
     from .. import config as C  # here, not at the top: predict.py --onnx builds its parser without PyYAML
@@ -109,8 +121,8 @@ def config_schema() -> list[dict[str, Any]]:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default
             key = f"{section.name}.{f.name}"
-            tp = str(f.type)
-            if key in C.CHOICES:
+            tp = type_text(typing.get_type_hints(cls)[f.name])
+            if key in C.CHOICES and "choice" not in tp:  # a str key whose choices are a table, not its type
                 tp += ": " + "|".join(format_value(c) for c in C.CHOICES[key] if c is not None)
             rows.append(dict(section=section.name, key=key, type=tp, default=default, meaning=meanings.get(f.name, "")))
             rows += _option_rows(section.name, key, typing.get_type_hints(cls)[f.name])
@@ -122,10 +134,11 @@ def _option_rows(section: str, key: str, tp: Any) -> list[dict[str, Any]]:
     options = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
     if not options:
         return []
-    meanings, rows = field_comments(options[0]), []
+    meanings, rows, hints = field_comments(options[0]), [], typing.get_type_hints(options[0])
     for f in dataclasses.fields(options[0]):
         default = "(required)" if f.default is dataclasses.MISSING else f.default
-        rows.append(dict(section=section, key=f"{key}.{f.name}", type=str(f.type), default=default,
+        tp = type_text(hints[f.name])
+        rows.append(dict(section=section, key=f"{key}.{f.name}", type=tp, default=default,
                          meaning=meanings.get(f.name, "")))
     return rows
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import yaml
 
-from .checks import from_dict, to_dict
 from .errors import ConfigError
 from .schema import Config
+from .strict import from_dict, to_dict
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -89,7 +89,7 @@ class StrictLoader(yaml.SafeLoader):
 
 # YAML 1.2's booleans: only true/false. PyYAML follows YAML 1.1, where yes/no/on/off (and y/n) are booleans too,
 # which would read `--run.mixed_precision=no` (a documented value) as False. Here such words stay strings, and a key
-# typed bool takes them back in _check_type: `--run.compile=yes` means true.
+# typed bool takes them back in check_type: `--run.compile=yes` means true.
 StrictLoader.yaml_implicit_resolvers = {
     k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
     for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()

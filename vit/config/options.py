@@ -1,13 +1,67 @@
 """Options objects: one frozen dataclass per concern with several settings, checked once when made and
-passed whole from the YAML to the layer (SparseOptions: model.sparse_attention.*)."""
+passed whole from the YAML to the layer (SparseOptions: model.sparse_attention.*; NaFlexOptions: data.naflex.*;
+the model parts' Rope, RelPos, Stem, NaFlex in model_parts.py).
+
+Every options object is made from what a user wrote the same way, `options_from(cls, value)`: None stays None
+(the feature off), an instance passes, and a mapping (a YAML section, a config.json's model_args, a keyword such as
+`create_model(rope=dict(temperature=100))`) is checked key by key against the dataclass's fields before it is
+built: an unknown key is one sentence listing the valid ones, a value of the wrong type one naming the key."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .errors import ConfigError, OptionError
+from .types import check_type
+
+T = TypeVar("T")
+
+
+class UnknownOption(OptionError):
+    """A key that names no field of the options object; `valid` lists the fields (a config names them as its keys)."""
+
+    def __init__(self, owner: str, key: str, valid: list[str]) -> None:
+        self.valid = valid
+        super().__init__(owner, key, f"is not one of its options; valid: {', '.join(valid)}.")
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """({field: type}, required fields) of an options dataclass, its string annotations resolved once."""
+    hints = typing.get_type_hints(cls)
+    init = [f for f in dataclasses.fields(cls) if f.init]
+    required = tuple(f.name for f in init if f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+    return {f.name: hints[f.name] for f in init}, required
+
+
+def options_from(cls: type[T], value: T | Mapping | None, owner: str | None = None) -> T | None:
+    """None, a `cls` or its mapping -> None or a `cls`. A mapping's keys must be the dataclass's fields (UnknownOption
+    lists them), its required fields present and each value of its field's type (OptionError naming the key; an int
+    becomes a float, a list a tuple where the field says so); the object's own checks then run once, in its
+    __post_init__. `owner` names the object in messages (default: the class name)."""
+    owner = owner or cls.__name__
+    if value is None or isinstance(value, cls):
+        return value
+    hints, required = _fields(cls)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{owner} takes a {cls.__name__}, a mapping of its options ({', '.join(hints)}) or None, "
+                          f"got {value!r}.")
+    unknown = sorted(set(value) - set(hints), key=str)
+    if unknown:
+        raise UnknownOption(owner, str(unknown[0]), sorted(hints))
+    missing = [k for k in required if k not in value]
+    if missing:
+        choices = typing.get_args(hints[missing[0]]) if typing.get_origin(hints[missing[0]]) is Literal else ()
+        raise OptionError(owner, missing[0], "is missing; set it" + (
+            f" to one of {', '.join(map(repr, choices))}." if choices else "."))
+    error = lambda key, problem: OptionError(owner, key, problem)  # noqa: E731
+    return cls(**{k: check_type(k, v, hints[k], error) for k, v in value.items()})
 
 
 def _is_int(value: Any) -> bool:
@@ -55,19 +109,9 @@ class SparseOptions:
             raise bad("min_tokens", f"must be a non-negative integer (0: always sparse), got {self.min_tokens!r}.")
 
     @classmethod
-    def of(cls, value: SparseOptions | dict | None) -> SparseOptions | None:
+    def of(cls, value: SparseOptions | Mapping | None) -> SparseOptions | None:
         """None, a SparseOptions or its mapping (a config.json's model_args) -> SparseOptions or None."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            names = {f.name for f in dataclasses.fields(cls)}
-            unknown = sorted(set(value) - names)
-            if unknown:
-                raise OptionError("SparseOptions", unknown[0], f"is not one; valid: {', '.join(sorted(names))}.")
-            if "method" not in value:
-                raise OptionError("SparseOptions", "method", "is missing; set it to 'dsa' or 'moba'.")
-            return cls(**value)
-        raise ConfigError(f"sparse_attention must be a SparseOptions, its mapping or None (dense), got {value!r}.")
+        return options_from(cls, value)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .choices import LAYER_SCALE_NAMES, MLP_LAYERS, NORM_LAYERS, POOL_KINDS, POS_EMBEDS, QKV_BIAS
 from .errors import ConfigError
+from .model_parts import NaFlex, RelPos, Rope, Stem
 from .options import NaFlexOptions, SparseOptions
 
 DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.pretrained names an architecture
@@ -17,7 +19,10 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"  # model.name when neither it nor model.p
 @dataclass
 class ModelConfig:
     # Each field is a vit.create_model argument of the same name (vit/models/build.py passes the section straight
-    # through): a new model option is one line here, its choices (if any) in a Literal type.
+    # through; tests/test_config_model_options.py holds the two lists equal): a new model option is one line here,
+    # its choices (if any) a Literal of a tuple in vit/config/choices.py, which the layer's registry is held to.
+    # A field left null defers to the architecture `name` (or the weights' config.json).
+
     # a vit.create_model name; the fields below override it. null: the architecture of the weights
     # model.pretrained names (so the two cannot disagree), else vit_tiny_patch16_224 (vit.models.build.resolve_name)
     name: str | None = None
@@ -27,8 +32,8 @@ class ModelConfig:
     # vit.data.resolve.choose_channels; a number pins it
     in_chans: int | None = None
     # token: the [CLS] token feeds the head; avg / max / avgmax: of the patch tokens; map: attention pooling
-    # (SigLIP); null: the name's (token for most)
-    global_pool: Literal[None, "token", "avg", "max", "avgmax", "map"] = None
+    # (SigLIP); '': none (the tokens themselves); null: the name's (token for most)
+    global_pool: Literal[POOL_KINDS] | None = None
     # prefix tokens and norms (vit.layers.PrefixTokens, Pooling); null: the name's, e.g. 4 registers for *_reg4_*
     class_token: bool | None = None  # a [CLS] token first
     reg_tokens: int | None = None  # register tokens after [CLS] (DINOv2-reg4: 4)
@@ -36,19 +41,52 @@ class ModelConfig:
     no_embed_class: bool | None = None  # prefix tokens get no position embedding (DeiT III)
     pre_norm: bool | None = None  # a norm after the embeddings (CLIP's image tower)
     fc_norm: bool | None = None  # norm the pooled vector instead of the tokens
+    final_norm: bool | None = None  # false: no final norm at all (neither norm nor fc_norm); null: the name's
+    pool_include_prefix: bool | None = None  # avg / max / map pool the prefix tokens too (Perception Encoder's map)
+    attn_pool_num_heads: int | None = None  # global_pool map: its heads; null: the blocks' (PE: 8)
+    attn_pool_mlp_ratio: float | None = None  # global_pool map: its MLP's ratio; null: the blocks'
     embed_dim: int | None = None  # token width D; null: the name's
     depth: int | None = None  # number of Transformer blocks; null: the name's
     num_heads: int | None = None  # attention heads per block (must divide embed_dim); null: the name's
     mlp_ratio: float | None = None  # MLP hidden width / embed_dim; null: the name's (4.0)
-    # learn: learned position embedding (ViT); sincos: fixed 2-D sin-cos
-    pos_embed: Literal["learn", "sincos"] = "learn"
-    norm_layer: Literal["layernorm", "rmsnorm"] = "layernorm"  # normalisation in every block
-    mlp_layer: Literal["gelu", "swiglu"] = "gelu"  # gelu: fc-GELU-fc (ViT); swiglu: gated SiLU MLP
+    # learn: learned position embedding (ViT); sincos: fixed 2-D sin-cos; none: no absolute positions (rope or
+    # rel_pos give them)
+    pos_embed: Literal[POS_EMBEDS] = "learn"
+    norm_layer: Literal[NORM_LAYERS] = "layernorm"  # normalisation in every block (vit.layers.norm.NORM_LAYERS)
+    norm_eps: float | None = None  # the norms' epsilon; null: the name's (1e-6; CLIP and EVA: 1e-5)
+    # the MLP of every block (vit.layers.mlp.MLP_LAYERS): gelu: fc-GELU-fc (ViT); swiglu: gated SiLU MLP;
+    # swiglu_packed: its one-matrix form; geglu: ViTamin's GeGLU; gelu_tanh / quick_gelu: those activations
+    mlp_layer: Literal[MLP_LAYERS] = "gelu"
     norm_first: bool = True  # pre-norm blocks (ViT); false: post-norm (original Transformer)
     init_values: float | None = None  # LayerScale initial value (e.g. 1e-5, CaiT/DeiT III); null: none
+    # LayerScale's saved names: ls (timm's ViT: ls1.gamma) or gamma (Eva, BEiT: gamma_1); null: the name's
+    layer_scale_names: Literal[LAYER_SCALE_NAMES] | None = None
+    qkv_bias: bool | Literal[QKV_BIAS] | None = None  # biases of q, k, v; qv: q and v only (Eva, BEiT); null: name's
+    # a block's optional parts (vit.layers.BlockParts, timm's names); null: the name's
+    qkv_fused: bool | None = None  # false: q / k / v saved as q_proj / k_proj / v_proj (EVA02; computed fused)
+    scale_attn_norm: bool | None = None  # a norm on the attention output before attn.proj (NormFormer)
+    scale_mlp_norm: bool | None = None  # a norm on the MLP's hidden layer before fc2 (EVA02's scale_mlp)
+    proj_bias: bool | None = None  # biases of attn.proj and the MLP's linears (false: AIMv2)
+    embed_norm: bool | None = None  # a norm on the patch tokens inside the patch embedding (AIMv2)
+    res_post_norm: bool | None = None  # each sub-layer's norm on its output, inside the residual (Swin v2)
+    # rotary positions in attention, e.g. {kind: dinov3, temperature: 100, rotate_half: true} (vit.layers.rope;
+    # Rope's fields below); replaces the name's rope whole; null: the name's (none for most)
+    rope: Rope | None = None
+    # relative position bias, e.g. {kind: table} (BEiT) or {kind: mlp, hidden_dim: 128} (vit.layers.rel_pos);
+    # null: the name's
+    rel_pos: RelPos | None = None
+    # a convolutional stem before the tokens, e.g. {kind: resnetv2, layers: [3, 4, 9]} (R50+ViT; vit.layers.
+    # hybrid_embed); null: the name's (patches straight from the pixels for most)
+    stem: Stem | None = None
+    # NaFlex embeddings, how the position table is resampled per image, e.g. {pos_grid: [16, 16]} (vit.layers.
+    # naflex; fed by data.naflex, which sets {} when this is null); null: the name's
+    naflex: NaFlex | None = None
     drop_rate: float = 0.0  # dropout on the features before the head
+    pos_drop_rate: float | None = None  # dropout on the tokens after the position embedding; null: the name's (0)
     attn_drop_rate: float = 0.0  # dropout on the attention weights
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
+    fused_attn: bool | None = None  # F.scaled_dot_product_attention (true) or the explicit softmax path; null: true
+    dynamic_img_size: bool | None = None  # positions resampled to any input size on the fly; null: the name's
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder
     # (a run's best/) or a weights file; see vit/hub/names.py
@@ -57,6 +95,8 @@ class ModelConfig:
     token_reduction: str | None = None
     # top-k key blocks per query, e.g. {method: dsa, density: 0.25} (SparseOptions above); null: dense attention
     sparse_attention: SparseOptions | None = None
+    # (model.attention, create_model(attention=...), an AttentionOptions mapping, is one more field here, typed
+    # `AttentionOptions | None`, once create_model takes it; build_model passes it through as it passes rope)
     grad_checkpointing: bool = False  # recompute each block in backward: same gradients, far less activation memory
     freeze: bool = False  # train the head only: the backbone keeps the weights it was loaded with (docs/few-labels.md)
 

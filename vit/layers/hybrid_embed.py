@@ -18,49 +18,18 @@ and `patch_embed.proj.*`:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
 
+from ..config import (  # the options object lives in vit.config (torch-free), so that a config holds it
+    Stem,
+    options_from,
+)
 from .patch_embed import PatchEmbed, to_2tuple
 
 __all__ = ["HybridEmbed", "Stem", "patch_embedding"]
-
-_KINDS = ("resnetv2", "mci", "vitamin")
-
-
-@dataclass(frozen=True)
-class Stem:
-    """Which convolutional stem makes the tokens (timm's entry-point arguments in comments), validated once."""
-
-    kind: str = "resnetv2"  # 'resnetv2', 'mci' or 'vitamin'
-    layers: tuple[int, ...] = ()  # resnetv2: residual blocks per stage, () for the stem alone
-    widths: tuple[int, ...] = ()  # vitamin: the two MBConv stages' widths (the first is also the stem's)
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"stem kind must be one of {', '.join(_KINDS)}, got {self.kind!r}.")
-        object.__setattr__(self, "layers", tuple(self.layers))
-        object.__setattr__(self, "widths", tuple(self.widths))
-        if not all(isinstance(n, int) and n > 0 for n in self.layers + self.widths):
-            raise ValueError(f"stem layers and widths are whole numbers > 0, got {self.layers} and {self.widths}.")
-        if self.kind == "resnetv2" and len(self.layers) > 4:  # timm's ResNetV2 zips them with 4 stage widths
-            raise ValueError(f"a resnetv2 stem has at most 4 stages (timm's ResNetV2), got layers={self.layers}.")
-        if self.kind == "vitamin" and len(self.widths) != 2:
-            raise ValueError(f"a ViTamin stem has two MBConv stages: give widths=(w1, w2), got {self.widths}.")
-
-    @property
-    def stride(self) -> int:
-        """r: input pixels per feature-map cell."""
-        return 4 * 2 ** max(len(self.layers) - 1, 0) if self.kind == "resnetv2" else 16
-
-    @property
-    def projects(self) -> bool:
-        """Whether a `proj` convolution maps the features to D (MobileCLIP's and ViTamin's stems end at D)."""
-        return self.kind == "resnetv2"
-
 
 def _backbone(stem: Stem, in_chans: int, embed_dim: int) -> tuple[nn.Module, int]:
     """timm's module for `stem` and its output channels, as timm's hybrid entry points build it."""
@@ -150,5 +119,5 @@ def patch_embedding(stem: Stem | dict | None, img_size: int | tuple[int, int], p
         return PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=bias, norm_layer=norm_layer)
     if norm_layer is not None:
         raise ValueError("a convolutional stem takes no norm on its patch tokens; drop embed_norm or the stem.")
-    stem = Stem(**stem) if isinstance(stem, dict) else stem
+    stem = options_from(Stem, stem)
     return HybridEmbed(stem, img_size, patch_size, in_chans, embed_dim, bias=bias)

@@ -27,12 +27,11 @@ factorized `embeds.pos_embed_y` (1, h0, D) + `embeds.pos_embed_x` (1, w0, D), `e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import NaFlex  # the options object lives in vit.config (torch-free), so that a config holds it
 from .patch_embed import to_2tuple
 from .rope import RotaryEmbedding, rope_table
 
@@ -44,30 +43,6 @@ NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 # angles are computed over each image's whole grid, so a coordinate sets an allocation of h*w*D. A complete image
 # has h*w = its patches <= N; a sparse one (patches dropped) may span up to this many (256 x 256, 4096 px at P 16).
 MAX_GRID_PATCHES = 65536
-
-
-@dataclass(frozen=True)
-class NaFlex:
-    """How a NaFlex model resamples its learned positions per image (timm's NaFlexVitCfg names in comments)."""
-
-    pos_grid: tuple[int, int] | None = None  # pos_embed_grid_size: the table's (h0, w0); None: img_size // patch
-    factorized: bool = False  # pos_embed='factorized': a row table plus a column table (linear resampling)
-    interp_mode: str = "bicubic"  # pos_embed_interp_mode: 'bicubic' or 'bilinear'
-    antialias: bool = True  # pos_embed_antialias (when shrinking; PyTorch's antialiased kernels also upsample)
-    align_corners: bool = False  # pos_embed_align_corners
-    ar_preserving: bool = False  # pos_embed_ar_preserving: resample to (L, L), L = max(h, w), keep the top-left
-
-    def __post_init__(self) -> None:
-        if self.interp_mode not in ("bicubic", "bilinear"):
-            raise ValueError(f"naflex interp_mode must be 'bicubic' or 'bilinear', got {self.interp_mode!r}.")
-        for name in ("factorized", "antialias", "align_corners", "ar_preserving"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"naflex {name} must be true or false, got {getattr(self, name)!r}.")
-        if self.pos_grid is not None:
-            grid = to_2tuple(self.pos_grid)
-            if not all(isinstance(s, int) and s > 0 for s in grid):
-                raise ValueError(f"naflex pos_grid is (rows, columns), two whole numbers > 0; got {self.pos_grid!r}.")
-            object.__setattr__(self, "pos_grid", grid)
 
 
 def patchify(images: torch.Tensor, patch_size: tuple[int, int]) -> dict[str, torch.Tensor]:

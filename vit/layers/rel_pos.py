@@ -21,33 +21,14 @@ evaluated at the new offsets).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..config import RelPos  # the options object lives in vit.config (torch-free), so that a config holds it
+
 __all__ = ["RelPos", "RelPosMlp", "RelPosTable", "SharedRelPos", "log_coords", "rel_pos_layers", "relative_index"]
-
-_KINDS = ("mlp", "table")
-
-
-@dataclass(frozen=True)
-class RelPos:
-    """Which relative position bias a model's attention adds (timm's keyword names in comments), validated once."""
-
-    kind: str = "mlp"  # 'mlp' (VisionTransformerRelPos' rel_pos_type='mlp') or 'table' (BEiT's use_rel_pos_bias)
-    hidden_dim: int = 128  # rel_pos_dim: the MLP's hidden width
-    shared: bool = False  # shared_rel_pos: one bias for every block (timm's srelpos models)
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"rel_pos kind must be one of {', '.join(_KINDS)}, got {self.kind!r}.")
-        if not (isinstance(self.hidden_dim, int) and self.hidden_dim > 0):
-            raise ValueError(f"rel_pos hidden_dim must be a whole number > 0, got {self.hidden_dim!r}.")
-        if not isinstance(self.shared, bool):
-            raise TypeError(f"rel_pos shared must be true or false, got {self.shared!r}.")
-
 
 def relative_index(grid: tuple[int, int], class_token: bool = False) -> torch.Tensor:
     """(N, N) long indices of the offsets between the N = h * w patches (row-major), each in

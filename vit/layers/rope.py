@@ -28,66 +28,13 @@ RoPE-Mixed's table is one per block and head: (depth, 1, heads, N, 2d), interlea
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..config import Rope  # the options object lives in vit.config (torch-free), so that a config holds it
+
 __all__ = ["MixedRotaryEmbedding", "Rope", "RotaryEmbedding", "apply_rope", "rope_table", "rotary_embedding"]
-
-_KINDS = ("axial", "dinov3", "mixed")
-SCALE_RANGE = (1e-6, 1e12)  # temperature and periods: every real model's (10 .. 10000) and far beyond
-MAX_GRID_OFFSET = 1e6  # patches
-
-
-@dataclass(frozen=True)
-class Rope:
-    """Which rotary positions a model's attention uses (timm's Eva keyword names in comments), validated once."""
-
-    kind: str = "axial"  # 'axial' (rope_type='cat'), 'dinov3' or 'mixed' (learned frequencies per block and head)
-    temperature: float = 10000.0  # rope_temperature; DINOv3 uses 100, RoPE-Mixed 10 (its frequencies' start)
-    rotate_half: bool = False  # rope_rotate_half: pairs (i, i + d/2) instead of (2i, 2i + 1)
-    grid_offset: float = 0.0  # rope_grid_offset, added to every coordinate
-    grid_indexing: str = "ij"  # 'ij': (row, column) angles; 'xy': (column, row)
-    ref_grid: tuple[int, int] | None = None  # 'axial' only: ref_feat_shape, positions rescaled onto this grid
-    normalize_coords: str = "separate"  # 'dinov3' only: divide each axis by its size, or both by 'min' / 'max'
-    min_period: float | None = None  # 'dinov3' only: periods min..max instead of the temperature schedule
-    max_period: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in _KINDS:
-            raise ValueError(f"rope kind must be one of {', '.join(_KINDS)}, got {self.kind!r}.")
-        if not isinstance(self.rotate_half, bool):
-            raise TypeError(f"rotate_half must be true or false, got {self.rotate_half!r}.")
-        # bounds that keep every angle finite in float32 on any grid (NaN / inf would make every table NaN; a
-        # temperature or period far outside them, or an offset of 1e38, overflows or underflows the angles)
-        if not (_number(self.temperature) and SCALE_RANGE[0] <= self.temperature <= SCALE_RANGE[1]):
-            raise ValueError(f"rope temperature must be a positive finite number from {SCALE_RANGE[0]:g} to "
-                             f"{SCALE_RANGE[1]:g} (10000 for EVA02, 100 for DINOv3), got {self.temperature!r}.")
-        if not (_number(self.grid_offset) and abs(self.grid_offset) <= MAX_GRID_OFFSET):  # `not <=`: NaN too
-            raise ValueError(f"rope grid_offset must be a finite number of patches within +-{MAX_GRID_OFFSET:g} (0 "
-                             f"for EVA02, 1 for PE), got {self.grid_offset!r}.")
-        for key in ("min_period", "max_period"):
-            value = getattr(self, key)
-            if value is not None and not (_number(value) and SCALE_RANGE[0] <= value <= SCALE_RANGE[1]):
-                raise ValueError(f"rope {key} must be a positive finite number from {SCALE_RANGE[0]:g} to "
-                                 f"{SCALE_RANGE[1]:g}, got {value!r}.")
-        if self.grid_indexing not in ("ij", "xy"):
-            raise ValueError(f"grid_indexing must be 'ij' or 'xy', got {self.grid_indexing!r}.")
-        if self.normalize_coords not in ("separate", "min", "max"):
-            raise ValueError(f"normalize_coords must be 'separate', 'min' or 'max', got {self.normalize_coords!r}.")
-        if self.ref_grid is not None:
-            if self.kind != "axial":
-                raise ValueError("ref_grid rescales 'axial' positions only; DINOv3's coordinates are already [-1, 1].")
-            object.__setattr__(self, "ref_grid", _grid(self.ref_grid))
-        if self.kind == "mixed" and self.rotate_half:
-            raise ValueError("'mixed' rotary positions pair channels (2i, 2i + 1); set rotate_half=false.")
-        if (self.min_period is None) != (self.max_period is None):
-            raise ValueError("give both min_period and max_period, or neither (then the temperature sets periods).")
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _grid(grid) -> tuple[int, int]:

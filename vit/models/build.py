@@ -24,16 +24,24 @@ from typing import Any
 
 from torch import nn
 
-from ..config import DEFAULT_MODEL, Config, ConfigError, ModelConfig, check_model_args, nest_sparse_keys
+from ..config import (
+    DEFAULT_MODEL,
+    Config,
+    ConfigError,
+    ModelConfig,
+    Stem,
+    check_model_args,
+    nest_sparse_keys,
+    options_from,
+)
 from ..hub.names import resolve_source, weights_architecture
 from ..hub.weights import check_depth_fits, load_pretrained
-from ..layers import Stem, to_2tuple
-from ..layers.rope import Rope
+from ..layers import to_2tuple
 from .features import features_only_model
 from .model_size import check_size, stacked_size
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
-from .vit_options import OPTIONS, constructor_kwargs, option_types
+from .vit_options import MAPPINGS, OPTIONS, constructor_kwargs, option_types
 
 __all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
            "check_model_config", "resolve_name"]
@@ -52,10 +60,9 @@ def estimated_params(kwargs: dict, keep: int = 16) -> float | None:
     counted on the meta device with the blocks and each stem stage cut to one and two copies (vit.models.model_size):
     every option that makes a tensor counts. None when the arguments are not ones the constructor takes (it then
     names what is wrong); inf past torch's 64-bit sizes."""
-    stem = kwargs.get("stem")
     try:
-        stem = Stem(**stem) if isinstance(stem, dict) else stem
-    except (TypeError, ValueError):
+        stem = options_from(Stem, kwargs.get("stem"), "stem")
+    except ValueError:  # the constructor names what is wrong
         return None
     layers = stem.layers if isinstance(stem, Stem) and stem.kind == "resnetv2" else ()
     counts = {"depth": kwargs.get("depth", 12), **{f"stage{i}": n for i, n in enumerate(layers)}}
@@ -105,37 +112,8 @@ def create_model(
     overrides = nest_sparse_keys(overrides)  # the flat sparse_* keys of configs saved before SparseOptions
     new_head = True
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
-        implied = nest_sparse_keys(source.model_kwargs())
-        where = f"{source.name}: {source.config or 'its pretrained config'}"
-        check_model_args(implied, option_types(), where)
-        if isinstance(implied.get("rope"), dict):  # NaN positions: checked here, named by the file and key
-            try:
-                Rope(**implied["rope"])
-            except (TypeError, ValueError) as e:
-                raise ConfigError(f"{where}: config key 'model_args.rope': {e}") from None
-        lacking = sorted(set(implied) - OPTIONS)
-        if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
-            raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
-                             "library's VisionTransformer does not have yet; load it with timm or its own library "
-                             "meanwhile.")
-        # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
-        # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
-        new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
-            != implied.get("num_classes")
-        name, overrides = source.architecture, {**implied, **overrides}
-    if name not in VARIANTS:
-        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
-        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
-                         f"lists all {len(VARIANTS)}).")
-    unknown = sorted(set(overrides) - OPTIONS)
-    if unknown:
-        raise TypeError(
-            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
-            f"valid options are: {', '.join(sorted(OPTIONS))}."
-        )
-    kwargs = {**VARIANTS[name], **overrides}
-    if isinstance(kwargs.get("img_size"), list):
-        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+        name, overrides, new_head = _weights_options(source, overrides)
+    kwargs = _variant_kwargs(name, overrides)
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
     where = f"; its options come from {source.config}" if source is not None and source.config else ""
     check_size(estimated_params(kwargs), source.name if source else name, shown + where,
@@ -155,6 +133,43 @@ def create_model(
     if features_only:
         return features_only_model(model, model.pretrained_cfg, out_indices, feature_cls)
     return model
+
+
+def _weights_options(source, overrides: dict) -> tuple[str, dict, bool]:
+    """The architecture, options and whether the head is new for weights `source` (vit.hub.names.resolve_source):
+    the weights' config.json model_args, checked, under the caller's `overrides`."""
+    implied = nest_sparse_keys(source.model_kwargs())
+    check_model_args(implied, option_types(), f"{source.name}: {source.config or 'its pretrained config'}")
+    lacking = sorted(set(implied) - OPTIONS)
+    if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
+        raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "
+                         "library's VisionTransformer does not have yet; load it with timm or its own library "
+                         "meanwhile.")
+    # a head unlike the weights' is for fine-tuning, when the caller asked for another class count; a model
+    # loaded as it is (no num_classes, or the one its config says) must fit its weights' head
+    new_head = source.file is not None or overrides.get("num_classes", implied.get("num_classes")) \
+        != implied.get("num_classes")
+    return source.architecture, {**implied, **overrides}, new_head
+
+
+def _variant_kwargs(name: str, overrides: dict) -> dict:
+    """The variant `name`'s options under `overrides` (unknown names and options refused, naming the valid ones),
+    options given as mappings made their objects here, once, so that config.json records every field of each."""
+    if name not in VARIANTS:
+        close = sorted(m for m in VARIANTS if name.split("_patch")[0] in m)[:8] or list_models()[:8]
+        raise ValueError(f"unknown model {name!r}; known models include {', '.join(close)} (vit.list_models() "
+                         f"lists all {len(VARIANTS)}).")
+    unknown = sorted(set(overrides) - OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
+            f"valid options are: {', '.join(sorted(OPTIONS))}."
+        )
+    kwargs = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in {**VARIANTS[name],
+                                                                                        **overrides}.items()}
+    if isinstance(kwargs.get("img_size"), list):
+        kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    return kwargs
 
 
 def pretrained_cfg_of(m: ModelConfig) -> dict | None:

@@ -18,7 +18,7 @@ import torch
 import torch.fx
 from torch import nn
 
-from ..config import SparseOptions
+from ..config import SparseOptions, options_from
 from ..layers import (
     AttentionPoolLatent,
     BlockParts,
@@ -69,8 +69,7 @@ def _check_options(prefix: PrefixTokens, pooling: Pooling, pos_embed: str, rope:
     if rel_pos is not None and dynamic_img_size:
         raise ValueError("a relative position bias is built for one patch grid (as timm's); build the model with "
                          "dynamic_img_size=False and change its size with set_input_size.")
-    rope = Rope(**rope) if isinstance(rope, dict) else rope
-    return rope, RelPos(**rel_pos) if isinstance(rel_pos, dict) else rel_pos
+    return options_from(Rope, rope, "rope"), options_from(RelPos, rel_pos, "rel_pos")
 
 
 class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
@@ -217,7 +216,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         None (the square embeddings stay) without `naflex`."""
         if naflex is None:
             return None
-        naflex = NaFlex(**naflex) if isinstance(naflex, dict) else naflex
+        naflex = options_from(NaFlex, naflex, "naflex")
         if self.prefix.dist_token or pos_embed == "sincos":
             raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
                              "table per image; drop dist_token, use pos_embed='learn' or 'none'.")

@@ -1,17 +1,20 @@
 """create_model's vocabulary: timm's keywords (the VisionTransformer constructor's flat options, and the fields of
 its options objects under their own names), their types, their defaults per architecture, and the constructor
-arguments they become."""
+arguments they become. The options that are mappings (`rope=dict(kind="dinov3")`, `stem`, `rel_pos`, `naflex`,
+`sparse_attention`) are made by vit.config's one convention, `options_from`, so an unknown or mistyped key is one
+sentence naming it whichever way the model is asked for (YAML, a config.json, Python)."""
 
 import dataclasses
 import inspect
 import typing
 from typing import Any
 
+from ..config import options_from
 from ..layers import BlockParts, Pooling, PrefixTokens
 from .variants import VARIANTS
 from .vision_transformer import VisionTransformer
 
-__all__ = ["OBJECTS", "OPTIONS", "architecture_defaults", "constructor_kwargs", "option_types"]
+__all__ = ["MAPPINGS", "OBJECTS", "OPTIONS", "architecture_defaults", "constructor_kwargs", "option_types"]
 
 # create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
 # objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
@@ -21,10 +24,22 @@ _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses
 OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
 
 
+def _options_class(tp: Any) -> type | None:
+    """The options dataclass of a `SomeOptions | dict | None` constructor argument, else None."""
+    classes = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+    return classes[0] if len(classes) == 1 else None
+
+
+# the constructor's arguments that take an options object or its mapping: {keyword: options class}
+MAPPINGS = {k: c for k, tp in typing.get_type_hints(VisionTransformer.__init__).items()
+            if k not in OBJECTS and (c := _options_class(tp)) is not None}
+
+
 def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, ...) -> VisionTransformer's arguments, each
-    options object built (and so validated) once from its fields."""
-    flat = {k: v for k, v in options.items() if k not in _FIELDS}
+    options object built (and so validated) once from its fields, and each mapping (`rope=dict(...)`) made its
+    options object (`options_from`: an unknown or mistyped key is one sentence naming it)."""
+    flat = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in options.items() if k not in _FIELDS}
     for key, cls in OBJECTS.items():
         flat[key] = cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options})
     return flat

@@ -1,0 +1,39 @@
+"""A model's construction arguments read from a file (a checkpoint's or hub folder's config.json `model_args`),
+checked as the config's model keys are, before anything is built."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checks import ARG_NON_NEGATIVE, ARG_POSITIVE, ARG_UNIT, NON_NEGATIVE, POSITIVE, UNIT, check_ranges
+from .errors import ConfigError
+from .strict import optional_dataclass, options_at
+from .types import check_type
+
+
+def check_model_args(args: dict[str, Any], hints: dict[str, Any], where: str) -> None:
+    """`args` (a config.json's model_args, with the class count and channels of its pretrained_cfg) checked like
+    the config's model keys: the type of `hints` (the model's signature; `int | tuple[int, int]` takes an int or a
+    pair), options objects by their fields (`options_from`), the ranges of the config's model.* keys, finite
+    numbers, num_heads dividing embed_dim. Keys not in `hints` are left to create_model, which names them.
+    Raises ConfigError: `where`, then 'model_args.<key>' and what is wrong."""
+    flat = {}
+    try:
+        for key, value in args.items():
+            if key not in hints:
+                continue
+            dotted, options = f"model_args.{key}", optional_dataclass(hints[key])
+            if options is not None:
+                options_at(dotted, options, value)
+            else:
+                flat[dotted] = check_type(dotted, value, hints[key])
+        named = lambda keys, extra: {f"model_args.{k[6:]}" for k in keys if k.startswith("model.")} | {  # noqa: E731
+            f"model_args.{k}" for k in extra}
+        check_ranges(flat, named(POSITIVE, ARG_POSITIVE), named(NON_NEGATIVE, ARG_NON_NEGATIVE),
+                     named(UNIT, ARG_UNIT))
+        dim, heads = flat.get("model_args.embed_dim"), flat.get("model_args.num_heads")
+        if dim and heads and dim % heads:
+            raise ConfigError(f"config key 'model_args.num_heads' ({heads}) must divide 'model_args.embed_dim' "
+                              f"({dim}).")
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
