@@ -254,7 +254,7 @@ def unreachable(cache, monkeypatch):
 def test_an_unreachable_hub_is_found_out_once_and_the_cache_answers_at_once(unreachable, monkeypatch):
     import huggingface_hub.constants
 
-    from vit.hub.names import hub_reachable
+    from vit.hub.cache import hub_reachable
 
     assert not hub_reachable()
     with pytest.raises(FileNotFoundError) as e:

@@ -12,9 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {  # public name -> the module of this package that defines it
-    **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "build_datasets", "build_loaders",
-                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder", "image_transform"),
-                  "datasets"),
+    **dict.fromkeys(("ArrayDataset", "FolderDataset", "build_datasets", "build_eval_split", "is_flat_folder",
+                     "image_transform"), "datasets"),
+    **dict.fromkeys(("EpochSampler", "build_loaders", "class_counts", "class_weights"), "loaders"),
+    "DataError": "base",
     **dict.fromkeys(("absolute_root", "choose_channels", "data_channels", "resolve_data_config"), "resolve"),
     **dict.fromkeys(("MultiLabelDataset", "read_labels_file"), "multilabel"),
     **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
@@ -45,20 +46,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
-    from .datasets import (
-        ArrayDataset,
-        DataError,
-        EpochSampler,
-        FolderDataset,
-        build_datasets,
-        build_eval_split,
-        build_loaders,
-        class_counts,
-        class_weights,
-        image_transform,
-        is_flat_folder,
-    )
+    from .base import DataError
+    from .datasets import ArrayDataset, FolderDataset, build_datasets, build_eval_split, image_transform, is_flat_folder
     from .decode import IMG_EXTENSIONS, BadImageError, decode_image
+    from .loaders import EpochSampler, build_loaders, class_counts, class_weights
     from .multilabel import MultiLabelDataset, read_labels_file
     from .naflex import (
         BudgetBatchSampler,
