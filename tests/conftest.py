@@ -26,6 +26,22 @@ torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, 
                                  else os.cpu_count() or 1)))
 
 
+@pytest.fixture
+def offline_hub(monkeypatch):
+    """use(cache) -> cache: `cache` (a folder laid out as huggingface_hub keeps one, see helpers.hub_snapshot) is
+    the Hugging Face hub cache for this test, offline (HF_HUB_OFFLINE=1), for us and for timm, transformers and
+    open_clip through huggingface_hub: its environment variables and the constants it read when imported."""
+    import huggingface_hub.constants
+
+    def use(cache):
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        return cache
+    return use
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

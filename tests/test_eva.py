@@ -156,21 +156,15 @@ def test_packed_swiglu_is_swiglu_with_one_fc1():
     torch.testing.assert_close(packed(x), plain(x), rtol=0, atol=1e-6)
 
 
-def test_an_eva_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, monkeypatch):
+def test_an_eva_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, offline_hub):
     """timm's layout on the hub (config.json + model.safetensors, saved by timm's save_for_hf) loads by
     `hf-hub:` name and by tag with HF_HUB_OFFLINE=1, giving timm's logits."""
-    import huggingface_hub.constants
+    from helpers import hub_snapshot
 
     repo_id = "timm/eva02_tiny_patch14_224.mim_in22k"
-    repo = tmp_path / "hub" / ("models--" + repo_id.replace("/", "--"))
     ref, _, x = _timm_and_ours("eva02_tiny_patch14_224")
-    save_for_hf(ref, str(repo / "snapshots" / ("c" * 40)), safe_serialization=True)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("c" * 40)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    save_for_hf(ref, str(hub_snapshot(tmp_path / "hub", repo_id, "c" * 40)), safe_serialization=True)
+    offline_hub(tmp_path / "hub")
     by_repo = vit.create_model(f"hf-hub:{repo_id}", pretrained=True).eval()
     by_tag = vit.create_model("eva02_tiny_patch14_224.mim_in22k", pretrained=True, **TINY, img_size=56).eval()
     with torch.no_grad():

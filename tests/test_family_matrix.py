@@ -370,16 +370,13 @@ def test_train_fine_tunes_clip_by_its_tag_from_a_hub_cache(tmp_path):
     import json
 
     import yaml
-    from helpers import make_image_folder, run_script
+    from helpers import hub_snapshot, make_image_folder, run_script
     from timm.models import save_for_hf
 
     arch, tag = FAMILIES["clip"][:2]
-    repo = tmp_path / "hub" / f"models--timm--{arch}.{tag}"
     torch.manual_seed(0)
-    save_for_hf(timm.create_model(arch, **{**TINY, "num_classes": 1000}), str(repo / "snapshots" / ("c" * 40)),
-                safe_serialization=True)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("c" * 40)
+    save_for_hf(timm.create_model(arch, **{**TINY, "num_classes": 1000}),
+                str(hub_snapshot(tmp_path / "hub", f"timm/{arch}.{tag}", "c" * 40)), safe_serialization=True)
     root = make_image_folder(tmp_path / "data", n_train=6, n_val=3, size=40)
     r = run_script("train.py", "--config", "configs/finetune_imagefolder.yaml", f"--model.pretrained={arch}.{tag}",
                    *TINY_ARGS, f"--data.root={root}", "--data.batch_size=6", "--data.num_workers=0",

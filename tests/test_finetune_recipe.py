@@ -9,7 +9,7 @@ import pytest
 import timm
 import torch
 import yaml
-from helpers import ROOT, make_image_folder, run_script
+from helpers import ROOT, hub_snapshot, make_image_folder, run_script
 from timm.models import save_for_hf
 
 from vit.config import load_config
@@ -23,27 +23,18 @@ SMALL = dict(embed_dim=32, depth=2, num_heads=2)  # the weights narrowed to a fe
 def hub(tmp_path_factory):
     """A Hugging Face cache (models--org--name/refs/main, snapshots/<commit>/) holding the recipe's repository."""
     cache = tmp_path_factory.mktemp("hf") / "hub"
-    repo = cache / ("models--" + REPO.replace("/", "--"))
     torch.manual_seed(0)
-    save_for_hf(timm.create_model("vit_tiny_patch16_224", **SMALL), str(repo / "snapshots" / ("c" * 40)),
+    save_for_hf(timm.create_model("vit_tiny_patch16_224", **SMALL), str(hub_snapshot(cache, REPO, "c" * 40)),
                 safe_serialization=True)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text("c" * 40)
     return cache
 
 
 @pytest.fixture
-def offline_hub(hub, monkeypatch):
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return hub
+def hub_offline(hub, offline_hub):
+    return offline_hub(hub)
 
 
-def test_the_architecture_comes_from_the_weights_pretrained_names(offline_hub, tmp_path):
+def test_the_architecture_comes_from_the_weights_pretrained_names(hub_offline, tmp_path):
     cfg = resolve_name(load_config(ROOT / "configs/finetune_imagefolder.yaml"))
     assert load_config(ROOT / "configs/finetune_imagefolder.yaml").model.name is None  # one key, not two
     assert cfg.model.name == "vit_tiny_patch16_224"

@@ -53,12 +53,8 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture
-def hub(cache, monkeypatch):
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # for timm's calls as well
+def hub(cache, offline_hub):
+    offline_hub(cache)
     return cache
 
 
@@ -254,7 +250,7 @@ def unreachable(cache, monkeypatch):
 def test_an_unreachable_hub_is_found_out_once_and_the_cache_answers_at_once(unreachable, monkeypatch):
     import huggingface_hub.constants
 
-    from vit.hub.names import hub_reachable
+    from vit.hub.cache import hub_reachable
 
     assert not hub_reachable()
     with pytest.raises(FileNotFoundError) as e:

@@ -15,7 +15,8 @@ from timm.data.naflex_transforms import get_image_size_for_seq, patchify_image
 from timm.data.transforms_factory import transforms_imagenet_eval
 
 from vit.config import AugConfig, ConfigError, from_dict
-from vit.data.datasets import ArrayDataset, EpochSampler
+from vit.data.datasets import ArrayDataset
+from vit.data.loaders import EpochSampler
 from vit.data.naflex import (
     BudgetBatchSampler,
     build_naflex_transform,

@@ -177,10 +177,9 @@ def test_beit_gives_timms_logits_and_keys():
 
 
 @pytest.mark.slow  # builds a 224 px model four times (timm's and ours, saved and loaded)
-def test_beit_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, monkeypatch):
+def test_beit_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, offline_hub):
     """A new tag by name, pretrained=True, from a Hugging Face cache that timm's save_for_hf wrote (HF_HUB_OFFLINE):
     the same logits as timm's own pretrained=True."""
-    import huggingface_hub.constants
     from helpers import hub_snapshot
     from timm.models import save_for_hf
 
@@ -188,9 +187,7 @@ def test_beit_tag_loads_by_name_from_an_offline_hub_cache(tmp_path, monkeypatch)
     torch.manual_seed(0)
     save_for_hf(_perturbed(timm.create_model(tag, **small)), str(hub_snapshot(tmp_path, f"timm/{tag}")),
                 safe_serialization=True)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    offline_hub(tmp_path)
     ours = vit.create_model(tag, pretrained=True, **small).eval()
     ref = timm.create_model(tag, pretrained=True, cache_dir=tmp_path, **small).eval()
     x = torch.randn(1, 3, 224, 224)

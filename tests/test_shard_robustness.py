@@ -92,7 +92,7 @@ def test_a_shard_cut_at_a_member_boundary_is_named(tmp_path, caplog):
 
 def test_members_over_the_limit_are_skipped_unread(tmp_path, monkeypatch):
     """A gzip shard whose member would inflate past the limit: that sample is skipped (counted), never read."""
-    monkeypatch.setattr("vit.data.shards.MAX_MEMBER_BYTES", 4096, raising=False)
+    monkeypatch.setattr("vit.data.shard_samples.MAX_MEMBER_BYTES", 4096, raising=False)
     big = _png() + bytes(20_000)  # a PNG with 20 kB of trailing zeros: decodable, but over the (patched) limit
     url = _shard(tmp_path / "s.tar.gz", [("k0", _png(), 0), ("k1", big, 1), ("k2", _png(), 1)], mode="w:gz")
     assert _eval_indices(_dataset([url], [3])) == [0, SKIPPED, 2]

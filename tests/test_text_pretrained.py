@@ -67,12 +67,8 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture
-def hub(cache, monkeypatch):
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache[0] / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+def hub(cache, offline_hub):
+    offline_hub(cache[0] / "hub")
     return cache
 
 

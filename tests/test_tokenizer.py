@@ -124,11 +124,8 @@ def test_same_ids_as_transformers(folders, name):
     assert len(SENTENCES) * 3 < total < sum(map(len, SENTENCES)) and unknown < total / 10
 
 
-def test_by_hub_name_offline_and_the_errors(folders, tmp_path, monkeypatch):
-    import huggingface_hub.constants
-
-    monkeypatch.setenv("HF_HUB_CACHE", str(folders["roberta"].parent / "hub"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+def test_by_hub_name_offline_and_the_errors(folders, tmp_path, offline_hub):
+    offline_hub(folders["roberta"].parent / "hub")
     ours, local = vit.load_tokenizer("hf-hub:org/roberta"), vit.load_tokenizer(f"local-dir:{folders['roberta']}")
     assert ours(SENTENCES, padding=True) == local(SENTENCES, padding=True)
     with pytest.raises(FileNotFoundError, match=r"model org/absent \(its tokenizer.json\) is not in the Hugging Face"):

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from helpers import TINY, make_image_folder, run_script
+from helpers import TINY, hub_snapshot, make_image_folder, run_script
 from safetensors.torch import save_file
 
 import vit
@@ -111,25 +111,15 @@ def make_folder(path, num_classes=3, weights_classes=None, edit=None, in_chans=3
 
 
 @pytest.fixture
-def offline(monkeypatch, tmp_path):
-    import huggingface_hub.constants
-
-    cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    return cache
+def offline(offline_hub, tmp_path):
+    return offline_hub(tmp_path / "hub")
 
 
 def put_in_cache(cache, repo_id, folder):
     """`folder`'s files as one snapshot of `repo_id` in huggingface_hub's cache layout."""
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    snap = repo / "snapshots" / ("a" * 40)
-    snap.mkdir(parents=True)
+    snap = hub_snapshot(cache, repo_id)
     for f in folder.iterdir():
         (snap / f.name).write_bytes(f.read_bytes())
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("a" * 40)
 
 
 def test_a_head_that_does_not_fit_its_own_config_is_refused(tmp_path, offline):

@@ -79,22 +79,14 @@ def _open_clip_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
                              lr=1e-4)
 
 
-def bench_clip(config: str, device: torch.device, batch_size: int = 32, precision: str = "fp32",
-               classes: int = 1000, warmup: int = 2, repeats: int = 5, iters: int = 1) -> dict:
-    """Zero-shot images/s and contrastive training-step pairs/s of ours and open_clip's `config` (module
-    docstring), medians and the ratio ours/open_clip per paired repeat; `max_abs_logit_difference`: how far the
-    two sides' zero-shot logits are apart (the same weights: ~1e-5 in fp32)."""
-    import open_clip
+def _zero_shot_sides(ours, ref, classes: int, device: torch.device, precision: str) -> tuple:
+    """(ours, open_clip's) zero-shot classifiers over `classes` names: images (B, 3, S, S) -> logits (B, C), each
+    side's text classifier built by its own code from the same random caption ids."""
     from open_clip.zero_shot_classifier import build_zero_shot_classifier
 
     from ..eval.zero_shot import ZeroShotClassifier
 
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        ours, ref = _pair(config, Path(tmp), device)
     vocab, length = ours.text.vocab_size, ours.text.max_len
-    img = ours.visual.patch_embed.img_size[0]
-    siglip = ours.logit_bias is not None
 
     def tokenize(texts):  # random ids, the same for the same caption on both sides
         ids = [torch.randint(1, vocab, (length,), generator=torch.Generator().manual_seed(zlib.crc32(t.encode())))
@@ -113,21 +105,15 @@ def bench_clip(config: str, device: torch.device, batch_size: int = 32, precisio
         logits = scale * ref.encode_image(x, normalize=True) @ weights
         return logits + bias if bias is not None else logits
 
-    x = torch.randn(batch_size, 3, img, img, device=device)
-    ids = torch.randint(1, vocab, (batch_size, length), device=device)
-    with torch.inference_mode(), autocast(device, precision):
-        diff = float((ours_clf(x).float() - theirs_zero_shot(x).float()).abs().max())
+    return ours_clf, theirs_zero_shot
 
-    def infer(fn):
-        def call():
-            with torch.inference_mode(), autocast(device, precision):
-                fn(x)
-        return call
 
-    sync = device_sync(device)
-    zero_shot = interleaved({"ours": infer(ours_clf), "open_clip": infer(theirs_zero_shot)}, warmup, repeats, iters,
-                            sync).wall
+def _train_steps(ours, ref, x: torch.Tensor, ids: torch.Tensor, device: torch.device, precision: str) -> dict:
+    """One contrastive training step of each side on (x, ids), as calls for `interleaved`: forward, the
+    side's own loss (CLIP's or SigLIP's), backward, its optimizer's step."""
+    import open_clip
 
+    siglip = ours.logit_bias is not None
     opt_ours = build_optimizer(ours, OptimConfig(lr=1e-4, weight_decay=0.05))
     opt_ref = _open_clip_optimizer(ref)
     ref_loss = open_clip.loss.SigLipLoss() if siglip else open_clip.loss.ClipLoss()
@@ -144,8 +130,34 @@ def bench_clip(config: str, device: torch.device, batch_size: int = 32, precisio
             opt.zero_grad(set_to_none=True)
         return call
 
-    train = interleaved({"ours": step(ours, ours_loss, opt_ours), "open_clip": step(ref, ref_loss, opt_ref)},
-                        warmup, repeats, iters, sync).wall
+    return {"ours": step(ours, ours_loss, opt_ours), "open_clip": step(ref, ref_loss, opt_ref)}
+
+
+def bench_clip(config: str, device: torch.device, batch_size: int = 32, precision: str = "fp32",
+               classes: int = 1000, warmup: int = 2, repeats: int = 5, iters: int = 1) -> dict:
+    """Zero-shot images/s and contrastive training-step pairs/s of ours and open_clip's `config` (module
+    docstring), medians and the ratio ours/open_clip per paired repeat; `max_abs_logit_difference`: how far the
+    two sides' zero-shot logits are apart (the same weights: ~1e-5 in fp32)."""
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        ours, ref = _pair(config, Path(tmp), device)
+    img = ours.visual.patch_embed.img_size[0]
+    ours_clf, theirs_zero_shot = _zero_shot_sides(ours, ref, classes, device, precision)
+    x = torch.randn(batch_size, 3, img, img, device=device)
+    ids = torch.randint(1, ours.text.vocab_size, (batch_size, ours.text.max_len), device=device)
+    with torch.inference_mode(), autocast(device, precision):
+        diff = float((ours_clf(x).float() - theirs_zero_shot(x).float()).abs().max())
+
+    def infer(fn):
+        def call():
+            with torch.inference_mode(), autocast(device, precision):
+                fn(x)
+        return call
+
+    sync = device_sync(device)
+    zero_shot = interleaved({"ours": infer(ours_clf), "open_clip": infer(theirs_zero_shot)}, warmup, repeats, iters,
+                            sync).wall
+    train = interleaved(_train_steps(ours, ref, x, ids, device, precision), warmup, repeats, iters, sync).wall
     res = dict(config=config, device=str(device), precision=precision, batch_size=batch_size, classes=classes,
                img_size=img, threads=torch.get_num_threads(), max_abs_logit_difference=diff,
                params_millions=sum(p.numel() for p in ours.parameters()) / 1e6)

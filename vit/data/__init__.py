@@ -1,7 +1,9 @@
-"""Data: image decoding (`decode`), the augmentation pipelines (`transforms`), the datasets and loaders of
-every `data.dataset` (`datasets`; tar shards in `shards` + `shard_loader`, Hugging Face datasets in
-`hf_datasets`, multi-label labels files in `multilabel`), images at their own aspect ratio batched by token
-budget (`naflex`), the config completed from the data (`resolve`) and generated images (`synthetic`).
+"""Data: what every reader shares (`base`: DataError, seeded datasets, the ImageFolder conventions), image
+decoding (`decode`), the augmentation pipelines (`transforms`), the datasets of every `data.dataset`
+(`datasets`; tar shards in `shards` + `shard_samples` + `shard_loader`, Hugging Face datasets in `hf_datasets`,
+multi-label labels files in `multilabel`, sentences in `text`, image-caption pairs in `captions`), train.py's
+loaders (`loaders`), images at their own aspect ratio batched by token budget (`naflex`), the config completed
+from the data (`resolve`) and generated images (`synthetic`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""
@@ -12,9 +14,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {  # public name -> the module of this package that defines it
-    **dict.fromkeys(("ArrayDataset", "DataError", "EpochSampler", "FolderDataset", "build_datasets", "build_loaders",
-                     "build_eval_split", "class_counts", "class_weights", "is_flat_folder", "image_transform"),
-                  "datasets"),
+    **dict.fromkeys(("ArrayDataset", "FolderDataset", "build_datasets", "build_eval_split", "is_flat_folder",
+                     "image_transform"), "datasets"),
+    **dict.fromkeys(("EpochSampler", "build_loaders", "class_counts", "class_weights"), "loaders"),
+    "DataError": "base",
     **dict.fromkeys(("absolute_root", "choose_channels", "data_channels", "resolve_data_config"), "resolve"),
     **dict.fromkeys(("MultiLabelDataset", "read_labels_file"), "multilabel"),
     **dict.fromkeys(("IMG_EXTENSIONS", "BadImageError", "decode_image"), "decode"),
@@ -45,20 +48,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static checkers and IDEs see the eager imports
-    from .datasets import (
-        ArrayDataset,
-        DataError,
-        EpochSampler,
-        FolderDataset,
-        build_datasets,
-        build_eval_split,
-        build_loaders,
-        class_counts,
-        class_weights,
-        image_transform,
-        is_flat_folder,
-    )
+    from .base import DataError
+    from .datasets import ArrayDataset, FolderDataset, build_datasets, build_eval_split, image_transform, is_flat_folder
     from .decode import IMG_EXTENSIONS, BadImageError, decode_image
+    from .loaders import EpochSampler, build_loaders, class_counts, class_weights
     from .multilabel import MultiLabelDataset, read_labels_file
     from .naflex import (
         BudgetBatchSampler,

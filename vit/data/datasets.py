@@ -1,9 +1,8 @@
 """Datasets for training and evaluation: digits (the offline default), ImageFolder, CIFAR, synthetic.
 
 Every dataset yields (image (C, S, S) float tensor, label int) through a `vit.data.transforms` pipeline and knows its
-`classes`. Augmentation randomness is seeded per (seed, epoch, index): call `set_epoch` before each epoch.
-`EpochSampler` shuffles with a permutation that depends only on (seed, epoch), so resuming mid-epoch and
-skipping the batches already seen reproduces the uninterrupted order exactly.
+`classes`. Augmentation randomness is seeded per (seed, epoch, index): call `set_epoch` before each epoch. The
+loaders that order them by (seed, epoch) are `vit.data.loaders`'s.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
 from ..config import Config, check_data_sources
 from .base import (
-    IMG_EXTENSIONS,
     DataError,
     SeededDataset,
     check_classes,
@@ -31,9 +29,8 @@ from .decode import BadImageError, decode_image
 from .synthetic import colour_coded
 from .transforms import build_transform
 
-__all__ = ["ArrayDataset", "FolderDataset", "EpochSampler", "build_datasets", "DataError", "IMG_EXTENSIONS",
-           "build_loaders", "train_labels", "class_counts", "class_weights", "is_flat_folder", "build_eval_split",
-           "image_transform", "with_naflex_collate"]
+__all__ = ["ArrayDataset", "FolderDataset", "build_datasets", "is_flat_folder", "build_eval_split", "image_transform",
+           "with_naflex_collate"]
 log = logging.getLogger(__name__)
 
 
@@ -114,29 +111,6 @@ class FolderDataset(SeededDataset):
             except BadImageError as e:  # a file that went bad after check(): never kill the epoch
                 log.warning("skipping %s", e)
         raise DataError(f"no readable image left in {self.root}.")
-
-
-class EpochSampler(Sampler[int]):
-    """Shuffled (or sequential) indices; the permutation depends only on (seed, epoch). With `weights` (one per
-    sample): `n` draws with replacement, each index with probability proportional to its weight, also a
-    function of (seed, epoch) only (data.sampler: balanced)."""
-
-    def __init__(self, n: int, shuffle: bool = True, seed: int = 0, weights: torch.Tensor | None = None) -> None:
-        self.n, self.shuffle, self.seed, self.epoch, self.weights = n, shuffle, seed, 0, weights
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        if not self.shuffle:
-            return iter(range(self.n))
-        g = torch.Generator().manual_seed(self.seed * 7919 + self.epoch)
-        if self.weights is not None:
-            return iter(torch.multinomial(self.weights, self.n, replacement=True, generator=g).tolist())
-        return iter(torch.randperm(self.n, generator=g).tolist())
-
-    def __len__(self) -> int:
-        return self.n
 
 
 # --- dataset builders ----------------------------------------------------------------------------------------
@@ -230,6 +204,55 @@ def _held_out_split(cfg: Config, root: Path, classes: list[str], t_train, t_val,
     return {"train": train, "val": val}
 
 
+def _caption_datasets(cfg: Config, check_images: bool, t_train, t_val):
+    """data.dataset: captions: image-caption pairs from contrastive.captions_file, or an image folder whose
+    classes give each image its caption through contrastive.template (vit/data/captions.py)."""
+    from .captions import caption_datasets, pair_samples
+
+    if not cfg.contrastive.captions_file:  # an image folder: each class's caption from the template
+        folder = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset="imagefolder"))
+        train, val, classes = build_datasets(folder, check_images)
+        captions = [cfg.contrastive.template.format(c) for c in classes]
+        return caption_datasets(cfg, {"train": train, "val": val}, captions, classes)
+    samples, captions = pair_samples(cfg)
+    parts = {s: FolderDataset.listed(cfg.data.root, samples[s], t, cfg.run.seed)
+             for s, t in (("train", t_train), ("val", t_val))}
+    for ds in parts.values():
+        if check_images:
+            ds.check(cfg.data.on_bad_image)
+    return caption_datasets(cfg, parts, captions, [])
+
+
+def _folder_datasets(cfg: Config, check_images: bool, splits: tuple[str, ...], classes: list[str] | None,
+                     t_train, t_val):
+    """data.dataset: imagefolder: root/train/<class>/* and root/val/<class>/*, or a held-out share of train/ (or
+    of a flat root/<class>/*) when there is no val/."""
+    root = Path(cfg.data.root)
+    if not root.is_dir():
+        raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
+                        "of train/ is held out: data.val_fraction).")
+    flat = is_flat_folder(root)  # torchvision's root/<class>/*: held out as a folder without val/
+    held_out = flat or (not (root / "val").is_dir() and (root / "train").is_dir())  # no val/: split train/
+    found = class_folders(root) if flat else (
+        folder_classes(root, "train") if "train" in splits or held_out else folder_classes(root, "val"))
+    classes = check_classes(classes, found)
+    out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, cfg.run.seed,
+                                            root if flat else None).items() if k in splits} if held_out else {}
+    for split, t in (("train", t_train), ("val", t_val)):
+        if split in splits:
+            if not held_out:
+                folder_classes(root, split)
+                out[split] = FolderDataset(root / split, classes, t, cfg.run.seed)
+            if check_images:
+                out[split].check(cfg.data.on_bad_image)
+                if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
+                    raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
+                                    f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
+                _check_no_class_emptied(out[split], root if flat else root / ("train" if held_out else split))
+    out = out.get("train"), out.get("val"), classes
+    return with_naflex_collate(*out) if cfg.data.naflex is not None else out
+
+
 def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ...] = ("train", "val"),
                    classes: list[str] | None = None):
     """(train, val, class names) for `cfg.data`, with the augmentation pipelines attached. A split left out of
@@ -252,49 +275,13 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
 
         return build_text_datasets(cfg, splits, classes)
     if name == "captions":  # image-caption pairs for a CLIP model (vit/data/captions.py)
-        from .captions import caption_datasets, pair_samples
-
-        if not cfg.contrastive.captions_file:  # an image folder: each class's caption from the template
-            folder = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset="imagefolder"))
-            train, val, classes = build_datasets(folder, check_images)
-            captions = [cfg.contrastive.template.format(c) for c in classes]
-            return caption_datasets(cfg, {"train": train, "val": val}, captions, classes)
-        samples, captions = pair_samples(cfg)
-        parts = {s: FolderDataset.listed(cfg.data.root, samples[s], t, seed)
-                 for s, t in (("train", t_train), ("val", t_val))}
-        for ds in parts.values():
-            if check_images:
-                ds.check(cfg.data.on_bad_image)
-        return caption_datasets(cfg, parts, captions, [])
+        return _caption_datasets(cfg, check_images, t_train, t_val)
     if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file
         from .multilabel import build_multilabel_datasets
 
         return build_multilabel_datasets(cfg, t_train, t_val, splits, classes)
     if name == "imagefolder":
-        root = Path(cfg.data.root)
-        if not root.is_dir():
-            raise DataError(f"data.root {root} does not exist; point it at a folder with train/ (and val/, or a share "
-                            "of train/ is held out: data.val_fraction).")
-        flat = is_flat_folder(root)  # torchvision's root/<class>/*: held out as a folder without val/
-        held_out = flat or (not (root / "val").is_dir() and (root / "train").is_dir())  # no val/: split train/
-        found = class_folders(root) if flat else (
-            folder_classes(root, "train") if "train" in splits or held_out else folder_classes(root, "val"))
-        classes = check_classes(classes, found)
-        out = {k: v for k, v in _held_out_split(cfg, root, classes, t_train, t_val, seed,
-                                                root if flat else None).items() if k in splits} if held_out else {}
-        for split, t in (("train", t_train), ("val", t_val)):
-            if split in splits:
-                if not held_out:
-                    folder_classes(root, split)
-                    out[split] = FolderDataset(root / split, classes, t, seed)
-                if check_images:
-                    out[split].check(cfg.data.on_bad_image)
-                    if not len(out[split]):  # training on nothing "succeeds"; evaluating on nothing fails late
-                        raise DataError(f"no usable image in {root / split}: all {len(out[split].bad)} are "
-                                        f"unreadable (first: {out[split].bad[0]}); fix or replace them.")
-                    _check_no_class_emptied(out[split], root if flat else root / ("train" if held_out else split))
-        out = out.get("train"), out.get("val"), classes
-        return with_naflex_collate(*out) if cfg.data.naflex is not None else out
+        return _folder_datasets(cfg, check_images, splits, classes, t_train, t_val)
     given = classes
     if name == "digits":
         tr, va, classes = _digits(cfg)
@@ -332,30 +319,6 @@ def with_naflex_collate(train, val, classes):
         if ds is not None:
             ds.collate = collate_naflex
     return train, val, classes
-
-
-def train_labels(ds: Dataset) -> list[int]:
-    """The integer label of every sample of a single-label dataset (without reading an image)."""
-    labels = getattr(ds, "labels", None)
-    if labels is None:
-        raise DataError(f"{type(ds).__name__} does not list its labels, which data.sampler=balanced and "
-                        "optim.class_weights=auto need; remove them for this dataset.")
-    return [int(y) for y in labels]
-
-
-def class_counts(ds: Dataset) -> torch.Tensor:
-    """Images per class (num_classes,) of a single-label dataset."""
-    return torch.bincount(torch.as_tensor(train_labels(ds)), minlength=len(ds.classes))
-
-
-def class_weights(cfg: Config, ds: Dataset) -> torch.Tensor | None:
-    """optim.class_weights=auto: n / (num_classes * n_c) per class of the training split (a class with no image
-    gets 0); None when unset."""
-    if cfg.optim.class_weights != "auto":
-        return None
-    counts = class_counts(ds).double()
-    w = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
-    return w.float()
 
 
 def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
@@ -409,38 +372,3 @@ def build_eval_split(cfg: Config, split: str = "val", folder: str | None = None,
     return ds, classes, f"{name} {where}, split {split} ({len(ds)} images)"
 
 
-def build_loaders(cfg: Config, train_ds: Dataset, val_ds: Dataset, accelerator=None) -> tuple:
-    """(train, val) DataLoaders for train.py, before `accelerator.prepare` shards them. The train loader
-    shuffles through `EpochSampler` ((seed, epoch) permutation, so a mid-epoch resume skips exactly the batches
-    already seen) and keeps a short last batch; the val loader keeps the dataset's order. For `data.dataset: wds`
-    the shard loaders of vit/data/shard_loader.py, which deal shards to this process themselves (`accelerator`
-    says which); `accelerator.prepare` leaves them alone (train.py prepares only DataLoaders)."""
-    if cfg.data.dataset == "wds":
-        from .shard_loader import build_wds_loaders
-
-        return build_wds_loaders(cfg, train_ds, val_ds, accelerator)
-    # Own generators: starting a loader then draws its worker seed from them, not from the global RNG that
-    # drop path and mixup use, so a resumed run consumes the global RNG exactly as an uninterrupted one.
-    seed, workers = cfg.run.seed, cfg.data.num_workers
-    weights = None
-    if cfg.data.sampler == "balanced":  # each class drawn equally often: weight 1 / (its count) per image
-        counts = class_counts(train_ds)
-        weights = (1.0 / counts.clamp(min=1).double())[torch.as_tensor(train_labels(train_ds))]
-    order = EpochSampler(len(train_ds), shuffle=True, seed=seed, weights=weights)
-    if cfg.data.naflex is not None:  # batches of as many images as the token budget holds (vit/data/naflex.py)
-        from .naflex import BudgetBatchSampler, sequence_lengths
-
-        nf = cfg.data.naflex
-        lengths = sequence_lengths(train_ds, cfg.model.patch_size, nf.max_num_patches)
-        batching = dict(batch_sampler=BudgetBatchSampler(
-            lengths, nf.tokens_per_batch or cfg.data.batch_size * nf.max_num_patches, order))
-    else:
-        # image-caption pairs: every process must hold as many pairs (their negatives are gathered): no short batch
-        batching = dict(batch_size=cfg.data.batch_size, drop_last=cfg.data.dataset == "captions", sampler=order)
-    train = DataLoader(train_ds, **batching, num_workers=workers,
-                       pin_memory=torch.cuda.is_available(), generator=torch.Generator().manual_seed(seed),
-                       collate_fn=getattr(train_ds, "collate", None))  # text, NaFlex: padded per batch
-    val = DataLoader(val_ds, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size, shuffle=False,
-                     num_workers=workers, generator=torch.Generator().manual_seed(seed),
-                     collate_fn=getattr(val_ds, "collate", None))
-    return train, val

@@ -4,7 +4,7 @@ data allows, a mid-epoch resume that never reopens a finished shard.
 Each epoch, `vit.data.shards.plan_epoch` shuffles the shard list by (seed, epoch) and deals it round-robin to the R
 = N x W readers; every reader yields the same number of samples (the plan's quota), so every process takes the same
 number of steps. A reader opens its shards with webdataset's `gopen` (local files; http(s) URLs and `pipe:` commands
-only when the user named them, vit.config), reads them with `vit.data.shards.tar_samples` (a link, a device or an
+only when the user named them, vit.config), reads them with `vit.data.shard_samples.tar_samples` (a link, a device or an
 oversized member is a bad sample) and shuffles in blocks: consecutive shards are read until `data.shuffle_buffer`
 samples are held (raw bytes, as webdataset's own buffer holds them), the block is permuted by (seed, epoch, block)
 and decoded and augmented sample by sample by our pipeline (`Pipeline.load_bytes`, as the folder dataset). Unlike
@@ -34,7 +34,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from .base import DataError, check_classes
 from .decode import BadImageError
-from .shards import BAD, ShardSplit, plan_epoch, read_info, resolve_split, tar_samples
+from .shard_samples import BAD, tar_samples
+from .shards import ShardSplit, plan_epoch, read_info, resolve_split
 
 __all__ = ["ShardDataset", "ShardLoader", "build_wds_datasets", "build_wds_loaders", "worker_consumed"]
 log = logging.getLogger(__name__)
@@ -173,7 +174,8 @@ class ShardDataset(IterableDataset):
 
     def _read(self, shard: int, epoch: int) -> list[tuple[int, str, bytes | str, int]]:
         """(global index, name, image bytes, label) of every sample in one shard, in tar order; a bad sample (a
-        link, a device or an oversized member, see vit.data.shards.tar_samples) carries its reason instead of bytes."""
+        link, a device or an oversized member, see vit.data.shard_samples.tar_samples) carries its reason instead
+        of bytes."""
         url = self.split.urls[shard]
         _trace(f"{self.name} {epoch} open {url}")
         start, out = self.split.offsets()[shard], []

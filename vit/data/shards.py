@@ -12,6 +12,7 @@ over workers as often as the data allows. Unreadable images are left out and nam
 `ShardSplit` is a split as the reader sees it: shard URLs (local paths, http(s) URLs or `pipe:` commands) and
 their lengths, from `_info.json` or from a brace pattern, as timm spells splits (`train`, or
 `imagenet1k-train-{0000..1023}.tar|1281167`). `plan_epoch` assigns shards to the N x W workers of an epoch.
+One shard's samples are read by `vit.data.shard_samples`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import random
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +33,7 @@ from ..utils.atomic import atomic_write_bytes
 from .base import DataError, class_folders, folder_classes, image_files
 from .decode import BadImageError, decode_image
 
-__all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME",
-           "tar_samples", "MAX_MEMBER_BYTES"]
+__all__ = ["webdataset", "write_shards", "read_info", "ShardSplit", "resolve_split", "plan_epoch", "INFO_NAME"]
 log = logging.getLogger(__name__)
 
 INFO_NAME = "_info.json"
@@ -332,62 +331,6 @@ def _most_samples(url: str) -> int | None:
     if head[:2] == b"\x1f\x8b":
         return size * 1032 // 2048
     return None
-
-
-# --- reading: the samples of one shard -------------------------------------------------------------------------
-
-MAX_MEMBER_BYTES = 256 * 2**20  # a larger tar member is a bad sample, never read (vit.data.decode's file limit)
-BAD = "__bad__"  # key of a sample's reason for being unusable (a link, a device, an oversized member)
-
-
-def tar_samples(url: str) -> Iterator[dict]:
-    """The samples of one shard, in tar order: {'__key__': key, '<ext>': bytes, ...}, as webdataset groups
-    members (`dir/key.ext`, the key up to the first dot of the file name). Read here rather than with
-    webdataset's tar iterator because that one reads every member whole, however large, and drops links and
-    devices without a word: here a member that is not a regular file, or larger than MAX_MEMBER_BYTES, is never
-    read and makes its sample bad (`sample[BAD]` says why), to be skipped like an unreadable image. A shard that
-    is not a tar, empty or truncated raises DataError."""
-    import lzma
-    import tarfile
-    import zlib
-
-    wds = webdataset()
-    try:
-        stream = wds.gopen(url)  # a local file; a URL or pipe: only when the user named one (vit.config)
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot open shard {url} ({e}); check data.root.") from None
-    cur: dict | None = None
-    try:
-        with tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for m in tar:
-                if m.isdir():
-                    continue
-                folder, _, base = m.name.rpartition("/")
-                key, dot, ext = base.partition(".")
-                if not dot or not key:
-                    continue
-                key = f"{folder}/{key}" if folder else key
-                if cur is None or cur["__key__"] != key:
-                    if cur is not None:
-                        yield cur
-                    cur = {"__key__": key}
-                if not m.isreg():
-                    kind = "link" if m.issym() or m.islnk() else "device, FIFO or other special file"
-                    cur[BAD] = f"{url}:{m.name} is a {kind}, not a file"
-                elif m.size > MAX_MEMBER_BYTES:
-                    cur[BAD] = f"{url}:{m.name} holds {m.size} bytes, more than {MAX_MEMBER_BYTES} " \
-                               "(vit.data.shards.MAX_MEMBER_BYTES)"
-                else:
-                    cur[ext.lower()] = tar.extractfile(m).read()
-            if cur is not None:
-                yield cur
-    except (tarfile.TarError, EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as e:
-        if isinstance(e, DataError):
-            raise
-        raise DataError(f"shard {url} is not a readable tar file ({e or type(e).__name__}: empty, truncated or "
-                        "another format); write it again with python shards.py.") from None
-    finally:
-        stream.close()
 
 
 # --- who reads what ---------------------------------------------------------------------------------------------

@@ -177,6 +177,73 @@ class ClipDemo:
                 f"{len(m.blocks)}: zero-shot, labels typed below")
 
 
+class _Handler(BaseHTTPRequestHandler):
+    """The page at / and the classifier at POST /predict; make_server sets `demo`, `page`, `typed` and `timeout`
+    (StreamRequestHandler sets it on the socket: every read and write is bounded)."""
+    demo: Demo | ClipDemo
+    page: bytes
+    typed: bool
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, self.page, "text/html; charset=utf-8")
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; open / instead.")
+
+    def do_POST(self):  # noqa: N802
+        url = urlsplit(self.path)
+        if url.path != "/predict":
+            return self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; POST to /predict.")
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return self._error(HTTPStatus.LENGTH_REQUIRED, "the upload has no Content-Length header; send the "
+                               "file as the request's body, as the page's fetch() does.")
+        if not (length.strip().isascii() and length.strip().isdigit()):  # int() takes '-1' and ' +5 ', and
+            # isdigit() alone takes '\xb2' (superscript two, a latin-1 header byte) that int() refuses
+            return self._error(HTTPStatus.BAD_REQUEST, f"the Content-Length header must be a whole number of "
+                               f"bytes, got {length[:40]!r}; send the file as the request's body.")
+        size = int(length)
+        if size > MAX_UPLOAD:
+            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"the file has {size} bytes; choose an image under {MAX_UPLOAD // 2**20} MB.")
+        if size == 0:
+            return self._error(HTTPStatus.BAD_REQUEST, "the upload was empty; choose an image file.")
+        try:
+            data = self.rfile.read(size)  # at most `size` bytes, each read bounded by the socket timeout
+        except TimeoutError:
+            return self._error(HTTPStatus.REQUEST_TIMEOUT, f"the upload stopped arriving for {self.timeout:g} s; "
+                               "choose the file again.")
+        if len(data) < size:  # the client closed the connection mid-body: nobody is left to answer
+            self.close_connection = True
+            return None
+        query = {k: v[-1] for k, v in parse_qs(url.query).items() if k in ("labels", "explain")}
+        query = query if self.typed else {}
+        try:
+            answer = self.demo.predict(data, self.headers.get("X-Filename") or "the upload", **query)
+        except DataError as e:  # typed labels that are no list of names
+            return self._error(HTTPStatus.BAD_REQUEST, str(e))
+        except BadImageError as e:  # its message names the problem; add what to do where it does not
+            text = str(e).rstrip(".")
+            return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
+                               f"{text}; choose a PNG, JPEG, WebP or BMP image.")
+        self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        self.close_connection = True  # a body left unread must not be taken for the next request
+        self._send(status, json.dumps(dict(error=message)).encode(), "application/json")
+
+    def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):  # one quiet line per request is enough for a local page
+        pass
+
+
 def make_server(demo: Demo | ClipDemo, host: str = "127.0.0.1", port: int = 7860,
                 timeout: float = 30) -> ThreadingHTTPServer:
     """The page at / and the classifier at POST /predict, bound to host:port (port 0: a free one). `timeout`:
@@ -186,67 +253,8 @@ def make_server(demo: Demo | ClipDemo, host: str = "127.0.0.1", port: int = 7860
     page = PAGE.replace("{{TITLE}}", _escape(demo.title())).replace("{{TOP}}", str(demo.top)) \
         .replace("{{LABELBOX}}", box).encode()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            if self.path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, page, "text/html; charset=utf-8")
-            else:
-                self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; open / instead.")
-
-        def do_POST(self):  # noqa: N802
-            url = urlsplit(self.path)
-            if url.path != "/predict":
-                return self._error(HTTPStatus.NOT_FOUND, f"there is nothing at {self.path}; POST to /predict.")
-            length = self.headers.get("Content-Length")
-            if length is None:
-                return self._error(HTTPStatus.LENGTH_REQUIRED, "the upload has no Content-Length header; send the "
-                                   "file as the request's body, as the page's fetch() does.")
-            if not (length.strip().isascii() and length.strip().isdigit()):  # int() takes '-1' and ' +5 ', and
-                # isdigit() alone takes '\xb2' (superscript two, a latin-1 header byte) that int() refuses
-                return self._error(HTTPStatus.BAD_REQUEST, f"the Content-Length header must be a whole number of "
-                                   f"bytes, got {length[:40]!r}; send the file as the request's body.")
-            size = int(length)
-            if size > MAX_UPLOAD:
-                return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                   f"the file has {size} bytes; choose an image under {MAX_UPLOAD // 2**20} MB.")
-            if size == 0:
-                return self._error(HTTPStatus.BAD_REQUEST, "the upload was empty; choose an image file.")
-            try:
-                data = self.rfile.read(size)  # at most `size` bytes, each read bounded by the socket timeout
-            except TimeoutError:
-                return self._error(HTTPStatus.REQUEST_TIMEOUT, f"the upload stopped arriving for {timeout:g} s; "
-                                   "choose the file again.")
-            if len(data) < size:  # the client closed the connection mid-body: nobody is left to answer
-                self.close_connection = True
-                return None
-            query = {k: v[-1] for k, v in parse_qs(url.query).items() if k in ("labels", "explain")} if typed else {}
-            try:
-                answer = demo.predict(data, self.headers.get("X-Filename") or "the upload", **query)
-            except DataError as e:  # typed labels that are no list of names
-                return self._error(HTTPStatus.BAD_REQUEST, str(e))
-            except BadImageError as e:  # its message names the problem; add what to do where it does not
-                text = str(e).rstrip(".")
-                return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
-                                   f"{text}; choose a PNG, JPEG, WebP or BMP image.")
-            self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
-
-        def _error(self, status: HTTPStatus, message: str) -> None:
-            self.close_connection = True  # a body left unread must not be taken for the next request
-            self._send(status, json.dumps(dict(error=message)).encode(), "application/json")
-
-        def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format, *args):  # one quiet line per request is enough for a local page
-            pass
-
-    Handler.timeout = timeout  # StreamRequestHandler sets it on the socket: every read and write is bounded
-    return _Server((host, port), Handler)
+    handler = type("Handler", (_Handler,), dict(demo=demo, page=page, typed=typed, timeout=timeout))
+    return _Server((host, port), handler)
 
 
 class _Server(ThreadingHTTPServer):

@@ -1,21 +1,23 @@
-"""Pretrained weights by name: `names` turns a model name, tag, `hf-hub:` or `local-dir:` into a `Source`;
-`weights` reads and adapts a state dict without running code; `hub_config` writes timm's config.json for our
-checkpoints. For text models: `text_weights` renames transformers' BERT / DistilBERT / CLIP-text state dicts to
-ours, and `tokenizer` loads a repository's tokenizer.json. Image towers in other layouts: `hf_vision` (transformers'
-ViT, DeiT, DINOv2, CLIP and SigLIP vision models) and `open_clip_weights` (open_clip's `visual.*`), converted to
-timm's ViT options and names."""
+"""Pretrained weights by name: `names` turns a model name, tag, `hf-hub:` or `local-dir:` into a `Source`,
+whose files `cache` finds in the Hugging Face hub cache (downloaded only when online); `weights` reads and adapts
+a state dict without running code; `hub_config` writes timm's config.json for our checkpoints. For text models:
+`text_weights` renames transformers' BERT / DistilBERT / CLIP-text state dicts to ours, `tokenizer` loads a
+repository's tokenizer.json, `clip_tokenizer` turns captions into open_clip's ids. Image towers in other layouts:
+`hf_vision` (transformers' ViT, DeiT, DINOv2, CLIP and SigLIP vision models) and `open_clip_weights` (open_clip's
+`visual.*`), converted to timm's ViT options and names; `qkv` fuses separate query / key / value projections into
+timm's qkv."""
 
+from .cache import hub_cache_dir
 from .hub_config import split_tag, timm_config
 from .names import (
-    WEIGHT_FILES,
-    Source,
-    hub_cache_dir,
-    read_json,
-    repo_file,
-    resolve,
-    resolve_source,
-    weights_architecture,
-    weights_file,
+           WEIGHT_FILES,
+           Source,
+           read_json,
+           repo_file,
+           resolve,
+           resolve_source,
+           weights_architecture,
+           weights_file,
 )
 from .text_weights import text_state_dict
 from .tokenizer import Tokenizer, load_tokenizer

@@ -11,9 +11,8 @@ A repository in transformers' layout (config.json with a `model_type`) or open_c
 read through vit.hub.hf_vision / vit.hub.open_clip_weights: its options become timm's ViT's, its weights are
 renamed when loaded (`Source.format`).
 
-Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights. Offline
-(HF_HUB_OFFLINE=1, or a hub that does not answer one request) files come from the cache at once; a repository that
-is not there raises one sentence naming it, the cache folder and the command that fetches it. The checkpoint side,
+Only names, configs and file locations are resolved here; `vit.hub.weights` reads and adapts the weights, and
+`vit.hub.cache` fetches a repository's files (from the cache at once when offline). The checkpoint side,
 the config.json that makes a train.py checkpoint folder a timm hub folder, is `vit.hub.hub_config`.
 """
 
@@ -21,15 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..utils.files import check_regular_file, read_regular_file
+from .cache import hub_file
 
-__all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "hub_cache_dir",
-           "hub_reachable", "WEIGHT_FILES", "regular_file", "repo_file", "read_json"]
+__all__ = ["Source", "resolve", "resolve_source", "weights_architecture", "weights_file", "WEIGHT_FILES",
+           "regular_file", "repo_file", "read_json"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # timm's order: safetensors first, never code
 CONFIG_FILES = ("config.json", "open_clip_config.json")  # timm's or transformers', then open_clip's
@@ -76,38 +75,6 @@ class Source:
         if isinstance(out.get("img_size"), list):
             out["img_size"] = tuple(out["img_size"])
         return out
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
-
-
-def offline() -> bool:
-    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
-    from huggingface_hub import constants
-
-    return _truthy(os.environ.get("HF_HUB_OFFLINE")) or constants.HF_HUB_OFFLINE
-
-
-def hub_reachable() -> bool:
-    """Whether the hub's endpoint (HF_ENDPOINT) answers one HEAD request now, without retries. hf_hub_download
-    retries a refused or timed-out request 5 times (about 30 s) before it falls back to the cache, so an
-    unreachable hub is found out here once and the cache is asked directly."""
-    from huggingface_hub import constants, get_session
-
-    try:
-        get_session().head(constants.ENDPOINT, timeout=constants.HF_HUB_ETAG_TIMEOUT)
-    except Exception:  # the HTTP client's connect/DNS/timeout/proxy errors: whichever, the hub is not there now
-        return False
-    return True  # any answer, an error status included: hf_hub_download names what it means
-
-
-def hub_cache_dir(cache_dir: str | Path | None = None) -> Path:
-    """The Hugging Face hub cache in use: `cache_dir`, else $HF_HUB_CACHE, else huggingface_hub's default
-    (~/.cache/huggingface/hub, or $HF_HOME/hub)."""
-    from huggingface_hub import constants
-
-    return Path(cache_dir or os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE)
 
 
 def _split_source(name: str) -> tuple[str | None, str]:
@@ -219,7 +186,7 @@ def resolve(name: str, known: Collection[str] | None = None, cache_dir: str | Pa
     kind, ident = _split_source(name)
     if kind == "hf-hub":
         repo_id, _, revision = ident.partition("@")
-        config = _hub_file(repo_id, revision or None, CONFIG_FILES, cache_dir, "its config.json")
+        config = hub_file(repo_id, revision or None, CONFIG_FILES, cache_dir, "its config.json")
         converted = _converted(name, config, known, cache_dir, repo_id=repo_id, revision=revision or None)
         if converted is not None:
             return converted
@@ -326,52 +293,6 @@ def regular_file(path: Path, what: str, missing: str) -> Path:
     raise FileNotFoundError(missing)
 
 
-def _not_cached(what: str, repo_id: str, revision: str | None, cache: Path) -> str:
-    at = f"@{revision}" if revision else ""
-    why = "HF_HUB_OFFLINE=1 forbids downloading it" if offline() else "the hub could not be reached"
-    folder = "models--" + repo_id.replace("/", "--")
-    rev = f" --revision {revision}" if revision else ""
-    return (f"model {repo_id}{at} ({what}) is not in the Hugging Face cache {cache} and {why}; fetch it on a "
-            f"machine with network with `hf download {repo_id}{rev}` (or huggingface_hub.snapshot_download("
-            f"'{repo_id}')) and copy its {folder}/ folder into {cache}, or point HF_HUB_CACHE at a cache that has it.")
-
-
-def _hub_file(repo_id: str, revision: str | None, names: tuple[str, ...], cache_dir: str | Path | None,
-              what: str, kind: str = "a timm model repository") -> Path:
-    """The first of `names` that the repository has, from the cache (or downloaded into it when online)."""
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    cache, not_cached = hub_cache_dir(cache_dir), False
-    local_only = offline() or not hub_reachable()  # unreachable: the cache now, not after 30 s of retries
-    for filename in names:
-        try:
-            return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=str(cache),
-                                        local_files_only=local_only, library_name="vit"))
-        except LocalEntryNotFoundError:  # not cached, and offline or no network (a subclass: caught first)
-            not_cached = True
-        except EntryNotFoundError:  # the repository has no such file: try the next one
-            continue
-        except RevisionNotFoundError:
-            raise ValueError(f"{repo_id} has no revision {revision!r}; use a branch, tag or commit it has.") from None
-        except RepositoryNotFoundError:
-            raise ValueError(f"{repo_id} does not exist on the Hugging Face hub, or is private or gated (log in with "
-                             "`hf auth login`); check the name.") from None
-        except HFValidationError as e:
-            raise ValueError(f"{repo_id!r} is not a valid hub repository id ({str(e).splitlines()[0]}).") from None
-        except OSError as e:  # HTTP errors other than the above, a full disk, ...
-            raise ValueError(f"could not fetch {filename} of {repo_id} ({str(e).splitlines()[0]}).") from None
-    if not_cached:
-        raise FileNotFoundError(_not_cached(what, repo_id, revision, cache))
-    raise FileNotFoundError(f"{repo_id} has none of {', '.join(names)}; it is not {kind}.")
-
-
 def read_json(path: Path, name: str, limit: int = MAX_CONFIG_BYTES) -> dict:
     """A repository's JSON file (a transformers config.json, tokenizer_config.json, ...) as a dict, refused in one
     sentence when it is not a regular file, is larger than `limit` bytes, or is not a JSON object."""
@@ -395,7 +316,7 @@ def repo_file(name: str, names: tuple[str, ...], cache_dir: str | Path | None = 
     kind_, ident = _split_source(name) if name.startswith(SOURCES) or name.startswith("hf_hub:") else (None, name)
     if kind_ == "hf-hub":
         repo_id, _, revision = ident.partition("@")
-        return check_regular_file(_hub_file(repo_id, revision or None, names, cache_dir, what, kind), None,
+        return check_regular_file(hub_file(repo_id, revision or None, names, cache_dir, what, kind), None,
                                   f"{name}:")
     if kind_ == "local-dir":
         folder = Path(ident)
@@ -432,5 +353,5 @@ def weights_file(source: Source, cache_dir: str | Path | None = None) -> Path:
         raise ValueError(f"{source.name} has no weights on the Hugging Face hub"
                          + (f" (only {url}); download that file and pass it as pretrained=<path>." if url else "."))
     filename = source.pretrained_cfg.get("hf_hub_filename")
-    return _hub_file(source.repo_id, source.revision, (filename,) if filename else files, cache_dir,
+    return hub_file(source.repo_id, source.revision, (filename,) if filename else files, cache_dir,
                      "its weights")
