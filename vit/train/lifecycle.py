@@ -69,4 +69,4 @@ def finish(run: Run) -> None:
     log_artifacts(run.accelerator, run.run_dir)  # before end_training closes the MLflow run
     run.accelerator.end_training()
     if run.accelerator.is_main_process and run.state.best:
-        run.console.print(f"{describe_best(run.cfg, run.state.best)}; checkpoint {run.run_dir / 'best'}")
+        run.console.print(f"{describe_best(run.cfg, run.state.best, run.task)}; checkpoint {run.run_dir / 'best'}")

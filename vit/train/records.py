@@ -24,11 +24,12 @@ SELECT_BY = {"top1": ("val_acc1", "top-1", True), "macro_f1": ("val_macro_f1", "
              "loss": ("val_loss", "loss", False), "map": ("val_map", "mAP", True)}
 
 
-def select_by(cfg) -> str:
-    """The run.select_by that ranks checkpoints: as set, else the task's (top1; map for multi-label data)."""
+def select_by(cfg, task=None) -> str:
+    """The run.select_by that ranks checkpoints: as set, else the task's (Task.select_by: top1, map for multi-label
+    data; `task` None: the config's task)."""
     from .tasks.registry import task_class, task_name
 
-    return cfg.run.select_by or task_class(task_name(cfg)).select_by
+    return cfg.run.select_by or (task if task is not None else task_class(task_name(cfg))).select_by
 
 
 def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = True) -> list:
@@ -38,10 +39,11 @@ def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = Tru
     return sorted([*best, [score, epoch]], key=lambda t: (sign * t[0], t[1]))
 
 
-def describe_best(cfg, best: list) -> str:
-    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]])."""
+def describe_best(cfg, best: list, task=None) -> str:
+    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]]), ranked by `task`'s
+    select_by (None: the config's task)."""
     score, epoch = best[0]
-    _, name, higher = SELECT_BY[select_by(cfg)]
+    _, name, higher = SELECT_BY[select_by(cfg, task)]
     return f"best val {name} {100 * score:.2f}% at epoch {epoch}" if higher else \
         f"best val {name} {score:.4f} at epoch {epoch}"
 
@@ -53,13 +55,13 @@ def keep_best(run, model: torch.nn.Module, meta: dict, weights: dict | None = No
     True when this checkpoint became best/."""
     from .tasks.registry import task_for
 
+    task = task if task is not None else task_for(run.cfg, run.classes)
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
-    key, _, higher = SELECT_BY[select_by(run.cfg)]
+    key, _, higher = SELECT_BY[select_by(run.cfg, task)]
     score, epoch = meta[key], meta["epoch"]
     ranked = rank_best(state.best, score, epoch, higher)
     if [score, epoch] not in ranked[:k]:
         return False
-    task = task if task is not None else task_for(run.cfg, run.classes)
     if ranked[0] == [score, epoch]:
         task.save(run_dir / "best", model, meta, weights)
     if k > 1:

@@ -31,7 +31,8 @@ from .state import latest_state, save_state_atomic, verify_state
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_run_weights",
-           "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count"]
+           "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count", "read_task_state",
+           "TASK_STATE_JSON", "TASK_STATE_TENSORS"]
 
 TASK_STATE_JSON, TASK_STATE_TENSORS = "task_state.json", "task_state.safetensors"  # a state folder's Task.task_state
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "wandb", "curves.png",
@@ -233,7 +234,7 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema, task=None) -> None:
         if ema is not None:
             ema.load_state_dict(load_file(str(path / "ema.safetensors")))
         if task is not None:
-            _load_task_state(task, path)
+            read_task_state(task, path)
     except Exception as e:
         raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
                               "train.py wrote.") from None
@@ -241,7 +242,9 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema, task=None) -> None:
         accelerator.print(log_resume(run_dir, path, state.step, state.epoch, changes))
 
 
-def _load_task_state(task, path: Path) -> None:
+def read_task_state(task, path: Path) -> None:
+    """Give `task` the state a state folder holds for it (Task.load_task_state); a task that keeps a state refuses
+    a folder without one."""
     from safetensors.torch import load_file
 
     values_file, tensors_file = path / TASK_STATE_JSON, path / TASK_STATE_TENSORS
