@@ -46,13 +46,6 @@ def test_an_unknown_task_is_one_sentence():
     assert msg == "unknown training task 'segmentation'; the tasks are 'classification', 'multilabel', 'contrastive'."
 
 
-def test_the_classification_task_takes_mixup_and_class_weights_from_the_config():
-    cfg = load_config(None, {"aug.mixup": 0.2, "data.dataset": "synthetic"})
-    task = task_for(cfg, ["a", "b", "c"])
-    assert task.mixup is not None and task.mixup.num_classes == 3 and task.class_weights is None
-    assert task_for(load_config(None), ["a"]).mixup is None
-
-
 class Regression(Task):
     """A toy mode: the model's one output regressed on a float target through a learned scale (an extra module),
     counting its steps in a state that a resume must restore."""
@@ -173,3 +166,10 @@ def test_a_state_without_the_task_state_the_task_keeps_is_refused(tmp_path):
                                          "Regression keeps"):
         load(task, tmp_path)
     load(ClassificationTask(load_config(None), ["a"]), tmp_path)  # a task without state needs none
+
+
+def test_the_classification_task_takes_mixup_and_class_weights_from_the_config():
+    cfg = load_config(None, {"aug.mixup": 0.2, "data.dataset": "synthetic"})
+    task = task_for(cfg, ["a", "b", "c"])
+    assert task.mixup is not None and task.mixup.num_classes == 3 and task.class_weights is None
+    assert task_for(load_config(None), ["a"]).mixup is None
