@@ -3,7 +3,8 @@ evaluation and checkpoints after it, and the one rule for when Accelerate's trai
 
 Why a module and not more functions in train.py: the save policy and the step are the parts a change most
 easily breaks (resume exactness, crash safety), and here they are importable and testable on their own;
-train.py keeps the order of events.
+train.py keeps the order of events. What a micro-batch's loss is, what an evaluation measures and what a checkpoint
+holds is the run's task (vit/train/tasks): the loop calls it and never asks which data it has.
 
 One optimizer step = `grad_accum_steps` micro-batches. Whether a step is finite is decided once per step, on
 the gradient norm at the sync point (DDP has already all-reduced the gradients, so every process sees the same

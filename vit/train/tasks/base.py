@@ -20,7 +20,7 @@ a no-op here and called by the loop for every task:
   optimizer, RNG and the loop's counters (a DINO centre, a teacher's weight hash): JSON values and tensors, saved
   as task_state.json and task_state.safetensors in the state folder (never pickle; nothing saved when empty).
 - `after_step(run)`: after every optimizer step on every process, once `run.state.step` has advanced and the EMA
-  moved (an EMA teacher's momentum update).
+  moved (an EMA teacher's momentum update); like the EMA, also after a step skipped as non-finite.
 """
 
 from __future__ import annotations
