@@ -5,9 +5,10 @@
     accelerate launch --multi_gpu --num_processes 2 train.py     # two processes (gloo on a CPU-only machine)
     accelerate launch train.py --resume=auto                     # continue a run at its last saved step
 
-The story (`main`): config -> accelerator -> data -> model and optimizer -> resume -> for each epoch: train,
+The story (`main`): config -> accelerator -> data -> model, task and optimizer -> resume -> for each epoch: train,
 evaluate and checkpoint, save the training state when due -> curves. The loop's pieces live in vit/train/engine.py,
-the run's start and end in vit/train/lifecycle.py, the config's resolution in vit/cli/training.py.
+what each training mode computes and saves in vit/train/tasks/, the run's start and end in vit/train/lifecycle.py,
+the config's resolution in vit/cli/training.py.
 Everything lands in runs/<run.name>/: config.yaml, metrics.csv, tensorboard/, best/, last/, state/, curves.png;
 run.log_with adds experiment trackers (wandb, mlflow, ...; vit/train/tracking.py).
 A run name that already holds a run is refused unless resumed (--resume=auto) or replaced (--run.overwrite=true);
@@ -42,10 +43,10 @@ from accelerate.utils import set_seed
 
 from vit.cli.outputs import check_writable
 from vit.cli.runtime import make_accelerator, run_cli
-from vit.cli.training import is_text, start_lines, train_config, train_model, trained_note
-from vit.data import build_datasets, build_loaders, class_weights
+from vit.cli.training import model_lines, start_lines, train_config, train_model
+from vit.data import build_datasets, build_loaders
 from vit.train import preemption
-from vit.train.console import Console, describe_data, describe_model, val_class_warning
+from vit.train.console import Console, describe_data, val_class_warning
 from vit.train.engine import (
     Run,
     evaluate_and_checkpoint,
@@ -54,9 +55,10 @@ from vit.train.engine import (
     stop_if_preempted,
     train_one_epoch,
 )
-from vit.train.lifecycle import finish, make_ema, make_mixup, open_run_folder, prepare
+from vit.train.lifecycle import finish, make_ema, open_run_folder, prepare
 from vit.train.optim import build_optimizer
 from vit.train.runfolder import check_new_run, check_not_locked, claim_run_dir, interrupt_note, resume_run
+from vit.train.tasks import task_for
 from vit.train.tracking import accelerator_trackers, check_trackers, tracker_names
 
 
@@ -90,21 +92,22 @@ def main(argv: list[str] | None = None) -> int:
 
     # --- model and optimizer ----------------------------------------------------------------------------------
     model = train_model(cfg, len(classes), getattr(train_ds, "tokenizer", None))  # captions: their tokenizer
-    console.print(f"model: {describe_model(model, cfg.model.pretrained if is_text(cfg) else cfg.model.name)}")
-    if trained_note(model):
-        console.print(trained_note(model))
-    optimizer = build_optimizer(model, cfg.optim)
+    for line in model_lines(cfg, model):
+        console.print(line)
+    task = task_for(cfg, classes, train_ds, model)  # the mode: its loss, metrics, checkpoints (vit/train/tasks)
+    extras = task.extra_modules()  # trained beside the model (none for the modes here)
+    optimizer = build_optimizer(model, cfg.optim, extras.values())
     if cfg.run.compile:
         model = torch.compile(model)
-    model, optimizer, train_loader, val_loader = prepare(accelerator, model, optimizer, train_loader, val_loader)
+    model, optimizer, train_loader, val_loader, *prepared = prepare(accelerator, model, optimizer, train_loader,
+                                                                    val_loader, extras=extras)
     run = Run(accelerator, cfg, run_dir, model, optimizer, train_loader, val_loader, classes, console,
-              ema=make_ema(cfg, accelerator, model), mixup=make_mixup(cfg, len(classes)),
-              class_weights=class_weights(cfg, train_ds))
+              ema=make_ema(cfg, accelerator, model), task=task, extras=prepared[0] if prepared else {})
 
     # --- resume -----------------------------------------------------------------------------------------------
     lock = claim_run_dir(accelerator, cfg, run_dir)  # noqa: F841 (held until main returns or the process ends)
     if cfg.run.resume:
-        resume_run(accelerator, cfg, run_dir, run.state, run.ema)
+        resume_run(accelerator, cfg, run_dir, run.state, run.ema, run.task)
     open_run_folder(run)
 
     # --- loop: one save policy (vit/train/engine.py: state_save_due) ------------------------------------------------

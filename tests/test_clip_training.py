@@ -205,7 +205,7 @@ def test_a_run_from_pretrained_weights_starts_from_them(tmp_path):
 
 
 def test_retrieval_counts_repeated_captions_once():
-    from vit.train.clip_run import retrieval_top1
+    from vit.train.tasks.contrastive import retrieval_top1
 
     ids = torch.tensor([[1, 5, 2], [1, 6, 2], [1, 5, 2], [1, 7, 2]])  # captions A, B, A, C
     text = F.normalize(torch.tensor([[1.0, 0, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]]), dim=-1)

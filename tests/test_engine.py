@@ -329,12 +329,12 @@ def test_best_is_chosen_by_run_select_by(tmp_path, select_by, best_epoch):
 
 def test_select_by_defaults_to_map_for_multi_label_data_and_follows_the_setting():
     """A multi-label run logs val_map and no val_acc1: left unset, run.select_by must rank by mAP there."""
-    from types import SimpleNamespace
-
+    from vit.config import load_config
     from vit.train.records import SELECT_BY, select_by
 
     def cfg(labels_file, chosen=None):
-        return SimpleNamespace(run=SimpleNamespace(select_by=chosen), data=SimpleNamespace(labels_file=labels_file))
+        data = {"data.dataset": "imagefolder", "data.root": "x", "data.labels_file": labels_file} if labels_file else {}
+        return load_config(None, {**data, **({"run.select_by": chosen} if chosen else {})})
 
     assert select_by(cfg("labels.csv")) == "map" and SELECT_BY["map"][0] == "val_map"
     assert select_by(cfg(None)) == "top1" and select_by(cfg("labels.csv", "loss")) == "loss"

@@ -72,18 +72,19 @@ def test_auto_class_weights_are_inverse_frequency_and_weigh_the_loss_as_cross_en
     torch.testing.assert_close(w, torch.tensor([n / (4 * c) for c in COUNTS]))
     assert class_weights(load_config(None), Labelled(labels, 4)) is None
 
-    from vit.train.engine import _task_loss as _loss  # the loss the loop uses (without DSA's indexer KL), no run
+    from vit.train.tasks import ClassificationTask  # the loss the loop uses (without DSA's indexer KL), no run
 
     torch.manual_seed(0)
     logits, y = torch.randn(10, 4), torch.randint(0, 4, (10,))
     model = lambda x: logits  # noqa: E731
     acc = SimpleNamespace(autocast=contextlib.nullcontext)
     cfg = load_config(None, {"aug.label_smoothing": 0.0})
-    run = SimpleNamespace(cfg=cfg, mixup=None, classes=list("abcd"), model=model, accelerator=acc, class_weights=w)
-    torch.testing.assert_close(_loss(run, None, y), F.cross_entropy(logits, y, weight=w))
+    run = SimpleNamespace(model=model, accelerator=acc)
+    task = ClassificationTask(cfg, list("abcd"), class_weights=w)
+    torch.testing.assert_close(task.loss(run, None, y), F.cross_entropy(logits, y, weight=w))
     # soft (mixed) targets that are one-hot give the same value: mixing keeps the weights' meaning
-    run.mixup = lambda x, t: (x, F.one_hot(t, 4).float())
-    torch.testing.assert_close(_loss(run, torch.zeros(10, 1), y), F.cross_entropy(logits, y, weight=w))
+    task.mixup = lambda x, t: (x, F.one_hot(t, 4).float())
+    torch.testing.assert_close(task.loss(run, torch.zeros(10, 1), y), F.cross_entropy(logits, y, weight=w))
 
 
 @pytest.mark.parametrize("key, value", [("data.sampler", "balanced"), ("optim.class_weights", "auto")])

@@ -75,7 +75,7 @@ def test_f1_and_the_chosen_threshold_match_scikit_learn():
 def test_timm_mixup_mixes_multi_hot_targets_as_they_are():
     from timm.data import Mixup
 
-    from vit.train.engine import mix_batch
+    from vit.train.tasks.classification import mix_batch
 
     y = torch.tensor([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.float32)
     x = torch.arange(4 * 3 * 4 * 4, dtype=torch.float32).reshape(4, 3, 4, 4)

@@ -67,7 +67,7 @@ def test_resume_reproduces_uninterrupted_run_exactly(tmp_path):
 def test_mixup_with_odd_last_batch():
     from timm.data import Mixup
 
-    from vit.train.engine import mix_batch
+    from vit.train.tasks.classification import mix_batch
 
     fn = Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=4)
     x, y = torch.randn(5, 3, 8, 8), torch.tensor([0, 1, 2, 3, 1])

@@ -1,5 +1,5 @@
 """train.py's command line to a run: the config with every null and `auto` resolved (`train_config`), the lines
-printed once the Accelerator exists (`start_lines`) and the model it trains (`train_model`)."""
+printed once the Accelerator exists (`start_lines`) and the model it trains (`train_model`, `model_lines`)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from ..models.build import build_model, pretrained_cfg_of, resolve_name
 from ..models.clip_build import build_clip_model
 from ..models.text_build import build_text_model
 from ..models.vit_options import architecture_defaults
-from ..train.console import format_settings, processes
+from ..train.console import describe_model, format_settings, processes
 from ..train.lora import add_lora, trainable_share
 from .runtime import apply_machine_defaults, single_process_note
 
-__all__ = ["train_config", "start_lines", "train_model", "trained_note", "is_text", "is_contrastive"]
+__all__ = ["train_config", "start_lines", "train_model", "model_lines", "trained_note", "is_text", "is_contrastive"]
 
 
 def is_text(cfg: Config) -> bool:
@@ -27,8 +27,10 @@ def is_text(cfg: Config) -> bool:
 
 
 def is_contrastive(cfg: Config) -> bool:
-    """A contrastive run (data.dataset=captions): a CLIP model on image-caption pairs."""
-    return cfg.data.dataset == "captions"
+    """A contrastive run (data.dataset=captions): a CLIP model on image-caption pairs (vit/train/tasks)."""
+    from ..train.tasks import task_name
+
+    return task_name(cfg) == "contrastive"
 
 
 def train_model(cfg: Config, num_classes: int, tokenizer=None) -> torch.nn.Module:
@@ -43,6 +45,13 @@ def train_model(cfg: Config, num_classes: int, tokenizer=None) -> torch.nn.Modul
     if cfg.optim.lora_rank:  # adapters on the projections, merged into the weights on every save
         add_lora(model, cfg.optim.lora_rank, cfg.optim.lora_alpha)
     return model
+
+
+def model_lines(cfg: Config, model: torch.nn.Module) -> list[str]:
+    """What train.py prints about the model it built: its description (a text model by its weights' name) and the
+    share of it that trains."""
+    lines = [f"model: {describe_model(model, cfg.model.pretrained if is_text(cfg) else cfg.model.name)}"]
+    return lines + ([trained_note(model)] if trained_note(model) else [])
 
 
 def trained_note(model: torch.nn.Module) -> str | None:

@@ -1,5 +1,7 @@
-"""Training: `optim` (parameter groups, optimizer, schedule), `engine` (the loop's pieces), `records`
-(metrics.csv, the best checkpoints), `indexer` (DSA's indexer stages by step), `state` (training states saved
-complete or not at all, verified before a resume reads them), `runfolder` (one run folder per training: lock,
-resume), `console` (what the main process prints), `tracking` (run.log_with: Accelerate's experiment trackers).
-Import by module."""
+"""Training: `optim` (parameter groups, optimizer, schedule), `engine` (the loop's pieces), `tasks` (one training
+mode each: loss, evaluation, checkpoint choice, what is saved), `lifecycle` (a run's start and end around the
+loop), `records` (metrics.csv, the best checkpoints), `indexer` (DSA's indexer stages by step), `state` (training
+states saved complete or not at all, verified before a resume reads them), `runfolder` (one run folder per
+training: lock, resume), `console` (what the main process prints), `tracking` (run.log_with: Accelerate's
+experiment trackers), `preemption` (SIGTERM saves a state), `contrastive` (CLIP's and SigLIP's losses), `lora`
+(LoRA adapters), `few_shot` (N labels per class). Import by module."""

@@ -3,7 +3,8 @@ evaluation and checkpoints after it, and the one rule for when Accelerate's trai
 
 Why a module and not more functions in train.py: the save policy and the step are the parts a change most
 easily breaks (resume exactness, crash safety), and here they are importable and testable on their own;
-train.py keeps the order of events.
+train.py keeps the order of events. What a micro-batch's loss is, what an evaluation measures and what a checkpoint
+holds is the run's task (vit/train/tasks): the loop calls it and never asks which data it has.
 
 One optimizer step = `grad_accum_steps` micro-batches. Whether a step is finite is decided once per step, on
 the gradient norm at the sync point (DDP has already all-reduced the gradients, so every process sees the same
@@ -19,26 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..eval.metrics import per_class_metrics, predict, summarize_logits
-from ..eval.multilabel import summarize_multilabel
-from ..eval.plots import plot_confusion
 from ..layers import indexer_loss, topk_warmup
-from ..models.checkpoint import save_checkpoint
 from ..utils.faults import fault_point, poison_loss
-from .clip_run import contrastive_step_loss, evaluate_contrastive
 from .indexer import indexer_only_grads, indexer_schedule
-from .lora import has_lora, merged_state_dict
 from .optim import lr_at, set_lr
 from .preemption import Preempted
 from .preemption import requested as preemption_requested
 from .records import append_metrics, keep_best
 from .runfolder import check_run_weights, kept_note, save_run_state
 from .state import state_dir_name
+from .tasks import Task, task_for
 from .tracking import log_row, log_step
 
-__all__ = ["TrainState", "Run", "mix_batch", "batch_images", "train_one_epoch", "evaluate_and_checkpoint",
+__all__ = ["TrainState", "Run", "batch_images", "train_one_epoch", "evaluate_and_checkpoint",
            "state_save_due", "save_state_if_due", "stop_if_preempted", "finished"]
 
 
@@ -59,7 +54,8 @@ class TrainState:
 
 @dataclass
 class Run:
-    """Everything the loop touches, prepared by Accelerate; `state` is what a resume restores."""
+    """Everything the loop touches, prepared by Accelerate; `state` is what a resume restores. `task`: the training
+    mode (vit/train/tasks; None: the config's, task_for); `extras`: its extra modules, prepared (Task.extra_modules)."""
     accelerator: Any
     cfg: Any
     run_dir: Path
@@ -70,9 +66,17 @@ class Run:
     classes: list[str]
     console: Any
     ema: Any = None  # timm ModelEmaV3 or None
-    mixup: Any = None  # timm Mixup or None
-    class_weights: torch.Tensor | None = None  # (num_classes,) weights of the cross-entropy (optim.class_weights)
+    task: Task | None = None
+    extras: dict[str, torch.nn.Module] = field(default_factory=dict)
     state: TrainState = field(default_factory=TrainState)
+
+    def __post_init__(self) -> None:
+        if self.task is None:
+            self.task = task_for(self.cfg, self.classes)
+
+    def trained_modules(self) -> list[torch.nn.Module]:
+        """The model and the task's extra modules: what the optimizer steps and gradients accumulate over."""
+        return [self.model, *self.extras.values()]
 
     @property
     def steps_per_epoch(self) -> int:
@@ -132,7 +136,8 @@ def state_save_due(state: TrainState, every: int, batches_per_epoch: int, moment
 def save_state_if_due(run: Run, moment: str, loss_sum: torch.Tensor | float = 0.0, loss_n: int = 0) -> None:
     """Save the training state if `state_save_due` says so; `loss_sum/loss_n`: the unfinished epoch's train loss."""
     if state_save_due(run.state, run.cfg.run.save_state_every, len(run.train_loader), moment):
-        save_run_state(run.accelerator, run.cfg, run.run_dir, run.state, run.model, run.ema, loss_sum, loss_n)
+        save_run_state(run.accelerator, run.cfg, run.run_dir, run.state, run.model, run.ema, loss_sum, loss_n,
+                       run.task)
 
 
 def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: int = 0, saved: bool = False) -> None:
@@ -142,7 +147,7 @@ def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: in
         return
     s = run.state
     if not saved and not state_save_due(s, run.cfg.run.save_state_every, len(run.train_loader), "step"):
-        save_run_state(run.accelerator, run.cfg, run.run_dir, s, run.model, run.ema, loss_sum, loss_n)
+        save_run_state(run.accelerator, run.cfg, run.run_dir, s, run.model, run.ema, loss_sum, loss_n, run.task)
     raise Preempted(f"saved {run.run_dir / 'state' / state_dir_name(s.step)} at step {s.step} (epoch {s.epoch}); "
                     "continue with --resume=auto")
 
@@ -150,44 +155,9 @@ def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: in
 # --- one epoch --------------------------------------------------------------------------------------------
 
 
-def mix_batch(mixup_fn, x: torch.Tensor, y: torch.Tensor, num_classes: int, smoothing: float,
-              multi_label: bool = False):
-    """timm's Mixup needs an even batch; an odd last sample keeps its own (smoothed) one-hot target.
-    `multi_label`: `y` is multi-hot (B, C), mixed as it is (timm's Mixup(multi_label=True))."""
-    from timm.data.mixup import mixup_target
-
-    if mixup_fn is None:
-        return x, y
-    if x.shape[0] % 2 == 0:
-        return mixup_fn(x, y)
-    xm, ym = mixup_fn(x[:-1], y[:-1])
-    y_last = mixup_target(y[-1:], num_classes, lam=1.0, smoothing=smoothing, multi_label=multi_label)
-    return torch.cat([xm, x[-1:]]), torch.cat([ym, y_last.to(ym)])
-
-
 def batch_images(x) -> int:
     """Images in a batch: a tensor's first dimension, or the rows of a NaFlex batch dict (vit/data/naflex.py)."""
     return len(x["patch_valid"]) if isinstance(x, dict) else x.shape[0]
-
-
-def _task_loss(run: Run, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    if run.cfg.data.dataset == "captions":  # y: the captions' ids (B, L); vit/train/clip_run.py
-        return contrastive_step_loss(run, x, y)
-    smoothing, multi_label = run.cfg.aug.label_smoothing, bool(run.cfg.data.labels_file)
-    xm, ym = mix_batch(run.mixup, x, y, len(run.classes), smoothing, multi_label)
-    with run.accelerator.autocast():
-        logits = run.model(xm)  # (B, num_classes)
-    if multi_label:  # a sigmoid per class: BCE on multi-hot targets (B, C), smoothed towards 0.5 as timm does
-        target = ym if run.mixup is not None else ym.float() * (1 - smoothing) + 0.5 * smoothing
-        return F.binary_cross_entropy_with_logits(logits.float(), target)
-    w = run.class_weights.to(logits.device) if run.class_weights is not None else None
-    if run.mixup is not None:  # soft targets (B, num_classes); weighted and normalised by the targets' weights,
-        # as cross_entropy(weight=) does for class indices, so mixing does not change what a weight means
-        per_class = -ym * F.log_softmax(logits.float(), dim=-1)  # (B, C)
-        if w is None:
-            return per_class.sum(-1).mean()
-        return (per_class * w).sum() / (ym * w).sum()
-    return F.cross_entropy(logits.float(), ym, weight=w, label_smoothing=smoothing)
 
 
 def _loss(run: Run, x: torch.Tensor, y: torch.Tensor, stage: str | None = None
@@ -195,7 +165,7 @@ def _loss(run: Run, x: torch.Tensor, y: torch.Tensor, stage: str | None = None
     """The loss to minimise and the DSA indexer's KL within it (None without DSA): in the indexer warm-up the
     KL (plus 0 x the task loss, so that DDP sees every parameter take part; `indexer_only_grads` then keeps the
     step to the indexers), afterwards the task loss plus the KL (vit.layers.sparse_attention)."""
-    loss = _task_loss(run, x, y)
+    loss = run.task.loss(run, x, y)
     aux = indexer_loss(run.model) if stage is not None else None
     if aux is None:
         return loss, None
@@ -207,7 +177,8 @@ def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
     One host sync per optimizer step (`.item()` on the norm), none per micro-batch."""
     acc, cfg = run.accelerator, run.cfg
     # the total norm, clipped to optim.clip_grad if set (inf: only measured; grads times 1.0 are unchanged)
-    norm = acc.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad or math.inf)
+    params = [p for m in run.trained_modules() for p in m.parameters()]
+    norm = acc.clip_grad_norm_(params, cfg.optim.clip_grad or math.inf)
     if acc.scaler is not None:
         # fp16: GradScaler skips a step whose gradients overflowed and lowers its scale (normal while it finds
         # the scale), and must see every step; only a non-finite loss is ours to count or stop on
@@ -226,11 +197,9 @@ def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
     return finite
 
 
-def train_one_epoch(run: Run) -> EpochStats:
-    """Optimizer steps until the epoch ends or run.max_steps is reached, saving mid-epoch states as due. A resumed
-    epoch skips the batches it already consumed (same permutation: EpochSampler depends on (seed, epoch) only)."""
-    acc, cfg, state, model = run.accelerator, run.cfg, run.state, run.model
-    model.train()
+def _epoch_loader(run: Run):
+    """The train loader at this epoch's permutation, past the batches a resumed epoch already consumed."""
+    acc, state = run.accelerator, run.state
     set_epoch = getattr(run.train_loader.dataset, "set_epoch", None)  # augmentation seeded per (seed, epoch, index)
     if set_epoch is not None:
         set_epoch(state.epoch)
@@ -241,6 +210,25 @@ def train_one_epoch(run: Run) -> EpochStats:
     # Accelerate's loader re-sets its sampler's epoch from its own iteration counter, which restarts at 0
     # in a resumed process: tell it the real epoch, so the permutation is (seed, epoch)'s.
     loader.set_epoch(state.epoch)
+    return loader
+
+
+def _log_step(run: Run, loss: torch.Tensor, aux: torch.Tensor | None, lr: float, images_per_s: float) -> None:
+    """Every run.log_every steps the last micro-batch's loss to the trackers and the console; a tick otherwise."""
+    if run.state.step % run.cfg.run.log_every == 0:
+        log_step(run.accelerator, run.state.step, loss.item(), lr, aux.item() if aux is not None else None)
+        run.console.step(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}", img_s=f"{images_per_s:.0f}")
+    else:
+        run.console.step()
+
+
+def train_one_epoch(run: Run) -> EpochStats:
+    """Optimizer steps until the epoch ends or run.max_steps is reached, saving mid-epoch states as due. A resumed
+    epoch skips the batches it already consumed (same permutation: EpochSampler depends on (seed, epoch) only)."""
+    acc, cfg, state, model = run.accelerator, run.cfg, run.state, run.model
+    for m in run.trained_modules():
+        m.train()
+    loader = _epoch_loader(run)
     # this process's own sum (the mean over processes, as states before loss_sums hold, rounds differently)
     own = state.loss_sums[acc.process_index] if len(state.loss_sums) == acc.num_processes else state.loss_sum
     loss_sum, loss_n = torch.full((), own, device=acc.device), state.loss_n
@@ -249,7 +237,7 @@ def train_one_epoch(run: Run) -> EpochStats:
     seen, t0 = 0, time.perf_counter()
     lr = run.lr()
     for x, y in loader:
-        with acc.accumulate(model):
+        with acc.accumulate(*run.trained_modules()):
             lr = run.lr()
             set_lr(run.optimizer, lr)
             topk_warmup(model, state.step / run.total_steps)  # EViT's keep-rate warm-up; no-op without topk
@@ -276,12 +264,8 @@ def train_one_epoch(run: Run) -> EpochStats:
             fault_point("step", state.step)
             if run.ema is not None:
                 run.ema.update(acc.unwrap_model(model), step=state.step)
-            if state.step % cfg.run.log_every == 0:
-                log_step(acc, state.step, loss.item(), lr, aux.item() if aux is not None else None)
-                run.console.step(loss=f"{loss.item():.3f}", lr=f"{lr:.2e}",
-                                 img_s=f"{seen / (time.perf_counter() - t0):.0f}")
-            else:
-                run.console.step()
+            run.task.after_step(run)
+            _log_step(run, loss, aux, lr, seen / (time.perf_counter() - t0))
             save_state_if_due(run, "step", loss_sum, loss_n)
             if 0 < state.batch_in_epoch < len(run.train_loader):  # an epoch's last step: after its evaluation
                 stop_if_preempted(run, loss_sum, loss_n)
@@ -309,9 +293,10 @@ def _train_columns(state: TrainState, stats: EpochStats) -> dict:
 
 
 def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
-    """Every run.eval_every epochs and at the end: held-out metrics, last/ and best/ checkpoints, a metrics row.
-    Epochs in between get a row too, without the val_* values: curves.png shows every epoch's train loss and lr."""
-    acc, cfg, state = run.accelerator, run.cfg, run.state
+    """Every run.eval_every epochs and at the end: the task's held-out metrics, last/ and best/ checkpoints (the
+    task's writer), a metrics row. Epochs in between get a row too, without the val_* values: curves.png shows
+    every epoch's train loss and lr."""
+    acc, cfg, state, task = run.accelerator, run.cfg, run.state, run.task
     if not (state.epoch % cfg.run.eval_every == 0 or finished(run)):
         if acc.is_main_process:
             row = _train_columns(state, stats)
@@ -320,52 +305,16 @@ def evaluate_and_checkpoint(run: Run, stats: EpochStats) -> None:
         return
     eval_model = run.ema.module if run.ema is not None else run.model
     check_run_weights(acc, eval_model, state, run.run_dir)  # never evaluate or save NaN weights
-    if cfg.data.dataset == "captions":  # image-caption pairs: loss and retrieval, open_clip's layout
-        return evaluate_contrastive(run, stats, eval_model, _train_columns(state, stats))
-    out = predict(eval_model, run.val_loader, acc)
-    if cfg.data.labels_file:
-        return _evaluate_multilabel(run, stats, out, eval_model)
-    m = summarize_logits(out["logits"], out["labels"])
-    skipped = f"; skipped {out['skipped']} unreadable" if out.get("skipped") else ""
-    shards = getattr(run.val_loader, "dataset", None)
-    if hasattr(shards, "check_seen"):  # shards given with a count (after '|') that may be wrong
-        shards.check_seen(m["n"] + out.get("skipped", 0))
-    run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
-                      f"val loss {m['loss']:.4f}  val top-1 {100 * m['acc1']:.2f}%  ({m['n']} images{skipped})  "
+    ev = task.evaluate(run, eval_model)
+    run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  {ev.line}  "
                       f"{stats.images_per_s:.0f} img/s")
     weights = acc.get_state_dict(eval_model)  # FSDP: every process helps gather the one consolidated copy
     if acc.is_main_process:
-        balanced = dict(val_macro_f1=m["macro_f1"], val_balanced_accuracy=m["balanced_accuracy"])
-        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_acc1=m["acc1"], val_acc5=m.get("acc5", ""),
-                   **balanced)
-        meta = dict(epoch=state.epoch, step=state.step, val_acc1=m["acc1"], val_loss=m["loss"], n=m["n"], **balanced)
+        row = dict(_train_columns(state, stats), **ev.row)
+        meta = dict(epoch=state.epoch, step=state.step, **ev.meta)
         unwrapped = acc.unwrap_model(eval_model)
-        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
-        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
-        keep_best(run, unwrapped, meta, weights)
-        if state.best and state.best[0][1] == state.epoch:  # best/'s confusion matrix, for a look and for MLflow
-            conf, _, _ = per_class_metrics(out["labels"].numpy(), out["logits"].argmax(1).numpy(), len(run.classes))
-            plot_confusion(conf, run.classes, run.run_dir / "confusion.png")
+        task.save(run.run_dir / "last", unwrapped, meta, weights)
+        if keep_best(run, unwrapped, meta, weights, task):
+            task.on_new_best(run, ev)
         append_metrics(run.run_dir / "metrics.csv", row)
         log_row(acc, row, cfg.run.log_every)  # the trackers get this row's numbers (run.log_with)
-
-
-def _evaluate_multilabel(run: Run, stats: EpochStats, out: dict, eval_model: torch.nn.Module) -> None:
-    """evaluate_and_checkpoint for a multi-label run: mAP ranks the checkpoints; the F1 threshold chosen on this
-    split is saved in meta.json, where predict.py and evaluate.py find it."""
-    acc, cfg, state = run.accelerator, run.cfg, run.state
-    m = summarize_multilabel(out["logits"], out["labels"])
-    run.console.print(f"epoch {state.epoch:3d}  step {state.step:6d}  train loss {stats.train_loss:.4f}  "
-                      f"val loss {m['loss']:.4f}  val mAP {100 * m['map']:.2f}%  F1 {m['micro_f1']:.3f} at "
-                      f"{m['threshold']:.2f}  ({m['n']} images)  {stats.images_per_s:.0f} img/s")
-    weights = acc.get_state_dict(eval_model)
-    if acc.is_main_process:
-        row = dict(_train_columns(state, stats), val_loss=m["loss"], val_map=m["map"])
-        meta = dict(epoch=state.epoch, step=state.step, val_map=m["map"], val_loss=m["loss"], n=m["n"],
-                    threshold=m["threshold"], val_micro_f1=m["micro_f1"])
-        unwrapped = acc.unwrap_model(eval_model)
-        weights = merged_state_dict(unwrapped, weights) if has_lora(unwrapped) else weights  # no adapter saved
-        save_checkpoint(run.run_dir / "last", unwrapped, cfg, run.classes, meta, weights)
-        keep_best(run, unwrapped, meta, weights)
-        append_metrics(run.run_dir / "metrics.csv", row)
-        log_row(acc, row, cfg.run.log_every)

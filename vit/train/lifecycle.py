@@ -1,5 +1,5 @@
 """A training run's start and end around the loop (train.py's story): the model, optimizer and loaders prepared
-for Accelerate, timm's EMA and Mixup made from the config, the run folder opened (config.yaml, metrics.csv
+for Accelerate, timm's EMA made from the config, the run folder opened (config.yaml, metrics.csv
 trimmed to a resume, the trackers) and the run finished (curves, artifacts, the best checkpoint named)."""
 
 from __future__ import annotations
@@ -14,20 +14,24 @@ from .engine import Run
 from .records import describe_best, trim_metrics
 from .tracking import flat_config, log_artifacts, tracker_kwargs
 
-__all__ = ["prepare", "make_ema", "make_mixup", "open_run_folder", "finish"]
+__all__ = ["prepare", "make_ema", "open_run_folder", "finish"]
 
 
-def prepare(accelerator, model, optimizer, *loaders):
+def prepare(accelerator, model, optimizer, *loaders, extras: dict | None = None):
     """accelerator.prepare for the model, the optimizer and the DataLoaders; shard loaders
-    (vit/data/shard_loader.py) deal their shards to processes and workers themselves and are passed through."""
+    (vit/data/shard_loader.py) deal their shards to processes and workers themselves and are passed through.
+    `extras`: the task's extra modules by name (Task.extra_modules), prepared with them and returned last, as a dict,
+    when given."""
     from torch.utils.data import DataLoader
 
+    extras = extras or {}
     plain = [i for i, ld in enumerate(loaders) if isinstance(ld, DataLoader)]
-    model, optimizer, *prepared = accelerator.prepare(model, optimizer, *(loaders[i] for i in plain))
+    model, optimizer, *prepared = accelerator.prepare(model, optimizer, *extras.values(), *(loaders[i] for i in plain))
+    modules, prepared = prepared[:len(extras)], prepared[len(extras):]
     out = list(loaders)
     for i, ld in zip(plain, prepared):
         out[i] = ld
-    return (model, optimizer, *out)
+    return (model, optimizer, *out) + ((dict(zip(extras, modules)),) if extras else ())
 
 
 def make_ema(cfg: Config, accelerator, model: torch.nn.Module):
@@ -39,17 +43,6 @@ def make_ema(cfg: Config, accelerator, model: torch.nn.Module):
     if accelerator.distributed_type == "FSDP":  # the EMA copy would be a full replica of the sharded weights
         raise ConfigError("optim.ema is not supported with FSDP yet; set optim.ema=false or launch with DDP.")
     return ModelEmaV3(accelerator.unwrap_model(model), decay=cfg.optim.ema_decay)
-
-
-def make_mixup(cfg: Config, num_classes: int):
-    """timm's Mixup/CutMix (with label smoothing) when aug.mixup or aug.cutmix is set; None otherwise."""
-    if cfg.aug.mixup <= 0 and cfg.aug.cutmix <= 0:
-        return None
-    from timm.data import Mixup
-
-    return Mixup(mixup_alpha=cfg.aug.mixup, cutmix_alpha=cfg.aug.cutmix, prob=cfg.aug.mixup_prob,
-                 label_smoothing=cfg.aug.label_smoothing, num_classes=num_classes,
-                 multi_label=bool(cfg.data.labels_file))  # multi-hot targets mixed as they are
 
 
 def open_run_folder(run: Run) -> None:
@@ -76,4 +69,4 @@ def finish(run: Run) -> None:
     log_artifacts(run.accelerator, run.run_dir)  # before end_training closes the MLflow run
     run.accelerator.end_training()
     if run.accelerator.is_main_process and run.state.best:
-        run.console.print(f"{describe_best(run.cfg, run.state.best)}; checkpoint {run.run_dir / 'best'}")
+        run.console.print(f"{describe_best(run.cfg, run.state.best, run.task)}; checkpoint {run.run_dir / 'best'}")

@@ -12,6 +12,7 @@ The schedule is a pure function of the optimizer step: linear warmup, then cosin
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -38,11 +39,12 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float | Non
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, extras: Iterable[nn.Module] = ()) -> torch.optim.Optimizer:
     """AdamW through timm's optimizer factory (`create_optimizer_v2`): weight decay on matrices only (not on
     norms, biases, positions or [CLS]); with `cfg.layer_decay` each group carries lr_scale =
     layer_decay**(depth + 1 - layer), layer 0 the embeddings and depth + 1 the head (BEiT's layer-wise decay),
-    which `set_lr` applies. lr and betas from `cfg`; the fused kernel where the device has one."""
+    which `set_lr` applies. lr and betas from `cfg`; the fused kernel where the device has one. `extras`: a
+    task's extra modules (vit/train/tasks/base.py), added as groups of their own at the full lr (no layer decay)."""
     from timm.optim import create_optimizer_v2
 
     device = next(model.parameters()).device
@@ -50,9 +52,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
                   betas=tuple(cfg.betas))
     # The fused kernel updates all parameters in one pass (CPU and CUDA); foreach is the fallback.
     try:
-        return create_optimizer_v2(model, fused=device.type in ("cpu", "cuda"), **kwargs)
+        optimizer = create_optimizer_v2(model, fused=device.type in ("cpu", "cuda"), **kwargs)
     except (RuntimeError, TypeError):
-        return create_optimizer_v2(model, foreach=True, **kwargs)
+        optimizer = create_optimizer_v2(model, foreach=True, **kwargs)
+    for module in extras:
+        for group in param_groups(module, cfg.weight_decay):
+            group.pop("names")
+            optimizer.add_param_group(group)
+    return optimizer
 
 
 def lr_at(step: int, total_steps: int, warmup_steps: int, base_lr: float, min_lr: float) -> float:

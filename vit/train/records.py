@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 
-from ..models.checkpoint import save_checkpoint
 from ..utils.atomic import atomic_write_csv
 
 __all__ = ["METRIC_FIELDS", "append_metrics", "trim_metrics", "SELECT_BY", "select_by", "rank_best", "keep_best",
@@ -25,9 +24,12 @@ SELECT_BY = {"top1": ("val_acc1", "top-1", True), "macro_f1": ("val_macro_f1", "
              "loss": ("val_loss", "loss", False), "map": ("val_map", "mAP", True)}
 
 
-def select_by(cfg) -> str:
-    """The run.select_by that ranks checkpoints: as set, else top1 (map for multi-label data)."""
-    return cfg.run.select_by or ("map" if cfg.data.labels_file else "top1")
+def select_by(cfg, task=None) -> str:
+    """The run.select_by that ranks checkpoints: as set, else the task's (Task.select_by: top1, map for multi-label
+    data; `task` None: the config's task)."""
+    from .tasks.registry import task_class, task_name
+
+    return cfg.run.select_by or (task if task is not None else task_class(task_name(cfg))).select_by
 
 
 def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = True) -> list:
@@ -37,31 +39,37 @@ def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = Tru
     return sorted([*best, [score, epoch]], key=lambda t: (sign * t[0], t[1]))
 
 
-def describe_best(cfg, best: list) -> str:
-    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]])."""
+def describe_best(cfg, best: list, task=None) -> str:
+    """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]]), ranked by `task`'s
+    select_by (None: the config's task)."""
     score, epoch = best[0]
-    _, name, higher = SELECT_BY[select_by(cfg)]
+    _, name, higher = SELECT_BY[select_by(cfg, task)]
     return f"best val {name} {100 * score:.2f}% at epoch {epoch}" if higher else \
         f"best val {name} {score:.4f} at epoch {epoch}"
 
 
-def keep_best(run, model: torch.nn.Module, meta: dict, weights: dict | None = None) -> None:
-    """`best/` holds the best checkpoint by run.select_by (top-1 unless set, mAP for multi-label); with
-    run.keep_best > 1 the runners-up live in top/epoch-XXXX. `run` is vit.train.engine.Run (not imported: the
-    engine imports this module)."""
+def keep_best(run, model: torch.nn.Module, meta: dict, weights: dict | None = None, task=None) -> bool:
+    """`best/` holds the best checkpoint by run.select_by (the task's default unless set: top-1, mAP for
+    multi-label); with run.keep_best > 1 the runners-up live in top/epoch-XXXX. `run` is vit.train.engine.Run (not
+    imported: the engine imports this module); `task` writes the folders (Task.save; None: the config's task).
+    True when this checkpoint became best/."""
+    from .tasks.registry import task_for
+
+    task = task if task is not None else task_for(run.cfg, run.classes)
     k, state, run_dir = run.cfg.run.keep_best, run.state, run.run_dir
-    key, _, higher = SELECT_BY[select_by(run.cfg)]
+    key, _, higher = SELECT_BY[select_by(run.cfg, task)]
     score, epoch = meta[key], meta["epoch"]
     ranked = rank_best(state.best, score, epoch, higher)
     if [score, epoch] not in ranked[:k]:
-        return
+        return False
     if ranked[0] == [score, epoch]:
-        save_checkpoint(run_dir / "best", model, run.cfg, run.classes, meta, weights)
+        task.save(run_dir / "best", model, meta, weights)
     if k > 1:
-        save_checkpoint(run_dir / "top" / f"epoch-{epoch:04d}", model, run.cfg, run.classes, meta, weights)
+        task.save(run_dir / "top" / f"epoch-{epoch:04d}", model, meta, weights)
         for _, e in ranked[k:]:
             shutil.rmtree(run_dir / "top" / f"epoch-{e:04d}", ignore_errors=True)
     state.best = ranked[:k]
+    return ranked[0] == [score, epoch]
 
 
 def _read_metrics(path: Path) -> list[dict]:

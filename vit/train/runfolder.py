@@ -31,8 +31,10 @@ from .state import latest_state, save_state_atomic, verify_state
 
 __all__ = ["RunFolderError", "RunLock", "check_not_locked", "holds_run", "check_new_run", "clear_run", "resume_changes",
            "SAFE_ON_RESUME", "log_resume", "claim_run_dir", "resume_run", "save_run_state", "check_run_weights",
-           "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count"]
+           "interrupt_note", "saved_checkpoints", "kept_note", "check_process_count", "read_task_state",
+           "TASK_STATE_JSON", "TASK_STATE_TENSORS"]
 
+TASK_STATE_JSON, TASK_STATE_TENSORS = "task_state.json", "task_state.safetensors"  # a state folder's Task.task_state
 RUN_ENTRIES = ("config.yaml", "metrics.csv", "state", "best", "last", "top", "tensorboard", "wandb", "curves.png",
                "resume.log")
 # What a resume may change: none of them alters what a step computes. run.epochs stretches the learning-rate
@@ -199,8 +201,9 @@ def claim_run_dir(accelerator, cfg, run_dir: Path) -> RunLock | None:
     return lock
 
 
-def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
-    """Load the newest intact state (or the one named), after checking its files and its config."""
+def resume_run(accelerator, cfg, run_dir: Path, state, ema, task=None) -> None:
+    """Load the newest intact state (or the one named), after checking its files and its config; `task`'s own
+    state too (Task.load_task_state), which a task that keeps one refuses to start without."""
     from safetensors.torch import load_file
 
     if cfg.run.resume == "auto":
@@ -230,11 +233,28 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema) -> None:
         state.__dict__.update(saved)
         if ema is not None:
             ema.load_state_dict(load_file(str(path / "ema.safetensors")))
+        if task is not None:
+            read_task_state(task, path)
     except Exception as e:
         raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
                               "train.py wrote.") from None
     if accelerator.is_main_process:
         accelerator.print(log_resume(run_dir, path, state.step, state.epoch, changes))
+
+
+def read_task_state(task, path: Path) -> None:
+    """Give `task` the state a state folder holds for it (Task.load_task_state); a task that keeps a state refuses
+    a folder without one."""
+    from safetensors.torch import load_file
+
+    values_file, tensors_file = path / TASK_STATE_JSON, path / TASK_STATE_TENSORS
+    if not values_file.is_file() and not tensors_file.is_file():
+        if any(task.task_state()):  # a task that keeps a state and a state folder without it
+            raise ValueError(f"it holds no {TASK_STATE_JSON} or {TASK_STATE_TENSORS}, which {type(task).__name__} "
+                             "keeps")
+        return
+    values = json.loads(values_file.read_text()) if values_file.is_file() else {}
+    task.load_task_state(values, load_file(str(tensors_file)) if tensors_file.is_file() else {})
 
 
 def check_process_count(saved: dict, num_processes: int, path: Path) -> None:
@@ -250,8 +270,9 @@ def check_process_count(saved: dict, num_processes: int, path: Path) -> None:
                              f"--num_processes {count} or start a new --run.name.")
 
 
-def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum, loss_n: int) -> None:
-    """Accelerate's state plus ours (JSON), EMA weights (safetensors) and the config, in one verified folder."""
+def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum, loss_n: int, task=None) -> None:
+    """Accelerate's state plus ours (JSON), EMA weights (safetensors), the config and the task's own state
+    (Task.task_state: task_state.json, task_state.safetensors; none when it is empty), in one verified folder."""
     from safetensors.torch import save
 
     check_run_weights(accelerator, model, state, run_dir)
@@ -264,6 +285,11 @@ def save_run_state(accelerator, cfg, run_dir: Path, state, model, ema, loss_sum,
     extra = {"train_state.json": json.dumps(dataclasses.asdict(state)).encode(), "config.yaml": dump(cfg).encode()}
     if ema is not None:
         extra["ema.safetensors"] = save({k: v.detach().cpu().contiguous() for k, v in ema.state_dict().items()})
+    values, tensors = task.task_state() if task is not None else ({}, {})
+    if values:
+        extra[TASK_STATE_JSON] = json.dumps(values).encode()
+    if tensors:
+        extra[TASK_STATE_TENSORS] = save({k: v.detach().cpu().contiguous() for k, v in tensors.items()})
     save_state_atomic(accelerator, run_dir, state.step, keep=cfg.run.keep_states, extra=extra)
 
 
