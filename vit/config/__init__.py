@@ -7,8 +7,9 @@ name. Values given on the command line are parsed as YAML scalars (`3e-4`, `true
 The resolved config is printed at start and saved with every checkpoint (`to_dict` / `from_dict`).
 
 One module per idea: errors.py (ConfigError, OptionError), options.py (the options objects a config nests:
-SparseOptions), schema.py (the sections and their fields), checks.py (dict to Config, the tables of choices and
-ranges, the checks), loader.py (YAML and overrides to a Config), sources.py (data sources from saved configs).
+SparseOptions, AttentionOptions), schema.py (the sections and their fields), checks.py (dict to Config, the
+tables of choices and ranges, the checks), loader.py (YAML and overrides to a Config), sources.py (data sources
+from saved configs).
 This package imports PyYAML and the standard library only (no torch).
 """
 
@@ -33,7 +34,7 @@ from .checks import (
 )
 from .errors import ConfigError, OptionError
 from .loader import StrictLoader, apply_overrides, dump, load_config, parse_overrides, read_yaml
-from .options import FLAT_SPARSE_KEYS, NaFlexOptions, SparseOptions, nest_sparse_keys
+from .options import FLAT_SPARSE_KEYS, AttentionOptions, NaFlexOptions, SparseOptions, nest_sparse_keys
 from .schema import (
     DEFAULT_MODEL,
     INTERPOLATIONS,
@@ -49,7 +50,8 @@ from .schema import (
 )
 from .sources import SOURCE_KEYS, WITHHELD, check_data_sources, is_remote_source, withhold_remote_sources
 
-__all__ = ["ConfigError", "OptionError", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS", "nest_sparse_keys",
+__all__ = ["ConfigError", "OptionError", "AttentionOptions", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS",
+           "nest_sparse_keys",
            "DEFAULT_MODEL", "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig",
            "ContrastiveConfig", "INTERPOLATIONS",
            "MIN_CROP_PCT", "check_preprocessing", "from_dict", "to_dict", "validate", "diff", "check_dataset_keys",

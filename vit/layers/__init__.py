@@ -4,6 +4,7 @@ from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
+from .combinations import CONFLICTS, check_combination
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
@@ -34,6 +35,8 @@ from .sparse_attention import (
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
 __all__ = [
+    "CONFLICTS",
+    "check_combination",
     "Attention",
     "AttentionPoolLatent",
     "BlockParts",
