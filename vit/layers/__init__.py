@@ -1,7 +1,7 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
 from ..config import SparseOptions
-from .attention import Attention, CachedSelfAttention, CrossAttention
+from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
 from .combinations import CONFLICTS, check_combination
@@ -38,6 +38,7 @@ __all__ = [
     "CONFLICTS",
     "check_combination",
     "Attention",
+    "attention_options",
     "AttentionPoolLatent",
     "BlockParts",
     "CachedSelfAttention",

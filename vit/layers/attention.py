@@ -37,10 +37,22 @@ from .rope import Rope, apply_rope
 from .sdpa import add_bias, attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
 from .sparse_attention import SparseAttention
 
-__all__ = ["Attention", "CachedSelfAttention", "CrossAttention"]
+__all__ = ["Attention", "CachedSelfAttention", "CrossAttention", "attention_options"]
 
 torch.fx.wrap("sdpa_mask")  # a leaf in traced graphs (see sdpa_mask); wrapped where it is called
 torch.fx.wrap("add_bias")  # likewise: its branches on the mask's form stay out of traced graphs
+
+
+def attention_options(options: AttentionOptions | None, qkv_bias: bool | str = True, fused_attn: bool = True,
+                      sparse_attention: SparseOptions | None = None) -> AttentionOptions:
+    """The one object of a layer's or block's attention settings: `options` as given, or made from the flat
+    keywords (timm's Attention takes them; the text encoder and decoder pass them), never both."""
+    if options is None:
+        return AttentionOptions(qkv_bias, fused_attn=fused_attn, sparse_attention=sparse_attention)
+    if (qkv_bias, fused_attn, sparse_attention) != (True, True, None):
+        raise ValueError("pass the attention settings either as one AttentionOptions or as qkv_bias / fused_attn / "
+                         "sparse_attention keywords, not both.")
+    return options
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -71,6 +83,24 @@ class Attention(nn.Module):
             on the heads' output before `proj`, `proj` without bias.
         rel_pos: None, or a factory (vit.layers.rel_pos.rel_pos_layers) of this layer's bias module, saved as
             `rel_pos` (timm's relpos), or of a reference to the model's shared one.
+        options: the settings as one `vit.config.AttentionOptions` (qkv_bias, qk_norm, fused_attn,
+            sparse_attention), as `Block` passes them; or None, made from the three keywords above.
+
+    The contract an attention class keeps, so that `Block(attn_layer=...)`, the Encoder (one class or one per
+    block), `create_model(attn_layer=...)` and the model's forward paths take it unchanged:
+      - `__init__(dim, num_heads, *, attn_drop, proj_drop, options)` and, when the model has them, `rope=` (a
+        `Rope`), `rel_pos=` (a factory), `parts=` (a BlockParts) and `norm_layer=`; subclass this class to inherit
+        them all.
+      - `forward(x, mask=None, is_causal=False, return_attention=False, num_queries=None, rope=None)` ->
+        `(out (B, N, D), probabilities (B, H, N, N) or None)`: `mask` in any form `expand_mask` takes (True / 1 =
+        attend, or a float bias), `rope` a table for the last M tokens, `num_queries=q` the first q rows only
+        (B, q, D); with `return_attention` (or `fused_attn` False) the explicit path returns the probabilities
+        the output was computed from, so rollout and `forward_with_attention` see what the model did.
+      - attributes `fused_attn` (the Encoder switches it), `num_heads`, `qkv` (the sparse switch reads its width)
+        and `sparse` (None when dense); `forward_reduce` for token reduction.
+    The simplest subclass changes one step: `_qk` (each head's q and k before the scores) or `_project` (heads ->
+    output), and every path follows (fused, explicit, sparse, first queries), as tests/test_attention_seam.py
+    shows with a temperature on the logits.
     """
 
     def __init__(
@@ -90,11 +120,7 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         _check_heads(dim, num_heads)
-        if options is None:  # the layer's own keywords, as timm's Attention takes them
-            options = AttentionOptions(qkv_bias, fused_attn=fused_attn, sparse_attention=sparse_attention)
-        elif (qkv_bias, fused_attn, sparse_attention) != (True, True, None):
-            raise ValueError("pass the attention settings either as options=AttentionOptions(...) or as qkv_bias / "
-                             "fused_attn / sparse_attention keywords, not both.")
+        options = attention_options(options, qkv_bias, fused_attn, sparse_attention)
         check_combination(sparse_attention=options.sparse_attention is not None, rel_pos=rel_pos is not None)
         self.options = options
         qkv_bias, sparse_attention = options.qkv_bias, options.sparse_attention
@@ -165,7 +191,14 @@ class Attention(nn.Module):
     def _qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each, q and k normalised per head (QK-norm; identities without)."""
         q, k, v = self._project_qkv(x)
-        return [self.q_norm(q), self.k_norm(k), v]
+        q, k = self._qk(q, k)
+        return [q, k, v]
+
+    def _qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's queries (B, H, Nq, d) and keys (B, H, N, d) before rotary positions and the scores: QK-norm
+        here. Every path calls it (fused, explicit, sparse, the first-queries one), so a subclass that changes the
+        logits elementwise (a temperature, a per-head scale) overrides this one step."""
+        return self.q_norm(q), self.k_norm(k)
 
     def _project_qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each: one matmul for all three."""
@@ -246,7 +279,7 @@ class Attention(nn.Module):
         w, b = self.qkv.weight, self._qkv_bias()
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
         k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
-        query, k = self.q_norm(split_heads(query, self.num_heads)), self.k_norm(k)
+        query, k = self._qk(split_heads(query, self.num_heads), k)
         if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone
             if q > x.shape[1] - rope.shape[-2]:
                 raise ValueError(f"num_queries={q} reaches into the rotated patch tokens; use at most the prefix.")

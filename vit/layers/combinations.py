@@ -37,12 +37,12 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("token_reduction", "rel_pos",
      "token reduction changes which tokens exist, which a relative position bias is built for; call "
      "set_token_reduction(None)."),
-    ("token_reduction", "attn_mask",
-     "token reduction changes which tokens exist, so it cannot take an attention mask; call "
-     "set_token_reduction(None) first."),
     ("token_reduction", "tracing",
      "token reduction runs eagerly only (the token count depends on the data); call set_token_reduction(None) "
      "before tracing, scripting or exporting the model."),
+    ("token_reduction", "attn_mask",
+     "token reduction changes which tokens exist, so it cannot take an attention mask; call "
+     "set_token_reduction(None) first."),
     ("patch_keep", "rope", _KEEP_PATCHES),
     ("patch_keep", "rel_pos", _KEEP_PATCHES),
     ("patch_keep", "naflex", "patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid."),
@@ -65,6 +65,6 @@ def check_combination(**features: bool) -> None:
     unknown = sorted(set(features) - FEATURES)
     if unknown:  # a misspelled feature would check nothing
         raise TypeError(f"unknown feature(s) {', '.join(unknown)}; the table knows {', '.join(sorted(FEATURES))}.")
-    for a, b, reason in CONFLICTS:
+    for a, b, reason in CONFLICTS:  # in the table's order: tracing before the mask a traced input looks like
         if features.get(a) and features.get(b):
             raise ValueError(reason)

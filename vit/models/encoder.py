@@ -27,6 +27,7 @@ from ..layers import (
     LayerScale,
     Rope,
     TokenState,
+    attention_options,
     check_combination,
     get_mlp_layer,
     get_norm_layer,
@@ -90,7 +91,9 @@ class Block(nn.Module):
     `sparse_attention` (a `SparseOptions`, None for dense) goes to `Attention` whole. `norm_layer` ('layernorm' |
     'rmsnorm' or a constructor), `mlp_layer` ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a
     subclass, e.g. the decoder's cached one) pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`,
-    `norm2`, `mlp`, `ls2`), so timm's weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`,
+    `norm2`, `mlp`, `ls2`), so timm's weights load. `attention` (a vit.config.AttentionOptions) goes to
+    the attention whole; without it, `qkv_bias`, `fused_attn` and `sparse_attention` make one. A sub-layer is
+    `attn_input` -> the layer -> `attn_residual`,
     then `ffn`: a block that adds a sub-layer (the decoder's cross-attention) reuses them. `rel_pos` (a factory,
     vit.layers.rel_pos) gives the attention a relative position bias."""
 
@@ -117,11 +120,7 @@ class Block(nn.Module):
         attention: AttentionOptions | None = None,
     ) -> None:
         super().__init__()
-        if attention is None:  # the flat keywords (the text encoder's, the decoder's): one object from them
-            attention = AttentionOptions(qkv_bias, fused_attn=fused_attn, sparse_attention=sparse_attention)
-        elif (qkv_bias, fused_attn, sparse_attention) != (True, True, None):
-            raise ValueError("pass the attention settings either as attention=AttentionOptions(...) or as qkv_bias / "
-                             "fused_attn / sparse_attention keywords, not both.")
+        attention = attention_options(attention, qkv_bias, fused_attn, sparse_attention)
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
@@ -219,7 +218,9 @@ class Block(nn.Module):
 
 class Encoder(nn.ModuleList):
     """A stack of `Block`s: tokens (B, N, D) -> (B, N, D), plus one (B, H, N, N) attention map per block when
-    asked; the image and text models both use it unchanged.
+    asked; the image and text models both use it unchanged. `block_layer` (a Block class or factory, e.g.
+    `partial(Block, attn_layer=MyAttention)` as dinov2's block_fn), `attention` (AttentionOptions) and `attn_layer`
+    each take one value for every block or a sequence with one per block (PER_BLOCK).
     Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
     as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth.
     With `grad_checkpointing`, training recomputes each block's activations in the backward pass instead of

@@ -238,27 +238,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    @torch.jit.ignore
-    def set_input_size(
-        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
-    ) -> None:
-        """Change the input resolution and/or patch size in place, as timm: positions are resampled (bicubic,
-        [CLS] kept apart), patch projections are resized (FlexiViT's pseudo-inverse, timm's resample_patch_embed)."""
-        prev_grid = self.patch_embed.grid_size
-        self.patch_embed.set_input_size(img_size, patch_size)
-        grid = self.patch_embed.grid_size
-        for info in self.feature_info:
-            info["reduction"] = self.patch_embed.reduction
-        if grid == prev_grid:
-            return
-        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
-            m.set_grid(grid)
-        if isinstance(self.pos_embed, nn.Parameter):
-            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
-            self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
-        elif self.pos_embed is not None:
-            self.pos_embed = self._sincos(grid).to(self.pos_embed)
-
     def grid_size(self, img_size: tuple[int, int] | None = None) -> tuple[int, int]:
         """The patch grid (h, w) for an input of `img_size` (H, W), or for the configured size."""
         if img_size is None:

@@ -1,7 +1,7 @@
 """timm's model API around the Vision Transformer (vit/models/vision_transformer.py): what optimizers, feature
 extractors and training loops read (`pretrained_cfg`, `no_weight_decay`, `group_matcher`, `reset_classifier`, ...)
-and the switches that change how a built model runs (`set_token_reduction`, `set_sparse_attention`: timm-style
-keywords or a spec string). A mixin: the model's state lives in VisionTransformer."""
+and the switches that change how a built model runs (`set_input_size`, `set_token_reduction`,
+`set_sparse_attention`: timm-style keywords or a spec string). A mixin: the model's state lives in VisionTransformer."""
 
 import dataclasses
 from typing import Any
@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import build_token_reduction, check_combination, parse_token_reduction
+from ..layers import build_token_reduction, check_combination, parse_token_reduction, resample_abs_pos_embed
 from ..layers.sparse_attention import parse_sparse_spec
 from .vision_weights import checkpoint_filter_fn
 
@@ -107,6 +107,27 @@ class ModelApi:
         self.head = new_head()
         if self.head_dist is not None:
             self.head_dist = new_head()
+
+    @torch.jit.ignore
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
+    ) -> None:
+        """Change the input resolution and/or patch size in place, as timm: positions are resampled (bicubic,
+        [CLS] kept apart), patch projections are resized (FlexiViT's pseudo-inverse, timm's resample_patch_embed)."""
+        prev_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(img_size, patch_size)
+        grid = self.patch_embed.grid_size
+        for info in self.feature_info:
+            info["reduction"] = self.patch_embed.reduction
+        if grid == prev_grid:
+            return
+        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
+            m.set_grid(grid)
+        if isinstance(self.pos_embed, nn.Parameter):
+            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
+            self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
+        elif self.pos_embed is not None:
+            self.pos_embed = self._sincos(grid).to(self.pos_embed)
 
     def set_fused_attn(self, enabled: bool) -> None:
         self.blocks.fused_attn = enabled
