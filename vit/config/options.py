@@ -128,7 +128,9 @@ class AttentionOptions:
     The Encoder takes one for every block or a sequence with one per block (as timm's Eva takes per-block values).
     Saved names and inner norms are the block's parts (vit.layers.BlockParts: qkv_fused, scale_attn_norm)."""
 
-    qkv_bias: bool | Literal["qv"] = True  # a bias on q, k and v; "qv": q and v only, k's fixed at zero (Eva, BEiT)
+    # a bias on q, k and v; or the string "qv": q and v only, k fixed at zero (Eva, BEiT). Typed bool as the
+    # constructor was, so that a config.json's model_args check keeps its message; __post_init__ takes "qv"
+    qkv_bias: bool = True
     qk_norm: bool = False  # a norm on each head's queries and keys before the scores (q_norm / k_norm, timm's)
     fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax path always
     # dynamic sparse attention (SparseOptions or its mapping); None: dense
