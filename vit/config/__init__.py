@@ -7,10 +7,10 @@ name. Values given on the command line are parsed as YAML scalars (`3e-4`, `true
 The resolved config is printed at start and saved with every checkpoint (`to_dict` / `from_dict`).
 
 One module per idea: errors.py (ConfigError, OptionError), types.py (a value checked against a field's type),
-options.py (`options_from`, the one way an options object is made from a mapping; SparseOptions, NaFlexOptions),
-model_parts.py (the model parts' options: Rope, RelPos, Stem, NaFlex), choices.py (the names a model option
-chooses among, which the layers' registries are held to), schema.py (the sections and their fields), strict.py
-(dict to Config and back), checks.py (the tables of choices and ranges, the checks within sections),
+options.py (`options_from`, the one way an options object is made from a mapping; SparseOptions, NaFlexOptions,
+AttentionOptions), model_parts.py (the model parts' options: Rope, RelPos, Stem, NaFlex), choices.py (the names a
+model option chooses among, which the layers' registries are held to), schema.py (the sections and their fields),
+strict.py (dict to Config and back), checks.py (the tables of choices and ranges, the checks within sections),
 combinations.py (`validate`: those and the checks between sections), model_args.py (a config.json's model_args
 checked), loader.py (YAML and overrides to a Config), sources.py (data sources from saved configs).
 This package imports PyYAML and the standard library only (no torch).
@@ -33,7 +33,15 @@ from .errors import ConfigError, OptionError
 from .loader import StrictLoader, apply_overrides, dump, load_config, parse_overrides, read_yaml
 from .model_args import check_model_args
 from .model_parts import NaFlex, RelPos, Rope, Stem
-from .options import FLAT_SPARSE_KEYS, NaFlexOptions, SparseOptions, UnknownOption, nest_sparse_keys, options_from
+from .options import (
+    FLAT_SPARSE_KEYS,
+    AttentionOptions,
+    NaFlexOptions,
+    SparseOptions,
+    UnknownOption,
+    nest_sparse_keys,
+    options_from,
+)
 from .schema import (
     DEFAULT_MODEL,
     INTERPOLATIONS,
@@ -52,7 +60,8 @@ from .strict import diff, from_dict, to_dict
 from .types import YAML11_BOOLS, check_type
 
 __all__ = ["ConfigError", "OptionError", "UnknownOption", "options_from", "check_type", "choices", "Rope", "RelPos",
-           "Stem", "NaFlex", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS", "nest_sparse_keys",
+           "Stem", "NaFlex", "AttentionOptions", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS",
+           "nest_sparse_keys",
            "DEFAULT_MODEL", "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig",
            "ContrastiveConfig", "INTERPOLATIONS",
            "MIN_CROP_PCT", "check_preprocessing", "from_dict", "to_dict", "validate", "diff", "check_dataset_keys",

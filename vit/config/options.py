@@ -163,3 +163,27 @@ def nest_sparse_keys(args: dict, prefix: str = "") -> dict:
         raise ConfigError(f"{'config key ' if prefix else ''}'{prefix}sparse_attention' is an options object and flat "
                           f"sparse_* keys are given too; move {', '.join(given)} into it.")
     return out
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """What a block's attention computes (vit/layers/attention.py), one object from create_model's timm keywords
+    (`qkv_bias`, `qk_norm`, `fused_attn`, `sparse_attention`) through the Encoder to the layer, checked once here.
+    The Encoder takes one for every block or a sequence with one per block (as timm's Eva takes per-block values).
+    Saved names and inner norms are the block's parts (vit.layers.BlockParts: qkv_fused, scale_attn_norm)."""
+
+    # a bias on q, k and v; or the string "qv": q and v only, k fixed at zero (Eva, BEiT). Typed bool as the
+    # constructor was, so that a config.json's model_args check keeps its message; __post_init__ takes "qv"
+    qkv_bias: bool = True
+    qk_norm: bool = False  # a norm on each head's queries and keys before the scores (q_norm / k_norm, timm's)
+    fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax path always
+    # dynamic sparse attention (SparseOptions or its mapping); None: dense
+    sparse_attention: SparseOptions | dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.qkv_bias not in (True, False, "qv") or (self.qkv_bias != "qv" and not isinstance(self.qkv_bias, bool)):
+            raise ValueError(f"qkv_bias must be true, false or 'qv' (q and v biases only), got {self.qkv_bias!r}.")
+        for key in ("qk_norm", "fused_attn"):
+            if not isinstance(getattr(self, key), bool):
+                raise OptionError("AttentionOptions", key, f"must be true or false, got {getattr(self, key)!r}.")
+        object.__setattr__(self, "sparse_attention", SparseOptions.of(self.sparse_attention))

@@ -85,6 +85,7 @@ class ModelConfig:
     pos_drop_rate: float | None = None  # dropout on the tokens after the position embedding; null: the name's (0)
     attn_drop_rate: float = 0.0  # dropout on the attention weights
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
+    qk_norm: bool | None = None  # a norm on each head's queries and keys (timm's q_norm / k_norm); null: the name's
     fused_attn: bool | None = None  # F.scaled_dot_product_attention (true) or the explicit softmax path; null: true
     dynamic_img_size: bool | None = None  # positions resampled to any input size on the fly; null: the name's
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face

@@ -1,9 +1,10 @@
 """Building blocks of the shared Transformer encoder, one concept per module."""
 
 from ..config import SparseOptions
-from .attention import Attention, CachedSelfAttention, CrossAttention
+from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
+from .combinations import CONFLICTS, check_combination
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
@@ -34,7 +35,10 @@ from .sparse_attention import (
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
 
 __all__ = [
+    "CONFLICTS",
+    "check_combination",
     "Attention",
+    "attention_options",
     "AttentionPoolLatent",
     "BlockParts",
     "CachedSelfAttention",

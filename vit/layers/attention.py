@@ -29,17 +29,30 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import SparseOptions
+from ..config import AttentionOptions, SparseOptions
 from .block_parts import BlockParts, join_qkv, split_qkv_names
+from .combinations import check_combination
 from .rel_pos import RelPosTable, SharedRelPos, table_names_in, table_names_out
 from .rope import Rope, apply_rope
 from .sdpa import add_bias, attend, expand_mask, merge_heads, sdpa_mask, split_heads, split_qkv
 from .sparse_attention import SparseAttention
 
-__all__ = ["Attention", "CachedSelfAttention", "CrossAttention"]
+__all__ = ["Attention", "CachedSelfAttention", "CrossAttention", "attention_options"]
 
 torch.fx.wrap("sdpa_mask")  # a leaf in traced graphs (see sdpa_mask); wrapped where it is called
 torch.fx.wrap("add_bias")  # likewise: its branches on the mask's form stay out of traced graphs
+
+
+def attention_options(options: AttentionOptions | None, qkv_bias: bool | str = True, fused_attn: bool = True,
+                      sparse_attention: SparseOptions | None = None) -> AttentionOptions:
+    """The one object of a layer's or block's attention settings: `options` as given, or made from the flat
+    keywords (timm's Attention takes them; the text encoder and decoder pass them), never both."""
+    if options is None:
+        return AttentionOptions(qkv_bias, fused_attn=fused_attn, sparse_attention=sparse_attention)
+    if (qkv_bias, fused_attn, sparse_attention) != (True, True, None):
+        raise ValueError("pass the attention settings either as one AttentionOptions or as qkv_bias / fused_attn / "
+                         "sparse_attention keywords, not both.")
+    return options
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -70,6 +83,24 @@ class Attention(nn.Module):
             on the heads' output before `proj`, `proj` without bias.
         rel_pos: None, or a factory (vit.layers.rel_pos.rel_pos_layers) of this layer's bias module, saved as
             `rel_pos` (timm's relpos), or of a reference to the model's shared one.
+        options: the settings as one `vit.config.AttentionOptions` (qkv_bias, qk_norm, fused_attn,
+            sparse_attention), as `Block` passes them; or None, made from the three keywords above.
+
+    The contract an attention class keeps, so that `Block(attn_layer=...)`, the Encoder (one class or one per
+    block), `create_model(attn_layer=...)` and the model's forward paths take it unchanged:
+      - `__init__(dim, num_heads, *, attn_drop, proj_drop, options)` and, when the model has them, `rope=` (a
+        `Rope`), `rel_pos=` (a factory), `parts=` (a BlockParts) and `norm_layer=`; subclass this class to inherit
+        them all.
+      - `forward(x, mask=None, is_causal=False, return_attention=False, num_queries=None, rope=None)` ->
+        `(out (B, N, D), probabilities (B, H, N, N) or None)`: `mask` in any form `expand_mask` takes (True / 1 =
+        attend, or a float bias), `rope` a table for the last M tokens, `num_queries=q` the first q rows only
+        (B, q, D); with `return_attention` (or `fused_attn` False) the explicit path returns the probabilities
+        the output was computed from, so rollout and `forward_with_attention` see what the model did.
+      - attributes `fused_attn` (the Encoder switches it), `num_heads`, `qkv` (the sparse switch reads its width)
+        and `sparse` (None when dense); `forward_reduce` for token reduction.
+    The simplest subclass changes one step: `_qk` (each head's q and k before the scores) or `_project` (heads ->
+    output), and every path follows (fused, explicit, sparse, first queries), as tests/test_attention_seam.py
+    shows with a temperature on the logits.
     """
 
     def __init__(
@@ -85,22 +116,27 @@ class Attention(nn.Module):
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
         norm_layer: Callable[[int], nn.Module] = nn.LayerNorm,
         rel_pos: Callable[[], nn.Module | SharedRelPos] | None = None,
+        options: AttentionOptions | None = None,
     ) -> None:
         super().__init__()
         _check_heads(dim, num_heads)
-        if qkv_bias not in (True, False, "qv"):
-            raise ValueError(f"qkv_bias must be true, false or 'qv' (q and v biases only), got {qkv_bias!r}.")
-        if rel_pos is not None and sparse_attention is not None:
-            raise ValueError("relative position bias runs on dense attention; drop sparse_attention or rel_pos.")
+        options = attention_options(options, qkv_bias, fused_attn, sparse_attention)
+        check_combination(sparse_attention=options.sparse_attention is not None, rel_pos=rel_pos is not None)
+        self.options = options
+        qkv_bias, sparse_attention = options.qkv_bias, options.sparse_attention
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
-        self.fused_attn = fused_attn
+        self.fused_attn = options.fused_attn
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias is True)
         # Eva's q / v biases: the k bias stays zero (a buffer: with rotary positions it would not cancel in softmax)
         self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
         self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
         self.register_buffer("k_bias", torch.zeros(dim) if qkv_bias == "qv" else None, persistent=False)
+        # QK-norm (Dehghani et al., 2023, "Scaling Vision Transformers to 22 Billion Parameters"): each head's
+        # queries and keys normalised over their d channels, before rotary positions and the scores (timm's names)
+        self.q_norm = norm_layer(self.head_dim) if options.qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim) if options.qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.norm = norm_layer(dim) if parts.scale_attn_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim, bias=parts.proj_bias)
@@ -132,12 +168,10 @@ class Attention(nn.Module):
         Masks are prepared by `sdpa_mask` (an FX leaf), so `mask` and `is_causal` meet no Python branch here
         and the module traces with torch.fx as well as it scripts."""
         N = x.shape[1]
-        if rope is not None and self.sparse is not None:
-            raise ValueError("rotary positions run on dense attention; drop sparse_attention when passing a rope "
-                             "table.")
+        if not torch.jit.is_scripting():  # a scripted layer is dense (see below): nothing to refuse
+            check_combination(sparse_attention=self.sparse is not None, rope_table=rope is not None,
+                              rel_pos=self.rel_pos is not None)  # set_sparse_attention may have come after
         if self.rel_pos is not None:  # (1, H, N, N) relative position bias, one float mask with the user's
-            if self.sparse is not None:
-                raise ValueError("relative position bias runs on dense attention; call set_sparse_attention(None).")
             mask = add_bias(mask, self.rel_pos(), x)
         if not torch.jit.is_scripting():  # TorchScript compiles the dense layer only
             if self.sparse is not None and num_queries is None and self.sparse.runs(N):
@@ -155,6 +189,18 @@ class Attention(nn.Module):
         return self._project(out), attn
 
     def _qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """(B, N, D) -> q, k, v (B, H, N, d) each, q and k normalised per head (QK-norm; identities without)."""
+        q, k, v = self._project_qkv(x)
+        q, k = self._qk(q, k)
+        return [q, k, v]
+
+    def _qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each head's queries (B, H, Nq, d) and keys (B, H, N, d) before rotary positions and the scores: QK-norm
+        here. Every path calls it (fused, explicit, sparse, the first-queries one), so a subclass that changes the
+        logits elementwise (a temperature, a per-head scale) overrides this one step."""
+        return self.q_norm(q), self.k_norm(k)
+
+    def _project_qkv(self, x: torch.Tensor) -> list[torch.Tensor]:
         """(B, N, D) -> q, k, v (B, H, N, d) each: one matmul for all three."""
         if self.q_bias is not None and self.k_bias is not None and self.v_bias is not None:
             bias = torch.cat([self.q_bias, self.k_bias, self.v_bias])
@@ -207,9 +253,7 @@ class Attention(nn.Module):
           'cls':  the [CLS] row of the probabilities (B, H, 1, N), EViT's ranking. On the fused path it is one
                   extra (1 x N) product per head beside the fused kernel, O(N d) instead of the N x N map."""
         N = x.shape[1]
-        if self.rel_pos is not None:
-            raise ValueError("token reduction changes which tokens exist, which a relative position bias is built "
-                             "for; call set_token_reduction(None).")
+        check_combination(token_reduction=True, rel_pos=self.rel_pos is not None)
         q, k, v = self._qkv(x)
         bias = None if bias is None else bias.to(q.dtype)
         if bias is not None and torch.compiler.is_exporting():  # (B, 1, 1, N) -> (B, 1, N, N): ONNX Runtime's
@@ -235,11 +279,12 @@ class Attention(nn.Module):
         w, b = self.qkv.weight, self._qkv_bias()
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
         k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
+        query, k = self._qk(split_heads(query, self.num_heads), k)
         if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone
             if q > x.shape[1] - rope.shape[-2]:
                 raise ValueError(f"num_queries={q} reaches into the rotated patch tokens; use at most the prefix.")
             k = apply_rope(k, rope, self.rotate_half)
-        out, _ = attend(split_heads(query, self.num_heads), k, v, mask, is_causal, self._dropout_p())
+        out, _ = attend(query, k, v, mask, is_causal, self._dropout_p())
         return self._project(out)  # (B, q, D)
 
 

@@ -1,9 +1,9 @@
-"""The models: the shared Transformer `encoder`, the `vision_transformer` (timm-exact) and the `text_encoder`
-on it (`text_build`: pretrained text models by name; `text_classifier`: transformers' sequence-classification
-heads; `text_save`: saved for transformers), the `decoder` and the encoder-decoder (`seq2seq`,
-decoded by `generation`), timm's feature API (`features`), the stage-by-stage `summary`, the config's model
-(`build`), model checkpoint folders (`checkpoint`) and the README.md model card each of them carries
-(`model_card`)."""
+"""The models: the shared Transformer `encoder`, the `vision_transformer` (timm-exact) with `naflex_vit` (NaFlex
+inputs, a subclass) and the `text_encoder` on it (`text_build`: pretrained text models by name; `text_classifier`:
+transformers' sequence-classification heads; `text_save`: saved for transformers), the `decoder` and the
+encoder-decoder (`seq2seq`, decoded by `generation`), timm's feature API (`features`), the stage-by-stage
+`summary`, the config's model (`build`), model checkpoint folders (`checkpoint`) and the README.md model card each
+of them carries (`model_card`)."""
 
 from .build import (
     build_model,
@@ -19,6 +19,7 @@ from .decoder import Decoder, DecoderBlock, DecoderCache, LayerCache, TextDecode
 from .encoder import Block, Encoder
 from .generation import GenerateOutput, beam_search, greedy_search
 from .model_card import model_card
+from .naflex_vit import NaFlexVit
 from .seq2seq import Seq2Seq
 from .text_build import create_text_model, text_classifier_from_config, text_encoder_from_config
 from .text_classifier import TextClassifier
@@ -27,7 +28,8 @@ from .text_save import save_text_model
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
 
-__all__ = ["VisionTransformer", "create_model", "list_models", "VARIANTS", "REFUSED", "Block", "Encoder", "TextEncoder",
+__all__ = ["VisionTransformer", "NaFlexVit", "create_model", "list_models",
+           "VARIANTS", "REFUSED", "Block", "Encoder", "TextEncoder",
            "TextEncoderOutput", "build_model", "pretrained_cfg_of", "model_kwargs", "check_model_config",
            "save_checkpoint", "load_checkpoint", "CheckpointError", "model_card", "create_text_model",
            "text_encoder_from_config", "text_classifier_from_config", "TextClassifier", "save_text_model",

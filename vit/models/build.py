@@ -41,7 +41,7 @@ from .features import features_only_model
 from .model_size import check_size, stacked_size
 from .variants import REFUSED, VARIANTS
 from .vision_transformer import VisionTransformer
-from .vit_options import MAPPINGS, OPTIONS, constructor_kwargs, option_types
+from .vit_options import MAPPINGS, OPTIONS, constructor_kwargs, model_class, option_types
 
 __all__ = ["check_buildable", "create_model", "list_models", "pretrained_cfg_of", "build_model", "model_kwargs",
            "check_model_config", "resolve_name"]
@@ -71,7 +71,7 @@ def estimated_params(kwargs: dict, keep: int = 16) -> float | None:
         cut = {**kwargs, "depth": n["depth"]}
         if layers:
             cut["stem"] = dataclasses.replace(stem, layers=tuple(n[f"stage{i}"] for i in range(len(layers))))
-        return VisionTransformer(**constructor_kwargs(cut))
+        return model_class(cut)(**constructor_kwargs(cut))
 
     return stacked_size(build, counts, keep)
 
@@ -120,7 +120,7 @@ def create_model(
                "check the model's size options")
     if source is not None:
         check_depth_fits(kwargs.get("depth"), source.weights, source.name)
-    model = VisionTransformer(**constructor_kwargs(kwargs))
+    model = model_class(kwargs)(**constructor_kwargs(kwargs))
     model._variant = name
     # what a checkpoint's config.json records (timm's name for it), options objects as their mappings
     model._model_args = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in kwargs.items()}

@@ -11,18 +11,30 @@ Disabled options become `nn.Identity()`, so `forward` has no branches on them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..config import SparseOptions
-from ..layers import Attention, BlockParts, DropPath, LayerScale, Rope, TokenState, get_mlp_layer, get_norm_layer
+from ..config import AttentionOptions, SparseOptions
+from ..layers import (
+    Attention,
+    BlockParts,
+    DropPath,
+    LayerScale,
+    Rope,
+    TokenState,
+    attention_options,
+    check_combination,
+    get_mlp_layer,
+    get_norm_layer,
+)
 from ..layers.sparse_attention import retune
 
-__all__ = ["Block", "Encoder", "block_stack", "drop_path_rates"]
+__all__ = ["PER_BLOCK", "Block", "Encoder", "block_stack", "drop_path_rates", "per_block"]
 
 
 def drop_path_rates(depth: int, rate: float) -> list[float]:
@@ -30,13 +42,30 @@ def drop_path_rates(depth: int, rate: float) -> list[float]:
     return torch.linspace(0, rate, depth, device="cpu").tolist() if depth > 1 else [rate] * depth  # any device context
 
 
-def block_stack(block_layer: Callable[..., nn.Module], depth: int, dim: int, num_heads: int, mlp_ratio: float,
-                qkv_bias: bool, drop_rate: float, attn_drop_rate: float, drop_path_rate: float,
-                **block_kwargs) -> list[nn.Module]:
-    """`depth` blocks of `block_layer` (`Block`, the decoder's `DecoderBlock`), stochastic depth rising to
-    `drop_path_rate`: the layers of `Encoder` and `Decoder`."""
-    return [block_layer(dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs)
-            for rate in drop_path_rates(depth, drop_path_rate)]
+PER_BLOCK = ("block_layer", "attention", "attn_layer")  # what may differ by depth: one value or one per block
+
+
+def per_block(depth: int, name: str, value: Any) -> list[Any]:
+    """One value for each of `depth` blocks: a list or tuple is one per block (as timm's Eva takes its
+    per-block settings), anything else the same for all."""
+    if not isinstance(value, (list, tuple)):
+        return [value] * depth
+    if len(value) != depth:
+        raise ValueError(f"{name} has {len(value)} values for {depth} blocks; give one value, or one per block.")
+    return list(value)
+
+
+def block_stack(block_layer: Callable[..., nn.Module] | Sequence[Callable[..., nn.Module]], depth: int, dim: int,
+                num_heads: int, mlp_ratio: float, qkv_bias: bool, drop_rate: float, attn_drop_rate: float,
+                drop_path_rate: float, **block_kwargs) -> list[nn.Module]:
+    """`depth` blocks of `block_layer` (`Block`, the decoder's `DecoderBlock`, `partial(Block, attn_layer=...)`),
+    stochastic depth rising to `drop_path_rate`: the layers of `Encoder` and `Decoder`. `block_layer` and the
+    keywords in PER_BLOCK may be a sequence with one value per block."""
+    own = {k: per_block(depth, k, block_kwargs.pop(k)) for k in PER_BLOCK[1:] if k in block_kwargs}
+    layers = per_block(depth, "block_layer", block_layer)
+    return [layers[i](dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs,
+                      **{k: v[i] for k, v in own.items()})
+            for i, rate in enumerate(drop_path_rates(depth, drop_path_rate))]
 
 
 def _gamma_names_out(module, state, prefix, local_metadata):
@@ -62,7 +91,9 @@ class Block(nn.Module):
     `sparse_attention` (a `SparseOptions`, None for dense) goes to `Attention` whole. `norm_layer` ('layernorm' |
     'rmsnorm' or a constructor), `mlp_layer` ('gelu' | 'swiglu' or a class) and `attn_layer` (`Attention` or a
     subclass, e.g. the decoder's cached one) pick the parts; parameter names follow timm (`norm1`, `attn`, `ls1`,
-    `norm2`, `mlp`, `ls2`), so timm's weights load. A sub-layer is `attn_input` -> the layer -> `attn_residual`,
+    `norm2`, `mlp`, `ls2`), so timm's weights load. `attention` (a vit.config.AttentionOptions) goes to
+    the attention whole; without it, `qkv_bias`, `fused_attn` and `sparse_attention` make one. A sub-layer is
+    `attn_input` -> the layer -> `attn_residual`,
     then `ffn`: a block that adds a sub-layer (the decoder's cross-attention) reuses them. `rel_pos` (a factory,
     vit.layers.rel_pos) gives the attention a relative position bias."""
 
@@ -86,24 +117,25 @@ class Block(nn.Module):
         layer_scale_names: str = "ls",
         parts: BlockParts | None = None,
         rel_pos: Callable[[], nn.Module] | None = None,
+        attention: AttentionOptions | None = None,
     ) -> None:
         super().__init__()
+        attention = attention_options(attention, qkv_bias, fused_attn, sparse_attention)
         norm = get_norm_layer(norm_layer) if isinstance(norm_layer, str) else norm_layer
         mlp = get_mlp_layer(mlp_layer) if isinstance(mlp_layer, str) else mlp_layer
         self.norm_first = norm_first
         # res-post-norm (Swin v2; timm's ResPostBlock, Eva's use_post_norm): x + Norm(f(x)), no norm on the input
         self.res_post = parts is not None and parts.res_post_norm
-        if self.res_post and not norm_first:
-            raise ValueError("res_post_norm puts the norm inside the residual; it cannot be combined with "
-                             "norm_first=False (a norm after the residual sum).")
+        check_combination(res_post_norm=self.res_post, post_norm=not norm_first)
         position = {k: v for k, v in (("rope", rope), ("rel_pos", rel_pos)) if v is not None}
         self.norm1 = norm(dim)
         # optional parts (vit.layers.block_parts) only when asked, so attention / MLP classes without them still fit
-        attn_parts = {} if parts is None else {"parts": parts, "norm_layer": norm}
+        attn_parts = {} if parts is None else {"parts": parts}
+        if parts is not None or attention.qk_norm:  # the block's norm for the inner and q / k norms
+            attn_parts["norm_layer"] = norm
         mlp_parts = {} if parts is None else {"bias": parts.proj_bias,
                                               "norm_layer": norm if parts.scale_mlp_norm else None}
-        self.attn = attn_layer(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop,
-                               fused_attn=fused_attn, sparse_attention=sparse_attention,
+        self.attn = attn_layer(dim, num_heads, attn_drop=attn_drop, proj_drop=drop, options=attention,
                                **position, **attn_parts)
         layer_scale = init_values and not self.res_post  # res-post-norm: init_values starts the norms' weights
         self.ls1 = LayerScale(dim, init_values) if layer_scale else nn.Identity()
@@ -186,7 +218,9 @@ class Block(nn.Module):
 
 class Encoder(nn.ModuleList):
     """A stack of `Block`s: tokens (B, N, D) -> (B, N, D), plus one (B, H, N, N) attention map per block when
-    asked; the image and text models both use it unchanged.
+    asked; the image and text models both use it unchanged. `block_layer` (a Block class or factory, e.g.
+    `partial(Block, attn_layer=MyAttention)` as dinov2's block_fn), `attention` (AttentionOptions) and `attn_layer`
+    each take one value for every block or a sequence with one per block (PER_BLOCK).
     Being a ModuleList, its blocks are named `0`, `1`, ... so a model that stores it
     as `blocks` has timm's keys (`blocks.0.attn.qkv.weight`). Stochastic depth rises linearly with depth.
     With `grad_checkpointing`, training recomputes each block's activations in the backward pass instead of
@@ -204,10 +238,11 @@ class Encoder(nn.ModuleList):
         drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        block_layer: Callable[..., nn.Module] | Sequence[Callable[..., nn.Module]] = Block,
         **block_kwargs,
     ) -> None:
-        super().__init__(block_stack(Block, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate,
-                                     drop_path_rate, **block_kwargs))
+        super().__init__(block_stack(block_layer, depth, dim, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                                     attn_drop_rate, drop_path_rate, **block_kwargs))
         self.grad_checkpointing = False
         self.reduces_tokens = False  # set by set_token_reduction
 
@@ -234,8 +269,8 @@ class Encoder(nn.ModuleList):
         `rope`: one rotary table (vit.layers.rope) shared by every block."""
         attentions: list[torch.Tensor] = []
         if self.reduces_tokens and not torch.jit.is_scripting():  # TorchScript keeps the plain stack only
-            if rope is not None:  # the reduced tokens have no grid places for the table to rotate
-                raise ValueError("token reduction cannot run with rotary positions; call set_token_reduction(None).")
+            # the reduced tokens have no grid places for the table to rotate
+            check_combination(token_reduction=True, rope_table=rope is not None)
             return self._forward_reduced(x, mask, is_causal, return_attention, last_queries)
         last = -1
         for i, _ in enumerate(self):  # len(self): TorchScript has no len() of a ModuleList in its own methods
@@ -273,12 +308,8 @@ class Encoder(nn.ModuleList):
         """`forward` while some block reduces tokens: a TokenState (token sizes; with `return_attention` also
         which patches each token stands for, kept as `last_tokens` for drawing) runs through every block. No
         gradient checkpointing here: the state is updated in place, and a recomputed block would update it twice."""
-        if isinstance(x, torch.fx.Proxy):
-            raise ValueError("token reduction runs eagerly only (the token count depends on the data); call "
-                             "set_token_reduction(None) before tracing, scripting or exporting the model.")
-        if mask is not None or is_causal:
-            raise ValueError("token reduction changes which tokens exist, so it cannot take an attention mask; "
-                             "call set_token_reduction(None) first.")
+        check_combination(token_reduction=True, tracing=isinstance(x, torch.fx.Proxy),
+                          attn_mask=mask is not None or is_causal)
         tokens = TokenState.start(x, track_source=return_attention)
         self.last_tokens = tokens if return_attention else None
         attentions: list[torch.Tensor] = []

@@ -11,13 +11,12 @@ prunes the blocks after the last one read, the final norm and the head.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from ..layers import naflex_grids
 
 __all__ = ["FeatureIntermediates", "feature_take_indices", "features_only_model", "FEATURE_CLASSES"]
 
@@ -71,8 +70,8 @@ def features_only_model(
 
 class FeatureIntermediates:
     """timm's intermediate-feature methods for a ViT. The model provides `blocks` (an Encoder), `_embed` (images ->
-    tokens with positions), `norm`, `fc_norm`, `num_prefix_tokens`, `grid_size` and `reset_classifier`; a NaFlex
-    model (`embeds` set) `naflex_inputs` (a batch dict -> tokens, rotary table, padding mask)."""
+    tokens with positions), `norm`, `fc_norm`, `num_prefix_tokens`, `grid_size` and `reset_classifier`; a model of
+    another input contract (NaFlexVit) overrides `intermediate_inputs`."""
 
     @torch.jit.unused
     def forward_intermediates(
@@ -92,21 +91,12 @@ class FeatureIntermediates:
         Each is (B, D, h, w) for output_fmt='NCHW' or (B, h*w, D) for 'NLC', without prefix tokens unless
         `return_prefix_tokens` (then (features, prefix (B, prefix, D)) pairs); `norm` applies the final norm.
         Returns (final normalized tokens, intermediates), only the intermediates, or timm's dict.
-        A NaFlex batch (a dict, vit.layers.naflex) gives timm's NaFlexVit outputs for 'NLC' ((B, N, D) with the
-        padding; output_dict adds 'patch_valid'); for 'NCHW', where timm refuses, each intermediate is a list of
-        the B images' own grids (D, h_i, w_i) (vit.layers.naflex_grids)."""
+        NaFlexVit takes a NaFlex batch (its `intermediate_inputs`): (B, N, D) with the padding for 'NLC', the B
+        images' own grids (D, h_i, w_i) for 'NCHW', 'patch_valid' in the dict."""
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"unknown output_fmt {output_fmt!r}; choose 'NCHW' or 'NLC'.")
         take, max_index = feature_take_indices(len(self.blocks), indices)
-        batch = None
-        if getattr(self, "embeds", None) is not None:  # NaFlex: per-image positions, padding masked
-            x, rope, attn_mask, batch = self.naflex_inputs(x, attn_mask)
-            B, h, w = x.shape[0], 0, 0
-        else:
-            B, _, height, width = x.shape
-            h, w = self.grid_size((height, width))
-            rope = self.rope_table(x)
-            x = self._embed(x)
+        x, rope, attn_mask, to_maps, extra = self.intermediate_inputs(x, attn_mask)
         intermediates = []
         stop = max_index if stop_early else len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
@@ -121,14 +111,10 @@ class FeatureIntermediates:
         p = self.num_prefix_tokens
         prefix = [y[:, :p] for y in intermediates]
         intermediates = [y[:, p:] for y in intermediates]
-        if output_fmt == "NCHW" and batch is not None:  # (B, N, D) -> B maps (D, h_i, w_i) per intermediate
-            intermediates = [naflex_grids(y, batch["patch_coord"], batch["patch_valid"]) for y in intermediates]
-        elif output_fmt == "NCHW":  # (B, h*w, D) -> (B, D, h, w)
-            intermediates = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if output_fmt == "NCHW":
+            intermediates = [to_maps(y) for y in intermediates]
         if output_dict:
-            out: dict[str, Any] = {"image_intermediates": intermediates}
-            if batch is not None:
-                out["patch_valid"] = batch["patch_valid"]
+            out: dict[str, Any] = {"image_intermediates": intermediates, **extra}
             if return_prefix_tokens and p:
                 out["image_intermediates_prefix"] = prefix
             if not intermediates_only:
@@ -137,6 +123,17 @@ class FeatureIntermediates:
         if return_prefix_tokens and p:
             intermediates = list(zip(intermediates, prefix))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+    @torch.jit.unused
+    def intermediate_inputs(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> tuple[
+            torch.Tensor, torch.Tensor | None, torch.Tensor | None, Callable[[torch.Tensor], Any], dict[str, Any]]:
+        """forward_intermediates' inputs: tokens (B, prefix + h*w, D), the rotary table or None, the mask, how a
+        block's patch tokens (B, h*w, D) become maps for 'NCHW' ((B, D, h, w)), and what output_dict adds (nothing
+        here; a model of another input contract, NaFlexVit, overrides this)."""
+        B, _, height, width = x.shape
+        h, w = self.grid_size((height, width))
+        rope = self.rope_table(x)
+        return self._embed(x), rope, attn_mask, lambda y: y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous(), {}
 
     @torch.jit.ignore
     def prune_intermediate_layers(

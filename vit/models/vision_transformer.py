@@ -12,14 +12,16 @@ written for timm's ViT runs unchanged; the default forward traces with torch.fx 
 Attention maps come from a separate method, `forward_with_attention`, whose return type never changes.
 """
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 import torch.fx
 from torch import nn
 
-from ..config import SparseOptions, options_from
+from ..config import AttentionOptions, options_from
 from ..layers import (
+    Attention,
     AttentionPoolLatent,
     BlockParts,
     Pooling,
@@ -27,6 +29,7 @@ from ..layers import (
     RelPos,
     Rope,
     Stem,
+    check_combination,
     get_mlp_layer,
     get_norm_layer,
     patch_embedding,
@@ -36,7 +39,6 @@ from ..layers import (
     rotary_embedding,
     sincos_2d,
 )
-from ..layers.naflex import NaFlex, NaFlexEmbeds, check_batch, key_padding_mask, naflex_rope_table
 from .encoder import Encoder
 from .features import FeatureIntermediates
 from .vit_api import ModelApi
@@ -66,9 +68,7 @@ def _check_options(prefix: PrefixTokens, pooling: Pooling, pos_embed: str, rope:
         raise ValueError("dist_token=True needs global_pool='token': DeiT's heads read [CLS] and [DIST].")
     if pos_embed not in ("learn", "sincos", "none"):
         raise ValueError(f"unknown pos_embed {pos_embed!r}; choose 'learn', 'sincos' or 'none'.")
-    if rel_pos is not None and dynamic_img_size:
-        raise ValueError("a relative position bias is built for one patch grid (as timm's); build the model with "
-                         "dynamic_img_size=False and change its size with set_input_size.")
+    check_combination(rel_pos=rel_pos is not None, dynamic_img_size=dynamic_img_size)
     return options_from(Rope, rope, "rope"), options_from(RelPos, rel_pos, "rel_pos")
 
 
@@ -83,11 +83,13 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     `parts` (vit.layers.BlockParts) adds Eva's, NormFormer's and AIMv2's optional norms, biases and saved names.
     `pre_norm` adds CLIP's norm after the embeddings (and drops the patch projection's bias, as timm). Other
     options and parameter names are timm's (plus `norm_first`, `norm_layer`, `norm_eps`, `mlp_layer`,
-    `pos_embed`, `sparse_attention`, a `SparseOptions` or its mapping, see vit.layers.sparse_attention, `rope`
-    and `rel_pos`, rotary positions and relative position bias, see vit.layers.rope / rel_pos, and `stem`, a
-    convolutional stem, see vit.layers.hybrid_embed); `vit.create_model` builds named variants and takes timm's
-    keywords
-    (`class_token`, `reg_tokens`, `global_pool`, `fc_norm`, ...) for the objects' fields.
+    `pos_embed`, `rope` and `rel_pos`, rotary positions and relative position bias, see vit.layers.rope /
+    rel_pos, and `stem`, a convolutional stem, see vit.layers.hybrid_embed). The attention is chosen per block:
+    `attention` (vit.config.AttentionOptions: qkv bias, QK-norm, fused or explicit, sparse) and `attn_layer`
+    (`Attention` or a subclass keeping its contract, docs/contributing.md) each take one value or one per block.
+    `vit.create_model` builds named variants and takes timm's keywords (`class_token`, `reg_tokens`,
+    `global_pool`, `fc_norm`, `qkv_bias`, `qk_norm`, ...) for the objects' fields; NaFlex inputs are the subclass
+    `NaFlexVit` (vit/models/naflex_vit.py).
     """
 
     __constants__ = ["dynamic_img_size"]  # compile-time constant for TorchScript: the fixed-size path has no branch
@@ -105,7 +107,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         depth: int = 12,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
         prefix: PrefixTokens = PrefixTokens(),  # noqa: B008 (frozen: one shared default is safe)
         pos_embed: Literal["learn", "sincos", "none"] = "learn",
         pre_norm: bool = False,
@@ -119,18 +120,41 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         pos_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
-        fused_attn: bool = True,
-        sparse_attention: SparseOptions | dict | None = None,
+        attention: AttentionOptions | Sequence[AttentionOptions] = AttentionOptions(),  # noqa: B008 (frozen)
+        attn_layer: type[nn.Module] | Sequence[type[nn.Module]] = Attention,
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
         rel_pos: RelPos | dict | None = None,
         stem: Stem | dict | None = None,
-        naflex: NaFlex | dict | None = None,
     ) -> None:
         super().__init__()
         rope, rel_pos = _check_options(prefix, pooling, pos_embed, rope, rel_pos, dynamic_img_size)
         norm = get_norm_layer(norm_layer, norm_eps)
+        self._set_shape(num_classes, in_chans, embed_dim, prefix, pooling, dynamic_img_size, pos_embed, norm_first)
+        self._embeddings(stem, img_size, patch_size, in_chans, pos_embed, pre_norm, norm if parts.embed_norm else None)
+        # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
+        self.rope = None if rope is None else rotary_embedding(rope, embed_dim // num_heads, depth, num_heads)
+        # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
+        self.shared_rel_pos, rel_pos_layer = rel_pos_layers(rel_pos, self.patch_embed.grid_size, num_heads,
+                                                            prefix.count)
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
+        self.blocks = Encoder(
+            depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate, drop_path_rate,
+            init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
+            attention=attention, attn_layer=attn_layer, rope=rope, layer_scale_names=layer_scale_names, parts=parts,
+            rel_pos=rel_pos_layer,
+        )
+        # one feature level per block, all at the patch stride (timm's feature_info)
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.reduction)
+                             for i in range(depth)]
+        self._head(norm, norm_first and pooling.final_norm, mlp_layer, mlp_ratio, num_heads, drop_rate)
+        self.init_weights()
+
+    def _set_shape(self, num_classes: int, in_chans: int, embed_dim: int, prefix: PrefixTokens, pooling: Pooling,
+                   dynamic_img_size: bool, pos_embed: str, norm_first: bool) -> None:
+        """The attributes timm's ViT API reads: widths, token counts, the options objects."""
         self.num_classes, self.in_chans = num_classes, in_chans
         self.prefix, self.pooling = prefix, pooling
         self.global_pool = pooling.global_pool
@@ -147,55 +171,43 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self._variant: str | None = None  # the name create_model built, for pretrained_cfg
         self._pretrained_cfg: dict[str, Any] | None = None
 
-        # CLIP's pre-norm follows the patch projection, which then has no bias (timm: bias=not pre_norm); a `stem`
-        # (vit.layers.hybrid_embed) puts a convolutional network before it
-        self.patch_embed = patch_embedding(stem, img_size, patch_size, in_chans, embed_dim, bias=not pre_norm,
-                                           norm_layer=norm if parts.embed_norm else None)
-        num_patches = self.patch_embed.num_patches
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if prefix.dist_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, embed_dim)) if prefix.reg_tokens else None
+    def _embeddings(self, stem: Stem | dict | None, img_size: int | tuple[int, int], patch_size: int | tuple[int, int],
+                    in_chans: int, pos_embed: str, pre_norm: bool, embed_norm: Any) -> None:
+        """Patches -> tokens: `patch_embed`, the prefix tokens and the position table (eq. 1). CLIP's pre-norm
+        follows the patch projection, which then has no bias (timm: bias=not pre_norm); a `stem`
+        (vit.layers.hybrid_embed) puts a convolutional network before it."""
+        D, prefix = self.embed_dim, self.prefix
+        self.patch_embed = patch_embedding(stem, img_size, patch_size, in_chans, D, bias=not pre_norm,
+                                           norm_layer=embed_norm)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, D)) if prefix.dist_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, prefix.reg_tokens, D)) if prefix.reg_tokens else None
         if pos_embed == "learn":
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + num_patches, embed_dim))
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_pos_prefix + self.patch_embed.num_patches, D))
         elif pos_embed == "sincos":  # fixed: a buffer, not saved, rebuilt for any grid; prefix slots get zeros
             self.register_buffer("pos_embed", self._sincos(self.patch_embed.grid_size), persistent=False)
         else:  # positions come from rotary embeddings only (DINOv3)
             self.pos_embed = None
-        self.embeds = self._naflex_embeds(naflex, in_chans, pos_embed, not pre_norm)  # None unless NaFlex
-        # rotary positions (vit.layers.rope): one table per grid, shared by every block's attention; no weights
-        self.rope = None if rope is None else rotary_embedding(rope, embed_dim // num_heads, depth, num_heads)
-        # relative position bias (vit.layers.rel_pos): a module per block's attention, or one the blocks share
-        self.shared_rel_pos, rel_pos_layer = rel_pos_layers(rel_pos, self.patch_embed.grid_size, num_heads,
-                                                            prefix.count)
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.norm_pre = norm(embed_dim) if pre_norm else nn.Identity()
+        self.embeds = None  # NaFlexVit's embeddings (vit/models/naflex_vit.py); the square model has none
 
-        self.blocks = Encoder(
-            depth, embed_dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, drop_path_rate,
-            init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
-            fused_attn=fused_attn, sparse_attention=SparseOptions.of(sparse_attention),
-            rope=rope, layer_scale_names=layer_scale_names, parts=parts, rel_pos=rel_pos_layer,
-        )
-        # one feature level per block, all at the patch stride (timm's feature_info)
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.reduction)
-                             for i in range(depth)]
-        # timm: mean/max pooling normalizes the pooled vector (fc_norm) instead of every token (norm). A post-norm
-        # stack already ends in a norm, so it gets none here.
-        final = norm_first and pooling.final_norm
-        self.norm = norm(embed_dim) if final and not pooling.use_fc_norm else nn.Identity()
-        self.attn_pool = (AttentionPoolLatent(embed_dim, pooling.attn_pool_num_heads or num_heads, get_mlp_layer(
+    def _head(self, norm: Any, final: bool, mlp_layer: str, mlp_ratio: float, num_heads: int, drop_rate: float
+              ) -> None:
+        """The final norm, the pooling and the classifier (eq. 4). timm: mean/max pooling normalizes the pooled
+        vector (fc_norm) instead of every token (norm); a post-norm stack already ends in a norm (`final` False)."""
+        D, pooling = self.embed_dim, self.pooling
+        self.norm = norm(D) if final and not pooling.use_fc_norm else nn.Identity()
+        self.attn_pool = (AttentionPoolLatent(D, pooling.attn_pool_num_heads or num_heads, get_mlp_layer(
             mlp_layer), norm, pooling.attn_pool_mlp_ratio or mlp_ratio) if pooling.global_pool == "map" else None)
-        self.fc_norm = norm(embed_dim) if final and pooling.use_fc_norm else nn.Identity()
+        self.fc_norm = norm(D) if final and pooling.use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = nn.Linear(D, self.num_classes) if self.num_classes > 0 else nn.Identity()
         # DeiT's distillation head on [DIST]; averaged with `head` at inference (timm's VisionTransformerDistilled)
-        self.head_dist = (nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()) \
-            if prefix.dist_token else None
+        self.head_dist = (nn.Linear(D, self.num_classes) if self.num_classes > 0 else nn.Identity()) \
+            if self.prefix.dist_token else None
         self.distilled_training = False  # True (set_distilled_training): training returns both heads' logits
         # forward() of a [CLS]-pooled model runs its last block for [CLS] only; False runs every token (e.g. for
         # hooks that inspect the last block's outputs)
         self.prune_last_block = True
-        self.init_weights()
 
     # --- construction helpers -------------------------------------------------------------------------------
 
@@ -208,24 +220,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         table = sincos_2d(grid, self.embed_dim)  # (h*w, D)
         prefix = table.new_zeros(self.num_pos_prefix, self.embed_dim)
         return torch.cat([prefix, table])[None]  # (1, prefix + h*w, D)
-
-    def _naflex_embeds(self, naflex: NaFlex | dict | None, in_chans: int, pos_embed: str, bias: bool
-                       ) -> NaFlexEmbeds | None:
-        """timm's NaFlexVit embeddings (vit.layers.naflex) in place of the square ones: the Linear projection, [CLS],
-        registers and the position table inside `embeds` (timm's names), `patch_embed` its weightless geometry.
-        None (the square embeddings stay) without `naflex`."""
-        if naflex is None:
-            return None
-        naflex = options_from(NaFlex, naflex, "naflex")
-        if self.prefix.dist_token or pos_embed == "sincos":
-            raise ValueError("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned "
-                             "table per image; drop dist_token, use pos_embed='learn' or 'none'.")
-        grid = self.patch_embed
-        embeds = NaFlexEmbeds(grid.img_size, grid.patch_size, in_chans, self.embed_dim, self.prefix.class_token,
-                              self.prefix.reg_tokens, naflex, pos_embed == "learn", bias)
-        self.patch_embed = embeds.grid
-        self.cls_token = self.dist_token = self.reg_token = self.pos_embed = None
-        return embeds
 
     def init_weights(self) -> None:
         """timm's default ViT init: truncated normal (std 0.02) for linears and positions, tiny [CLS]."""
@@ -242,27 +236,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
                 nn.init.trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-
-    @torch.jit.ignore
-    def set_input_size(
-        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
-    ) -> None:
-        """Change the input resolution and/or patch size in place, as timm: positions are resampled (bicubic,
-        [CLS] kept apart), patch projections are resized (FlexiViT's pseudo-inverse, timm's resample_patch_embed)."""
-        prev_grid = self.patch_embed.grid_size
-        self.patch_embed.set_input_size(img_size, patch_size)
-        grid = self.patch_embed.grid_size
-        for info in self.feature_info:
-            info["reduction"] = self.patch_embed.reduction
-        if grid == prev_grid:
-            return
-        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
-            m.set_grid(grid)
-        if isinstance(self.pos_embed, nn.Parameter):
-            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
-            self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
-        elif self.pos_embed is not None:
-            self.pos_embed = self._sincos(grid).to(self.pos_embed)
 
     def grid_size(self, img_size: tuple[int, int] | None = None) -> tuple[int, int]:
         """The patch grid (h, w) for an input of `img_size` (H, W), or for the configured size."""
@@ -333,43 +306,6 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         return self._sincos(grid).to(self.pos_embed.device)
 
     @torch.jit.unused
-    def naflex_inputs(
-        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]]:
-        """A NaFlex batch (vit.layers.naflex; images are patchified whole) -> tokens (B, prefix + N, D) with
-        per-image positions, the rotary table (B, N, 2d) or None, the attention mask (padding is never a key,
-        unless the caller gives one) and the batch."""
-        batch = x if isinstance(x, dict) else self.patch_embed(x)
-        check_batch(batch, self.embeds.proj.in_features)
-        coord, valid = batch["patch_coord"], batch["patch_valid"]
-        tokens = self.norm_pre(self.pos_drop(self.embeds(batch["patches"], coord, valid)))
-        rope = None if self.rope is None else naflex_rope_table(self.rope, coord, valid)
-        mask = key_padding_mask(valid, self.num_prefix_tokens) if attn_mask is None else attn_mask
-        return tokens, rope, mask, batch
-
-    @torch.jit.unused
-    def naflex_features(
-        self, x: torch.Tensor | dict[str, torch.Tensor], attn_mask: torch.Tensor | None = None
-    ) -> torch.Tensor | dict[str, torch.Tensor]:
-        """forward_features of a NaFlex model, as timm's NaFlexVit: a batch dict -> {"patches": normalized tokens
-        (B, prefix + N, D), "patch_valid": (B, N)}; images (B, C, H, W) -> tokens."""
-        tokens, rope, mask, batch = self.naflex_inputs(x, attn_mask)
-        tokens = self.norm(self.blocks(tokens, mask, rope=rope)[0])
-        return {"patches": tokens, "patch_valid": batch["patch_valid"]} if isinstance(x, dict) else tokens
-
-    @torch.jit.unused
-    def naflex_encode(
-        self, x: torch.Tensor | dict[str, torch.Tensor], patch_keep: torch.Tensor | None = None,
-        return_attention: bool = False, last_queries: int | None = None, attn_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """`encode` of a NaFlex batch: normalized tokens (B, prefix + N, D) and the per-block attention maps."""
-        if patch_keep is not None:
-            raise ValueError("patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid.")
-        x, rope, attn_mask, _ = self.naflex_inputs(x, attn_mask)
-        x, attentions = self.blocks(x, attn_mask, False, return_attention, last_queries, rope)
-        return self.norm(x), attentions
-
-    @torch.jit.unused
     def encode(
         self,
         x: torch.Tensor,
@@ -385,12 +321,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         are removed from the sequence (token deletion: a ViT takes a shorter sequence natively).
         `last_queries=q` runs the last block for the first q tokens only: (B, q, D).
         """
-        if self.embeds is not None:  # NaFlex: a batch dict (or images), positions per image, padding masked
-            return self.naflex_encode(x, patch_keep, return_attention, last_queries, attn_mask)
         rope = self.rope_table(x)
-        if (rope is not None or self.rel_pos_modules()) and patch_keep is not None:
-            raise ValueError("patch_keep removes patches whose rotary positions or relative position bias the model "
-                             "would still apply; drop patch_keep for this model.")
+        check_combination(patch_keep=patch_keep is not None, rope=rope is not None,
+                          rel_pos=len(self.rel_pos_modules()) > 0)
         x = self._embed(x)  # (B, prefix + h*w, D)
         if patch_keep is not None:
             p = self.num_prefix_tokens
@@ -402,10 +335,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     def forward_features(
         self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False
     ) -> torch.Tensor:
-        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes.
-        A NaFlex model also takes a batch dict and returns timm's dict (`naflex_features`)."""
-        if self.embeds is not None:
-            return self.naflex_features(x, attn_mask)
+        """(B, C, H, W) -> (B, prefix + N, D), after the final norm. attn_mask: any form `expand_mask` takes."""
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, rope=self.rope_table(x))
         return self.norm(x)
 
@@ -416,23 +346,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             return self.attn_pool(x[:, self.pool_skip :])
         return pool_tokens(x, self.global_pool if pool_type is None else pool_type, self.pool_skip)
 
-    @torch.jit.unused
-    def naflex_pool(self, x: torch.Tensor, patch_valid: torch.Tensor) -> torch.Tensor:
-        """`pool` of a NaFlex batch: patch_valid (B, N) keeps padding out of the average, the max and attention
-        pooling's keys (timm's global_pool_naflex); [CLS] pooling reads [CLS]."""
-        if self.attn_pool is not None:
-            return self.attn_pool(x[:, self.num_prefix_tokens :], patch_valid)
-        return pool_tokens(x, self.global_pool, self.num_prefix_tokens, patch_valid)
-
-    def forward_head(
-        self, x: torch.Tensor, pre_logits: bool = False, patch_valid: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """(B, prefix + N, D) -> pooled (B, D) if pre_logits, else logits (B, num_classes). A distilled model
-        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training.
-        NaFlex: `patch_valid` (B, N) keeps padding out of the pooling, or x is forward_features' dict."""
-        if not torch.jit.is_scripting():  # TorchScript sees tensors only
-            if isinstance(x, dict):  # a NaFlex model's forward_features output
-                x, patch_valid = x["patches"], x["patch_valid"]
+        averages its two heads ([CLS] and [DIST]); with `set_distilled_training` it returns both while training."""
         if self.head_dist is not None:  # timm's VisionTransformerDistilled.forward_head
             x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # [CLS], [DIST]: (B, D) each
             if pre_logits:
@@ -441,7 +357,11 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
             if self.distilled_training and self.training and not torch.jit.is_scripting():
                 return x, x_dist  # timm's: both logits, for the distillation loss
             return (x + x_dist) / 2
-        x = self.head_drop(self.fc_norm(self.pool(x) if patch_valid is None else self.naflex_pool(x, patch_valid)))
+        return self.classify(self.pool(x), pre_logits)
+
+    def classify(self, pooled: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled tokens (B, D) -> fc_norm and dropout (pre-logits), then the head: logits (B, num_classes)."""
+        x = self.head_drop(self.fc_norm(pooled))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
@@ -449,9 +369,7 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
 
         A [CLS]-pooled pre-norm classifier reads one token of the last block ([CLS], and [DIST] if distilled), so
         that block is computed for those only (its attention still looks at every token): same logits, ~7% fewer
-        FLOPs at 12 blocks. A NaFlex model takes a batch dict too (vit.layers.naflex) and runs every token."""
-        if self.embeds is not None:
-            return self.forward_head(self.naflex_features(x, attn_mask))
+        FLOPs at 12 blocks."""
         prune = self.prune_last_block and self.global_pool == "token" and self.norm_first and (
             torch.jit.is_scripting() or not (self.training and self._last_block_learns_an_indexer()))
         x, _ = self.blocks(self._embed(x), attn_mask, is_causal, False, self.head_tokens if prune else None,
@@ -472,5 +390,4 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         """Logits (B, num_classes) and every block's attention probabilities, a list of (B, H, N, N) maps
         (the explicit softmax path; the logits equal forward's). For rollout and inspection."""
         feats, attentions = self.encode(x, return_attention=True, attn_mask=attn_mask, is_causal=is_causal)
-        valid = x["patch_valid"] if isinstance(x, dict) else None
-        return self.forward_head(feats, patch_valid=valid), attentions
+        return self.forward_head(feats), attentions

@@ -1,7 +1,7 @@
 """timm's model API around the Vision Transformer (vit/models/vision_transformer.py): what optimizers, feature
 extractors and training loops read (`pretrained_cfg`, `no_weight_decay`, `group_matcher`, `reset_classifier`, ...)
-and the switches that change how a built model runs (`set_token_reduction`, `set_sparse_attention`: timm-style
-keywords or a spec string). A mixin: the model's state lives in VisionTransformer."""
+and the switches that change how a built model runs (`set_input_size`, `set_token_reduction`,
+`set_sparse_attention`: timm-style keywords or a spec string). A mixin: the model's state lives in VisionTransformer."""
 
 import dataclasses
 from typing import Any
@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import build_token_reduction, parse_token_reduction
+from ..layers import build_token_reduction, check_combination, parse_token_reduction, resample_abs_pos_embed
 from ..layers.sparse_attention import parse_sparse_spec
 from .vision_weights import checkpoint_filter_fn
 
@@ -45,8 +45,6 @@ class ModelApi:
     def no_weight_decay(self) -> set[str]:
         """Parameters that take no weight decay besides norms and biases (which the optimizer finds by ndim)."""
         names = {"pos_embed", "cls_token", "reg_token", "dist_token", "rope.freqs"}  # timm's (RoPE-Mixed's too)
-        # NaFlex's inside `embeds`
-        names |= {f"embeds.{n}" for n in ("pos_embed", "pos_embed_y", "pos_embed_x", "cls_token", "reg_token")}
         return names & {n for n, _ in self.named_parameters()}
 
     @torch.jit.ignore
@@ -55,8 +53,6 @@ class ModelApi:
         layer_decay=0.75)): the embeddings first, then one group per block, the final norm with the last."""
         dist = "|dist_token" if self.head_dist is not None else ""
         stem = r"^cls_token|reg_token|pos_embed|patch_embed|norm_pre" + dist
-        if self.embeds is not None:  # timm's NaFlexVit: the projection, tokens and positions are all `embeds`
-            stem = r"^embeds"
         return dict(stem=stem,
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
@@ -112,6 +108,27 @@ class ModelApi:
         if self.head_dist is not None:
             self.head_dist = new_head()
 
+    @torch.jit.ignore
+    def set_input_size(
+        self, img_size: int | tuple[int, int] | None = None, patch_size: int | tuple[int, int] | None = None
+    ) -> None:
+        """Change the input resolution and/or patch size in place, as timm: positions are resampled (bicubic,
+        [CLS] kept apart), patch projections are resized (FlexiViT's pseudo-inverse, timm's resample_patch_embed)."""
+        prev_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(img_size, patch_size)
+        grid = self.patch_embed.grid_size
+        for info in self.feature_info:
+            info["reduction"] = self.patch_embed.reduction
+        if grid == prev_grid:
+            return
+        for m in self.rel_pos_modules():  # BEiT's tables resampled, the MLPs' offsets recomputed (as timm)
+            m.set_grid(grid)
+        if isinstance(self.pos_embed, nn.Parameter):
+            pos = resample_abs_pos_embed(self.pos_embed.detach(), grid, prev_grid, self.num_pos_prefix)
+            self.pos_embed = nn.Parameter(pos, requires_grad=self.pos_embed.requires_grad)
+        elif self.pos_embed is not None:
+            self.pos_embed = self._sincos(grid).to(self.pos_embed)
+
     def set_fused_attn(self, enabled: bool) -> None:
         self.blocks.fused_attn = enabled
 
@@ -146,9 +163,8 @@ class ModelApi:
             opts = parse_token_reduction(method)
             method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
                                             opts.get("layers"))
-        if method not in (None, "none", "") and getattr(self, "rope", None) is not None:
-            raise ValueError("token reduction merges or drops patches whose rotary positions every block still "
-                             "applies by grid place; this model has rotary positions, so leave token reduction off.")
+        check_combination(token_reduction=method not in (None, "none", ""),
+                          rope=getattr(self, "rope", None) is not None)
         self.blocks.set_token_reduction(
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 

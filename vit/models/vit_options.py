@@ -9,19 +9,31 @@ import inspect
 import typing
 from typing import Any
 
-from ..config import options_from
+from ..config import AttentionOptions, options_from
 from ..layers import BlockParts, Pooling, PrefixTokens
+from .naflex_vit import NaFlexVit
 from .variants import VARIANTS
 from .vision_transformer import VisionTransformer
 
-__all__ = ["MAPPINGS", "OBJECTS", "OPTIONS", "architecture_defaults", "constructor_kwargs", "option_types"]
+__all__ = ["MAPPINGS", "OBJECTS", "OPTIONS", "PYTHON_ONLY", "architecture_defaults", "constructor_kwargs",
+           "model_class", "option_types"]
 
 # create_model's vocabulary is timm's keywords: the constructor's flat options, and the fields of its options
-# objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4)
-OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling, "parts": BlockParts}
-_PARAMS = {k: p for k, p in inspect.signature(VisionTransformer.__init__).parameters.items() if k != "self"}
+# objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4); an object may
+# also come whole (attention=AttentionOptions(...), or one per block: attention=[..., ...])
+OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling, "parts": BlockParts, "attention": AttentionOptions}
+_PARAMS = {k: p for cls in (VisionTransformer, NaFlexVit) for k, p in inspect.signature(cls.__init__).parameters.items()
+           if k not in ("self", "args", "kwargs")}
 _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
-OPTIONS = (set(_PARAMS) - set(OBJECTS)) | set(_FIELDS)  # what a variant may override
+OPTIONS = set(_PARAMS) | set(_FIELDS)  # what a variant may override
+# keywords that take Python objects (a layer class; an options object whole, or one per block), which a config
+# reaches through the objects' fields instead
+PYTHON_ONLY = {"attn_layer", *OBJECTS}
+
+
+def model_class(options: dict[str, Any]) -> type[VisionTransformer]:
+    """The model class for create_model's keywords: NaFlexVit for NaFlex inputs (`naflex`), else the square one."""
+    return NaFlexVit if options.get("naflex") is not None else VisionTransformer
 
 
 def _options_class(tp: Any) -> type | None:
@@ -31,17 +43,26 @@ def _options_class(tp: Any) -> type | None:
 
 
 # the constructor's arguments that take an options object or its mapping: {keyword: options class}
-MAPPINGS = {k: c for k, tp in typing.get_type_hints(VisionTransformer.__init__).items()
+MAPPINGS = {k: c for cls in (VisionTransformer, NaFlexVit) for k, tp in typing.get_type_hints(cls.__init__).items()
             if k not in OBJECTS and (c := _options_class(tp)) is not None}
 
 
 def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, ...) -> VisionTransformer's arguments, each
-    options object built (and so validated) once from its fields, and each mapping (`rope=dict(...)`) made its
-    options object (`options_from`: an unknown or mistyped key is one sentence naming it)."""
-    flat = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in options.items() if k not in _FIELDS}
+    """timm's keywords (`class_token`, `reg_tokens`, `global_pool`, `qk_norm`, ...) -> the model's arguments, each
+    options object built (and so validated) once from its fields, or taken whole when given whole, and each mapping
+    (`rope=dict(...)`) made its options object (`options_from`: an unknown or mistyped key is one sentence naming
+    it)."""
+    flat = {k: options_from(MAPPINGS[k], v, k) if k in MAPPINGS else v for k, v in options.items()
+            if k not in _FIELDS and k not in OBJECTS}
     for key, cls in OBJECTS.items():
-        flat[key] = cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options})
+        fields = {f.name: options[f.name] for f in dataclasses.fields(cls) if f.name in options}
+        if key in options and options[key] is not None:
+            if fields:
+                raise ValueError(f"{key}= is given whole and {', '.join(sorted(fields))} set its fields too; put them "
+                                 f"into the {cls.__name__}.")
+            flat[key] = options[key]
+        else:
+            flat[key] = cls(**fields)
     return flat
 
 
