@@ -94,6 +94,9 @@ def _arrays(n=6, tokens=4, width=8, seed=0):
     (dict(labels=lambda a: a[:5]), r"\(paths 6, labels 5, embeddings 6, patch_tokens 6\)"),
     (dict(grid=lambda a: np.array([3, 2])), r"has a 3x2 grid but 4 patch tokens per image; write it again"),
     (dict(grid=lambda a: np.array([4])), r"has a grid of 1 numbers where features.py writes \(h, w\)"),
+    (dict(grid=lambda a: np.array([-2, -2])), r"has a -2x-2 grid but 4 patch tokens per image; write it again"),
+    (dict(embeddings=lambda a: a[:, :0], patch_tokens=lambda a: a[..., :0]), r"holds embeddings 0-wide \(no "
+                                                                             r"numbers per image"),
     (dict(embeddings=lambda a: a.ravel()), r"its embeddings is a 1-d array of float32 where features.py writes 2-d "
                                            r"floats"),
     (dict(patch_tokens=lambda a: a.astype(np.int64)), r"its patch_tokens is a 3-d array of int64 where"),

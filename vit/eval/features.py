@@ -172,6 +172,10 @@ def check_npz_layout(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dt
     if over:
         raise ValueError(f"{path} holds {over[0]} (at most {MAX_TEXT} characters, {MAX_WIDTH} numbers per feature "
                          f"and {MAX_TOKENS} tokens per image are read); pass a .npz written by features.py.")
+    empty = [f"{k} 0-wide" for k in ("embeddings", "patch_tokens") if k in headers and 0 in headers[k][0][1:]]
+    if empty:  # a probe over zero numbers per image still reports a top-1: chance, under the model's name
+        raise ValueError(f"{path} holds {empty[0]} (no numbers per image, nothing a probe can tell classes apart "
+                         "by); write it again with features.py.")
     rows = {k: headers[k][0][0] for k in ROWS if k in headers}
     if len(set(rows.values())) > 1:
         said = ", ".join(f"{k} {n}" for k, n in rows.items())
@@ -219,7 +223,8 @@ def load_features(path: str | Path) -> dict:
             out = {k: z[k] for k in headers}
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"{path} is not a features file ({e}); pass a .npz written by features.py.") from None
-    if "grid" in out and "patch_tokens" in out and int(np.prod(out["grid"])) != out["patch_tokens"].shape[1]:
+    if "grid" in out and "patch_tokens" in out and (int(np.prod(out["grid"])) != out["patch_tokens"].shape[1]
+                                                     or (out["grid"] < 1).any()):  # (-2, -2) is 4 tokens too
         raise ValueError(f"{path} has a {'x'.join(map(str, out['grid']))} grid but {out['patch_tokens'].shape[1]} "
                          "patch tokens per image; write it again with features.py.")
     return out
