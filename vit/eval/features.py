@@ -206,6 +206,22 @@ def load_features(path: str | Path) -> dict:
         missing = {"path", "label", "embedding"} - set(t.column_names)
         if missing:
             raise ValueError(f"{path} has no {sorted(missing)[0]!r} column; pass a .parquet written by features.py.")
+        import pyarrow as pa
+
+        def text(tp) -> bool:  # pandas and polars may write large_string / large_list
+            return pa.types.is_string(tp) or pa.types.is_large_string(tp)
+
+        types = {"path": text, "label": text, "embedding": lambda tp: (pa.types.is_list(tp) or pa.types.is_large_list(
+            tp)) and pa.types.is_floating(tp.value_type)}
+        for col, fits in types.items():
+            c = t.column(col)
+            wrong = "holds nulls" if col != "embedding" and c.null_count else None if fits(c.type) else f"is {c.type}"
+            if wrong:  # a null label would become a class named 'None'; strings or nested lists no width
+                want = "strings" if col != "embedding" else "lists of floats"
+                raise ValueError(f"{path}: its {col!r} column {wrong} where features.py writes {want}; write it "
+                                 "again with features.py.")
+        if not len(t):
+            raise ValueError(f"{path} holds no rows; extract the features from a folder that holds images.")
         rows = t.column("embedding").to_pylist()
         widths = sorted({len(r) for r in rows if r is not None} | ({0} if None in rows else set()))
         if len(widths) > 1:
