@@ -133,6 +133,10 @@ def create_model(
             f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
             f"valid options are: {', '.join(sorted(OPTIONS))}."
         )
+    # a caller's values checked as a config's are (NaN init_values or drop rates, depth -1, num_heads 0 built a
+    # model that was silently wrong or failed deep inside torch)
+    check_model_args({k: v for k, v in overrides.items() if source is None or k not in implied}, option_types(),
+                     f"create_model({name!r})")
     kwargs = {**VARIANTS[name], **overrides}
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
