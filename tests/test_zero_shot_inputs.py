@@ -193,3 +193,13 @@ def test_classes_the_tokenizer_makes_one_are_refused_naming_both(hub, tmp_path, 
         _predict(tmp_path, classes)
     assert "\n" not in str(e.value) and not (tmp_path / "out" / "predictions.csv").exists()
     assert _predict(tmp_path, "cat,caf\u00e9,red car") == 0
+
+
+def test_a_json_class_list_nested_past_the_stack_is_one_sentence(tmp_path):
+    """100000 nested lists in a .json class list were a RecursionError traceback."""
+    from vit.data.base import DataError
+    from vit.eval.zero_shot import class_names
+
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(DataError, match=r"deep.json is not JSON \(nested too deep\)"):
+        class_names(str(tmp_path / "deep.json"))

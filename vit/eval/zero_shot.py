@@ -97,9 +97,10 @@ def _names_at(path: Path) -> list[str]:
         return [line.strip() for line in text.splitlines() if line.strip()]
     try:
         names = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"the class list {path} is not JSON ({e.msg}, line {e.lineno}); a .json class list is a "
-                        "list of names, as a checkpoint's classes.json.") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: lists nested beyond Python's stack
+        where = f"{e.msg}, line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "nested too deep"
+        raise DataError(f"the class list {path} is not JSON ({where}); a .json class list is a list of names, as a "
+                        "checkpoint's classes.json.") from None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise DataError(f"the class list {path} is not a JSON list of names (strings), as a checkpoint's "
                         "classes.json is; write it so, or one name per line in a .txt file.")
