@@ -130,7 +130,7 @@ def test_a_bank_of_integers_and_settings_nested_past_the_stack_are_one_sentence(
 
     folder = save_patchcore(tmp_path / "anomaly", PatchCore(torch.randn(6, 4), (1, 2), threshold=0.5))
     save_file({"bank": torch.ones(6, 4, dtype=torch.int64)}, folder / "bank.safetensors")
-    with pytest.raises(ValueError, match=r"bank.safetensors is not a finite \(K, F\) bank of floats"):
+    with pytest.raises(ValueError, match=r"bank.safetensors is not a finite, floating-point \(K, F\) bank"):
         load_patchcore(folder)
     save_file({"bank": torch.randn(6, 4).half()}, folder / "bank.safetensors")
     assert load_patchcore(folder).bank.shape == (6, 4)
