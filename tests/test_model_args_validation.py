@@ -79,11 +79,13 @@ def test_the_parameter_estimate_counts_what_the_model_allocates(kw):
     ("num_classes", -1, r"'model_args\.num_classes' must not be negative"),
     ("embed_dim", "192", r"'model_args\.embed_dim' must be int"),
     ("patch_size", -16, r"'model_args\.patch_size' must be positive"),
+    ("embed_dim", 10**8, r"'model_args\.num_heads' \(3\) must divide 'model_args\.embed_dim' \(100000000\)"),
 ])
 def test_keyword_values_get_the_sentence_a_config_gets(key, value, match):
     """vit.create_model's keywords were not checked: NaN init_values gave NaN logits, depth -1 a model of no blocks,
-    drop_path_rate 2 trained silently, num_heads 0 a ZeroDivisionError. They get the config.json checks, named by
-    the call; good values still build timm's model."""
+    drop_path_rate 2 trained silently, num_heads 0 a ZeroDivisionError, embed_dim 10**8 beside the variant's 3 heads
+    allocated a 300 GB patch embedding. They get the config.json checks, named by the call, against the variant's
+    values too; good values still build the model."""
     with pytest.raises(ConfigError, match=r"create_model\('vit_tiny_patch16_224'\): config key " + match) as e:
         vit.create_model("vit_tiny_patch16_224", img_size=32, **{key: value})
     assert "\n" not in str(e.value)

@@ -133,11 +133,13 @@ def create_model(
             f"unknown model option(s) {', '.join(map(repr, unknown))} for {name}; "
             f"valid options are: {', '.join(sorted(OPTIONS))}."
         )
-    # a caller's values checked as a config's are (NaN init_values or drop rates, depth -1, num_heads 0 built a
-    # model that was silently wrong or failed deep inside torch)
-    check_model_args({k: v for k, v in overrides.items() if source is None or k not in implied}, option_types(),
-                     f"create_model({name!r})")
     kwargs = {**VARIANTS[name], **overrides}
+    # the caller's values checked as a config's are (NaN init_values or drop rates, depth -1, num_heads 0 built a
+    # model that was silently wrong or failed deep inside torch), with the variant's: embed_dim 10**8 beside its
+    # 3 heads could not be counted on the meta device and allocated a 300 GB patch embedding before failing
+    given = {k: v for k, v in overrides.items() if source is None or k not in implied}
+    check_model_args({**{k: kwargs[k] for k in ("embed_dim", "num_heads") if k in kwargs}, **given}, option_types(),
+                     f"create_model({name!r})")
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
