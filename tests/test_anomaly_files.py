@@ -121,3 +121,20 @@ def test_anomaly_and_predict_say_on_stderr_when_the_border_is_cropped(tmp_path, 
     assert import_script("predict").main(["--checkpoint", str(tmp_path / "ck"), str(images / "val"), "--out",
                                           str(tmp_path / "p")]) == 0
     assert (f"note: predict.py {note}" in capsys.readouterr().err) == noted
+
+
+def test_a_bank_of_integers_and_settings_nested_past_the_stack_are_one_sentence(tmp_path):
+    """An int64 bank scored distances to integer vectors, exit 0 (the ONNX path refuses all but float32); a
+    patchcore.json of 100000 nested lists was a RecursionError traceback. A float16 bank still loads."""
+    from safetensors.torch import save_file
+
+    folder = save_patchcore(tmp_path / "anomaly", PatchCore(torch.randn(6, 4), (1, 2), threshold=0.5))
+    save_file({"bank": torch.ones(6, 4, dtype=torch.int64)}, folder / "bank.safetensors")
+    with pytest.raises(ValueError, match=r"bank.safetensors is not a finite, floating-point \(K, F\) bank"):
+        load_patchcore(folder)
+    save_file({"bank": torch.randn(6, 4).half()}, folder / "bank.safetensors")
+    assert load_patchcore(folder).bank.shape == (6, 4)
+    (folder / "patchcore.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match=r"patchcore.json is not a PatchCore settings file \(maximum recursion") as e:
+        load_patchcore(folder)
+    assert "\n" not in str(e.value)

@@ -4,6 +4,7 @@ exactly and reloads through vit.create_clip_model."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -90,6 +91,28 @@ def test_a_quoted_line_break_stays_in_its_caption(tmp_path):
     (tmp_path / "crlf.csv").write_bytes(b'image,caption\r\na.png,"a red\r\nsquare"\r\n')
     assert read_pairs("pairs.csv", tmp_path)[1] == ["a red\nsquare"]
     assert read_pairs("crlf.csv", tmp_path)[1] == ["a red\r\nsquare"]
+
+
+@pytest.mark.parametrize("data,sentence", [
+    (b'image,caption\na.png,"a black\nb.png,a red square\n', "is not a CSV file this reader can split (unexpected "
+                                                             "end of data); close each quoted caption"),
+    (b'image,caption\na.png,"' + b"x" * 200000 + b'"\n', "(field larger than field limit (131072))"),
+    ("image,caption\na.png,caf\xe9\n".encode("latin-1"), "is not UTF-8 text; save it as UTF-8."),
+    (b"[" * 100000 + b"]" * 100000, "is not valid JSON (maximum recursion depth"),
+])
+def test_a_captions_file_the_reader_cannot_split_is_one_sentence(tmp_path, data, sentence):
+    """A quote left open swallowed every later row into one caption (two pairs read as one, exit 0); a caption
+    over csv's field limit was a _csv.Error traceback, a Latin-1 file a UnicodeDecodeError, a JSON list nested
+    past the stack a RecursionError. A closed quote over two lines still reads as its caption."""
+    (tmp_path / "a.png").write_bytes(b"x")
+    (tmp_path / "b.png").write_bytes(b"x")
+    name = "bad.json" if data.startswith(b"[") else "bad.csv"
+    (tmp_path / name).write_bytes(data)
+    with pytest.raises(DataError, match=re.escape(sentence)) as e:
+        read_pairs(name, tmp_path)
+    assert "\n" not in str(e.value)
+    (tmp_path / "ok.csv").write_bytes(b'image,caption\na.png,"a black\nsquare"\nb.png,a red square\n')
+    assert read_pairs("ok.csv", tmp_path)[1] == ["a black\nsquare", "a red square"]
 
 
 def test_captions_the_context_cuts_are_counted_and_refused_when_they_merge(caplog):

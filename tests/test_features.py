@@ -94,6 +94,9 @@ def _arrays(n=6, tokens=4, width=8, seed=0):
     (dict(labels=lambda a: a[:5]), r"\(paths 6, labels 5, embeddings 6, patch_tokens 6\)"),
     (dict(grid=lambda a: np.array([3, 2])), r"has a 3x2 grid but 4 patch tokens per image; write it again"),
     (dict(grid=lambda a: np.array([4])), r"has a grid of 1 numbers where features.py writes \(h, w\)"),
+    (dict(grid=lambda a: np.array([-2, -2])), r"has a -2x-2 grid but 4 patch tokens per image; write it again"),
+    (dict(embeddings=lambda a: a[:, :0], patch_tokens=lambda a: a[..., :0]), r"holds embeddings 0-wide \(no "
+                                                                             r"numbers per image"),
     (dict(embeddings=lambda a: a.ravel()), r"its embeddings is a 1-d array of float32 where features.py writes 2-d "
                                            r"floats"),
     (dict(patch_tokens=lambda a: a.astype(np.int64)), r"its patch_tokens is a 3-d array of int64 where"),
@@ -161,3 +164,31 @@ def test_a_file_that_is_no_npz_is_one_sentence(tmp_path, content):
     (tmp_path / "f.npz").write_bytes(content)
     with pytest.raises(ValueError, match=r"f\.npz is not a features file \(.*\); pass a .npz written by features"):
         load_features(tmp_path / "f.npz")
+
+
+@pytest.mark.parametrize("column,values,message", [
+    ("label", ["a", None, "b"], r"its 'label' column holds nulls where features.py writes strings"),
+    ("path", [None, "b/1.png", "a/2.png"], r"its 'path' column holds nulls"),
+    ("embedding", ["1,2", "3,4", "5,6"], r"its 'embedding' column is string where features.py writes lists of "
+                                         r"floats"),
+    ("embedding", [[[1.0, 2.0]]] * 3, r"its 'embedding' column is list<\w+: list<\w+: double>>"),
+])
+def test_a_parquet_file_of_other_columns_is_one_sentence(tmp_path, column, values, message):
+    """A null label became a class named 'None' (and counted in the top-1), a nested list a flattened width, a
+    string column numpy's own message: each column is checked for what features.py writes, polars' large types
+    included."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = {"path": ["a/0.png", "b/1.png", "a/2.png"], "label": ["a", "b", "a"],
+            "embedding": [[1.0, 0.0], [0.0, 1.0], [1.0, 0.5]]}
+    pq.write_table(pa.table({**cols, column: values}), tmp_path / "f.parquet")
+    with pytest.raises(ValueError, match=message):
+        load_features(tmp_path / "f.parquet")
+    pq.write_table(pa.table({k: pa.array(v, pa.large_string() if k != "embedding" else pa.large_list(pa.float32()))
+                             for k, v in cols.items()}), tmp_path / "large.parquet")
+    assert load_features(tmp_path / "large.parquet")["labels"].tolist() == ["a", "b", "a"]
+    pq.write_table(pa.table({k: pa.array([], pa.string() if k != "embedding" else pa.list_(pa.float32()))
+                             for k in cols}), tmp_path / "empty.parquet")
+    with pytest.raises(ValueError, match=r"empty.parquet holds no rows"):
+        load_features(tmp_path / "empty.parquet")

@@ -19,7 +19,7 @@ from vit.config import ConfigError
     ("num_classes", -5, r"'model_args\.num_classes' must not be negative"),
     ("num_heads", 3, r"'model_args\.num_heads' \(3\) must divide 'model_args\.embed_dim' \(32\)"),
     ("img_size", [32, "x"], r"'model_args\.img_size\[1\]' must be int"),
-    ("qkv_bias", "yes please", r"'model_args\.qkv_bias' must be bool"),
+    ("qkv_bias", "yes please", r"'model_args\.qkv_bias' must be bool or one of 'qv'"),
     ("embed_dim", 10**9, r"parameters.*more than"),
     ("depth", 10**7, r"parameters.*more than"),
     ("img_size", [10**6, 10**6], r"parameters.*more than"),
@@ -67,3 +67,27 @@ def test_the_parameter_estimate_counts_what_the_model_allocates(kw):
     model = vit.create_model("vit_tiny_patch16_224", **kw)
     real = sum(p.numel() for p in model.parameters())
     assert abs(estimated_params(args) - real) / real < 0.01
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("init_values", float("nan"), r"'model_args\.init_values' must be a finite number"),
+    ("drop_path_rate", 2.0, r"'model_args\.drop_path_rate' must be between 0 and 1"),
+    ("drop_rate", float("nan"), r"'model_args\.drop_rate' must be between 0 and 1, got nan"),
+    ("depth", -1, r"'model_args\.depth' must be positive"),
+    ("num_heads", 0, r"'model_args\.num_heads' must be positive"),
+    ("mlp_ratio", 0, r"'model_args\.mlp_ratio' must be positive"),
+    ("num_classes", -1, r"'model_args\.num_classes' must not be negative"),
+    ("embed_dim", "192", r"'model_args\.embed_dim' must be int"),
+    ("patch_size", -16, r"'model_args\.patch_size' must be positive"),
+    ("embed_dim", 10**8, r"'model_args\.num_heads' \(3\) must divide 'model_args\.embed_dim' \(100000000\)"),
+])
+def test_keyword_values_get_the_sentence_a_config_gets(key, value, match):
+    """vit.create_model's keywords were not checked: NaN init_values gave NaN logits, depth -1 a model of no blocks,
+    drop_path_rate 2 trained silently, num_heads 0 a ZeroDivisionError, embed_dim 10**8 beside the variant's 3 heads
+    allocated a 300 GB patch embedding. They get the config.json checks, named by the call, against the variant's
+    values too; good values still build the model."""
+    with pytest.raises(ConfigError, match=r"create_model\('vit_tiny_patch16_224'\): config key " + match) as e:
+        vit.create_model("vit_tiny_patch16_224", img_size=32, **{key: value})
+    assert "\n" not in str(e.value)
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, init_values=1e-5, drop_path_rate=0.1)
+    assert len(m.blocks) == 1 and m.blocks[0].ls1.gamma.eq(1e-5).all()

@@ -139,3 +139,29 @@ def test_a_config_whose_sections_are_not_objects_is_one_sentence(tmp_path, model
     with pytest.raises(ValueError, match="model_cfg, vision_cfg or norm_kwargs is not an object") as e:
         vit.create_model(f"local-dir:{tmp_path}")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("section,key", [("vision_cfg", "global_average_pool"), ("vision_cfg", "input_patchnorm"),
+                                         ("text_cfg", "evil")])
+def test_a_key_open_clip_does_not_have_is_refused_as_open_clip_refuses_it(tmp_path, section, key):
+    """A key outside open_clip's CLIPVisionCfg / CLIPTextCfg (an older version's global_average_pool, which pooled
+    otherwise) was skipped without a word, the tower loaded with another pooling; open_clip itself refuses such
+    a config, and so does this reader, naming the key. Every field open_clip has is still read."""
+    import dataclasses
+
+    import open_clip.model as oc
+
+    cfg = dict(embed_dim=8, vision_cfg=dict(image_size=32, layers=1, width=16, head_width=8, patch_size=8),
+               text_cfg=dict(context_length=8, vocab_size=100, width=16, heads=2, layers=1))
+    cfg[section][key] = True
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{key}'"):  # the oracle
+        (oc.CLIPVisionCfg if section == "vision_cfg" else oc.CLIPTextCfg)(**cfg[section])
+    (tmp_path / "open_clip_config.json").write_text(json.dumps({"model_cfg": cfg}))
+    with pytest.raises(ValueError, match=f"its open_clip {section} sets '{key}', which open_clip's own config does "
+                                         "not have") as e:
+        (vit.create_model if section == "vision_cfg" else vit.create_clip_model)(f"local-dir:{tmp_path}")
+    assert "\n" not in str(e.value)
+    from vit.hub import open_clip_weights as ocw
+
+    assert {f.name for f in dataclasses.fields(oc.CLIPVisionCfg)} <= ocw._VISION_KEYS
+    assert {f.name for f in dataclasses.fields(oc.CLIPTextCfg)} <= ocw._TEXT_KEYS

@@ -6,6 +6,7 @@ as a list (which never touches the file system) and open_clip's zero-shot classi
 
 import json
 import os
+import re
 import threading
 
 import pytest
@@ -154,3 +155,51 @@ def test_templates_that_are_no_regular_file_are_refused_without_reading(tmp_path
     assert read_templates(tmp_path / "t.txt") == ["a photo of a {}.", "art of the {}"]
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_templates(tmp_path / "missing.txt")
+
+
+@pytest.mark.parametrize("line", ["a {} of {x}", "{}{:>9}", "a {} of {1}", "a { photo of {}", "{0.__class__}",
+                                  "a photo of {!r}"])
+def test_a_template_str_format_reads_otherwise_is_one_sentence(tmp_path, line):
+    """A named field was a KeyError traceback, a second automatic field an IndexError, {1} or a stray brace
+    str.format's own words: one plain {} is the one thing a template may hold, in a file or passed as a list;
+    escaped braces are text, as str.format reads them."""
+    from vit.data.base import DataError
+    from vit.eval.zero_shot import ZeroShotClassifier, read_templates
+
+    (tmp_path / "t.txt").write_text(f"a photo of a {{}}.\n{line}\n")
+    with pytest.raises(DataError, match=r"every line must be a prompt with one \{\}.*this one is not: " +
+                       re.escape(repr(line))):
+        read_templates(tmp_path / "t.txt")
+    with pytest.raises(DataError, match=r"a prompt template needs one \{\}.*not " + re.escape(repr(line))):
+        ZeroShotClassifier(torch.nn.Linear(1, 1), ["cat", "dog"], [line], tokenizer=lambda t: None)
+    (tmp_path / "ok.txt").write_text("a {{curly}} photo of a {}.\n")
+    assert read_templates(tmp_path / "ok.txt") == ["a {{curly}} photo of a {}."]
+
+
+@pytest.mark.parametrize("classes", ["Cat,cat,dog", "caf\u00e9,cafe\u0301,dog", "red  car,red car,dog",
+                                     "a scratched metal part with a long description of type alpha,"
+                                     "a scratched metal part with a long description of type beta"])
+def test_classes_the_tokenizer_makes_one_are_refused_naming_both(hub, tmp_path, classes):
+    """Names that differ only in case, in Unicode normal form, in spaces, or past the 16-token context were
+    scored as two classes with one weight (the second never chosen, exit 0): their token ids are equal in every
+    prompt, as open_clip's tokenizer makes them; refused naming both. Names the tokenizer tells apart still run."""
+    from vit.data.base import DataError
+
+    tok = open_clip.tokenizer.SimpleTokenizer(context_length=16)
+    a, b = classes.split(",")[:2]
+    assert torch.equal(tok([f"a photo of a {a}."]), tok([f"a photo of a {b}."]))  # the oracle: one sequence
+    with pytest.raises(DataError, match=f"the classes {re.escape(repr(a[:60]))} and {re.escape(repr(b[:60]))} are "
+                                        "the same tokens in every prompt") as e:
+        _predict(tmp_path, classes)
+    assert "\n" not in str(e.value) and not (tmp_path / "out" / "predictions.csv").exists()
+    assert _predict(tmp_path, "cat,caf\u00e9,red car") == 0
+
+
+def test_a_json_class_list_nested_past_the_stack_is_one_sentence(tmp_path):
+    """100000 nested lists in a .json class list were a RecursionError traceback."""
+    from vit.data.base import DataError
+    from vit.eval.zero_shot import class_names
+
+    (tmp_path / "deep.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(DataError, match=r"deep.json is not JSON \(nested too deep\)"):
+        class_names(str(tmp_path / "deep.json"))

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from .choices import QKV_BIAS
 from .errors import ConfigError, OptionError
 from .types import check_type
 
@@ -174,7 +175,7 @@ class AttentionOptions:
 
     # a bias on q, k and v; or the string "qv": q and v only, k fixed at zero (Eva, BEiT). Typed bool as the
     # constructor was, so that a config.json's model_args check keeps its message; __post_init__ takes "qv"
-    qkv_bias: bool = True
+    qkv_bias: bool | Literal[QKV_BIAS] = True
     qk_norm: bool = False  # a norm on each head's queries and keys before the scores (q_norm / k_norm, timm's)
     fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax path always
     # dynamic sparse attention (SparseOptions or its mapping); None: dense

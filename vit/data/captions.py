@@ -76,17 +76,24 @@ def read_pairs(path: str | Path, root: str | Path) -> tuple[list[Path], list[str
     if not path.is_file():
         raise DataError(f"contrastive.captions_file {path} is not a file; name a CSV (image,caption) or JSON list of "
                         "image-caption pairs, relative to data.root or absolute.")
-    text = read_regular_file(path, MAX_PAIRS_BYTES, "contrastive.captions_file").decode("utf-8-sig")
+    try:
+        text = read_regular_file(path, MAX_PAIRS_BYTES, "contrastive.captions_file").decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise DataError(f"{path} is not UTF-8 text; save it as UTF-8.") from None
     if path.suffix.lower() == ".json":
         try:
             rows = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: lists nested beyond Python's stack
             raise DataError(f"{path} is not valid JSON ({e}); write a list of {{\"image\": ..., \"caption\": ...}} "
                             "objects.") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise DataError(f"{path} must hold a list of {{\"image\": ..., \"caption\": ...}} objects.")
     else:
-        rows = list(csv.DictReader(io.StringIO(text, newline="")))  # a quoted line break stays in its caption
+        try:  # a quoted line break stays in its caption; strict: a quote left open would swallow every row after
+            rows = list(csv.DictReader(io.StringIO(text, newline=""), strict=True))
+        except csv.Error as e:
+            raise DataError(f"{path} is not a CSV file this reader can split ({e}); close each quoted caption "
+                            f"and keep captions under {csv.field_size_limit()} characters.") from None
         header = list(rows[0]) if rows else []
         if "image" not in header or "caption" not in header:
             raise DataError(f"{path} needs a header row with the columns image and caption (its columns: "

@@ -268,9 +268,9 @@ def load_patchcore(folder: str | Path) -> PatchCore:
         bank = load_file(folder / BANK_FILE)["bank"]
     except (SafetensorError, KeyError, OSError, ValueError) as e:
         raise ValueError(f"{folder} does not hold a PatchCore bank ({e}); {redo}.") from None
-    if bank.ndim != 2 or not len(bank) or not torch.isfinite(bank).all():
-        raise ValueError(f"{folder / BANK_FILE} is not a finite (K, F) bank of at least 1 row; rebuild it with "
-                         "anomaly.py fit.")
+    if bank.ndim != 2 or not len(bank) or not bank.is_floating_point() or not torch.isfinite(bank).all():
+        raise ValueError(f"{folder / BANK_FILE} is not a finite, floating-point (K, F) bank of at least 1 row; "
+                         "rebuild it with anomaly.py fit.")
     return PatchCore(bank, tuple(settings["layers"]), settings["threshold"], settings["neighbourhood"])
 
 

@@ -45,7 +45,7 @@ def read_settings(path: str | Path, redo: str) -> dict:
         if len(raw) > MAX_SETTINGS_BYTES:
             raise ValueError(f"it is over {MAX_SETTINGS_BYTES} bytes")
         settings = json.loads(raw)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"{path} is not a PatchCore settings file ({str(e)[:120]}); {redo}.") from None
     if not isinstance(settings, dict):
         raise ValueError(f"{path} holds {type(settings).__name__}, not a settings object; {redo}.")

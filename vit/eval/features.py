@@ -172,6 +172,10 @@ def check_npz_layout(path: Path, headers: dict[str, tuple[tuple[int, ...], np.dt
     if over:
         raise ValueError(f"{path} holds {over[0]} (at most {MAX_TEXT} characters, {MAX_WIDTH} numbers per feature "
                          f"and {MAX_TOKENS} tokens per image are read); pass a .npz written by features.py.")
+    empty = [f"{k} 0-wide" for k in ("embeddings", "patch_tokens") if k in headers and 0 in headers[k][0][1:]]
+    if empty:  # a probe over zero numbers per image still reports a top-1: chance, under the model's name
+        raise ValueError(f"{path} holds {empty[0]} (no numbers per image, nothing a probe can tell classes apart "
+                         "by); write it again with features.py.")
     rows = {k: headers[k][0][0] for k in ROWS if k in headers}
     if len(set(rows.values())) > 1:
         said = ", ".join(f"{k} {n}" for k, n in rows.items())
@@ -202,6 +206,22 @@ def load_features(path: str | Path) -> dict:
         missing = {"path", "label", "embedding"} - set(t.column_names)
         if missing:
             raise ValueError(f"{path} has no {sorted(missing)[0]!r} column; pass a .parquet written by features.py.")
+        import pyarrow as pa
+
+        def text(tp) -> bool:  # pandas and polars may write large_string / large_list
+            return pa.types.is_string(tp) or pa.types.is_large_string(tp)
+
+        types = {"path": text, "label": text, "embedding": lambda tp: (pa.types.is_list(tp) or pa.types.is_large_list(
+            tp)) and pa.types.is_floating(tp.value_type)}
+        for col, fits in types.items():
+            c = t.column(col)
+            wrong = "holds nulls" if col != "embedding" and c.null_count else None if fits(c.type) else f"is {c.type}"
+            if wrong:  # a null label would become a class named 'None'; strings or nested lists no width
+                want = "strings" if col != "embedding" else "lists of floats"
+                raise ValueError(f"{path}: its {col!r} column {wrong} where features.py writes {want}; write it "
+                                 "again with features.py.")
+        if not len(t):
+            raise ValueError(f"{path} holds no rows; extract the features from a folder that holds images.")
         rows = t.column("embedding").to_pylist()
         widths = sorted({len(r) for r in rows if r is not None} | ({0} if None in rows else set()))
         if len(widths) > 1:
@@ -219,7 +239,8 @@ def load_features(path: str | Path) -> dict:
             out = {k: z[k] for k in headers}
     except (ValueError, OSError, EOFError) as e:
         raise ValueError(f"{path} is not a features file ({e}); pass a .npz written by features.py.") from None
-    if "grid" in out and "patch_tokens" in out and int(np.prod(out["grid"])) != out["patch_tokens"].shape[1]:
+    if "grid" in out and "patch_tokens" in out and (int(np.prod(out["grid"])) != out["patch_tokens"].shape[1]
+                                                     or (out["grid"] < 1).any()):  # (-2, -2) is 4 tokens too
         raise ValueError(f"{path} has a {'x'.join(map(str, out['grid']))} grid but {out['patch_tokens'].shape[1]} "
                          "patch tokens per image; write it again with features.py.")
     return out

@@ -97,9 +97,10 @@ def _names_at(path: Path) -> list[str]:
         return [line.strip() for line in text.splitlines() if line.strip()]
     try:
         names = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise DataError(f"the class list {path} is not JSON ({e.msg}, line {e.lineno}); a .json class list is a "
-                        "list of names, as a checkpoint's classes.json.") from None
+    except (json.JSONDecodeError, RecursionError) as e:  # RecursionError: lists nested beyond Python's stack
+        where = f"{e.msg}, line {e.lineno}" if isinstance(e, json.JSONDecodeError) else "nested too deep"
+        raise DataError(f"the class list {path} is not JSON ({where}); a .json class list is a list of names, as a "
+                        "checkpoint's classes.json.") from None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise DataError(f"the class list {path} is not a JSON list of names (strings), as a checkpoint's "
                         "classes.json is; write it so, or one name per line in a .txt file.")
@@ -125,11 +126,24 @@ def read_templates(path: str | Path) -> list[str]:
         raise DataError(f"the prompt templates file {path} is not UTF-8 text; save it as UTF-8, one prompt per "
                         "line.") from None
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    bad = [t for t in lines if t.count("{}") != 1]
+    bad = [t for t in lines if not _one_field(t)]
     if not lines or bad:
         raise DataError(f"{path}: every line must be a prompt with one {{}} for the class name (e.g. 'a photo of a "
                         f"{{}}.'); {'it has none' if not lines else f'this one is not: {bad[0]!r:.80}'}.")
     return lines
+
+
+def _one_field(template: str) -> bool:
+    """Whether `template` formats with one class name: a single plain `{}` (no name, index, conversion or format
+    spec, which str.format reads as another argument, an attribute or a width) and no stray brace."""
+    import string
+
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(template) if f is not None
+                  for f in [(f, spec, conv)]]
+    except ValueError:  # a single '{' or '}'
+        return False
+    return fields == [("", "", None)]
 
 
 class ZeroShotClassifier(nn.Module):
@@ -144,6 +158,10 @@ class ZeroShotClassifier(nn.Module):
         if tokenizer is None:
             raise ValueError("the model has no tokenizer (its repository holds no tokenizer.json); pass tokenizer=.")
         self.model, self.classes, self.templates = model, list(classes), list(templates)
+        bad = [t for t in self.templates if not _one_field(t)]
+        if not self.templates or bad:
+            raise DataError(f"a prompt template needs one {{}} for the class name (e.g. 'a photo of a {{}}.'), "
+                            f"{'and there are none' if not bad else f'not {bad[0]!r:.80}'}.")
         self.sigmoid = getattr(model, "logit_bias", None) is not None  # SigLIP: one yes/no per class
         if not self.sigmoid and len(self.classes) < 2:  # softmax over one class: 1.0 for every image
             raise DataError(f"a CLIP model's softmax over {len(self.classes)} class ({', '.join(self.classes):.60}) "
@@ -155,7 +173,9 @@ class ZeroShotClassifier(nn.Module):
     def _text_weights(self, tokenizer, batch_size: int) -> torch.Tensor:
         prompts = [t.format(c) for c in self.classes for t in self.templates]  # class-major: (C * T,)
         device = next(self.model.parameters()).device
-        feats = torch.cat([self.model.encode_text(tokenizer(prompts[i:i + batch_size]).to(device), normalize=True)
+        ids = torch.cat([tokenizer(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)])
+        _same_tokens(self.classes, ids.reshape(len(self.classes), len(self.templates), -1))
+        feats = torch.cat([self.model.encode_text(ids[i:i + batch_size].to(device), normalize=True)
                            for i in range(0, len(prompts), batch_size)])  # (C * T, E)
         mean = feats.reshape(len(self.classes), len(self.templates), -1).mean(1)  # (C, E)
         return F.normalize(mean, dim=-1)
@@ -188,6 +208,20 @@ class ZeroShotClassifier(nn.Module):
     def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
         """Softmax over the classes for CLIP; SigLIP's sigmoid, each class scored on its own."""
         return torch.sigmoid(logits) if self.sigmoid else logits.softmax(-1)
+
+
+def _same_tokens(classes: list[str], ids: torch.Tensor) -> None:
+    """DataError naming two classes whose prompts are the same token ids (C, T, L) in every template: the tokenizer
+    lowercased, normalised or cut them alike, so they would get one weight and the second never be chosen."""
+    _, key = torch.unique(ids.flatten(1), dim=0, return_inverse=True)
+    seen: dict[int, int] = {}
+    for i, k in enumerate(key.tolist()):
+        if k in seen:
+            raise DataError(f"the classes {classes[seen[k]][:60]!r} and {classes[i][:60]!r} are the same tokens in "
+                            "every prompt (the tokenizer lowercases, normalises spaces and accents, and keeps "
+                            f"{ids.shape[-1]} tokens a prompt), so the second could never be chosen; tell them apart "
+                            "early in the name.")
+        seen[k] = i
 
 
 @torch.no_grad()

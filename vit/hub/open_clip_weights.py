@@ -46,6 +46,30 @@ _UNSUPPORTED = {"attentional_pool": (False, "an attentional pooler (CoCa)"),
                 "scale_fc": (False, "an MLP norm"), "block_type": (None, "a custom block")}
 
 
+# the fields of open_clip's CLIPVisionCfg and CLIPTextCfg (open_clip 3.3): a key outside them is a config of
+# another model or version, whose meaning this reader would otherwise skip without a word (open_clip refuses it)
+_VISION_KEYS = {"layers", "width", "head_width", "mlp_ratio", "patch_size", "image_size", "ls_init_value",
+               "patch_dropout", "attentional_pool", "attn_pooler_queries", "attn_pooler_heads", "no_ln_pre",
+               "pos_embed_type", "final_ln_after_pool", "pool_type", "output_tokens", "act_kwargs", "norm_kwargs",
+               "block_type", "qk_norm", "scaled_cosine_attn", "scale_heads", "scale_attn_inner", "scale_attn",
+               "scale_fc", "timm_model_name", "timm_model_pretrained", "timm_pool", "timm_proj", "timm_proj_bias",
+               "timm_drop", "timm_drop_path"}
+_TEXT_KEYS = {"context_length", "vocab_size", "hf_tokenizer_name", "tokenizer_mode", "tokenizer_kwargs", "width",
+             "heads", "layers", "mlp_ratio", "ls_init_value", "embed_cls", "pad_id", "eos_id", "no_causal_mask",
+             "final_ln_after_pool", "pool_type", "proj_bias", "proj_type", "output_tokens", "act_kwargs",
+             "norm_kwargs", "block_type", "qk_norm", "scaled_cosine_attn", "scale_heads", "scale_attn_inner",
+             "scale_attn", "scale_fc", "hf_model_name", "hf_model_pretrained", "hf_proj_type", "hf_pooler_type"}
+
+
+def _check_known_keys(section: dict, known: set[str], which: str, name: str) -> None:
+    """ValueError naming the first key of an open_clip `which` (vision_cfg, text_cfg) section outside `known`."""
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise ValueError(f"{name}: its open_clip {which} sets {unknown[0]!r:.60}, which open_clip's own config does "
+                         "not have, so what it changes is not known here; remove it, or load the model with the "
+                         "open_clip version that wrote it.")
+
+
 def is_open_clip_config(config: dict) -> bool:
     """Whether a JSON file is an open_clip config (`model_cfg` with a `vision_cfg`, or the model config itself)."""
     return "vision_cfg" in config.get("model_cfg", config)
@@ -75,6 +99,7 @@ def open_clip_model_args(config: dict, name: str) -> tuple[str, dict[str, Any]]:
     if not isinstance(vision, dict) or not isinstance(vision.get("norm_kwargs") or {}, dict):
         raise ValueError(f"{name}: its open_clip config's model_cfg, vision_cfg or norm_kwargs is not an object; it "
                          "is not an open_clip model config.")
+    _check_known_keys(vision, _VISION_KEYS, "vision_cfg", name)
     embed_dim = model.get("embed_dim")
     if not isinstance(embed_dim, int):
         raise ValueError(f"{name}: its open_clip config has no integer embed_dim; it is not an open_clip model config.")
@@ -208,6 +233,8 @@ def open_clip_text_args(config: dict, name: str) -> dict[str, Any]:
     end-of-text token); SigLIP's: no mask, pooled at the last position."""
     model = config.get("model_cfg", config)
     text = model.get("text_cfg") or {}
+    if isinstance(text, dict):
+        _check_known_keys(text, _TEXT_KEYS, "text_cfg", name)
     for field, (default, what) in _TEXT_UNSUPPORTED.items():
         if text.get(field, default) not in (default, "default"):
             raise ValueError(f"{name}: its text tower has {what}, which our TextEncoder does not compute; load it "

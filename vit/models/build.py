@@ -110,10 +110,15 @@ def create_model(
         check_buildable(pretrained)
     source = resolve_source(name, pretrained, VARIANTS, cache_dir)  # None: a plain name, no weights
     overrides = nest_sparse_keys(overrides)  # the flat sparse_* keys of configs saved before SparseOptions
-    new_head = True
+    new_head, given = True, overrides
     if source is not None:  # architecture and defaults from the weights' config; the overrides still win
         name, overrides, new_head = _weights_options(source, overrides)
     kwargs = _variant_kwargs(name, overrides)
+    # the caller's values checked as a config's are (NaN init_values or drop rates, depth -1, num_heads 0 built a
+    # model that was silently wrong or failed deep inside torch), with the variant's: embed_dim 10**8 beside its
+    # 3 heads could not be counted on the meta device and allocated a 300 GB patch embedding before failing
+    check_model_args({**{k: VARIANTS[name][k] for k in ("embed_dim", "num_heads") if k in VARIANTS[name]}, **given},
+                     option_types(), f"create_model({name!r})")
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
     where = f"; its options come from {source.config}" if source is not None and source.config else ""
     check_size(estimated_params(kwargs), source.name if source else name, shown + where,
