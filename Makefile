@@ -31,7 +31,7 @@ train: $(STAMP)
 	$(PY) train.py $(ARGS)
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 test-fast: $(STAMP) browser
 	$(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
