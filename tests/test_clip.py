@@ -374,9 +374,11 @@ def test_saved_clip_reloads_here_and_in_open_clip(hub, name, tmp_path):
     bit, open_clip's create_model / get_tokenizer the same features (1e-5) and ids. hf_clip crosses layouts
     (transformers in, open_clip out, pooled at its own end-of-text id 69)."""
     model = vit.create_clip_model(f"hf-hub:org/{name}")
-    with torch.no_grad():  # moved off the loaded weights, as after fine-tuning
-        for key, p in model.named_parameters():
-            p.add_(0.01 if key != "visual.head.bias" else 0.0)  # open_clip's projection has no bias
+    # open_clip's and CLIPModel's image projections have no bias, so the loaded model has none a fine-tune could learn
+    assert "visual.head.bias" not in model.state_dict()
+    with torch.no_grad():  # every parameter moved off the loaded weights, as after fine-tuning
+        for p in model.parameters():
+            p.add_(0.01)
     folder = vit.save_clip_model(model, tmp_path / "saved")
     again = vit.create_clip_model(f"local-dir:{folder}")
     theirs = open_clip.create_model(f"local-dir:{folder}").eval()
@@ -413,8 +415,8 @@ def test_an_avg_pooled_tower_round_trips_through_open_clip(tmp_path, final_ln_af
     images, ids = _inputs(cfg["text_cfg"]["vocab_size"], cfg["text_cfg"]["context_length"])
     with torch.no_grad():
         torch.testing.assert_close(model.encode_image(images), ref.encode_image(images), atol=1e-5, rtol=0)
-        for key, p in model.named_parameters():
-            p.add_(0.01 * torch.randn_like(p) if key != "visual.head.bias" else 0.0)
+        for p in model.parameters():  # every one moved, as after fine-tuning (the head has no bias to keep at 0)
+            p.add_(0.01 * torch.randn_like(p))
         folder = vit.save_clip_model(model, tmp_path / "saved")
         theirs = open_clip.create_model(f"local-dir:{folder}").eval()
         ours = model.encode_image(images)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import TINY, make_image_folder, perturb, run_script
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import vit
 from vit.config import ConfigError, from_dict
@@ -225,6 +225,52 @@ def test_a_run_from_pretrained_weights_starts_from_them(tmp_path):
     with pytest.raises(ConfigError, match=r"is a siglip model \(it has a logit_bias\); set contrastive.loss=siglip\.$"):
         train_model(dataclasses.replace(cfg, contrastive=dataclasses.replace(cfg.contrastive, loss="clip")), 2,
                     train.tokenizer)
+
+
+def _pretrained_folder(folder, source: str, loss: str):
+    """A tiny CLIP (loss 'clip') or SigLIP folder to fine-tune from, written by save_clip_model ('ours') or with
+    the weights of open_clip's own model of the same config ('open_clip')."""
+    ours = _tiny_clip(loss)
+    save_clip_model(ours, folder)
+    if source == "open_clip":
+        open_clip = pytest.importorskip("open_clip")
+        cfg = json.loads((folder / "open_clip_config.json").read_text())["model_cfg"]
+        theirs = perturb(open_clip.model.CLIP(**cfg))
+        save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, folder / "open_clip_model.safetensors")
+    return folder
+
+
+@pytest.mark.parametrize("source, loss", [("ours", "siglip"), pytest.param("ours", "clip", marks=pytest.mark.slow),
+                                          pytest.param("open_clip", "siglip", marks=pytest.mark.slow)])
+def test_a_fine_tune_from_pretrained_weights_saves_and_reloads(tmp_path, source, loss):
+    """contrastive.pretrained: the run trains and saves (the image head's zero bias, filled in by the loader for
+    open_clip's bias-free `visual.proj`, learned a value open_clip's layout cannot hold, so the first save was
+    refused); its last/ and best/ load through create_clip_model with the trained weights' features."""
+    from helpers import import_script
+
+    from vit.config import read_yaml
+    from vit.models.clip_build import build_clip_model
+
+    start = _pretrained_folder(tmp_path / "m", source, loss)
+    data = make_image_folder(tmp_path / "data", classes=("circle", "square"), n_train=2, n_val=1)
+    import_script("train").main([*TINY, "--data.dataset=captions", f"--data.root={data}", "--data.batch_size=2",
+                                 f"--contrastive.loss={loss}", f"--contrastive.pretrained=local-dir:{start}",
+                                 "--contrastive.template=a red {}", "--optim.lr=0.05", "--run.epochs=1",
+                                 f"--run.output_dir={tmp_path}", "--run.name=r"])
+    run = tmp_path / "r"
+    trained = build_clip_model(from_dict(read_yaml(run / "config.yaml")), None).eval()
+    before = {k: v.clone() for k, v in trained.state_dict().items()}
+    trained.load_state_dict(load_file(str(sorted((run / "state").glob("step-*"))[-1] / "model.safetensors")))
+    assert not torch.equal(before["visual.head.weight"], trained.state_dict()["visual.head.weight"])  # it trained
+    x = torch.randn(2, 3, 32, 32)
+    ids = trained.tokenizer(["a red circle", "a red square"])
+    for saved in ("last", "best"):
+        model = vit.create_clip_model(f"local-dir:{run / saved}")
+        with torch.no_grad():
+            torch.testing.assert_close(model.encode_image(x), trained.encode_image(x), atol=1e-6, rtol=0)
+            torch.testing.assert_close(model.encode_text(ids), trained.encode_text(ids), atol=1e-6, rtol=0)
+        assert model.logit_scale.item() == trained.logit_scale.item()
+        assert (model.logit_bias is None) == (loss == "clip")
 
 
 def test_retrieval_counts_repeated_captions_once():

@@ -104,6 +104,36 @@ def test_ring_on_one_process_is_the_gathered_loss():
         siglip_loss(image, text, scale, bias, exchange="all")
 
 
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_the_ring_never_has_two_operations_pending_between_two_processes_under_one_tag(monkeypatch, world):
+    """Each batch of point-to-point operations the ring issues, forward and backward, recorded on every rank: no
+    two name the same peer and tag (with two processes the one-way round sends to and receives from the same
+    peer at once, both under tag 0, and gloo matches a message by its peer and tag alone), and every send is met
+    by a receive of the same tag on its peer."""
+    import vit.train.contrastive as contrastive
+
+    batches = []
+
+    class Op:
+        def __init__(self, op, tensor, peer, tag=0):
+            self.kind, self.peer, self.tag = "send" if op is dist.isend else "recv", peer, tag
+
+    for rank in range(world):
+        monkeypatch.setattr(contrastive, "_world", lambda rank=rank: (rank, world))
+        monkeypatch.setattr(dist, "P2POp", Op)
+        monkeypatch.setattr(dist, "batch_isend_irecv", lambda ops, rank=rank: batches.append((rank, ops)) or [])
+        image, text = (t[:2].clone().requires_grad_() for t in _features())
+        siglip_loss(image, text, torch.tensor(7.5, dtype=torch.float64), torch.tensor(-3.0, dtype=torch.float64),
+                    exchange="ring").backward()
+    sends, recvs = set(), set()
+    for rank, ops in batches:
+        pending = [(op.peer, op.tag) for op in ops]
+        assert len(set(pending)) == len(pending), (rank, pending)
+        sends |= {(rank, op.peer, op.tag) for op in ops if op.kind == "send"}
+        recvs |= {(op.peer, rank, op.tag) for op in ops if op.kind == "recv"}
+    assert sends == recvs and len(sends) == world * (2 if world > 2 else 1)  # each ordered pair its own tag
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_processes_equal_one_with_the_whole_batch(tmp_path, monkeypatch, world):

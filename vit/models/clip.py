@@ -15,7 +15,9 @@ Repositories in two layouts load:
                    text tower by vit.hub.text_weights (`text_model.*`), `text_projection` (CLIP, no bias) or
                    `text_model.head` (SigLIP, biased) as the projection
 The text tower pools one token: CLIP's end-of-text (causal attention), SigLIP's last position (no mask); the
-projection is a Linear (E, D). `logit_scale` is stored as its logarithm, as both libraries store it.
+projection is a Linear (E, D). The image tower's head is its projection, bias-free where the repository's is
+(open_clip's own ViT, CLIPModel), so a fine-tune saves back into open_clip's layout. `logit_scale` is stored as its
+logarithm, as both libraries store it.
 """
 
 from __future__ import annotations
@@ -97,18 +99,22 @@ def _bad(name: str, what: str) -> ValueError:
                       "open_clip_config.json, or transformers' CLIPModel / SiglipModel / Siglip2Model config.json).")
 
 
-def _open_clip_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
-    """(TextEncoder options, its state, projection and logit tensors, tokenizer) of an open_clip repository."""
+def _open_clip_parts(name: str, config: dict, cache_dir: Any
+                     ) -> tuple[dict, dict, dict, ClipTokenizer | None, bool]:
+    """(TextEncoder options, its state, projection and logit tensors, tokenizer, whether the image projection is a
+    bare matrix: open_clip's own ViT's `visual.proj`) of an open_clip repository."""
     kwargs = open_clip_text_args(config, name)
     weights = repo_file(name, OPEN_CLIP_FILES, cache_dir, "its weights")
     state = read_state_dict(weights)
     check_weights(state, weights)
     text, extra = open_clip_text_state_dict(state)
-    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
+    bare = any(k in state for k in ("visual.proj", "module.visual.proj"))
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir), bare
 
 
-def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, dict, dict, ClipTokenizer | None]:
-    """The same for a transformers CLIPModel / SiglipModel repository."""
+def _transformers_parts(name: str, config: dict, cache_dir: Any
+                        ) -> tuple[dict, dict, dict, ClipTokenizer | None, bool]:
+    """The same for a transformers CLIPModel / SiglipModel repository (CLIPModel's `visual_projection` is bare)."""
     weights = repo_file(name, WEIGHT_FILES, cache_dir, "its weights")
     state = read_state_dict(weights)
     extra = {k: state[k] for k in ("logit_scale", "logit_bias") if k in state}
@@ -130,7 +136,18 @@ def _transformers_parts(name: str, config: dict, cache_dir: Any) -> tuple[dict, 
     report = LoadReport(f"{name} ({weights})")
     text = text_state_dict({k: v for k, v in state.items() if not k.startswith("text_model.head.")}, "clip_text",
                            report)
-    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir)
+    bare = "visual_projection.weight" in state and "visual_projection.bias" not in state
+    return kwargs, text, extra, repo_clip_tokenizer(name, cache_dir), bare
+
+
+def _bias_free_head(visual: nn.Module) -> None:
+    """The image tower's head (E, D) without its bias, as open_clip's `visual.proj`: a bias the loaders fill with
+    zeros (timm's CLIP head has one) would learn in a fine-tune, and open_clip's layout cannot hold it."""
+    head = getattr(visual, "head", None)
+    if isinstance(head, nn.Linear) and head.bias is not None:
+        visual.head = nn.Linear(head.in_features, head.out_features, bias=False, device=head.weight.device,
+                                dtype=head.weight.dtype)
+        visual.head.weight.data.copy_(head.weight.data)
 
 
 def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
@@ -143,9 +160,9 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
         path, is_open_clip = repo_file(name, ("config.json",), cache_dir), False
     config = read_json(path, name)
     if is_open_clip:
-        kwargs, text_state, extra, tok = _open_clip_parts(name, config, cache_dir)
+        kwargs, text_state, extra, tok, bare = _open_clip_parts(name, config, cache_dir)
     elif config.get("model_type") in ("clip", "siglip", "siglip2"):
-        kwargs, text_state, extra, tok = _transformers_parts(name, config, cache_dir)
+        kwargs, text_state, extra, tok, bare = _transformers_parts(name, config, cache_dir)
     else:
         raise _bad(name, f"its config.json is a {config.get('model_type')!r} model")
     D, depth, V, P = kwargs["embed_dim"], kwargs["depth"], kwargs["vocab_size"], kwargs["max_len"]
@@ -174,6 +191,8 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     projection = nn.Linear(proj_w.shape[1], proj_w.shape[0], bias="proj.bias" in extra)
     projection.load_state_dict({k[5:]: v for k, v in extra.items() if k.startswith("proj.")})
     visual = create_model(name, pretrained=True, cache_dir=cache_dir)
+    if bare:  # its head's bias is the loader's zero filler: gone, so a fine-tune cannot learn one it cannot save
+        _bias_free_head(visual)
     bias = extra.get("logit_bias")
     model = CLIP(visual, text, projection, pool, float(extra["logit_scale"].reshape(-1)[0]),
                  None if bias is None else float(bias.reshape(-1)[0]), tok)
@@ -189,10 +208,7 @@ def new_clip_model(visual: nn.Module, tokenizer: ClipTokenizer, embed_dim: int, 
     if getattr(visual, "num_classes", embed_dim) != embed_dim:
         raise ValueError(f"the image tower projects to {visual.num_classes} features, not embed_dim={embed_dim}; "
                          "build it with num_classes=embed_dim.")
-    head = getattr(visual, "head", None)
-    if isinstance(head, nn.Linear) and head.bias is not None:  # (E, D), as open_clip's `visual.proj` (no bias)
-        visual.head = nn.Linear(head.in_features, head.out_features, bias=False)
-        visual.head.weight.data.copy_(head.weight.data)
+    _bias_free_head(visual)
     vocab = tokenizer.tokenizer.vocab_size
     options = dict(vocab_size=vocab, embed_dim=text_width, depth=text_depth, num_heads=text_heads,
                    max_len=tokenizer.context_length, global_pool="eos", causal=True, norm_eps=1e-5)

@@ -77,10 +77,18 @@ class _Exchange(torch.autograd.Function):
         return (None, None, *back)
 
 
+def _tag(src: int, dst: int) -> int:
+    """The tag of a message from rank src to rank dst: one per ordered pair, so no two operations pending between
+    the same two processes share one (with two processes the one-way round sends to and receives from the same
+    peer at once; gloo matches messages by peer and tag alone)."""
+    return 1 + src * _world()[1] + dst
+
+
 def _point_to_point(send_to, recv_from, tensors) -> tuple[torch.Tensor, ...]:
+    me = _world()[0]
     received = tuple(torch.empty_like(tensors[0]) for _ in recv_from)
-    ops = [dist.P2POp(dist.isend, t.contiguous(), peer) for t, peer in zip(tensors, send_to)]
-    ops += [dist.P2POp(dist.irecv, r, peer) for r, peer in zip(received, recv_from)]
+    ops = [dist.P2POp(dist.isend, t.contiguous(), peer, tag=_tag(me, peer)) for t, peer in zip(tensors, send_to)]
+    ops += [dist.P2POp(dist.irecv, r, peer, tag=_tag(peer, me)) for r, peer in zip(received, recv_from)]
     for request in dist.batch_isend_irecv(ops):
         request.wait()
     return received
