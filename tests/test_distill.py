@@ -8,7 +8,6 @@ from helpers import perturb
 from torch import nn
 
 import vit
-from vit.config import ConfigError
 from vit.train.distill import Distiller
 from vit.train.teacher import build_teacher
 
