@@ -10,17 +10,19 @@ Each weight is a finite number >= 0 and they are not both 0 (nothing would train
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+import typing
+from typing import Any, Literal
 
 from .errors import ConfigError
+from .schema import Config, DistillConfig
 
-KINDS = ("logit", "feature", "token")  # timm's LogitDistillationTask, FeatureDistillationTask, TokenDistillationTask
-TOKEN_MODES = ("soft", "hard")  # token: KL at a temperature, or cross-entropy with the teacher's argmax (DeiT)
-FEATURE_LOSSES = ("mse", "cosine")  # feature: mean squared error (timm's) or 1 - cosine similarity
-FEATURES = ("pooled", "patch")  # feature: the pre-logits vector (timm's) or every patch token
+# the choices of each setting: the Literal types of DistillConfig's fields (their meanings are there)
+CHOICES = {f.name: typing.get_args(t) for f in dataclasses.fields(DistillConfig)
+           if typing.get_origin(t := typing.get_type_hints(DistillConfig)[f.name]) is Literal}
 
-__all__ = ["KINDS", "TOKEN_MODES", "FEATURE_LOSSES", "FEATURES", "distill_weights", "check_distill_settings"]
+__all__ = ["CHOICES", "distill_weights", "check_distill_settings", "validate_distill"]
 
 
 def _number(value: Any) -> bool:
@@ -52,11 +54,39 @@ def distill_weights(task_weight: float | None, distill_weight: float | None) -> 
 def check_distill_settings(kind: str, temperature: float, task_weight: float | None, distill_weight: float | None,
                            token_mode: str, feature_loss: str, features: str) -> None:
     """ConfigError, one sentence naming the `distill.` key, for a setting no model needs to judge."""
-    for key, value, choices in (("kind", kind, KINDS), ("token_mode", token_mode, TOKEN_MODES),
-                                ("feature_loss", feature_loss, FEATURE_LOSSES), ("features", features, FEATURES)):
-        if value not in choices:
-            raise ConfigError(f"config key 'distill.{key}' must be one of {', '.join(choices)}, got {value!r}.")
+    given = dict(kind=kind, token_mode=token_mode, feature_loss=feature_loss, features=features)
+    for key, choices in CHOICES.items():
+        if given[key] not in choices:
+            raise ConfigError(f"config key 'distill.{key}' must be one of {', '.join(choices)}, got {given[key]!r}.")
     if not _number(temperature) or temperature <= 0:
         raise ConfigError(f"config key 'distill.temperature' divides the logits before the softmax and must be a "
                           f"finite number > 0 (1-4 is usual), got {temperature!r}.")
     distill_weights(task_weight, distill_weight)
+
+
+def validate_distill(cfg: Config) -> None:
+    """The `distill:` section against the rest of the config (vit/config/checks.py:validate calls it): its keys
+    read only with a teacher, its settings, and the runs it cannot join; each refusal one sentence."""
+    d, default = cfg.distill, DistillConfig()
+    if d.teacher is None:
+        changed = [f.name for f in dataclasses.fields(d) if getattr(d, f.name) != getattr(default, f.name)]
+        if changed:
+            raise ConfigError(f"config key 'distill.{changed[0]}' is read only with distill.teacher set; name the "
+                              "teacher (a timm tag, hf-hub:, local-dir:, a run's best/) or remove the key.")
+        return
+    if not d.teacher.strip():
+        raise ConfigError("config key 'distill.teacher' is empty; name the teacher (a timm tag, hf-hub:org/repo, "
+                          "local-dir:/folder, a run's best/) or set it to null.")
+    check_distill_settings(d.kind, d.temperature, d.task_weight, d.distill_weight, d.token_mode, d.feature_loss,
+                           d.features)
+    if cfg.data.dataset in ("captions", "text_csv"):
+        what = "a CLIP model" if cfg.data.dataset == "captions" else "a text model"
+        raise ConfigError(f"config key 'distill.teacher' distils an image classifier, and data.dataset="
+                          f"{cfg.data.dataset} trains {what}; remove distill.teacher or train on labelled images.")
+    if cfg.data.labels_file and d.kind != "feature":
+        raise ConfigError(f"config key 'distill.kind' is {d.kind}, a softmax over one class set (as timm's), and "
+                          "data.labels_file makes this a multi-label run with sigmoid targets; use "
+                          "distill.kind=feature, which does not read the targets.")
+    if cfg.data.naflex is not None:
+        raise ConfigError("config key 'distill.teacher' needs square image batches to re-normalise and resize for "
+                          "the teacher, and data.naflex feeds patches; remove data.naflex to distil.")
