@@ -81,7 +81,7 @@ def test_logit_distillation_equals_timm(mode):
     theirs = task.train()(images, target)
     theirs["loss"].backward()
     d = Distiller(our_s, our_t, nn.CrossEntropyLoss(), kind="logit", temperature=3.0, **_ours(WEIGHTS[mode]))
-    ours = d(d.module, images, target)
+    ours = d(d.student, images, target)
     ours["loss"].backward()
     assert (d.task_weight, d.distill_weight) == (task.task_loss_weight, task.distill_loss_weight)
     _compare(theirs, ours, (ref_s,), (our_s,))
@@ -97,12 +97,12 @@ def test_feature_distillation_equals_timm(features):
     task = FeatureDistillationTask(ref_s, ref_t, criterion=nn.CrossEntropyLoss(), task_loss_weight=0.5,
                                    distill_loss_weight=4.0, verbose=False).train()
     d = Distiller(our_s, our_t, nn.CrossEntropyLoss(), kind="feature", task_weight=0.5, distill_weight=4.0)
-    d.module.projection.load_state_dict(task.trainable_module.projection.state_dict())
+    d.projection.load_state_dict(task.trainable_module.projection.state_dict())
     theirs = task(images, target)
     theirs["loss"].backward()
-    ours = d(d.module, images, target)
+    ours = d(d.student, images, target)
     ours["loss"].backward()
-    _compare(theirs, ours, (task.trainable_module,), (d.module,))
+    _compare(theirs, ours, (task.trainable_module,), (nn.ModuleDict(dict(student=our_s, projection=d.projection)),))
 
 
 @pytest.mark.parametrize("token_mode", ["soft", "hard"])
@@ -117,7 +117,7 @@ def test_token_distillation_equals_timm(token_mode):
     theirs["loss"].backward()
     d = Distiller(our_s, our_t, nn.CrossEntropyLoss(), kind="token", token_mode=token_mode, temperature=2.0,
                   task_weight=0.6)
-    ours = d(d.module, images, target)
+    ours = d(d.student, images, target)
     ours["loss"].backward()
     theirs["kd_loss"] = theirs["distill_loss"]
     _compare(theirs, ours, (ref_s,), (our_s,))
@@ -139,9 +139,9 @@ def test_patch_features_cosine_against_a_float64_formula():
     teacher = build_teacher(perturb(vit.create_model(name, **dict(kw, patch_size=16))), HALF, HALF, HALF, HALF)
     images, target = _batch()
     d = Distiller(student, teacher, nn.CrossEntropyLoss(), kind="feature", features="patch", feature_loss="cosine")
-    ours = d(d.module, images, target)
+    ours = d(d.student, images, target)
     with torch.no_grad():
-        s = d.module.projection(student.forward_features(images)[:, 1:]).double()  # (B, 16, 48)
+        s = d.projection(student.forward_features(images)[:, 1:]).double()  # (B, 16, 48)
         t = teacher.model.forward_features(images)[:, 1:].double()  # (B, 4, 48): same normalisation, same size
         t = torch.nn.functional.interpolate(t.transpose(1, 2).reshape(6, 48, 2, 2), size=(4, 4), mode="bilinear",
                                             align_corners=False, antialias=True).flatten(2).transpose(1, 2)
@@ -159,7 +159,7 @@ def test_feature_distillation_takes_multi_label_targets():
     multi[:, 0] = 1
     single = Distiller(student, teacher, nn.CrossEntropyLoss(), kind="feature")
     d = Distiller(student, teacher, nn.BCEWithLogitsLoss(), kind="feature")
-    d.module.projection.load_state_dict(single.module.projection.state_dict())
-    ours = d(d.module, images, multi)
+    d.projection.load_state_dict(single.projection.state_dict())
+    ours = d(d.student, images, multi)
     torch.testing.assert_close(ours["task_loss"], nn.BCEWithLogitsLoss()(student(images), multi))
-    torch.testing.assert_close(ours["kd_loss"], single(single.module, images, target)["kd_loss"])
+    torch.testing.assert_close(ours["kd_loss"], single(single.student, images, target)["kd_loss"])

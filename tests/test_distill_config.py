@@ -62,9 +62,13 @@ def test_every_distill_key_is_described_in_train_help():
     assert all(len(r["meaning"]) > 20 for r in rows.values()), [k for k, r in rows.items() if len(r["meaning"]) < 20]
 
 
-def test_train_py_refuses_a_teacher_until_its_loop_distils(tmp_path):
-    """The losses are a library today; train.py must not train without the teacher it was given, silently."""
+def test_train_config_keeps_a_teacher_folder_absolute(tmp_path, monkeypatch):
+    """A teacher given as a relative checkpoint folder is saved absolute (a resume from elsewhere finds it); a tag
+    stays as written."""
     from vit.cli.training import train_config
 
-    with pytest.raises(ConfigError, match="not read by train.py's loop yet"):
-        train_config(None, ["--distill.teacher=local-dir:/t"])
+    (tmp_path / "teacher").mkdir()
+    monkeypatch.chdir(tmp_path)
+    cfg, _ = train_config(None, ["--distill.teacher=teacher"])
+    assert cfg.distill.teacher == str(tmp_path / "teacher")
+    assert train_config(None, ["--distill.teacher=hf-hub:org/t"])[0].distill.teacher == "hf-hub:org/t"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, ConfigError, check_dataset_keys, diff, load_config
+from ..config import Config, check_dataset_keys, diff, load_config
 from ..data import absolute_root, choose_channels, resolve_data_config
 from ..models.build import build_model, pretrained_cfg_of, resolve_name
 from ..models.clip_build import build_clip_model
@@ -66,9 +66,6 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     data paths absolute."""
     cfg = resolve_name(load_config(config_path, overrides))  # model.name null: the architecture of the weights
     check_dataset_keys(cfg)  # a data.* key this dataset would ignore (data.val_split for a folder) is refused
-    if cfg.distill.teacher is not None:  # the losses exist (vit/train/distill.py); the loop does not call them yet
-        raise ConfigError("config key 'distill.teacher' is not read by train.py's loop yet (the distillation losses "
-                          "are in vit.train.distill); remove it, or call vit.train.distill.Distiller from Python.")
     channel_note = None
     if is_contrastive(cfg):  # open_clip's image towers read RGB; a pretrained one, at its own size
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, in_chans=3))
@@ -86,6 +83,8 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     cfg.data.labels_file = absolute_root(cfg.data.labels_file)
+    if cfg.distill.teacher is not None and Path(cfg.distill.teacher).is_dir():  # a checkpoint folder, from anywhere
+        cfg.distill.teacher = str(Path(cfg.distill.teacher).absolute())
     return cfg, channel_note
 
 

@@ -25,7 +25,7 @@ from torch import nn
 from ..config.distill_checks import check_distill_settings, distill_weights
 from .teacher import Teacher
 
-__all__ = ["kl_distillation", "hard_distillation", "feature_distillation", "FeatureStudent", "Distiller"]
+__all__ = ["kl_distillation", "hard_distillation", "feature_distillation", "Distiller"]
 
 
 def kl_distillation(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -59,29 +59,40 @@ def _grid_tokens(tokens: torch.Tensor, grid: tuple[int, int], to: tuple[int, int
     return maps.flatten(2).transpose(1, 2)  # (B, h' * w', D)
 
 
-class FeatureStudent(nn.Module):
-    """The student and its feature projection as one module, so that one forward (and one DistributedDataParallel
-    wrapper) holds everything that trains: images -> (logits (B, C), projected features (B, D_t) or (B, N, D_t)).
-    `projection` is the distillation's own part: saved apart from the student, dropped on export."""
+class _FeatureTap:
+    """Hooks that catch the student's features inside its own forward, so that the model (or the wrapper
+    DistributedDataParallel made of it) is called once and syncs every gradient: pooled, the input of `head`
+    (forward_head's pre-logits; a distilled model's two heads averaged as its pre-logits are); patch, the output of
+    `norm` (forward_features', prefix tokens dropped)."""
 
-    def __init__(self, student: nn.Module, projection: nn.Module, features: str = "pooled") -> None:
-        super().__init__()
-        self.student, self.projection, self.features = student, projection, features
+    def __init__(self, student: nn.Module, features: str) -> None:
+        self.student, self.features, self.caught, self.handles = student, features, [], []
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.student.forward_features(images)  # (B, prefix + N, D_s)
-        logits = self.student.forward_head(x)
+    def __enter__(self) -> _FeatureTap:
+        catch = self.caught.append
         if self.features == "patch":
-            f = x[:, self.student.num_prefix_tokens:]  # (B, N, D_s)
+            self.handles.append(self.student.norm.register_forward_hook(lambda m, a, out: catch(out)))
         else:
-            f = self.student.forward_head(x, pre_logits=True)  # (B, D_s)
-        return logits, self.projection(f)
+            for head in filter(None, (self.student.head, getattr(self.student, "head_dist", None))):
+                self.handles.append(head.register_forward_pre_hook(lambda m, a: catch(a[0])))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def result(self) -> torch.Tensor:
+        """(B, D_s) pooled or (B, N, D_s) patch features of the forward just run."""
+        if self.features == "patch":
+            return self.caught[-1][:, self.student.num_prefix_tokens:]
+        return sum(self.caught) / len(self.caught)
 
 
 class Distiller:
-    """One kind of distillation between a student and a frozen `teacher`: `module` is what trains (the student, or
-    the student with its feature projection), and calling the distiller with that module (as prepared by
-    Accelerate), a batch and its targets gives {'loss', 'output' (the student's logits), 'task_loss', 'kd_loss'}.
+    """One kind of distillation between a `student` and a frozen `teacher`. Calling the distiller with the student
+    (or the wrapper Accelerate made of it), a batch and its targets gives {'loss', 'output' (the student's logits),
+    'task_loss', 'kd_loss'}. Feature distillation trains `projection` too (Linear(D_s, D_t), or None when the widths
+    match): the distillation's own part, passed to the call (or its wrapper), saved apart from the student.
 
     `criterion(logits, target)` is the task loss. The settings are the `distill:` section's fields, by their names;
     each bad one is one sentence (ConfigError / ValueError) here, before any step."""
@@ -93,7 +104,7 @@ class Distiller:
         self.kind, self.temperature, self.criterion = kind, float(temperature), criterion
         self.token_mode, self.feature_loss, self.features = token_mode, feature_loss, features
         self.task_weight, self.distill_weight = distill_weights(task_weight, distill_weight)
-        self.teacher = teacher
+        self.student, self.teacher, self.projection = student, teacher, None
         ours, theirs = getattr(student, "num_classes", None), teacher.num_classes
         if kind != "feature" and ours != theirs:
             raise ValueError(f"{kind} distillation compares class scores, and the teacher {teacher.name} has "
@@ -106,32 +117,30 @@ class Distiller:
                                  "build a distilled student (e.g. deit_tiny_distilled_patch16_224, or "
                                  "model.dist_token=true) or use distill.kind=logit.")
             student.set_distilled_training(True)  # training returns (logits, distillation logits)
-        self.module = student
         if kind == "feature":
             d_s, d_t = student.num_features, teacher.num_features
             self.grids = None
             if features == "patch":
                 self.grids = (tuple(teacher.grid_size), tuple(student.patch_embed.grid_size))
-            projection = nn.Linear(d_s, d_t) if d_s != d_t else nn.Identity()  # timm: a projection only if needed
-            self.module = FeatureStudent(student, projection, features)
+                student.prune_last_block = False  # every patch token leaves the last block
+            self.projection = nn.Linear(d_s, d_t) if d_s != d_t else None  # timm: a projection only if needed
 
-    @property
-    def student(self) -> nn.Module:
-        """The student alone: what is evaluated, saved as a model and exported."""
-        return self.module.student if isinstance(self.module, FeatureStudent) else self.module
-
-    def __call__(self, module: nn.Module, images: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """`module`: `self.module`, or the wrapper Accelerate made of it; images (B, C, H, W) normalised for the
-        student; target as the criterion takes it."""
-        out = module(images)
+    def __call__(self, module: nn.Module, images: torch.Tensor, target: torch.Tensor,
+                 projection: nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """`module`: the student, or its wrapper; `projection`: `self.projection` or its wrapper (default: it);
+        images (B, C, H, W) normalised for the student; target as the criterion takes it."""
         if self.kind == "feature":
-            logits, f_s = out
+            with _FeatureTap(self.student, self.features) as tap:
+                logits = module(images)
+            project = projection if projection is not None else self.projection
+            f_s = tap.result() if project is None else project(tap.result())  # (B, D_t) or (B, N, D_t)
             f_t = self.teacher.features(images, patch=self.features == "patch")
             if self.grids is not None:
                 f_t = _grid_tokens(f_t, *self.grids)  # the teacher's patch grid on the student's
             kd = feature_distillation(f_s, f_t, self.feature_loss)
         else:
             # token: the [CLS] and [DIST] heads while training; their mean (one tensor) in eval mode
+            out = module(images)
             logits, s = out if isinstance(out, tuple) else (out, out)
             t = self.teacher.logits(images)
             hard = self.kind == "token" and self.token_mode == "hard"
