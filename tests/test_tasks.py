@@ -43,7 +43,8 @@ def test_an_unknown_task_is_one_sentence():
     with pytest.raises(ValueError) as e:
         task_class("segmentation")
     msg = str(e.value)
-    assert msg == "unknown training task 'segmentation'; the tasks are 'classification', 'multilabel', 'contrastive'."
+    assert msg == ("unknown training task 'segmentation'; the tasks are 'classification', 'multilabel', "
+                   "'contrastive', 'distillation'.")
 
 
 class Regression(Task):

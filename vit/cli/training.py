@@ -83,6 +83,8 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     cfg.data.labels_file = absolute_root(cfg.data.labels_file)
+    if cfg.distill.teacher is not None and Path(cfg.distill.teacher).is_dir():  # a checkpoint folder, from anywhere
+        cfg.distill.teacher = str(Path(cfg.distill.teacher).absolute())
     return cfg, channel_note
 
 

@@ -1,12 +1,13 @@
 """The checks between a run's sections: what a dataset can give (balancing, labels files, shards, NaFlex batches),
-what a contrastive run reads, which training options a model's options need, and the data.* keys a dataset
-ignores (refused rather than ignored)."""
+what a contrastive run reads, what a distillation needs (distill_checks.py), which training options a model's
+options need, and the data.* keys a dataset ignores (refused rather than ignored)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from .checks import LOG_SCALE_RANGE, check_sections
+from .distill_checks import validate_distill
 from .errors import ConfigError
 from .schema import Config, ContrastiveConfig, DataConfig
 
@@ -25,6 +26,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
     _validate_data_use(cfg)
     _validate_contrastive(cfg)
+    validate_distill(cfg)  # vit/config/distill_checks.py
 
 
 def _validate_data_use(cfg: Config) -> None:

@@ -1,5 +1,5 @@
-"""The config schema: one dataclass per section (model, data, aug, optim, run), every field with its
-meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
+"""The config schema: one dataclass per section (model, data, aug, optim, run, contrastive, distill), every field
+with its meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
 
 from __future__ import annotations
 
@@ -310,6 +310,25 @@ class ContrastiveConfig:
 
 
 @dataclass
+class DistillConfig:
+    # knowledge distillation (vit/train/distill.py, as timm.task): the student is model.*, taught by a frozen teacher
+    # a timm tag in the Hugging Face cache, hf-hub:org/repo, local-dir:/folder, a run's best/ or a CLIP / SigLIP
+    # repository (its image tower), seen in its own mean, std and input size; null: no distillation
+    teacher: str | None = None
+    # logit: the student's class scores match the teacher's; feature: its features, projected to the teacher's
+    # width (any teacher class set); token: DeiT's distillation token (a distilled student, model.dist_token)
+    kind: Literal["logit", "feature", "token"] = "logit"
+    temperature: float = 1.0  # logit and soft token: softmax temperature T, > 0 (the KL is scaled by T^2; 1-4 usual)
+    # the task loss's weight; with distill_weight null the distillation weighs 1 - task_weight (timm's complementary
+    # mode, task_weight in [0, 1]); both null: 1 and 1
+    task_weight: float | None = None
+    distill_weight: float | None = None  # the distillation loss's weight; null: 1 - task_weight (or 1)
+    token_mode: Literal["soft", "hard"] = "soft"  # token: KL at the temperature, or cross-entropy with its argmax
+    feature_loss: Literal["mse", "cosine"] = "mse"  # feature: mean squared error (timm's) or 1 - cosine similarity
+    features: Literal["pooled", "patch"] = "pooled"  # feature: the pre-logits vector (timm's) or every patch token
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -317,3 +336,4 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)

@@ -2,8 +2,9 @@
 
 A YAML metadata header (what `huggingface_hub.ModelCard` parses: library_name, tags, datasets, metrics, and the
 evaluation in model-index form, which the hub shows as the model's results), then Markdown: what the model is,
-how it was trained (the config's essentials), its evaluation numbers, and how to load it with `vit` and with
-`timm` (the folder is a timm hub folder: config.json in timm's format beside model.safetensors).
+how it was trained (the config's essentials, the teacher it was distilled from), its evaluation numbers, and how
+to load it with `vit` and with `timm` (the folder is a timm hub folder: config.json in timm's format beside
+model.safetensors).
 Written from the config, classes and meta of `save_checkpoint`; standard library and PyYAML only.
 
 Every string a user chose (class names, the run's and model's names, dataset and split names, the weights it
@@ -68,6 +69,19 @@ def _repo_id(text: str) -> str:
     return "/".join(re.sub(r"[^A-Za-z0-9._-]+", "-", part).strip("-.") or "model" for part in text.split("/")[:2])
 
 
+def _teacher_line(cfg: Config) -> list[str]:
+    """The distillation line ([] without a teacher): the teacher by its public name (a local one unnamed), the
+    kind and the weights."""
+    d = cfg.distill
+    if d.teacher is None:
+        return []
+    teacher = markdown_text(public_source(d.teacher) or "a local teacher (a folder on the training machine)")
+    at = f" at temperature {d.temperature:g}"
+    how = {"logit": "class scores" + at, "feature": f"{d.features} features, {d.feature_loss}",
+           "token": f"DeiT's distillation token, {d.token_mode}" + (at if d.token_mode == "soft" else "")}[d.kind]
+    return [f"- distilled from: {teacher} ({d.kind} distillation: {how}); the saved student needs no teacher"]
+
+
 def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, repo_id: str | None = None) -> str:
     """README.md text for a checkpoint folder. `meta`: save_checkpoint's (epoch, step, val_acc1, val_loss, n);
     `repo_id`: the hub repository the load examples name (default: a placeholder, you/<run name>)."""
@@ -113,6 +127,7 @@ def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, rep
         f"- data: {md(d.dataset)}, {d.batch_size} images per batch and process; validation: "
         f"{held_out.get(d.dataset, md(_place(d.val_split)))}",
         f"- from: {source}",
+        *_teacher_line(cfg),
         f"- {r.epochs} epochs, AdamW lr {o.lr:g} (cosine to {o.min_lr:g}, {o.warmup_epochs:g} warm-up epochs), "
         f"weight decay {o.weight_decay:g}, gradient clip {o.clip_grad}, label smoothing {a.label_smoothing:g}"
         + (", " + ", ".join(mixing) if mixing else "") + (", EMA of the weights" if o.ema else ""),

@@ -4,4 +4,5 @@ loop), `records` (metrics.csv, the best checkpoints), `indexer` (DSA's indexer s
 states saved complete or not at all, verified before a resume reads them), `runfolder` (one run folder per
 training: lock, resume), `console` (what the main process prints), `tracking` (run.log_with: Accelerate's
 experiment trackers), `preemption` (SIGTERM saves a state), `contrastive` (CLIP's and SigLIP's losses), `lora`
-(LoRA adapters), `few_shot` (N labels per class). Import by module."""
+(LoRA adapters), `few_shot` (N labels per class), `distill` (knowledge distillation's losses), `teacher` (the
+frozen teacher in its own preprocessing). Import by module."""

@@ -235,6 +235,8 @@ def resume_run(accelerator, cfg, run_dir: Path, state, ema, task=None) -> None:
             ema.load_state_dict(load_file(str(path / "ema.safetensors")))
         if task is not None:
             read_task_state(task, path)
+    except RunFolderError:  # the task refuses the state (a distillation's other teacher): its own sentence
+        raise
     except Exception as e:
         raise CheckpointError(f"state {path} is unreadable ({str(e).splitlines()[0][:200]}); it is not what "
                               "train.py wrote.") from None

@@ -1,13 +1,14 @@
 """Training tasks, one per mode, each owning its loss, evaluation, checkpoint choice and what it saves: `base`
 (Task, Evaluation: the seam and its hooks), `classification` (softmax, Mixup, class weights; images and texts),
-`multilabel` (sigmoid per class, mAP), `contrastive` (CLIP / SigLIP on image-caption pairs), `registry` (the one
-place a config picks its task: task_for)."""
+`multilabel` (sigmoid per class, mAP), `contrastive` (CLIP / SigLIP on image-caption pairs), `distillation` (a
+student taught by a frozen teacher), `registry` (the one place a config picks its task: task_for)."""
 
 from .base import Evaluation, Task
 from .classification import ClassificationTask
 from .contrastive import ContrastiveTask
+from .distillation import DistillationTask
 from .multilabel import MultiLabelTask
 from .registry import TASKS, task_class, task_for, task_name
 
-__all__ = ["Task", "Evaluation", "ClassificationTask", "MultiLabelTask", "ContrastiveTask", "TASKS", "task_name",
-           "task_class", "task_for"]
+__all__ = ["Task", "Evaluation", "ClassificationTask", "MultiLabelTask", "ContrastiveTask", "DistillationTask",
+           "TASKS", "task_name", "task_class", "task_for"]

@@ -56,14 +56,18 @@ class ClassificationTask(Task):
         weights = class_weights(cfg, train_ds) if train_ds is not None else None
         return cls(cfg, classes, make_mixup(cfg, len(classes), cls.multi_label), weights)
 
+    def mix(self, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch the model trains on: mixed, with soft targets (B, C), when Mixup is on; else as given."""
+        return mix_batch(self.mixup, x, y, len(self.classes), self.cfg.aug.label_smoothing, self.multi_label)
+
     def logits(self, run, x, y) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits (B, C), targets): the batch mixed if Mixup is on (soft targets (B, C)), else as given."""
-        xm, ym = mix_batch(self.mixup, x, y, len(self.classes), self.cfg.aug.label_smoothing, self.multi_label)
+        """(logits (B, C), targets) of the batch as `mix` gives it."""
+        xm, ym = self.mix(x, y)
         with run.accelerator.autocast():
             return run.model(xm), ym
 
-    def loss(self, run, x, y) -> torch.Tensor:
-        logits, ym = self.logits(run, x, y)
+    def criterion(self, logits: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
+        """The loss of logits (B, C) against the targets `mix` gave: class indices (B,) or soft targets (B, C)."""
         w = self.class_weights.to(logits.device) if self.class_weights is not None else None
         if self.mixup is not None:  # soft targets (B, num_classes); weighted and normalised by the targets' weights,
             # as cross_entropy(weight=) does for class indices, so mixing does not change what a weight means
@@ -72,6 +76,9 @@ class ClassificationTask(Task):
                 return per_class.sum(-1).mean()
             return (per_class * w).sum() / (ym * w).sum()
         return F.cross_entropy(logits.float(), ym, weight=w, label_smoothing=self.cfg.aug.label_smoothing)
+
+    def loss(self, run, x, y) -> torch.Tensor:
+        return self.criterion(*self.logits(run, x, y))
 
     def evaluate(self, run, model: torch.nn.Module) -> Evaluation:
         from ...eval.metrics import predict, summarize_logits

@@ -20,8 +20,7 @@ class MultiLabelTask(ClassificationTask):
     select_by = "map"
     multi_label = True
 
-    def loss(self, run, x, y) -> torch.Tensor:
-        logits, ym = self.logits(run, x, y)
+    def criterion(self, logits: torch.Tensor, ym: torch.Tensor) -> torch.Tensor:
         smoothing = self.cfg.aug.label_smoothing
         target = ym if self.mixup is not None else ym.float() * (1 - smoothing) + 0.5 * smoothing  # (B, C)
         return F.binary_cross_entropy_with_logits(logits.float(), target)

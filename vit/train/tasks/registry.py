@@ -7,6 +7,7 @@ from __future__ import annotations
 from .base import Task
 from .classification import ClassificationTask
 from .contrastive import ContrastiveTask
+from .distillation import DistillationTask
 from .multilabel import MultiLabelTask
 
 __all__ = ["TASKS", "task_name", "task_class", "task_for"]
@@ -17,6 +18,7 @@ TASKS: dict[str, type[Task]] = {
     "classification": ClassificationTask,  # one label per image or text
     "multilabel": MultiLabelTask,  # data.labels_file: any number of labels per image
     "contrastive": ContrastiveTask,  # data.dataset: captions, image-caption pairs
+    "distillation": DistillationTask,  # distill.teacher: the student on its task's loss plus the teacher's term
 }
 
 
@@ -24,6 +26,8 @@ def task_name(cfg) -> str:
     """The training mode `cfg` asks for (a key of TASKS)."""
     if cfg.data.dataset == "captions":
         return "contrastive"
+    if cfg.distill.teacher is not None:  # on top of the run's own task (DistillationTask.inner)
+        return "distillation"
     if cfg.data.labels_file:
         return "multilabel"
     return "classification"
