@@ -51,8 +51,8 @@ def _grads(model, prefix=""):
 
 
 def _compare(theirs, ours, ref_params, our_params, keys=("task_loss", "kd_loss")):
-    for key in ("loss", *keys):
-        torch.testing.assert_close(ours[key], theirs[key], atol=1e-6, rtol=0)
+    for key in ("loss", *keys):  # float32 sums of ~4: a few ulps apart with another summation order (threads)
+        torch.testing.assert_close(ours[key], theirs[key], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ours["output"], theirs["output"], atol=1e-6, rtol=0)
     assert theirs["kd_loss" if "kd_loss" in theirs else "distill_loss"] > 1e-3  # not vacuous: the models disagree
     g_ref, g_ours = _grads(*ref_params), _grads(*our_params)
