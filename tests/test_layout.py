@@ -274,8 +274,7 @@ def test_every_script_run_by_a_test_is_given_a_temporary_output_folder():
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 400, 60
 NAME_TABLE = "vit/models/variants.py"  # data, one row per architecture: it grows with the families, not with logic
 # over a limit today and being shrunk on another branch (issue 47); the lead removes each entry on merging it
-SHRINKING_ELSEWHERE = {"vit/models/vision_transformer.py", "vit/config/checks.py", "vit/train/engine.py",
-                       "vit/models/build.py", "vit/models/features.py", "vit/models/model_card.py"}
+SHRINKING_ELSEWHERE: set[str] = set()  # files another branch is shrinking, xfail until it lands (none now)
 VIT_FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "vit").rglob("*.py"))
 
 

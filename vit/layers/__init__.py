@@ -1,4 +1,10 @@
-"""Building blocks of the shared Transformer encoder, one concept per module."""
+"""Building blocks of the shared Transformer encoder, one concept per module: `attention` (multi-head attention,
+fused through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); the block's optional `block_parts`,
+`layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
+`hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
+positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT);
+`sparse_attention` with its `sparse_gates` and `sparse_kernels`; and `combinations`, the one table of features
+that do not go together."""
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options

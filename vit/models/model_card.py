@@ -97,20 +97,7 @@ def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, rep
         source = "random initialisation"
     model_name = public_source(m.name) or "a local model"
     acc, loss, n = meta.get("val_acc1"), meta.get("val_loss"), meta.get("n")
-    header: dict = {
-        "library_name": "timm",
-        "license": "apache-2.0",
-        "pipeline_tag": "image-classification",
-        "tags": ["image-classification", "vision-transformer", "timm", "vit-toolkit"],
-    }
-    if d.dataset not in LOCAL_DATASETS:
-        header["datasets"] = [dataset]
-    if isinstance(acc, (int, float)):
-        header["metrics"] = ["accuracy"]
-        header["model-index"] = [{"name": r.name, "results": [{
-            "task": {"type": "image-classification", "name": "Image Classification"},
-            "dataset": {"name": d.dataset, "type": dataset, "split": "validation"},
-            "metrics": [{"type": "accuracy", "value": round(float(acc), 6), "name": "top-1 accuracy"}]}]}]
+    header = _hub_header(cfg, acc, dataset)
     shown = ", ".join(md(c) for c in classes[:20]) + (f", ... ({len(classes)} in all)" if len(classes) > 20 else "")
     mixing = [f"{name} {alpha:g}" for name, alpha in (("mixup", a.mixup), ("cutmix", a.cutmix)) if alpha]
     held_out = {"imagefolder": "val/ (or a share of train/)", "digits": f"{d.val_fraction:.0%} held out"}
@@ -141,7 +128,34 @@ def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, rep
                      + (f", on {n} images" if n else "") + f" (epoch {meta.get('epoch')}, step {meta.get('step')}).")
     else:
         lines.append("Not evaluated yet.")
-    lines += [
+    lines += _usage(repo)
+    return "\n".join(lines)
+
+
+def _hub_header(cfg: Config, acc, dataset: str) -> dict:
+    """The card's YAML header, as the Hugging Face hub parses it: library, task, tags, datasets and the
+    model-index with the validation top-1 when there is one."""
+    d, r = cfg.data, cfg.run
+    header: dict = {
+        "library_name": "timm",
+        "license": "apache-2.0",
+        "pipeline_tag": "image-classification",
+        "tags": ["image-classification", "vision-transformer", "timm", "vit-toolkit"],
+    }
+    if d.dataset not in LOCAL_DATASETS:
+        header["datasets"] = [dataset]
+    if isinstance(acc, (int, float)):
+        header["metrics"] = ["accuracy"]
+        header["model-index"] = [{"name": r.name, "results": [{
+            "task": {"type": "image-classification", "name": "Image Classification"},
+            "dataset": {"name": d.dataset, "type": dataset, "split": "validation"},
+            "metrics": [{"type": "accuracy", "value": round(float(acc), 6), "name": "top-1 accuracy"}]}]}]
+    return header
+
+
+def _usage(repo: str) -> list[str]:
+    """The card's "How to use" lines: loading through this toolkit and through timm."""
+    return [
         "",
         "## How to use", "",
         "With this toolkit (`vit`), from the hub or from this folder:", "",
@@ -158,4 +172,3 @@ def model_card(cfg: Config, classes: list[str], meta: dict, num_params: int, rep
         "transform = timm.data.create_transform(**cfg)",
         "```", "",
     ]
-    return "\n".join(lines)
