@@ -68,25 +68,20 @@ def main(argv=None) -> int:
     import time
     from pathlib import Path
 
-    from vit.cli.args import check_model_source
+    from vit.cli.args import load_model, parse_command
     from vit.cli.images import crop_note
     from vit.cli.outputs import check_writable
-    from vit.cli.runtime import check_options
-    from vit.config import ConfigError, parse_overrides
+    from vit.config import ConfigError
     from vit.data.datasets import image_transform
     from vit.data.naflex import as_picture
     from vit.eval.anomaly import auroc, choose_threshold, fit_patchcore, load_patchcore, save_patchcore
-    from vit.eval.inference import ImageFiles, load_model_and_config
+    from vit.eval.inference import ImageFiles
     from vit.eval.plots import plot_attention_map, to_display
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable
 
-    args, rest = build_parser().parse_known_intermixed_args(sys.argv[1:] if argv is None else argv)
-    overrides = parse_overrides(rest)
-    if any(not k.startswith("aug.") for k in overrides):
-        raise ConfigError("anomaly.py takes only --aug.* overrides (the preprocessing).")
-    check_options(args, ("batch_size", "img_size"))
-    check_model_source(args)
+    args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "anomaly.py", ("aug.",),
+                                    ("batch_size", "img_size"), intermixed=True)
     if not 0 <= args.false_alarm_rate < 1:
         raise ConfigError(f"--false-alarm-rate must be in [0, 1), got {args.false_alarm_rate}.")
     bank_dir = Path(args.bank) if args.bank else Path(args.checkpoint) / "anomaly" if args.checkpoint else None
@@ -97,7 +92,7 @@ def main(argv=None) -> int:
     if args.mode == "score" and not args.images:
         raise ConfigError("anomaly.py score needs images to score.")
     check_writable(bank_dir if args.mode == "fit" else args.out)
-    model, cfg, _ = load_model_and_config(args, overrides)
+    model, cfg, _ = load_model(args, overrides)
     transform = image_transform(cfg, train=False)  # data.naflex: each image whole, on its own grid of patches
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, f"anomaly.py {args.mode}")
     if note:

@@ -74,26 +74,20 @@ class Indexed:
 
 
 def parse_args(argv):
-    from vit.cli.args import check_model_source
-    from vit.cli.runtime import check_options
-    from vit.config import ConfigError, parse_overrides
+    from vit.cli.args import parse_command
+    from vit.config import ConfigError
 
-    args, rest = build_parser().parse_known_args(argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not (k.startswith("data.") or k.startswith("aug."))]
-    if bad:
-        raise ConfigError(f"evaluate.py takes only --data.* and --aug.* overrides, not --{bad[0]}.")
-    check_options(args, ("topk", "batch_size", "img_size"))
-    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
+    args, overrides = parse_command(build_parser(), argv, "evaluate.py", ("data.", "aug."),
+                                    ("topk", "batch_size", "img_size"))
     if args.threshold is not None and not 0 < args.threshold < 1:
         raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
     return args, overrides
 
 
 def main(argv=None) -> int:
+    from vit.cli.args import load_model
     from vit.cli.outputs import OutputLock, check_writable
     from vit.config import ConfigError, check_dataset_keys
-    from vit.eval.inference import load_model_and_config
 
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.clip:
@@ -101,7 +95,7 @@ def main(argv=None) -> int:
     out_dir = Path(args.out) if args.out else (Path(args.checkpoint) / "eval" if args.checkpoint
                                                  else Path("runs") / f"eval-{args.model}")
     check_writable(out_dir)  # before the model loads or an image is read
-    model, cfg, ckpt_classes = load_model_and_config(args, overrides)  # (a missing checkpoint: before its eval/)
+    model, cfg, ckpt_classes = load_model(args, overrides)  # (a missing checkpoint: before its eval/)
     check_dataset_keys(cfg, list(overrides))  # e.g. --data.val_split=test for a folder: refused, not ignored
     if args.threshold is not None and not cfg.data.labels_file:
         raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "

@@ -72,18 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv):
-    from vit.cli.args import check_model_source
-    from vit.cli.runtime import check_options
-    from vit.config import ConfigError, parse_overrides
+    from vit.cli.args import parse_command
+    from vit.config import ConfigError
     from vit.deploy.export import FORMATS
 
-    args, rest = build_parser().parse_known_args(argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not k.startswith("aug.")]
-    if bad:
-        raise ConfigError(f"export.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("img_size", "calibration_images", "threads"))
-    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
+    args, overrides = parse_command(build_parser(), argv, "export.py", ("aug.",),
+                                    ("img_size", "calibration_images", "threads"))
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
     if args.quantize and "onnx" not in args.format:
         args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file
@@ -156,6 +150,7 @@ def main(argv=None) -> int:
     import shutil
     import tempfile
 
+    from vit.cli.args import load_model
     from vit.cli.outputs import check_writable
     from vit.config import ConfigError
     from vit.deploy.export import (
@@ -168,7 +163,7 @@ def main(argv=None) -> int:
     )
     from vit.deploy.int8 import INT8_FILE, budget_metric, labelled_images
     from vit.eval.anomaly import ANOMALY_DIR, find_patchcore
-    from vit.eval.inference import label_names, load_model_and_config
+    from vit.eval.inference import label_names
     from vit.eval.multilabel import decision_threshold
     from vit.utils.atomic import atomic_write_text
 
@@ -178,7 +173,7 @@ def main(argv=None) -> int:
     check_writable(out, "the --out folder", "pass --out with a writable folder")  # before any slow work
     if "onnx" in args.format:
         require_onnx()
-    model, cfg, classes = load_model_and_config(args, overrides)
+    model, cfg, classes = load_model(args, overrides)
     if cfg.data.naflex is not None:  # its images are patch batches of any length, which preprocessing.json and
         # predict.py --onnx's reference preprocessing (a resize and a square crop) cannot state
         raise ConfigError("export.py writes models that read square images, and this checkpoint reads each image at "

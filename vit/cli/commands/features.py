@@ -40,24 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from vit.cli.args import check_model_source
+    from vit.cli.args import load_model, parse_command
     from vit.cli.images import collect_images
     from vit.cli.outputs import check_writable
-    from vit.cli.runtime import check_options, make_accelerator, resolve_workers
-    from vit.config import ConfigError, parse_overrides
+    from vit.cli.runtime import make_accelerator, resolve_workers
+    from vit.config import ConfigError
     from vit.data import DataError
     from vit.data.datasets import image_transform
     from vit.eval.features import extract_features, save_features
-    from vit.eval.inference import ImageFiles, decode_error, load_model_and_config
+    from vit.eval.inference import ImageFiles, decode_error
     from vit.utils.untrusted_text import printable
 
-    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not k.startswith("aug.")]
-    if bad:
-        raise ConfigError(f"features.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("batch_size", "img_size"), out="")
-    check_model_source(args)
+    args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "features.py", ("aug.",),
+                                    ("batch_size", "img_size"), out="")
     out = Path(args.out)
     if out.suffix != ".npz" or out.is_dir():
         raise ConfigError(f"--out {out} must name a .npz file to write, e.g. --out features.npz.")
@@ -68,7 +63,7 @@ def main(argv=None) -> int:
     if not paths:
         raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
                         "or a .txt list of paths.")
-    model, cfg, _ = load_model_and_config(args, overrides)
+    model, cfg, _ = load_model(args, overrides)
     transform = image_transform(cfg, train=False)  # data.naflex: each image whole, at its own aspect ratio
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)
     accelerator = make_accelerator()

@@ -79,28 +79,21 @@ def main(argv=None) -> int:
     import dataclasses
     from pathlib import Path
 
-    from vit.cli.args import check_model_source
+    from vit.cli.args import load_model, parse_command
     from vit.cli.outputs import check_writable
-    from vit.cli.runtime import check_options
-    from vit.config import ConfigError, parse_overrides
+    from vit.config import ConfigError
     from vit.data.transforms import build_transform
-    from vit.eval.inference import load_model_and_config
     from vit.eval.plots import plot_few_shot
     from vit.train.few_shot import FINETUNE, few_shot_rows, summarize
     from vit.utils.atomic import atomic_write_csv
 
-    args, rest = build_parser().parse_known_args(sys.argv[1:] if argv is None else argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not k.startswith("aug.")]
-    if bad:
-        raise ConfigError(f"few_shot.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("img_size",))
-    check_model_source(args)
+    args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "few_shot.py", ("aug.",),
+                                    ("img_size",))
     if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1 or not 0 <= args.layer_decay <= 1:
         raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1, --layer-decay in [0, 1].")
     out = Path(args.out)
     check_writable(out)
-    model, cfg, _ = load_model_and_config(args, overrides)
+    model, cfg, _ = load_model(args, overrides)
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)

@@ -224,18 +224,9 @@ def run_onnx(argv: list[str]) -> int:
 
 
 def parse_args(argv):
-    from vit.cli.args import check_model_source
-    from vit.cli.runtime import check_options
-    from vit.config import ConfigError, parse_overrides
+    from vit.cli.args import parse_command
 
-    args, rest = build_parser().parse_known_args(argv)
-    overrides = parse_overrides(rest)
-    bad = [k for k in overrides if not k.startswith("aug.")]
-    if bad:
-        raise ConfigError(f"predict.py takes only --aug.* overrides (the preprocessing), not --{bad[0]}.")
-    check_options(args, ("topk", "batch_size", "img_size"))
-    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
-    return args, overrides
+    return parse_command(build_parser(), argv, "predict.py", ("aug.",), ("topk", "batch_size", "img_size"))
 
 
 def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cfg, out: Path, batch: int,
@@ -334,13 +325,14 @@ def _predict_text(args) -> int:
 
 
 def _predict(args, overrides) -> int:
+    from vit.cli.args import load_model
     from vit.cli.images import collect_images, crop_note
     from vit.cli.outputs import new_staging, publish
     from vit.cli.runtime import make_accelerator, resolve_workers
     from vit.data import DataError
     from vit.data.datasets import image_transform
     from vit.eval.anomaly import find_patchcore
-    from vit.eval.inference import ImageFiles, decode_error, label_names, load_model_and_config, predict_files
+    from vit.eval.inference import ImageFiles, decode_error, label_names, predict_files
     from vit.models.checkpoint import is_text_checkpoint
     from vit.utils.atomic import atomic_write_csv
     from vit.utils.untrusted_text import printable
@@ -353,7 +345,7 @@ def _predict(args, overrides) -> int:
     if not paths:
         raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
                         "or a .txt list of paths.")
-    model, cfg, classes = load_model_and_config(args, overrides)
+    model, cfg, classes = load_model(args, overrides)
     classes = classes or label_names(model, model.num_classes)
     threshold = multilabel_threshold(args, cfg)
     transform = image_transform(cfg, train=False)  # data.naflex: each image at its own aspect ratio, patchified

@@ -244,13 +244,14 @@ def _visualize(args) -> int:
     import numpy as np
     import torch
 
+    from vit.cli.args import load_model
     from vit.data.transforms import build_transform
-    from vit.eval.inference import label_names, load_model_and_config
+    from vit.eval.inference import label_names
     from vit.eval.plots import plot_attention_map
     from vit.explain.rollout import attention_maps
     from vit.utils.atomic import atomic_write_bytes, atomic_write_text
 
-    model, cfg, classes = load_model_and_config(args, {})  # a checkpoint, or a model by name (vit/cli/args.py)
+    model, cfg, classes = load_model(args, {})  # a checkpoint, or a model by name (vit/cli/args.py)
     classes = classes or label_names(model, model.num_classes)
     check_options(args, len(model.blocks))
     if args.token_reduction is not None:
