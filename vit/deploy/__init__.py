@@ -1,5 +1,6 @@
 """Deployment: ONNX, TorchScript and torch.export (`export`, each checked against the eager model), ONNX Runtime
 INT8 within an accuracy budget (`quantize`; `int8`: export.py --quantize int8's steps as functions), the
 evaluation preprocessing from preprocessing.json without torch (`preprocess`), an ONNX Runtime classifier built
-on it (`onnx_predict`), every ONNX Runtime session (`session`), and `publish` (a checkpoint folder to the
+on it (`onnx_predict`), prediction rows (`predictions`, torch-free) and the PyTorch predictor (`predict`),
+every ONNX Runtime session (`session`), and `publish` (a checkpoint folder to the
 Hugging Face hub). Import by module."""

@@ -1,0 +1,65 @@
+"""The commands' library functions called from Python, without argparse: each returns what its command prints
+or writes on the same input (the command is the oracle: it is held by its own tests against timm and evaluate)."""
+
+import csv
+
+import pytest
+import torch
+from helpers import import_script, make_image_folder
+
+from vit.config import load_config
+from vit.models.build import build_model
+from vit.models.checkpoint import save_checkpoint
+
+TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2", "--model.mlp_ratio=2"]
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(checkpoint folder, its ImageFolder): random weights, the head scaled so probabilities differ, one broken
+    image among the validation ones."""
+    tmp = tmp_path_factory.mktemp("api")
+    data = make_image_folder(tmp / "data", classes=("a", "b", "c"), n_train=2, n_val=2, size=40)
+    (data / "val/b/zz_broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)
+    cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={data}", *TINY])
+    torch.manual_seed(0)
+    model = build_model(cfg, 3)
+    with torch.no_grad():
+        model.head.weight.mul_(300.0)
+    save_checkpoint(tmp / "ck", model, cfg, ["a", "b", "c"])
+    return tmp / "ck", data
+
+
+def test_load_model_and_config_takes_plain_arguments_and_prints_nothing(tiny, capsys):
+    from vit.eval.inference import load_model_and_config
+
+    model, cfg, classes, lines = load_model_and_config(checkpoint=tiny[0], overrides={"aug.eval_crop_pct": 1.0})
+    assert classes == ["a", "b", "c"] and lines == [] and not model.training
+    assert cfg.aug.eval_crop_pct == 1.0 and cfg.model.img_size == 32
+    with pytest.raises(Exception, match="checkpoint folder .* or a model name"):
+        load_model_and_config()
+    assert capsys.readouterr().out == ""
+
+
+def test_predict_images_returns_the_rows_predict_writes(tiny, tmp_path):
+    from vit.cli.images import collect_images
+    from vit.deploy.predict import predict_images
+    from vit.eval.inference import load_model_and_config
+
+    ck, data = tiny
+    paths, _ = collect_images([str(data / "val")])
+    model, cfg, classes, _ = load_model_and_config(checkpoint=ck)
+    result = predict_images(model, cfg, classes, paths, topk=2)
+    assert import_script("predict").main(["--checkpoint", str(ck), str(data / "val"), "--topk", "2",
+                                          "--out", str(tmp_path / "p")]) == 0
+    written = _read(tmp_path / "p/predictions.csv")
+    assert len(result.rows) == len(written) == len(paths) - 1
+    for ours, row in zip(result.rows, written):
+        assert {k: str(v) if not k.startswith("prob") else f"{v:.6f}" for k, v in ours.items()} == row
+    assert [p for p, _ in result.skipped] == [r["path"] for r in _read(tmp_path / "p/skipped.csv")]
+    assert result.skipped[0][0].endswith("zz_broken.png")
