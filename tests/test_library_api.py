@@ -63,3 +63,18 @@ def test_predict_images_returns_the_rows_predict_writes(tiny, tmp_path):
         assert {k: str(v) if not k.startswith("prob") else f"{v:.6f}" for k, v in ours.items()} == row
     assert [p for p, _ in result.skipped] == [r["path"] for r in _read(tmp_path / "p/skipped.csv")]
     assert result.skipped[0][0].endswith("zz_broken.png")
+
+
+def test_evaluate_checkpoint_returns_the_metrics_evaluate_writes(tiny, tmp_path):
+    import json
+
+    from vit.eval.evaluate import evaluate_checkpoint
+
+    ck, data = tiny
+    metrics = evaluate_checkpoint(ck, topk=2, out_dir=tmp_path / "lib")
+    assert import_script("evaluate").main(["--checkpoint", str(ck), "--topk", "2", "--out", str(tmp_path / "e")]) == 0
+    written = json.loads((tmp_path / "e/metrics.json").read_text())
+    assert metrics.pop("images_per_s") > 0 and written.pop("images_per_s") > 0
+    assert json.loads(json.dumps(metrics)) == written and written["n"] == 6 and written["skipped"] == 1
+    assert list(metrics) == list(written)  # metrics.json's order too
+    assert _read(tmp_path / "lib/predictions.csv") == _read(tmp_path / "e/predictions.csv")

@@ -4,3 +4,13 @@ evaluation preprocessing from preprocessing.json without torch (`preprocess`), a
 on it (`onnx_predict`), prediction rows (`predictions`, torch-free) and the PyTorch predictor (`predict`),
 every ONNX Runtime session (`session`), and `publish` (a checkpoint folder to the
 Hugging Face hub). Import by module."""
+
+_LAZY = {"predict_images": "predict", "predict_sentences": "predict", "predict_onnx_images": "predictions"}
+
+
+def __getattr__(name: str):  # each loads with its module on first use: predict_onnx_images stays torch-free
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 
@@ -56,21 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: the checkpoint's setting)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/eval or runs/eval-<model>)")
     return ap
-
-
-class Indexed:
-    """Yields (image, label, index) so predictions can be matched to their sample after gathering (a map-style
-    dataset for DataLoader: __len__ and __getitem__)."""
-
-    def __init__(self, ds):
-        self.ds = ds
-
-    def __len__(self):
-        return len(self.ds)
-
-    def __getitem__(self, i):
-        x, y = self.ds[i]
-        return x, y, i
 
 
 def parse_args(argv):
@@ -127,102 +111,24 @@ def main_zero_shot(args) -> int:
 
 
 def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
-    from vit.cli.runtime import make_accelerator
-    from vit.config import to_dict
-    from vit.data import DataError, build_eval_split
-    from vit.eval.metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits
-    from vit.eval.plots import plot_confusion, plot_reliability
-    from vit.utils.atomic import atomic_write_csv, atomic_write_text
+    from vit.cli.runtime import make_accelerator, resolve_workers
+    from vit.eval.evaluate import eval_data, evaluate_model
 
-    if args.token_reduction is not None:
-        model.set_token_reduction(args.token_reduction)  # a bad spec: one sentence, exit 2 (run_cli)
-        cfg.model.token_reduction = args.token_reduction
-    if args.sparse_attention is not None:
-        model.set_sparse_attention(args.sparse_attention)  # a bad spec: one sentence, exit 2 (run_cli)
     # the class check happens here, before any image is decoded or any forward pass runs
-    val_ds, classes, scored = build_eval_split(cfg, args.split, args.data_dir, ckpt_classes)
+    val_ds, classes, scored = eval_data(model, cfg, ckpt_classes, args.split, args.data_dir, args.token_reduction,
+                                        args.sparse_attention)  # a bad spec: one sentence, exit 2 (run_cli)
     print(f"scoring {scored}")
-    if ckpt_classes is None and len(classes) != model.num_classes:
-        raise DataError(f"the weights classify {model.num_classes} classes but the dataset has {len(classes)}; "
-                        "evaluate on data with the classes the model was trained on.")
-    accelerator = make_accelerator()
-    model, loader = _prepared(accelerator, model, val_ds, cfg, args.batch_size)
-    t0 = time.perf_counter()
-    out = predict(model, loader, accelerator)  # one row per sample, in dataset order
-    seconds = time.perf_counter() - t0
-    logits, labels, index = out["logits"], out["labels"], out["index"]
-    num_processes, is_main = accelerator.num_processes, accelerator.is_main_process
-    # that was the last collective: close the process group on every rank now, so that a rank leaving early
-    # does not tear gloo's threads down under the others (std::terminate, SIGABRT, the run killed)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if not is_main:
+    result = evaluate_model(model, cfg, val_ds, classes, scored, batch_size=args.batch_size,
+                            num_workers=resolve_workers(cfg.data.num_workers), topk=args.topk,
+                            threshold=args.threshold, checkpoint=args.checkpoint, weights=args.weights,
+                            sparse_attention=args.sparse_attention, out_dir=out_dir, accelerator=make_accelerator())
+    if result is None:  # not the main process
         return 0
-
     if cfg.data.labels_file:
-        return report_multilabel(args, cfg, val_ds, classes, out, out_dir, num_processes, seconds, scored)
-    n, k = len(labels), len(classes)
-    if hasattr(val_ds, "check_seen"):  # shards given with a count (after '|') that may be wrong
-        val_ds.check_seen(n + out.get("skipped", 0))
-    summary = summarize_logits(logits, labels)
-    probs = logits.softmax(1)
-    ece, bins = expected_calibration_error(probs, labels)
-    pred = logits.argmax(1)
-    conf, rows, avgs = per_class_metrics(labels.numpy(), pred.numpy(), k)
-    metrics = dict(n=n, top1=summary["acc1"], top5=summary.get("acc5"), loss=summary["loss"], ece=ece,
-                   images_per_s=n / max(seconds, 1e-9), macro=avgs["macro"], weighted=avgs["weighted"],
-                   classes=classes, checkpoint=args.checkpoint or args.weights, dataset=cfg.data.dataset, data=scored,
-                   token_reduction=cfg.model.token_reduction,
-                   sparse_attention=args.sparse_attention or to_dict(cfg.model)["sparse_attention"],
-                   num_processes=num_processes, skipped=len(getattr(val_ds, "bad", ())) + out.get("skipped", 0))
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
-    atomic_write_csv(out_dir / "per_class.csv", ["class", "precision", "recall", "f1", "support"],
-                     [{"class": c, **r} for c, r in zip(classes, rows)])
-    pred_rows = _prediction_rows(val_ds, classes, probs, labels, index, min(args.topk, k))
-    atomic_write_csv(out_dir / "predictions.csv", list(pred_rows[0]) if pred_rows else ["sample"], pred_rows)
-    plot_confusion(conf, classes, out_dir / "confusion.png")
-    plot_reliability(bins, ece, out_dir / "reliability.png")
-    text = cfg.data.dataset == "text_csv"  # no pictures of sentences
-    gallery = not text and plot_gallery(val_ds, cfg, classes, probs, labels, index, out_dir / "mistakes.png")
-    _print_report(metrics, val_ds, classes, rows, avgs, out_dir, gallery)
+        _print_multilabel(result.metrics, result.per_class, out_dir)
+    else:
+        _print_report(result.metrics, val_ds, classes, result.per_class, result.averages, out_dir, result.gallery)
     return 0
-
-
-def _prepared(accelerator, model, val_ds, cfg, batch_size: int | None):
-    """(model, loader) prepared by Accelerate; shards are dealt to processes by their own loader."""
-    from torch.utils.data import DataLoader
-
-    from vit.cli.runtime import resolve_workers
-
-    batch_size = batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
-    if cfg.data.dataset == "wds":  # the loader deals shards to processes itself (vit/data/shard_loader.py)
-        from vit.data.shard_loader import ShardLoader
-
-        loader = ShardLoader(val_ds, batch_size, resolve_workers(cfg.data.num_workers), accelerator.process_index,
-                             accelerator.num_processes, accelerator.device)
-        return accelerator.prepare(model), loader
-    loader = DataLoader(Indexed(val_ds), batch_size=batch_size, shuffle=False,
-                        num_workers=resolve_workers(cfg.data.num_workers),
-                        collate_fn=getattr(val_ds, "collate", None))  # text: padded per batch
-    return accelerator.prepare(model, loader)
-
-
-def _prediction_rows(val_ds, classes, probs, labels, index, topk: int) -> list[dict]:
-    """predictions.csv: one row per sample, its label and the `topk` classes with their probabilities."""
-    p_top, i_top = probs.topk(topk, dim=1)
-    pred_rows = []
-    for j in range(len(labels)):
-        i = int(index[j])
-        row = {"sample": val_ds.describe(i), "label": int(labels[j]), "label_name": classes[int(labels[j])],
-               "correct": int(i_top[j, 0] == labels[j])}
-        for r in range(topk):
-            row[f"pred{r + 1}"] = int(i_top[j, r])
-            row[f"pred{r + 1}_name"] = classes[int(i_top[j, r])]
-            row[f"prob{r + 1}"] = f"{float(p_top[j, r]):.6f}"
-        pred_rows.append(row)
-    return pred_rows
 
 
 def _print_report(metrics: dict, val_ds, classes, rows, avgs, out_dir: Path, gallery: bool) -> None:
@@ -250,75 +156,19 @@ def _print_report(metrics: dict, val_ds, classes, rows, avgs, out_dir: Path, gal
           + (" mistakes.png" if gallery else ""))
 
 
-MISTAKES = 16  # images in mistakes.png
-
-
-def plot_gallery(val_ds, cfg, classes, probs, labels, index, path: Path) -> bool:
-    """mistakes.png: the MISTAKES most confident misclassified images as the model saw them, each with its true
-    class, the prediction and its probability. Data read as a stream (shards) cannot be revisited: none."""
-    from vit.eval.metrics import worst_mistakes
-    from vit.eval.plots import plot_mistakes, to_display
-
-    images, titles = [], []
-    for j in worst_mistakes(probs, labels, MISTAKES):
-        i = int(index[j])
-        try:
-            x = val_ds[i][0]
-        except (TypeError, NotImplementedError):  # an IterableDataset
-            return False
-        if isinstance(x, dict):  # NaFlex patches: the picture at its own aspect ratio
-            from vit.data.naflex import unpatchify
-
-            x = unpatchify(x, cfg.model.patch_size)
-        p, y = probs[j].max(0), int(labels[j])
-        name = Path(val_ds.describe(i)).name
-        images.append(to_display(x, cfg.aug.mean, cfg.aug.std))
-        titles.append(f"{name[:22]}\ntrue {classes[y]}\npredicted {classes[int(p.indices)]} "
-                      f"{100 * float(p.values):.0f}%")
-    plot_mistakes(images, titles, path)
-    return True
-
-
-def report_multilabel(args, cfg, val_ds, classes, out: dict, out_dir: Path, num_processes: int,
-                      seconds: float, scored: str) -> int:
-    """The multi-label report: per-class average precision, mAP, and precision/recall/F1 at the threshold
-    (--threshold, else training's, else the best on this split, which is reported beside it)."""
-    from vit.eval.multilabel import labels_above, saved_threshold, summarize_multilabel
-    from vit.utils.atomic import atomic_write_csv, atomic_write_text
+def _print_multilabel(metrics: dict, per_class: list[dict], out_dir: Path) -> None:
+    """The multi-label report: mAP, loss, micro F1 at the threshold (and the best here), the per-class table."""
     from vit.utils.untrusted_text import printable
 
-    logits, targets, index = out["logits"], out["labels"], out["index"]
-    best = summarize_multilabel(logits, targets)  # threshold chosen on this data
-    given = args.threshold if args.threshold is not None else saved_threshold(args.checkpoint)
-    m = summarize_multilabel(logits, targets, given) if given is not None else best
-    source = "--threshold" if args.threshold is not None else "training's validation split" if given else "this data"
-    metrics = dict(n=m["n"], map=m["map"], loss=m["loss"], threshold=m["threshold"], threshold_from=source,
-                   micro_f1=m["micro_f1"], micro_precision=m["micro_precision"], micro_recall=m["micro_recall"],
-                   macro_f1=m["macro_f1"], best_threshold_here=best["threshold"], best_micro_f1_here=best["micro_f1"],
-                   images_per_s=m["n"] / max(seconds, 1e-9), classes=classes,
-                   checkpoint=args.checkpoint or args.weights,
-                   dataset=cfg.data.dataset, data=scored, labels_file=cfg.data.labels_file,
-                   num_processes=num_processes)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
-    per_class = [dict(**{"class": c}, ap=m["ap"][i], precision=m["precision"][i], recall=m["recall"][i],
-                      f1=m["f1"][i], support=int(m["support"][i])) for i, c in enumerate(classes)]
-    atomic_write_csv(out_dir / "per_class.csv", ["class", "ap", "precision", "recall", "f1", "support"], per_class)
-    probs = logits.float().sigmoid()
-    predicted, true = labels_above(probs, classes, m["threshold"]), labels_above(targets, classes, 0.5)
-    rows = [{"sample": val_ds.describe(int(index[j])), "labels": true[j], "predicted": predicted[j],
-             **{f"prob_{c}": f"{float(probs[j, i]):.6f}" for i, c in enumerate(classes)}} for j in range(len(index))]
-    atomic_write_csv(out_dir / "predictions.csv", list(rows[0]) if rows else ["sample"], rows)
-
-    print(f"\n{m['n']} images, {num_processes} process(es), {metrics['images_per_s']:.0f} images/s")
+    m = metrics
+    print(f"\n{m['n']} images, {m['num_processes']} process(es), {m['images_per_s']:.0f} images/s")
     print(f"mAP {100 * m['map']:.2f}%   loss {m['loss']:.4f}   micro F1 {m['micro_f1']:.4f} at threshold "
-          f"{m['threshold']:.2f} ({source}; the best here: {best['micro_f1']:.4f} at {best['threshold']:.2f})\n")
-    shown = [printable(c) for c in classes]  # a class name's escape sequences are shown, not obeyed
+          f"{m['threshold']:.2f} ({m['threshold_from']}; the best here: {m['best_micro_f1_here']:.4f} at "
+          f"{m['best_threshold_here']:.2f})\n")
+    shown = [printable(r["class"]) for r in per_class]  # a class name's escape sequences are shown, not obeyed
     width = max(len("class") + 2, max(len(c) for c in shown) + 2)
     print(f"{'class':<{width}}{'AP':>10}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}")
     for c, r in zip(shown, per_class):
         print(f"{c:<{width}}{r['ap']:>10.4f}{r['precision']:>10.4f}{r['recall']:>10.4f}{r['f1']:>10.4f}"
               f"{r['support']:>10d}")
     print(f"\nwrote {out_dir}/: metrics.json per_class.csv predictions.csv")
-    return 0
-
