@@ -60,7 +60,7 @@ def test_failed_export_keeps_the_old_sidecars_and_renames_the_rejected_file(tmp_
     def fail(*a, **k):
         raise ExportError("the exported model differs from the PyTorch model (simulated)")
 
-    monkeypatch.setattr(export, "verify", fail)
+    monkeypatch.setattr("vit.deploy.export.verify", fail)
     with pytest.raises(ExportError, match="differs"):
         export.main(["--checkpoint", str(other), "--format", "torchscript", "--out", str(out)])
     # what a runtime loads is still the first, verified model with its own sidecars

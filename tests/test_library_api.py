@@ -65,6 +65,7 @@ def test_predict_images_returns_the_rows_predict_writes(tiny, tmp_path):
     assert result.skipped[0][0].endswith("zz_broken.png")
 
 
+@pytest.mark.slow
 def test_evaluate_checkpoint_returns_the_metrics_evaluate_writes(tiny, tmp_path):
     import json
 
@@ -78,3 +79,36 @@ def test_evaluate_checkpoint_returns_the_metrics_evaluate_writes(tiny, tmp_path)
     assert json.loads(json.dumps(metrics)) == written and written["n"] == 6 and written["skipped"] == 1
     assert list(metrics) == list(written)  # metrics.json's order too
     assert _read(tmp_path / "lib/predictions.csv") == _read(tmp_path / "e/predictions.csv")
+
+
+@pytest.mark.slow
+def test_export_folder_and_predict_onnx_images_match_the_commands(tiny, tmp_path):
+    """export_folder's verification.json equals export's on the same checkpoint; predict_onnx_images' rows equal
+    predict --onnx's file on that export."""
+    import json
+
+    from vit.cli.images import collect_images
+    from vit.deploy.export_folder import export_folder
+    from vit.deploy.predictions import predict_onnx_images
+    from vit.eval.inference import load_model_and_config
+
+    pytest.importorskip("onnxruntime")
+    ck, data = tiny
+    model, cfg, classes, _ = load_model_and_config(checkpoint=ck)
+    lines = []
+    report = export_folder(model, cfg, classes, tmp_path / "lib", ["onnx"], checkpoint=ck, log=lines.append)
+    assert import_script("export").main(["--checkpoint", str(ck), "--out", str(tmp_path / "cli")]) == 0
+    written = json.loads((tmp_path / "cli/verification.json").read_text())
+    assert report["model_fingerprint"] == written["model_fingerprint"] and report["images"] == written["images"]
+    for ours, theirs in ((report["results"]["onnx"], written["results"]["onnx"]),):
+        assert {k: v for k, v in ours.items() if k not in ("file", "export_seconds")} == \
+            {k: v for k, v in theirs.items() if k not in ("file", "export_seconds")}
+    assert lines[-1].startswith(f"wrote {tmp_path / 'lib'}/: model.onnx, preprocessing.json, verification.json")
+
+    paths, _ = collect_images([str(data / "val")])
+    result = predict_onnx_images(tmp_path / "lib/model.onnx", paths, topk=2)
+    assert import_script("predict").main(["--onnx", str(tmp_path / "lib/model.onnx"), str(data / "val"), "--topk", "2",
+                                          "--out", str(tmp_path / "p")]) == 0
+    rows = _read(tmp_path / "p/predictions.csv")
+    assert [{k: str(v) if not k.startswith("prob") else f"{v:.6f}" for k, v in r.items()} for r in result.rows] == rows
+    assert [p for p, _ in result.skipped] == [r["path"] for r in _read(tmp_path / "p/skipped.csv")] != []
