@@ -112,3 +112,29 @@ def test_export_folder_and_predict_onnx_images_match_the_commands(tiny, tmp_path
     rows = _read(tmp_path / "p/predictions.csv")
     assert [{k: str(v) if not k.startswith("prob") else f"{v:.6f}" for k, v in r.items()} for r in result.rows] == rows
     assert [p for p, _ in result.skipped] == [r["path"] for r in _read(tmp_path / "p/skipped.csv")] != []
+
+
+def test_draw_attention_writes_what_visualize_attention_writes(tiny, tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    from vit.eval.inference import load_model_and_config
+    from vit.explain.attention_figures import MapOptions, draw_attention
+    from vit.explain.attention_inputs import collect_inputs
+
+    ck, data = tiny
+    model, cfg, classes, _ = load_model_and_config(checkpoint=ck)
+    items = collect_inputs([str(data / "val/a"), str(data / "val/b")], cfg, classes)
+    done = draw_attention(model, cfg, classes, items, tmp_path / "lib", MapOptions(discard_ratio=0.5),
+                          about={"checkpoint": str(ck)})
+    assert import_script("visualize_attention").main(["--checkpoint", str(ck), str(data / "val/a"),
+                                                      str(data / "val/b"), "--discard-ratio", "0.5",
+                                                      "--out", str(tmp_path / "cli")]) == 0
+    assert f"wrote {len(done.sidecars)} map(s) to {tmp_path / 'cli'}/; skipped 1" in capsys.readouterr().out
+    assert len(done.skipped) == 1 and "zz_broken.png" in done.skipped[0]
+    for sidecar in done.sidecars:
+        stem = f"{sidecar['image']}_rollout"
+        assert json.loads((tmp_path / "cli" / f"{stem}.json").read_text()) == sidecar
+        np.testing.assert_array_equal(np.load(tmp_path / "lib" / f"{stem}.npy"),
+                                      np.load(tmp_path / "cli" / f"{stem}.npy"))
