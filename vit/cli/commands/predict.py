@@ -30,9 +30,6 @@ import os
 import sys
 from pathlib import Path
 
-# what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
-OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
-
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source, add_zero_shot_inputs
@@ -58,69 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _skip_file(staging: Path, skipped: list) -> None:
-    from vit.utils.atomic import atomic_write_csv
-
-    atomic_write_csv(staging / "skipped.csv", ["path", "reason"], [{"path": p, "reason": r} for p, r in skipped])
-
-
-def _summary(rows: list[dict], what: str, seconds: float, n: int, skipped: list, dest: Path) -> None:
-    print(f"{len(rows)} image(s), {what}, {n / max(seconds, 1e-9):.0f} images/s; skipped "
-          f"{len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
-
-
-def main_onnx(args) -> int:
-    """--onnx: vit.deploy.predictions.predict_onnx_images, the same files as main(); no torch imported."""
-    from vit.cli.images import collect_images, crop_note
-    from vit.cli.outputs import OutputLock, check_writable, new_staging, publish
-    from vit.deploy.onnx_predict import OnnxClassifier
-    from vit.deploy.predictions import check_threshold, predict_onnx_images, write_rows
-    from vit.utils.untrusted_text import printable
-
-    unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
-                   if getattr(args, k)]
-    if unsupported:
-        raise ValueError(f"{unsupported[0]} does not apply to --onnx (the export fixes model and preprocessing); "
-                         "drop it, or use --checkpoint.")
-    for name in ("topk", "batch_size"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
-    clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
-    check_threshold(args.threshold, clf.threshold is not None)
-    if not args.images:
-        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
-    check_writable(args.out)
-    with OutputLock(args.out):
-        paths, skipped = collect_images(args.images)
-        if not paths:
-            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
-                             "or a .txt list of paths.")
-        result = predict_onnx_images(args.onnx, paths, args.batch_size or 32, args.topk, args.threshold, clf)
-        note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
-                         "export again with --aug.eval_crop_pct=1.0")
-        if note:  # once the run is on: a refusal stays one line
-            print(note, file=sys.stderr)
-        skipped += result.skipped
-        dest = Path(args.out)
-        staging = new_staging(dest, "predict")
-        _skip_file(staging, skipped)
-        if not result.rows:
-            publish(staging, dest, OWNED)
-            raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
-                             f"{dest}/skipped.csv.")
-        written = dest / write_rows(staging, args.format, result.rows).name
-        publish(staging, dest, OWNED)
-    _summary(result.rows, "ONNX Runtime", result.seconds, len(paths), skipped, dest)
-    print(printable(f"wrote {written}"))
-    return 0
-
-
 def main_clip(args) -> int:
     """--clip: zero-shot top-k over --classes (vit.eval.zero_shot.predict_zero_shot); the same files as main()."""
     from vit.cli.images import collect_images
-    from vit.cli.outputs import check_writable, new_staging, publish
+    from vit.cli.outputs import check_writable
+    from vit.cli.predict_outputs import write_outputs
     from vit.data import DataError
-    from vit.deploy.predictions import rows_for, write_rows
+    from vit.deploy.predictions import rows_for
     from vit.eval.zero_shot import predict_zero_shot
 
     if not args.classes:
@@ -131,11 +72,11 @@ def main_clip(args) -> int:
     check_writable(args.out)
     classes, probs, ok = predict_zero_shot(args.clip, args.classes, paths, args.templates, args.batch_size or 64)
     skipped += [(str(p), "not readable as an image") for p, good in zip(paths, ok) if not good]
-    staging = new_staging(Path(args.out), "predict")
-    _skip_file(staging, skipped)
     rows = rows_for([p for p, good in zip(paths, ok) if good], probs[ok].numpy(), classes, args.topk)
-    written = Path(args.out) / write_rows(staging, args.format, rows).name
-    publish(staging, Path(args.out), OWNED)
+    written = write_outputs(Path(args.out), args.format, rows, skipped)
+    if written is None:
+        raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see "
+                        f"{args.out}/skipped.csv.")
     print(f"{len(rows)} image(s), {len(classes)} classes (zero-shot, {args.clip}) -> {written}")
     return 0
 
@@ -147,6 +88,8 @@ def run_onnx(argv: list[str]) -> int:
         if rest:
             raise ValueError(f"--onnx takes no config overrides ({rest[0]}): the export's preprocessing.json "
                              "fixes the preprocessing.")
+        from vit.cli.predict_outputs import main_onnx  # torch-free
+
         return main_onnx(args)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -154,6 +97,8 @@ def run_onnx(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("interrupted (Ctrl-C); files already written are complete.", file=sys.stderr)
         return 130
+
+
 
 
 def parse_args(argv):
@@ -167,6 +112,8 @@ def main(argv=None) -> int:
 
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.onnx:
+        from vit.cli.predict_outputs import main_onnx
+
         return main_onnx(args)
     if args.clip:
         return main_clip(args)
@@ -177,20 +124,16 @@ def main(argv=None) -> int:
 
 def _predict_text(args) -> int:
     """A text checkpoint: its sentences' top-k classes, in input order (vit.deploy.predict.predict_sentences)."""
-    from vit.cli.outputs import new_staging, publish
+    from vit.cli.predict_outputs import write_outputs
     from vit.config import ConfigError
     from vit.deploy.predict import predict_sentences
-    from vit.deploy.predictions import write_rows
     from vit.utils.untrusted_text import printable
 
     if args.cam:
         raise ConfigError("--cam draws attention over images; a text checkpoint has none, so leave it out.")
     result = predict_sentences(args.checkpoint, args.images, args.topk, args.batch_size)
     rows, seconds = result.rows, result.seconds
-    dest = Path(args.out)
-    staging = new_staging(dest, "predict")
-    written = dest / write_rows(staging, args.format, rows).name
-    publish(staging, dest, OWNED)
+    written = write_outputs(Path(args.out), args.format, rows, None)
     print(f"{len(rows)} sentence(s), {len(rows) / max(seconds, 1e-9):.0f} sentences/s")
     for r in rows[:5]:
         print(f"  {printable(r['text'][:60])}: {printable(r['pred1_name'])} {100 * r['prob1']:.1f}%")
@@ -201,11 +144,10 @@ def _predict_text(args) -> int:
 def _predict(args, overrides) -> int:
     from vit.cli.args import load_model
     from vit.cli.images import collect_images, crop_note
-    from vit.cli.outputs import new_staging, publish
+    from vit.cli.predict_outputs import summary, write_outputs
     from vit.cli.runtime import make_accelerator, resolve_workers
     from vit.data import DataError
     from vit.deploy.predict import multilabel_threshold, predict_images
-    from vit.deploy.predictions import write_rows
     from vit.eval.anomaly import find_patchcore
     from vit.explain.overlays import write_anomaly_maps, write_cams
     from vit.models.checkpoint import is_text_checkpoint
@@ -232,22 +174,18 @@ def _predict(args, overrides) -> int:
         sys.stdout.flush()  # still-joinable native thread has aborted a rank (SIGABRT, "terminate called without
         sys.stderr.flush()  # an active exception") in CI
         os._exit(0)
-    rows, skipped = result.rows, skipped + result.skipped
-    dest = Path(args.out)
-    staging = new_staging(dest, "predict")  # everything is written here, then replaces the previous run's outputs
-    _skip_file(staging, skipped)
-    if not rows:
-        publish(staging, dest, OWNED)
-        raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
-    if args.cam:
+    rows, skipped, dest = result.rows, skipped + result.skipped, Path(args.out)
+
+    def cams(staging: Path) -> None:  # --cam: each image's rollout overlay (and anomaly map), named in its row
         batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
         write_cams(model, result.dataset, rows, result.good, cfg, staging, batch, dest)
         if patchcore is not None:
             write_anomaly_maps(result.dataset, rows, result.good, result.anomaly_maps, cfg, staging, dest)
-    written = dest / write_rows(staging, args.format, rows).name
-    publish(staging, dest, OWNED)
 
-    _summary(rows, f"{result.num_processes} process(es)", result.seconds, len(paths), skipped, dest)
+    written = write_outputs(dest, args.format, rows, skipped, cams if args.cam else None)
+    if written is None:
+        raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see {dest}/skipped.csv.")
+    summary(rows, f"{result.num_processes} process(es)", result.seconds, len(paths), skipped, dest)
     for r in rows[:5]:
         chosen = f"[{printable(r['labels'])}] at threshold {threshold:.2f}; top " if threshold is not None else ""
         anomaly = f"; anomaly score {r['anomaly_score']:.3f} {r['verdict']}" if "anomaly_score" in r else ""
