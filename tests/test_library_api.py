@@ -138,3 +138,16 @@ def test_draw_attention_writes_what_visualize_attention_writes(tiny, tmp_path, c
         assert json.loads((tmp_path / "cli" / f"{stem}.json").read_text()) == sidecar
         np.testing.assert_array_equal(np.load(tmp_path / "lib" / f"{stem}.npy"),
                                       np.load(tmp_path / "cli" / f"{stem}.npy"))
+
+
+def test_eval_data_refuses_a_dataset_with_other_classes_before_reading_an_image(tiny, tmp_path):
+    from vit.data import DataError
+    from vit.eval.evaluate import eval_data
+    from vit.eval.inference import load_model_and_config
+
+    model, cfg, classes, _ = load_model_and_config(checkpoint=tiny[0])
+    two = make_image_folder(tmp_path / "two", classes=("a", "b"), n_train=1, n_val=1)
+    val_ds, found, scored = eval_data(model, cfg, classes, data_dir=str(tiny[1] / "val"))
+    assert found == classes and len(val_ds) == 6 and str(tiny[1] / "val") in scored
+    with pytest.raises(DataError, match="the weights classify 3 classes but the dataset has 2"):
+        eval_data(model, cfg, None, data_dir=str(two / "val"))
