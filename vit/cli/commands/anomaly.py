@@ -64,8 +64,6 @@ def _files(specs: list[str], what: str) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    import json
-    import time
     from pathlib import Path
 
     from vit.cli.args import load_model, parse_command
@@ -73,12 +71,7 @@ def main(argv=None) -> int:
     from vit.cli.outputs import check_writable
     from vit.config import ConfigError
     from vit.data.datasets import image_transform
-    from vit.data.naflex import as_picture
-    from vit.eval.anomaly import auroc, choose_threshold, fit_patchcore, load_patchcore, save_patchcore
     from vit.eval.inference import ImageFiles
-    from vit.eval.plots import plot_attention_map, to_display
-    from vit.utils.atomic import atomic_write_csv, atomic_write_text
-    from vit.utils.untrusted_text import printable
 
     args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "anomaly.py", ("aug.",),
                                     ("batch_size", "img_size"), intermixed=True)
@@ -102,21 +95,45 @@ def main(argv=None) -> int:
         return ImageFiles(paths, transform, cfg.model.in_chans)
 
     if args.mode == "fit":
-        t0 = time.perf_counter()
-        good = _files(args.good, "--good")
-        pc = fit_patchcore(model, files(good), tuple(args.layers) if args.layers else None, args.ratio,
-                           args.batch_size, args.seed, neighbourhood=args.neighbourhood, max_bank=args.max_bank)
-        extra = {"ratio": args.ratio, "good_images": len(good)}
-        if args.val:
-            scores, _, _ = pc.score_files(model, files(_files(args.val, "--val")), args.batch_size)
-            pc.threshold = choose_threshold(scores, args.false_alarm_rate)
-            extra["false_alarm_rate"] = args.false_alarm_rate
-        save_patchcore(bank_dir, pc, extra)
-        seconds = time.perf_counter() - t0
-        thr = f", threshold {pc.threshold:.4f}" if pc.threshold is not None else " (no --val: no threshold)"
-        print(printable(f"bank of {len(pc.bank)} patch features from {len(good)} good image(s), blocks "
-                        f"{list(pc.layers)}, neighbourhood {pc.neighbourhood}{thr}, {seconds:.1f} s; wrote {bank_dir}"))
-        return 0
+        return _fit(args, model, files, bank_dir)
+    return _score(args, model, cfg, files, bank_dir)
+
+
+def _fit(args, model, files, bank_dir) -> int:
+    """anomaly.py fit: the bank of good patches (and, with --val, its threshold) saved into `bank_dir`."""
+    import time
+
+    from vit.eval.anomaly import choose_threshold, fit_patchcore, save_patchcore
+    from vit.utils.untrusted_text import printable
+
+    t0 = time.perf_counter()
+    good = _files(args.good, "--good")
+    pc = fit_patchcore(model, files(good), tuple(args.layers) if args.layers else None, args.ratio,
+                       args.batch_size, args.seed, neighbourhood=args.neighbourhood, max_bank=args.max_bank)
+    extra = {"ratio": args.ratio, "good_images": len(good)}
+    if args.val:
+        scores, _, _ = pc.score_files(model, files(_files(args.val, "--val")), args.batch_size)
+        pc.threshold = choose_threshold(scores, args.false_alarm_rate)
+        extra["false_alarm_rate"] = args.false_alarm_rate
+    save_patchcore(bank_dir, pc, extra)
+    seconds = time.perf_counter() - t0
+    thr = f", threshold {pc.threshold:.4f}" if pc.threshold is not None else " (no --val: no threshold)"
+    print(printable(f"bank of {len(pc.bank)} patch features from {len(good)} good image(s), blocks "
+                    f"{list(pc.layers)}, neighbourhood {pc.neighbourhood}{thr}, {seconds:.1f} s; wrote {bank_dir}"))
+    return 0
+
+
+def _score(args, model, cfg, files, bank_dir) -> int:
+    """anomaly.py score: scores.csv (and maps/, and metrics.json when good and defect folders are both there)."""
+    import json
+    import time
+    from pathlib import Path
+
+    from vit.data.naflex import as_picture
+    from vit.eval.anomaly import auroc, load_patchcore
+    from vit.eval.plots import plot_attention_map, to_display
+    from vit.utils.atomic import atomic_write_csv, atomic_write_text
+    from vit.utils.untrusted_text import printable
 
     pc = load_patchcore(bank_dir)
     paths = _files(args.images, "IMAGES")
