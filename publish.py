@@ -1,47 +1,17 @@
 """Publish a trained checkpoint to the Hugging Face hub: one command, private by default.
 
-    python publish.py runs/default --repo you/vit-digits          # the run's best/, into a private repository
-    python publish.py runs/x/last --repo org/name --public --message "epoch 30"
-
-Uploads model.safetensors, config.json (timm's hub layout: `timm.create_model("hf-hub:you/name",
-pretrained=True)` loads it), config.yaml, classes.json, meta.json and README.md, the model card, rewritten to
-name the repository. The token: --token, else HF_TOKEN, else the login cached by `hf auth login`. The uploaded
-config.yaml has data.root and every other local path reduced to its last component; the folder keeps its own.
+The same as `vit publish` (publish.py --help: the options); the code is vit/cli/commands/publish.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
+from vit.cli.commands import publish as _command
+from vit.cli.commands.publish import build_parser, main  # noqa: F401 (the script's API)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vit.cli.help import HelpFormatter
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("checkpoint", help="a run folder (its best/ is published) or a checkpoint folder")
-    ap.add_argument("--repo", required=True, help="the hub repository, you/name or org/name; created if missing")
-    ap.add_argument("--public", action="store_true", help="create the repository public (default: private)")
-    ap.add_argument("--token", default=None, help="a write token (default: HF_TOKEN or the cached login)")
-    ap.add_argument("--message", default=None, help="the commit message (default: names the folder)")
-    return ap
-
-
-if __name__ == "__main__":  # --help answers here, before huggingface_hub is imported
-    from vit.cli.help import exit_if_help
-
-    exit_if_help(build_parser)
-
-from vit.cli.runtime import run_cli
-from vit.deploy.publish import publish
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    url = publish(args.checkpoint, args.repo, private=not args.public, token=args.token, message=args.message)
-    print(f"published {args.checkpoint} to {url} ({'public' if args.public else 'private'})")
-    return 0
+def __getattr__(name: str):  # the command's other names, for code that imports this script as a module
+    return getattr(_command, name)
 
 
 if __name__ == "__main__":
-    run_cli(main, lambda: "the upload stopped; the repository keeps its last complete commit")
+    from vit.cli.main import run
+
+    run("publish")

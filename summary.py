@@ -1,53 +1,17 @@
 """Trace the data's path through a model: each stage's output shape, parameters and FLOPs.
 
-    python summary.py vit_base_patch16_224 [--img-size 224] [--batch-size 1] [--num-classes 1000]
-
-FLOPs are counted by PyTorch's `FlopCounterMode` with CPU flash attention added and attributed to the module
-that ran them; a multiply-add counts as 2 FLOPs, so they are twice the "GMACs" of timm's tables
-(vit/models/summary.py).
+The same as `vit summary` (summary.py --help: the options); the code is vit/cli/commands/summary.py.
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
+from vit.cli.commands import summary as _command
+from vit.cli.commands.summary import build_parser, main  # noqa: F401 (the script's API)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from vit.cli.help import HelpFormatter
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("model", help="a model name, e.g. vit_small_patch16_224")
-    ap.add_argument("--img-size", type=int, default=None, help="input size (default: the variant's)")
-    ap.add_argument("--batch-size", type=int, default=1, help="images in the traced batch")
-    ap.add_argument("--num-classes", type=int, default=None, help="classes of the head (default: the variant's)")
-    return ap
-
-
-if __name__ == "__main__":  # --help answers here, before torch and the model code are imported
-    from vit.cli.help import exit_if_help
-
-    exit_if_help(build_parser)
-
-import torch
-
-from vit.models.build import create_model
-from vit.models.summary import format_summary, summarize
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    overrides = {k: v for k, v in (("img_size", args.img_size), ("num_classes", args.num_classes)) if v}
-    try:
-        model = create_model(args.model, **overrides).eval()
-    except (ValueError, TypeError) as e:
-        raise SystemExit(f"error: {e}") from None
-    h, w = model.patch_embed.img_size
-    x = torch.randn(args.batch_size, model.patch_embed.proj.in_channels, h, w)
-    print(f"{args.model}: patch {model.patch_embed.patch_size}, grid {model.patch_embed.grid_size}, "
-          f"{model.num_prefix_tokens + model.patch_embed.num_patches} tokens of width {model.embed_dim}")
-    print(format_summary(summarize(model, x)))
+def __getattr__(name: str):  # the command's other names, for code that imports this script as a module
+    return getattr(_command, name)
 
 
 if __name__ == "__main__":
-    main()
+    from vit.cli.main import run
+
+    run("summary")

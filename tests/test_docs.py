@@ -265,7 +265,7 @@ def test_every_module_a_page_names_exists(page):
 
 # packages being reshaped on other branches (issue 47); their docstrings are finished there, and the lead drops
 # each entry on merging it
-DOCSTRING_ELSEWHERE = {"vit.cli"}  # reshaped by the command branch; flipped when it lands
+DOCSTRING_ELSEWHERE: set[str] = set()  # packages another branch is reshaping (none now)
 PACKAGES = sorted(str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "vit").glob("*/__init__.py"))
 
 
@@ -347,37 +347,7 @@ def test_the_refused_check_reads_a_sentence_and_skips_the_others():
     assert _expand("vit_{small,base}_patch16_dinov3") == ["vit_small_patch16_dinov3", "vit_base_patch16_dinov3"]
 
 
-def command_scripts(root: Path) -> list[str]:
-    """The root scripts that run as commands (an `if __name__ == "__main__":` block)."""
-    import ast
-
-    out = []
-    for p in sorted(root.glob("*.py")):
-        tree = ast.parse(p.read_text())
-        if any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body):
-            out.append(p.name)
-    return out
-
-
-def readme_commands(text: str) -> list[str]:
-    """The scripts the README's Commands section names, up to its `scripts/` sentence (maintainer tools)."""
-    section = text.split("## Commands", 1)[1].split("\n## ", 1)[0].split("`scripts/`", 1)[0]
-    return re.findall(r"`(\w+\.py)`", section)
-
-
-def test_the_readme_lists_every_command_and_only_commands():
-    listed, scripts = readme_commands((ROOT / "README.md").read_text()), command_scripts(ROOT)
-    assert sorted(listed) == scripts, (
-        f"README.md's Commands section: missing {sorted(set(scripts) - set(listed))}, not commands "
-        f"{sorted(set(listed) - set(scripts))}, listed twice {sorted({c for c in listed if listed.count(c) > 1})}")
-
-
-def test_the_command_check_reads_the_section_and_the_scripts(tmp_path):
-    (tmp_path / "run.py").write_text('def main():\n    pass\n\n\nif __name__ == "__main__":\n    main()\n')
-    (tmp_path / "helper.py").write_text("def main():\n    pass\n")
-    assert command_scripts(tmp_path) == ["run.py"]
-    assert readme_commands("# x\n## Commands\nrun: `run.py`, `b.py`. `scripts/` has `tool.py`.\n## Next\n`c.py`") \
-        == ["run.py", "b.py"]
+# README's command list is held against the command registry in tests/test_cli_command.py.
 
 
 def test_the_counts_the_docs_state_are_the_code_s():

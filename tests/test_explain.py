@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import import_script as _script
 from helpers import run_script
 
 import vit
@@ -96,7 +95,7 @@ def test_script_writes_all_files_for_a_folder(checkpoint, tmp_path):
 
 
 def test_visualize_names_same_stem_inputs_by_the_folders_that_differ(tmp_path):
-    vis = _script("visualize_attention")
+    from vit.explain import attention_inputs as vis
     files = [tmp_path / "val/cat/cat_0.png", tmp_path / "train/cat/cat_0.png", tmp_path / "val/dog/cat_0.png",
              tmp_path / "val/cat/other.png"]
     names = [n for n, *_ in vis.unique_names([(f.stem, f, None) for f in files])]

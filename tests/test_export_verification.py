@@ -60,7 +60,7 @@ def test_failed_export_keeps_the_old_sidecars_and_renames_the_rejected_file(tmp_
     def fail(*a, **k):
         raise ExportError("the exported model differs from the PyTorch model (simulated)")
 
-    monkeypatch.setattr(export, "verify", fail)
+    monkeypatch.setattr("vit.deploy.export.verify", fail)
     with pytest.raises(ExportError, match="differs"):
         export.main(["--checkpoint", str(other), "--format", "torchscript", "--out", str(out)])
     # what a runtime loads is still the first, verified model with its own sidecars
@@ -97,7 +97,7 @@ def _never(*a, **k):
 def test_out_below_a_file_is_refused_before_any_work(tmp_path, export, monkeypatch):
     ck = _checkpoint(tmp_path)
     (tmp_path / "file").write_text("x")
-    monkeypatch.setattr(export, "load_model_and_config", _never)
+    monkeypatch.setattr("vit.eval.inference.load_model_and_config", _never)
     with pytest.raises(OutputError, match="cannot write"):
         export.main(["--checkpoint", str(ck), "--format", "torchscript", "--out", str(tmp_path / "file" / "sub")])
 
@@ -108,7 +108,7 @@ def test_read_only_out_is_refused_before_any_work(tmp_path, export, monkeypatch)
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
-    monkeypatch.setattr(export, "load_model_and_config", _never)
+    monkeypatch.setattr("vit.eval.inference.load_model_and_config", _never)
     try:
         with pytest.raises(OutputError, match="cannot write"):
             export.main(["--checkpoint", str(ck), "--format", "torchscript", "--out", str(ro / "exp")])

@@ -172,13 +172,10 @@ def test_a_config_deeper_than_its_weights_is_refused_before_building(hub, tmp_pa
 
 def test_the_pipeline_gets_the_processor_preprocessing(hub):
     """evaluate.py's / predict.py's path: the model by name, its data config from its preprocessor_config.json."""
-    from argparse import Namespace
-
     from vit.eval.inference import load_model_and_config
 
-    args = Namespace(checkpoint=None, model="hf-hub:org/dinov2", weights=None, pretrained=True, img_size=None,
-                     dynamic_img_size=False)
-    model, cfg, _ = load_model_and_config(args, {})
+    model, cfg, _, lines = load_model_and_config(model_name="hf-hub:org/dinov2")
+    assert lines == []  # weights by name: nothing to report
     processor = hub["dinov2"][1]
     assert cfg.model.img_size == 28 and model.patch_embed.img_size == (28, 28)
     assert cfg.aug.mean == pytest.approx(processor.image_mean) and cfg.aug.std == pytest.approx(processor.image_std)

@@ -153,13 +153,10 @@ def test_pretrained_cfg_drives_preprocessing(hub):
 
 
 def test_evaluate_takes_hub_weights_and_their_preprocessing(hub, monkeypatch):
-    import argparse
-
     monkeypatch.syspath_prepend(str(ROOT))
-    import evaluate
+    from vit.eval.inference import load_model_and_config
 
-    args = argparse.Namespace(checkpoint=None, model="hf-hub:org/tiny", weights=None, img_size=None)
-    model, cfg, classes = evaluate.load_model_and_config(args, {})
+    model, cfg, classes, _ = load_model_and_config(model_name="hf-hub:org/tiny")
     assert cfg.model.img_size == 32 and cfg.aug.mean == list(IMAGENET["mean"]) and classes is None
     _same(model, timm.create_model("hf-hub:org/tiny", pretrained=True, cache_dir=hub), size=32)
 

@@ -3,7 +3,6 @@
 # Preprocessing that comes with the weights (pretrained_cfg) passes the config's checks, and the pipeline follows
 # the model's input channels.
 
-import argparse
 import json
 
 import numpy as np
@@ -17,9 +16,8 @@ from vit.data.transforms import build_transform
 from vit.eval.inference import load_model_and_config
 
 
-def _args(folder, **kw):
-    return argparse.Namespace(checkpoint=None, model=f"local-dir:{folder}", weights=None, pretrained=True,
-                              img_size=None, dynamic_img_size=False, **kw)
+def _load(folder):
+    return load_model_and_config(model_name=f"local-dir:{folder}")
 
 
 @pytest.mark.parametrize("key,value,match", [
@@ -37,7 +35,7 @@ def test_bad_preprocessing_from_the_weights_is_refused(tmp_path, key, value, mat
     cfg["pretrained_cfg"][key] = value
     (folder / "config.json").write_text(json.dumps(cfg).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity"))
     with pytest.raises(ConfigError, match=match) as e:
-        load_model_and_config(_args(folder), {})
+        _load(folder)
     assert "\n" not in str(e.value) and "--aug." in str(e.value)
 
 
@@ -50,7 +48,7 @@ def test_the_config_refuses_a_crop_that_blows_the_image_up():
 
 def test_a_grey_model_by_name_gets_a_grey_pipeline(tmp_path):
     folder, ref = make_folder(tmp_path / "grey", in_chans=1)
-    model, cfg, _ = load_model_and_config(_args(folder), {})
+    model, cfg, _, _ = _load(folder)
     assert model.in_chans == 1 and cfg.model.in_chans == 1 and len(cfg.aug.mean) == 1
     x = build_transform(cfg.aug, cfg.model.img_size, train=False).load  # noqa: F841 (the pipeline builds)
     images = tmp_path / "img"

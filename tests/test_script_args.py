@@ -64,3 +64,21 @@ def test_visualize_attention_takes_a_model_by_name(tmp_path):
     got = {d["index"]: d["prob"] for d in sidecar["top5"]}
     assert len(got) == 4 and all(abs(got[i] - float(want[i])) < 1e-4 for i in got)
     assert (tmp_path / "out").is_dir() and any((tmp_path / "out").glob("*.png"))
+
+
+
+@pytest.mark.parametrize("command,refused", [("predict", "data.root"), ("export", "data.root"),
+                                             ("features", "data.root"), ("few_shot", "data.root"),
+                                             ("anomaly", "data.root"), ("evaluate", "optim.lr")])
+def test_every_model_command_refuses_overrides_outside_its_sections(command, refused, tmp_path):
+    """The one front-end (vit.cli.args.parse_command): --aug.* only (evaluate: also --data.*); anything else is
+    one sentence naming the key, before a model loads or a file is written."""
+    from vit.config import ConfigError
+
+    argv = ["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "o.npz"),
+            *(["fit", "--good", "g"] if command == "anomaly" else []),
+            *(["--train", "t", "--test", "t"] if command == "few_shot" else []), "--aug.eval_crop_pct=1.0"]
+    with pytest.raises(ConfigError, match=f"^{command}.py takes only --(data.* and --)?aug.* overrides.*, not "
+                                          f"--{refused}.$"):
+        import_script(command).main([*argv, f"--{refused}=1"])
+    assert not any(tmp_path.iterdir())

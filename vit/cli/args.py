@@ -5,15 +5,18 @@ name a model the same way:
     --model NAME [--pretrained]           a model by name with its weights by name (hub cache, vit/hub/names.py)
     --model NAME --weights FILE           a model by name with the weights of a timm / HF-timm file
 
-`--pretrained` is the explicit spelling of what `--model NAME` alone means, in every script. Standard library
-only: the scripts build their parsers before torch loads (--help).
+`--pretrained` is the explicit spelling of what `--model NAME` alone means, in every script. `parse_command` is
+the one front-end of the commands that take a model: arguments, --aug.* (and --data.*) overrides, counts, the model
+source; `load_model` turns the parsed source into vit.eval.inference.load_model_and_config's plain arguments.
+Standard library only at import: the scripts build their parsers before torch loads (--help).
 """
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_model_source", "add_zero_shot_inputs", "check_model_source"]
+__all__ = ["add_model_source", "add_zero_shot_inputs", "check_model_source", "parse_command", "model_source",
+           "load_model"]
 
 
 def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input size for --model (default: the "
@@ -61,3 +64,44 @@ def check_model_source(args: argparse.Namespace) -> None:
                              "size: drop it.")
         return
     args.pretrained = not args.weights
+
+
+def parse_command(parser: argparse.ArgumentParser, argv: list[str], script: str, overrides: tuple[str, ...] = ("aug.",),
+                  counts: tuple[str, ...] = (), out: str = "out", intermixed: bool = False) -> tuple[argparse.Namespace,
+                                                                                                   dict]:
+    """(arguments, config overrides) of a command that takes a model: `argv` parsed, what is left read as
+    --key=value overrides of the config sections in `overrides` only (ConfigError naming the first other), the
+    `counts` at least 1 and --`out` not a file (vit.cli.runtime.check_options), then the model source checked."""
+    from vit.config import ConfigError, parse_overrides
+
+    from .runtime import check_options
+
+    args, rest = (parser.parse_known_intermixed_args if intermixed else parser.parse_known_args)(argv)
+    found = parse_overrides(rest)
+    bad = [k for k in found if not k.startswith(overrides)]
+    if bad:
+        sections = " and ".join(f"--{s}*" for s in overrides)
+        note = " (the preprocessing)" if overrides == ("aug.",) else ""
+        raise ConfigError(f"{script} takes only {sections} overrides{note}, not --{bad[0]}.")
+    check_options(args, counts, out=out)
+    check_model_source(args)  # after the counts: --img-size 0 is named as a count first
+    return args, found
+
+
+def model_source(args: argparse.Namespace) -> dict:
+    """The parsed --checkpoint | --model NAME [--pretrained | --weights FILE] --img-size [--dynamic-img-size] as
+    vit.eval.inference.load_model_and_config's keywords."""
+    return dict(checkpoint=args.checkpoint, model_name=args.model, weights=args.weights,
+                pretrained=getattr(args, "pretrained", True), img_size=args.img_size,
+                dynamic_img_size=bool(getattr(args, "dynamic_img_size", False)))
+
+
+def load_model(args: argparse.Namespace, overrides: dict):
+    """(model, config, class names or None) for the parsed model source, printing what load_model_and_config
+    says it loaded."""
+    from vit.eval import inference
+
+    model, cfg, classes, lines = inference.load_model_and_config(**model_source(args), overrides=overrides)
+    for line in lines:
+        print(line)
+    return model, cfg, classes

@@ -1,5 +1,17 @@
-"""Deployment: ONNX, TorchScript and torch.export (`export`, each checked against the eager model), ONNX Runtime INT8
-within an accuracy budget (`quantize`; `int8`: export.py --quantize int8's steps as functions), the evaluation
-preprocessing from preprocessing.json without torch (`preprocess`), an ONNX Runtime classifier built on it
-(`onnx_predict`), the exported PatchCore's scores (`onnx_anomaly`), every ONNX Runtime session (`session`), and
-`publish` (a checkpoint folder to the Hugging Face hub). Import by module."""
+"""Deployment: ONNX, TorchScript and torch.export (`export`, each checked against the eager model;
+`export_folder`: export.py's folder, all or nothing), ONNX Runtime INT8 within an accuracy budget (`quantize`;
+`int8`: export.py --quantize int8's steps as functions), the evaluation preprocessing from preprocessing.json without
+torch (`preprocess`), an ONNX Runtime classifier built on it (`onnx_predict`), the exported PatchCore's scores
+(`onnx_anomaly`), prediction rows (`predictions`, torch-free) and the PyTorch predictor (`predict`), every ONNX
+Runtime session (`session`), and `publish` (a checkpoint folder to the Hugging Face hub). Import by module."""
+
+_LAZY = {"export_folder": "export_folder", "predict_images": "predict", "predict_sentences": "predict",
+         "predict_onnx_images": "predictions"}
+
+
+def __getattr__(name: str):  # each loads with its module on first use: predict_onnx_images stays torch-free
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -94,30 +94,33 @@ def label_names(model, num_classes: int) -> list[str]:
     return [str(i) for i in range(num_classes)]
 
 
-def load_model_and_config(args, overrides: dict):
-    """(model in eval mode, config, class names or None) from a script's arguments: `args.checkpoint` (a
-    train.py folder), or `args.model` with `args.weights` (a timm weights file) or with its weights by name from
-    the hub cache (`args.pretrained`, which `vit.cli.args.check_model_source` sets for a --model alone). The
+def load_model_and_config(checkpoint: str | Path | None = None, model_name: str | None = None,
+                          weights: str | Path | None = None, pretrained: bool = True, img_size: int | None = None,
+                          dynamic_img_size: bool = False, overrides: dict | None = None):
+    """(model in eval mode, config, class names or None, lines to show) from a `checkpoint` folder (train.py's), or
+    `model_name` with the `weights` of a timm file or, `pretrained`, its weights by name from the hub cache. The
     config's aug.* section gives the evaluation preprocessing: the weights' own (timm's pretrained_cfg) unless
-    --aug.* says otherwise."""
-    if args.checkpoint:
-        model, cfg, classes, meta = load_checkpoint(args.checkpoint)
-        cfg = from_dict(apply_overrides(to_dict(cfg), overrides))
-        return model, cfg, classes
-    dynamic = bool(getattr(args, "dynamic_img_size", False))
-    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": args.img_size or 224}}, overrides))
-    if args.weights:
-        state = read_state_dict(args.weights)
+    `overrides` ({"aug.eval_crop_pct": 1.0, ...}) say otherwise. Nothing is printed: the lines say what loaded."""
+    overrides = overrides or {}
+    if checkpoint:
+        model, cfg, classes, _ = load_checkpoint(checkpoint)
+        return model, from_dict(apply_overrides(to_dict(cfg), overrides)), classes, []
+    if not model_name:
+        raise ConfigError("name a model to load: a checkpoint folder (--checkpoint) or a model name (--model).")
+    cfg = from_dict(apply_overrides({"model": {"name": model_name, "img_size": img_size or 224}}, overrides))
+    lines = []
+    if weights:
+        state = read_state_dict(weights)
         if "head.weight" not in state:
-            raise CheckpointError(f"{args.weights} has no classifier head (head.weight); it cannot classify.")
-        model = create_model(args.model, img_size=cfg.model.img_size, num_classes=state["head.weight"].shape[0],
-                             dynamic_img_size=dynamic)
-        print(load_pretrained(model, args.weights))
-    elif getattr(args, "pretrained", True):  # named weights: their class count, and their size unless --img-size
-        model = create_model(args.model, pretrained=True, dynamic_img_size=dynamic,
-                             **({"img_size": args.img_size} if args.img_size else {}))
+            raise CheckpointError(f"{weights} has no classifier head (head.weight); it cannot classify.")
+        model = create_model(model_name, img_size=cfg.model.img_size, num_classes=state["head.weight"].shape[0],
+                             dynamic_img_size=dynamic_img_size)
+        lines.append(str(load_pretrained(model, weights)))
+    elif pretrained:  # named weights: their class count, and their size unless `img_size`
+        model = create_model(model_name, pretrained=True, dynamic_img_size=dynamic_img_size,
+                             **({"img_size": img_size} if img_size else {}))
         cfg.model.img_size = model.patch_embed.img_size[0]
     else:
         raise ConfigError("--model needs --weights FILE (a timm checkpoint) or --pretrained; or pass --checkpoint.")
-    return model.eval(), resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}, model.in_chans), None
-
+    cfg = resolve_data_config(cfg, getattr(model, "pretrained_cfg", None) or {}, model.in_chans)
+    return model.eval(), cfg, None, lines

@@ -1,0 +1,106 @@
+"""Export a classifier to ONNX, TorchScript or a torch.export program, checked against PyTorch on real images.
+
+    python export.py --checkpoint runs/default/best --format onnx --out exported/
+    python export.py --checkpoint runs/x/best --format onnx torchscript exported-program
+    python export.py --model vit_base_patch16_224 --weights vit_b16.safetensors --dynamic-img-size \\
+        --format onnx --images val_photos/
+
+Each file is reloaded right after it is written (ONNX Runtime, torch.jit.load, torch.export.load) and run on
+batches of 1 and 5 evaluation images (and at a second image size when the model has dynamic_img_size): the
+softmax probabilities must agree with the PyTorch model's within 1e-4 and the top-1 classes exactly, or the
+command fails (exit 2). The images are the checkpoint's own validation split, or --images. Next to the model:
+preprocessing.json (input size, mean, std, interpolation, crop_pct, label names: what a runtime needs) and
+verification.json (the check's numbers). The batch dimension is dynamic; height and width too with
+dynamic_img_size (multiples of the pixels per token: the patch size, a hybrid's stem stride times it). ONNX needs
+the export extra: pip install -e '.[export]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# vit.deploy.export.FORMATS's keys (tests check they agree), named here so that --help needs no torch
+EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from vit.cli.args import add_model_source
+    from vit.cli.help import AUG_EPILOG, HelpFormatter
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
+                                 epilog=AUG_EPILOG)
+    add_model_source(ap)  # --checkpoint | --model NAME [--pretrained | --weights FILE], --img-size (vit/cli/args.py)
+    ap.add_argument("--dynamic-img-size", action="store_true",
+                    help="--model: accept any height and width (positions resampled), exported as dynamic")
+    ap.add_argument("--token-reduction", default=None, metavar="SPEC",
+                    help="export with token merging at a fixed r, e.g. merge:8 (static token counts)")
+    ap.add_argument("--format", nargs="+", choices=(*EXPORT_FORMATS, "all"), default=["onnx"],
+                    help="what to write")
+    ap.add_argument("--images", nargs="*", default=None,
+                    help="images to verify on (default: the checkpoint's validation split)")
+    ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
+    q = ap.add_argument_group("INT8 (ONNX Runtime; docs in vit/deploy/quantize.py)")
+    q.add_argument("--quantize", choices=("int8",), default=None,
+                   help="also write model.int8.onnx, quantized within --max-drop (implies --format onnx)")
+    q.add_argument("--int8-method", choices=("auto", "dynamic", "static"), default="auto",
+                   help="dynamic: weights only; static: QDQ with activations calibrated on training images; "
+                        "auto: both, the faster one that keeps the budget")
+    q.add_argument("--max-drop", "--max-top1-drop", dest="max_drop", type=float, default=0.5,
+                   help="points of --int8-metric INT8 may lose against the fp32 export on the evaluation images "
+                        "(a gain always passes)")
+    q.add_argument("--int8-metric", choices=("top1", "map", "micro_f1"), default=None,
+                   help="what the budget measures (default: top1; mAP for a multi-label checkpoint, micro_f1 at "
+                        "its threshold on request)")
+    q.add_argument("--eval-images", default=None,
+                   help="a folder of <class>/<image> to measure the budget on (default: the checkpoint's validation "
+                        "split); with --model also the calibration images")
+    q.add_argument("--calibration-images", type=int, default=64,
+                   help="training images that calibrate static INT8 (and rank the layers' sensitivity)")
+    q.add_argument("--threads", type=int, default=1, help="ONNX Runtime and torch threads for the speed check")
+    return ap
+
+
+def parse_args(argv):
+    from vit.cli.args import parse_command
+    from vit.config import ConfigError
+    from vit.deploy.export import FORMATS
+
+    args, overrides = parse_command(build_parser(), argv, "export.py", ("aug.",),
+                                    ("img_size", "calibration_images", "threads"))
+    args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
+    if args.quantize and "onnx" not in args.format:
+        args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file
+    if not 0 <= args.max_drop <= 100 or args.max_drop != args.max_drop:
+        raise ConfigError(f"--max-drop is in points of the metric, between 0 and 100; got {args.max_drop}.")
+    if args.quantize and not (args.checkpoint or args.eval_images):
+        raise ConfigError("--quantize needs labelled images to keep its budget: pass --checkpoint (its "
+                          "validation split) or --eval-images FOLDER (class subfolders).")
+    if args.quantize and args.eval_images and not Path(args.eval_images).is_dir():
+        raise ConfigError(f"--eval-images {args.eval_images} is not a folder; pass a folder of <class>/<image>.")
+    return args, overrides
+
+
+def main(argv=None) -> int:
+    from vit.cli.args import load_model
+    from vit.cli.images import collect_images
+    from vit.cli.outputs import check_writable
+    from vit.deploy.export import require_onnx
+    from vit.deploy.export_folder import Int8Request, export_folder
+    from vit.eval.inference import label_names
+
+    args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out) if args.out else (Path(args.checkpoint) / "export" if args.checkpoint
+                                           else Path("runs") / f"export-{args.model}")
+    check_writable(out, "the --out folder", "pass --out with a writable folder")  # before any slow work
+    if "onnx" in args.format:
+        require_onnx()
+    model, cfg, classes = load_model(args, overrides)
+    classes = classes or label_names(model, model.num_classes)
+    int8 = Int8Request(args.int8_method, args.max_drop, args.int8_metric, args.eval_images, args.calibration_images,
+                       args.threads) if args.quantize else None
+    paths = collect_images(args.images)[0] if args.images else None
+    export_folder(model, cfg, classes, out, args.format, paths=paths, checkpoint=args.checkpoint,
+                  token_reduction=args.token_reduction, int8=int8)
+    return 0

@@ -1,0 +1,84 @@
+"""predict.py's outputs and its torch-free mode: the files a run owns in --out, written in a staging folder and
+published together, its summary line, and --onnx (ONNX Runtime and the export's preprocessing; no torch, timm,
+accelerate or PyYAML imported, docs/predict-export.md)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from vit.deploy.predictions import write_rows
+from vit.utils.atomic import atomic_write_csv
+from vit.utils.untrusted_text import printable
+
+from .images import collect_images, crop_note
+from .outputs import OutputLock, check_writable, new_staging, publish
+
+__all__ = ["OWNED", "write_outputs", "summary", "main_onnx"]
+
+# what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
+OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
+
+
+def write_outputs(dest: Path, fmt: str, rows: list[dict], skipped: list[tuple[str, str]] | None,
+                  extra: Callable[[Path], None] | None = None) -> Path | None:
+    """predictions.<fmt> (and skipped.csv, and what `extra` writes into the staging folder: --cam's pictures)
+    replacing the previous run's files in `dest`; without rows only skipped.csv is published and None returned."""
+    staging = new_staging(dest, "predict")  # everything is written here, then replaces the previous run's outputs
+    if skipped is not None:
+        atomic_write_csv(staging / "skipped.csv", ["path", "reason"],
+                         [{"path": p, "reason": r} for p, r in skipped])
+    if not rows:
+        publish(staging, dest, OWNED)
+        return None
+    if extra is not None:
+        extra(staging)
+    written = dest / write_rows(staging, fmt, rows).name
+    publish(staging, dest, OWNED)
+    return written
+
+
+def summary(rows: list[dict], what: str, seconds: float, n: int, skipped: list, dest: Path) -> None:
+    """The run's first line: how many images, on what, how fast, how many passed over."""
+    print(f"{len(rows)} image(s), {what}, {n / max(seconds, 1e-9):.0f} images/s; skipped "
+          f"{len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
+
+
+def main_onnx(args) -> int:
+    """--onnx: vit.deploy.predictions.predict_onnx_images, the same files as main(); no torch imported."""
+    from vit.deploy.onnx_predict import OnnxClassifier
+    from vit.deploy.predictions import check_threshold, predict_onnx_images
+
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
+                   if getattr(args, k)]
+    if unsupported:
+        raise ValueError(f"{unsupported[0]} does not apply to --onnx (the export fixes model and preprocessing); "
+                         "drop it, or use --checkpoint.")
+    for name in ("topk", "batch_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
+    check_threshold(args.threshold, clf.threshold is not None)
+    if not args.images:
+        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
+    check_writable(args.out)
+    with OutputLock(args.out):
+        paths, skipped = collect_images(args.images)
+        if not paths:
+            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
+                             "or a .txt list of paths.")
+        result = predict_onnx_images(args.onnx, paths, args.batch_size or 32, args.topk, args.threshold, clf)
+        note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
+                         "export again with --aug.eval_crop_pct=1.0")
+        if note:  # once the run is on: a refusal stays one line
+            print(note, file=sys.stderr)
+        skipped += result.skipped
+        dest = Path(args.out)
+        written = write_outputs(dest, args.format, result.rows, skipped)
+        if written is None:
+            raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
+                             f"{dest}/skipped.csv.")
+    summary(result.rows, "ONNX Runtime", result.seconds, len(paths), skipped, dest)
+    print(printable(f"wrote {written}"))
+    return 0

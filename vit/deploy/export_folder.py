@@ -1,0 +1,223 @@
+"""An export folder: each format written and checked against the eager model, then moved in with its sidecars
+(preprocessing.json, verification.json), all or nothing; what export.py writes.
+
+    model, cfg, classes, _ = load_model_and_config(checkpoint="runs/default/best")   # vit/eval/inference.py
+    report = export_folder(model, cfg, classes, Path("exported"), ["onnx"], checkpoint="runs/default/best")
+
+Every file is written and checked in a staging folder inside `out`; only when all pass do they take their names
+and the sidecars follow, so a failed or interrupted export leaves the folder as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import ConfigError
+from ..data import DataError, build_datasets
+from ..data.synthetic import photo_like
+from ..data.transforms import build_transform
+from ..eval.anomaly import ANOMALY_DIR, find_patchcore
+from ..eval.inference import ImageFiles
+from ..eval.multilabel import decision_threshold
+from ..utils.atomic import atomic_write_text
+from .export import ExportableClassifier, export_patchcore, fingerprint, preprocessing, write_preprocessing
+from .int8 import INT8_FILE, budget_metric, labelled_images, samples
+
+__all__ = ["Int8Request", "export_folder", "verification_images"]
+
+
+@dataclass(frozen=True)
+class Int8Request:
+    """export.py --quantize int8's options (vit/deploy/int8.py): `method` auto | dynamic | static, the points of
+    `metric` (None: the model's own, top1 or mAP) INT8 may lose, the labelled `eval_images` folder (None: the
+    checkpoint's validation split), the training images that calibrate static INT8, and the speed check's threads."""
+
+    method: str = "auto"
+    max_drop: float = 0.5
+    metric: str | None = None
+    eval_images: str | None = None
+    calibration_images: int = 64
+    threads: int = 1
+
+
+def verification_images(cfg, classes, size: int, paths: list[Path] | None = None, checkpoint=None,
+                        n: int = 5) -> tuple[torch.Tensor, str]:
+    """(n, C, size, size) evaluation images through the model's own preprocessing, and where they came from:
+    the readable ones of `paths`, else the `checkpoint`'s validation split, else generated photo-like ones."""
+    transform = build_transform(cfg.aug, size, train=False)
+    if paths is not None:
+        ds = ImageFiles(paths, transform, cfg.model.in_chans)
+        xs = [x for x, ok, _ in (ds[i] for i in range(len(ds))) if ok][:n]
+        if not xs:
+            raise DataError(f"none of the {len(paths)} file(s) given is a readable image; pass images to verify on.")
+        return torch.stack(xs), f"{len(xs)} image(s) from {' '.join(map(str, paths))}"
+    if checkpoint:
+        _, val, _ = build_datasets(cfg, check_images=False, splits=("val",), classes=classes)
+        val.transform = transform  # the same split at `size`: evaluation preprocessing has no randomness
+        xs = [x for x, _ in samples(val, n)]
+        return torch.stack(xs), f"{len(xs)} image(s) of the checkpoint's {cfg.data.dataset} validation split"
+    rng = np.random.default_rng(0)  # a model by name and no images: photo-like generated ones
+    xs = [transform(photo_like(rng, 320, 240)) for _ in range(n)]
+    return torch.stack(xs), f"{n} generated photo-like image(s) (pass --images for real ones)"
+
+
+def previous_results(out: Path, model_id: str, exported: list[str], log: Callable[[str], None]) -> dict:
+    """Entries of an earlier verification.json that still hold: formats not exported now whose file is there
+    and was verified for this same model. A file left by another model is renamed <name>.stale, since the new
+    preprocessing.json would no longer describe it."""
+    from .export import FORMATS
+
+    try:
+        old = json.loads((out / "verification.json").read_text())
+    except (OSError, ValueError):
+        old = {}
+    kept = {}
+    for fmt, name in {**FORMATS, "int8": INT8_FILE}.items():
+        if fmt in exported or not (out / name).is_file():
+            continue
+        entry = old.get("results", {}).get(fmt) if isinstance(old, dict) else None
+        if isinstance(entry, dict) and entry.get("model_fingerprint") == model_id:
+            kept[fmt] = entry
+        else:
+            (out / name).replace(out / f"{name}.stale")
+            log(f"{out / name} was made from another model: renamed {name}.stale")
+    return kept
+
+
+def export_verified(fmt: str, model, wrapper, x, batches, staging: Path, out: Path, model_id: str,
+                    log: Callable[[str], None]) -> tuple[Path, dict]:
+    """One format exported into `staging` and checked against the eager model on `batches`: (its staged path, its
+    verification.json entry), and one line; a file that fails the check is kept in `out` as <name>.rejected."""
+    from .export import ExportError, export_model, load_exported, verify
+
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
+        warnings.simplefilter("ignore")
+        path = export_model(wrapper, fmt, staging, x)
+    seconds = time.perf_counter() - t0
+    try:
+        check = verify(model, load_exported(path, fmt), batches)
+    except ExportError as e:
+        rejected = out / f"{path.name}.rejected"
+        path.replace(rejected)
+        raise ExportError(f"{e} Nothing in {out} was replaced; the file is kept as {rejected}.") from None
+    log(f"{fmt:<17} {out / path.name}  ({seconds:.1f} s)  max |p - p_torch| = {check['max_abs_prob_diff']:.1e} "
+        f"(<= {check['atol']:g}), same top-1 on all {check['images']} rows: ok")
+    return path, dict(file=str(out / path.name), export_seconds=seconds, model_fingerprint=model_id, **check)
+
+
+def quantized(req: Int8Request, model, data, metric: str, fp32: Path, staging: Path, out: Path, checkpoint,
+              log: Callable[[str], None]) -> dict:
+    """model.int8.onnx in `staging` (vit/deploy/int8.py) and one line of its numbers; QuantizeError (exit 2) when
+    no INT8 model keeps the budget, the best attempt kept as model.int8.onnx.rejected in `out`."""
+    from ..eval.multilabel import saved_threshold
+    from .int8 import describe_change, quantize_int8
+    from .quantize import QuantizeError
+
+    methods = ("dynamic", "static") if req.method == "auto" else (req.method,)
+    threshold = saved_threshold(checkpoint) or 0.5  # micro_f1: the threshold training chose
+    try:
+        res = quantize_int8(fp32, staging / INT8_FILE, model, data, methods, metric, req.max_drop, threshold,
+                            req.threads, log=log)
+    except QuantizeError as e:
+        rejected = staging / f"{INT8_FILE}.rejected"
+        if rejected.is_file():
+            rejected.replace(out / rejected.name)
+        raise QuantizeError(f"{e} Nothing in {out} was replaced (the last attempt is {out / INT8_FILE}.rejected); "
+                            "raise --max-drop or keep the fp32 model.onnx.") from None
+    res["file"] = str(out / INT8_FILE)
+    sp = res["speed"]
+    log(f"int8 ({res['method']})       "
+        + describe_change(metric, res[f"{metric}_fp32"], res[f"{metric}_int8"], req.max_drop, res["images"])
+        + f", agrees with PyTorch on {100 * res['agreement_with_torch']:.1f}% of the images, "
+        f"{len(res['float_groups'])} layer group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> "
+        f"{res['bytes_int8'] / 2**20:.1f} MiB ({res['size_ratio']:.1f}x smaller); batch 1, {req.threads} "
+        f"thread(s): {sp['int8_over_eager_fp32']['median']:.2f}x PyTorch eager, "
+        f"{sp['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32"
+        + (f" (CPU time: {sp['cpu_int8_over_eager_fp32']['median']:.2f}x, "
+           f"{sp['cpu_int8_over_ort_fp32']['median']:.2f}x)" if "cpu_int8_over_eager_fp32" in sp else ""))
+    return res
+
+
+def _check_model(model, cfg, token_reduction: str | None) -> None:
+    """A model export.py can write: square images (not data.naflex), token reduction at a fixed size only."""
+    if cfg.data.naflex is not None:  # its images are patch batches of any length, which preprocessing.json and
+        # predict.py --onnx's reference preprocessing (a resize and a square crop) cannot state
+        raise ConfigError("export.py writes models that read square images, and this checkpoint reads each image at "
+                          "its own aspect ratio (data.naflex); run it with predict.py --checkpoint, or export it from "
+                          "Python with vit.deploy.export.ExportableNaFlexClassifier (docs/naflex.md).")
+    if token_reduction:
+        if model.dynamic_img_size:  # the merge count r depends on the token count, fixed only at a fixed size
+            raise ConfigError("--token-reduction needs a fixed input size; drop --dynamic-img-size.")
+        model.set_token_reduction(token_reduction)
+
+
+def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str], *, paths: list[Path] | None = None,
+                  checkpoint: str | Path | None = None, token_reduction: str | None = None,
+                  int8: Int8Request | None = None, log: Callable[[str], None] = print) -> dict:
+    """`model` exported to `out` in each of `formats` (vit.deploy.export.FORMATS' keys; "onnx" first when `int8`
+    asks for model.int8.onnx too), each checked on verification_images' batches, then moved in with
+    preprocessing.json and verification.json, whose dict is returned; an anomaly `checkpoint` adds its feature
+    model and bank (anomaly/). `log` gets one line per file."""
+    _check_model(model, cfg, token_reduction)
+    size = cfg.model.img_size
+    if int8 is not None:  # every input checked before the exports' slow work
+        metric = budget_metric(cfg, int8.metric)
+        data = labelled_images(cfg, classes, int8.eval_images, int8.calibration_images)
+    x, source = verification_images(cfg, classes, size, paths, checkpoint)
+    batches = [x[:1], x]
+    if model.dynamic_img_size:  # the same images at a second size, two tokens larger
+        x2, _ = verification_images(cfg, classes, size + 2 * model.patch_embed.token_step[0], paths, checkpoint)
+        batches += [x2[:1], x2]
+    wrapper, model_id = ExportableClassifier(model), fingerprint(model)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"verifying on {source}, batches {', '.join('x'.join(map(str, b.shape)) for b in batches)}")
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        results, staged = {}, {}
+        for fmt in formats:
+            staged[fmt], results[fmt] = export_verified(fmt, model, wrapper, x, batches, staging, out, model_id, log)
+        if int8 is not None:
+            results["int8"] = quantized(int8, model, data, metric, staged["onnx"], staging, out, checkpoint, log)
+            results["int8"]["model_fingerprint"] = model_id
+            staged["int8"] = staging / INT8_FILE
+        info = preprocessing(model, cfg.aug, classes, threshold=decision_threshold(cfg, checkpoint))
+        anomaly = find_patchcore(checkpoint) if "onnx" in formats else None
+        if anomaly is not None:  # an anomaly checkpoint: its feature model and bank for predict.py --onnx
+            results["anomaly"] = export_patchcore(model, anomaly, staging / ANOMALY_DIR, batches,
+                                                  write_preprocessing(staging, info))
+            results["anomaly"]["model_fingerprint"] = model_id
+            log(f"anomaly           {out / ANOMALY_DIR}/  max |score - score_torch| = "
+                f"{results['anomaly']['max_abs_score_diff']:.1e} (<= {results['anomaly']['atol']:g}): ok")
+        results = {**previous_results(out, model_id, list(results), log), **results}
+        _move_in(staged, staging, out, anomaly is not None)
+        write_preprocessing(out, info)
+        report = dict(images=source, model_fingerprint=model_id, results=results)
+        atomic_write_text(out / "verification.json", json.dumps(report, indent=1))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"wrote {out}/: {', '.join(p.name for p in staged.values())}, preprocessing.json, verification.json"
+        + (f", {ANOMALY_DIR}/" if anomaly is not None else ""))
+    return report
+
+
+def _move_in(staged: dict, staging: Path, out: Path, anomaly: bool) -> None:
+    """The verified files from `staging` to their names in `out` (an anomaly/ folder replaced whole)."""
+    for path in staged.values():
+        path.replace(out / path.name)
+    if anomaly:
+        shutil.rmtree(out / ANOMALY_DIR, ignore_errors=True)
+        (staging / ANOMALY_DIR).replace(out / ANOMALY_DIR)
