@@ -114,3 +114,9 @@ def test_a_number_given_as_text_builds_with_the_number():
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, drop_rate="0.1", drop_path_rate="0.2")
     assert m.head_drop.p == 0.1 and m._model_args["drop_rate"] == 0.1 and m._model_args["drop_path_rate"] == 0.2
 
+
+@pytest.mark.parametrize("name", [None, 5, ["vit_tiny_patch16_224"]])
+def test_a_name_that_is_not_text_is_one_sentence(name):
+    with pytest.raises(TypeError, match=r"create_model takes a model name \(a str .*\), got ") as e:
+        vit.create_model(name)
+    assert "\n" not in str(e.value)

@@ -105,6 +105,9 @@ def create_model(
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"create_model takes a model name (a str such as 'vit_small_patch16_224', "
+                        f"'hf-hub:org/repo' or 'local-dir:/folder'), got {type(name).__name__} {name!r:.60}.")
     check_buildable(name)
     if isinstance(pretrained, str):
         check_buildable(pretrained)
