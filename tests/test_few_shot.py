@@ -190,3 +190,45 @@ def test_script_takes_a_model_name_as_features_py_does(tmp_path, request):
     with pytest.raises(ValueError, match="--img-size goes with --model NAME"):
         script.main(["--checkpoint", str(tmp_path), "--img-size", "32", "--train", str(img / "train"), "--test",
                      str(img / "val"), "--out", str(tmp_path / "o2")])
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--shots", "-1"], r"--shots must be distinct numbers of 0 or more, got -1\."),
+    (["--shots", "1", "1"], r"--shots must be distinct numbers .*got 1 1\."),
+    (["--seeds", "0", "0"], r"--seeds must be distinct numbers .*got 0 0\."),  # std over one sample counted twice
+    (["--seeds", "-1"], r"--seeds must be distinct numbers"),  # numpy's 'expected non-negative integer'
+    (["--lora-rank", "0"], r"--lora-rank must be at least 1, got 0\."),
+    (["--steps", "0"], r"--steps must be at least 1, got 0\."),
+    (["--lr-lora", "inf"], r"--lr-lora must be a finite number above 0, got inf\."),  # 33% (chance), exit 0
+    (["--lr", "nan"], r"--lr must be a finite number above 0, got nan\."),  # torch's 'Invalid learning rate'
+    (["--layer-decay", "nan"], r"--layer-decay must be in \[0, 1\] \(0: none\), got nan\."),
+])
+def test_script_names_the_one_bad_number(extra, match):
+    from helpers import import_script
+
+    from vit.config import ConfigError
+
+    script = import_script("few_shot")
+    args = script.build_parser().parse_args(["--checkpoint", "x", "--train", "a", "--test", "b", *extra])
+    with pytest.raises(ConfigError, match=match):
+        script.check_numbers(args)
+
+
+def test_script_refuses_more_shots_than_a_class_has(tmp_path):
+    """--shots 99 over 3 images a class reported a row 'N 99' made of 3 images each."""
+    import timm
+    from helpers import import_script, make_image_folder
+    from safetensors.torch import save_file
+
+    from vit.config import ConfigError
+
+    save_file(timm.create_model("vit_tiny_patch16_224", img_size=32).state_dict(), str(tmp_path / "w.safetensors"))
+    img = make_image_folder(tmp_path / "img", classes=("a", "b"), n_train=3, n_val=1, size=32)
+    (img / "train" / "a" / "000.png").unlink()
+    with pytest.raises(ConfigError, match=r"--shots 3 is more than the 2 image\(s\) of class 'a' in .*; give at "
+                                          r"most 2, or 0 for all\."):
+        import_script("few_shot").main(["--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                                        "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"),
+                                        "--shots", "1", "3", "--methods", "knn", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
