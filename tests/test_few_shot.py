@@ -232,3 +232,22 @@ def test_script_refuses_more_shots_than_a_class_has(tmp_path):
                                         "--shots", "1", "3", "--methods", "knn", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
 
+
+def test_the_plot_shows_every_image_rows_as_a_level(tmp_path, monkeypatch):
+    """--shots 0 alone drew an empty plot (and matplotlib's 'No artists with labels' warning): it is a dashed level."""
+    import warnings
+
+    from matplotlib.axes import Axes
+
+    from vit.eval import plots
+
+    levels = []
+    real = Axes.axhline
+    monkeypatch.setattr(Axes, "axhline", lambda self, y, **kw: levels.append((y, kw["label"])) or real(self, y, **kw))
+    summary = [dict(method="knn", shots=0, mean=0.75, std=0.0), dict(method="lora", shots=2, mean=0.5, std=0.1),
+               dict(method="lora", shots=0, mean=0.9, std=0.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.plot_few_shot(summary[:1], tmp_path / "a.png")
+        plots.plot_few_shot(summary, tmp_path / "b.png")
+    assert levels == [(75.0, "knn, all images"), (75.0, "knn, all images"), (90.0, "lora, all images")]
