@@ -559,3 +559,32 @@ def test_a_hybrid_checkpoint_is_described_by_its_tokens_and_its_overlay_follows_
                   - over[r * cell + 32:(r + 1) * cell - 32, c * cell + 32:(c + 1) * cell - 32, 2].mean())
             for c in range(2)] for r in range(2)]
     assert np.unravel_index(np.argmax(red), (2, 2)) == np.unravel_index(grid.argmax(), grid.shape)
+
+
+def test_too_many_labels_and_too_long_a_request_are_one_json_sentence(clip_folder, image):
+    """1000 typed labels were all encoded under the lock every page waits on (no cap); a request line over
+    http.server's 64 KiB (10,000 labels) was answered with http.server's HTML page, which the page's fetch() cannot
+    read as JSON. Both are one sentence, and the server keeps serving."""
+    from urllib.parse import quote
+
+    from vit.data.base import DataError
+    from vit.explain.demo import MAX_LABELS, ClipDemo, make_server
+
+    demo = ClipDemo(f"local-dir:{clip_folder[0]}")
+    with pytest.raises(DataError, match=rf"^{MAX_LABELS + 1} labels are more than the page takes \({MAX_LABELS}\); "
+                                        r"give fewer, or score a longer list with evaluate\.py --classes FILE\.$"):
+        demo.classifier(",".join(f"l{i}" for i in range(MAX_LABELS + 1)))
+    assert len(demo.classifier(",".join(f"l{i}" for i in range(MAX_LABELS))).classes) == MAX_LABELS
+    server = make_server(demo, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/predict?labels="
+        status, answer = _post(url + quote(",".join(map(str, range(10_000)))), image.read_bytes())
+        assert status == 414 and answer["error"].startswith("the request is longer than 64 KiB (its labels?)")
+        status, answer = _post(url + quote(",".join(f"l{i}" for i in range(1000))), image.read_bytes())
+        assert status == 400 and answer["error"].startswith("1000 labels are more than the page takes")
+        status, answer = _post(url + quote("a cat, a dog"), image.read_bytes())
+        assert status == 200 and answer["labels"] == ["a cat", "a dog"]
+    finally:
+        server.shutdown()
+        server.server_close()

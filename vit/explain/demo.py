@@ -16,11 +16,11 @@ gradient rollout of the image tower for the `explain` label (default: the most p
 looked for that class (`attention_maps(..., "grad_rollout", target_class)`, Chefer et al., 2021). The text side
 of each label set is computed once and kept.
 
-A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
-the page shows, as is a request whose Content-Length is missing (411) or not a size (400), before any body is
-read; a body that stops arriving times out (408). A client that goes away is not an error, and prints nothing.
-The server keeps serving. One request runs the model at a time (a lock): the model and the
-pipeline are not shared between threads.
+A file that is not an image, or one over MAX_UPLOAD bytes, more than MAX_LABELS labels or a request line over
+http.server's 64 KiB are answered with one sentence (HTTP 400 / 413 / 414) that the page shows, as is a request
+whose Content-Length is missing (411) or not a size (400), before any body is read; a body that stops arriving
+times out (408). A client that goes away is not an error, and prints nothing. The server keeps serving. One
+request runs the model at a time (a lock): the model and the pipeline are not shared between threads.
 """
 
 from __future__ import annotations
@@ -47,9 +47,11 @@ from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
 
-__all__ = ["ClipDemo", "Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
+__all__ = ["ClipDemo", "Demo", "make_server", "PAGE", "MAX_LABELS", "MAX_UPLOAD", "DISPLAY"]
 
 MAX_UPLOAD = 20 * 1024 * 1024  # bytes of one uploaded image
+# labels one request may type: each is encoded with every prompt template, under the lock every page waits on
+MAX_LABELS = 100
 DISPLAY = 224  # the overlay is drawn at least this wide (a 32-pixel model input would be a speck)
 
 
@@ -146,6 +148,9 @@ class ClipDemo:
         looked up as a file or folder: the page may be reachable by others than its owner."""
         from ..eval.zero_shot import ZeroShotClassifier, split_class_names
 
+        if labels.count(",") >= MAX_LABELS:  # counted before anything is split or encoded
+            raise DataError(f"{labels.count(',') + 1} labels are more than the page takes ({MAX_LABELS}); give fewer, "
+                            "or score a longer list with evaluate.py --classes FILE.")
         names = tuple(split_class_names(labels))
         if names not in self.classifiers:
             if len(self.classifiers) >= 32:  # a page typing label after label: keep the memory bounded
@@ -227,6 +232,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
                                f"{text}; choose a PNG, JPEG, WebP or BMP image.")
         self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line over its 64 KiB: 414; a malformed one: 400) as the page's
+        JSON sentence, not an HTML page the page's fetch() cannot read."""
+        if code == HTTPStatus.REQUEST_URI_TOO_LONG:
+            text = "the request is longer than 64 KiB (its labels?); give fewer or shorter labels."
+        else:
+            text = f"the request was refused ({code} {str(message or HTTPStatus(code).phrase)[:80]}); reload the page."
+        self._error(HTTPStatus(code), text)
 
     def _error(self, status: HTTPStatus, message: str) -> None:
         self.close_connection = True  # a body left unread must not be taken for the next request
