@@ -588,3 +588,22 @@ def test_too_many_labels_and_too_long_a_request_are_one_json_sentence(clip_folde
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_address_it_cannot_listen_on_names_the_option_to_change(clip_folder):
+    """A host this machine cannot resolve said 'pass another --port'."""
+    import socket
+
+    from helpers import import_script
+
+    from vit.config import ConfigError
+
+    script = import_script("demo")
+    with pytest.raises(ConfigError, match=r"^cannot listen on 256\.1\.1\.1:0 \(.*\); pass another --host\.$"):
+        script.main(["--clip", f"local-dir:{clip_folder[0]}", "--host", "256.1.1.1", "--port", "0"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^cannot listen on 127\.0\.0\.1:{port} \(.*\); pass another --port\.$"):
+            script.main(["--clip", f"local-dir:{clip_folder[0]}", "--port", str(port)])
