@@ -120,6 +120,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     check_writable(out)
     model, cfg, _ = load_model_and_config(args, overrides)
+    if cfg.data.naflex is not None:  # its images would be squashed to one square size, unlike in its training
+        raise ConfigError("few_shot.py holds the images as one batch of square tensors, and this checkpoint reads each "
+                          "image at its own aspect ratio (data.naflex); take its k-NN and linear rows from features.py "
+                          "(which honours it) and probe.py.")
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)

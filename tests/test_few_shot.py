@@ -251,3 +251,23 @@ def test_the_plot_shows_every_image_rows_as_a_level(tmp_path, monkeypatch):
         plots.plot_few_shot(summary[:1], tmp_path / "a.png")
         plots.plot_few_shot(summary, tmp_path / "b.png")
     assert levels == [(75.0, "knn, all images"), (75.0, "knn, all images"), (90.0, "lora, all images")]
+
+
+def test_script_refuses_a_naflex_checkpoint_in_one_sentence(tmp_path):
+    """A data.naflex checkpoint was scored on images squashed to one square size (not how it was trained), exit 0."""
+    from helpers import import_script, make_image_folder
+
+    from vit.config import ConfigError, load_config
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32",
+                             "--model.depth=1", "--model.num_heads=2", "--data.naflex={max_num_patches: 16}"])
+    save_checkpoint(tmp_path / "ck", build_model(cfg, 2), cfg, ["a", "b"])
+    img = make_image_folder(tmp_path / "img", classes=("a", "b"), n_train=2, n_val=1, size=32)
+    with pytest.raises(ConfigError, match=r"^few_shot\.py holds the images as one batch of square tensors, and this "
+                                          r"checkpoint reads each image at its own aspect ratio \(data\.naflex\); "):
+        import_script("few_shot").main(["--checkpoint", str(tmp_path / "ck"), "--train", str(img / "train"), "--test",
+                                        str(img / "val"), "--shots", "1", "--seeds", "0", "--methods", "knn", "--out",
+                                        str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
