@@ -40,7 +40,9 @@ import torch
 from PIL import Image
 
 from ..data.base import DataError
+from ..data.datasets import image_transform
 from ..data.decode import BadImageError
+from ..data.naflex import as_picture, collate_naflex
 from ..data.transforms import build_transform
 from ..eval.anomaly import find_patchcore
 from ..eval.plots import overlay_image, to_display
@@ -63,7 +65,10 @@ class Demo:
     def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
         self.folder = Path(checkpoint).resolve()
         self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
-        self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
+        # data.naflex: each image at its own aspect ratio, patchified (a square tensor was the square path's input,
+        # and its PatchCore maps a list the overlay could not draw)
+        self.transform = image_transform(self.cfg, train=False)
+        self.naflex_patch = self.cfg.model.patch_size if self.cfg.data.naflex is not None else None
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
         self.patchcore = find_patchcore(self.folder)  # None: a plain classifier
@@ -73,11 +78,13 @@ class Demo:
         """Image bytes -> {top: [{label, prob}], overlay: PNG data URL, size: [w, h]}; BadImageError for bytes
         that are not a readable image. prob: the softmax, or for a multi-label model each class's sigmoid."""
         with self.lock:
-            x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
-            maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
+            sample = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing; NaFlex: patches
+            batch = sample[None] if self.naflex_patch is None else collate_naflex([(sample, 0)])[0]
+            maps, logits = attention_maps(self.model, batch, "rollout")  # (1, h, w) or [(h, w)], (1, K)
             probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
             if self.patchcore is not None:
-                score, heat = self.patchcore.score(self.model, x[None])  # (1,), (1, h, w)
+                score, heat = self.patchcore.score(self.model, batch)  # (1,), (1, h, w) or [(h, w)]
+        x = as_picture(sample, self.naflex_patch)  # (C, H, W) as the model saw it
         p, i = probs.topk(self.top)
         answer = dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
                       **overlay_answer(x, maps[0], self.cfg.aug.mean, self.cfg.aug.std))
@@ -93,7 +100,9 @@ class Demo:
         config's model.name is only the template its fields override (vit_tiny_patch16_224 with patch_size 8)."""
         m = self.model
         (h, w) = m.patch_embed.img_size
-        arch = (f"ViT, {h}x{w} input, {tokens(m.patch_embed)}, width {m.embed_dim}, depth {len(m.blocks)}, "
+        shape = (f"NaFlex ViT (each image at its own aspect ratio, up to {self.cfg.data.naflex.max_num_patches} "
+                 "patches)" if self.naflex_patch else f"ViT, {h}x{w} input")
+        arch = (f"{shape}, {tokens(m.patch_embed)}, width {m.embed_dim}, depth {len(m.blocks)}, "
                 f"{m.blocks[0].attn.num_heads} heads")
         acc = self.meta.get("val_acc1")
         scored = f", val top-1 {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
@@ -103,17 +112,17 @@ class Demo:
 def tokens(embed) -> str:
     """What a token covers: '16-pixel patches', or for a hybrid 'a resnetv2 stem, 16-pixel tokens' (its stride
     times the patch size; its `patch_size` alone would say 1)."""
-    sh, sw = embed.token_step
+    sh, sw = getattr(embed, "token_step", embed.patch_size)  # a NaFlex model's PatchGrid: its patch size
     side = f"{sh}-pixel" if sh == sw else f"{sh}x{sw}-pixel"
     stem = getattr(embed, "stem", None)
     return f"a {stem.kind} stem, {side} tokens" if stem is not None else f"{side} patches"
 
 
 def overlay_answer(x, grid_map, mean, std) -> dict:
-    """The input (C, S, S) as the model saw it with the (h, w) map over it, drawn at least DISPLAY pixels wide:
-    {overlay: PNG data URL, size: [w, h]}."""
-    seen = to_display(x, mean, std)  # (S, S, 3) in [0, 1]
-    scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
+    """The input (C, H, W) as the model saw it with the (h, w) map over it, its longer side drawn at least DISPLAY
+    pixels (a NaFlex strip one patch wide is not enlarged by its short side): {overlay: PNG data URL, size: [w, h]}."""
+    seen = to_display(x, mean, std)  # (H, W, 3) in [0, 1]
+    scale = max(1, math.ceil(DISPLAY / max(seen.shape[:2])))
     if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
         seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
     over = overlay_image(seen, grid_map.numpy())
