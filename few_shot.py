@@ -127,6 +127,9 @@ def main(argv=None) -> int:
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)
+    if len(classes) < 2:  # every method would score 100%: there is nothing to tell apart
+        raise ConfigError(f"{args.train} has one class ({classes[0]!r}); a few-shot table needs two or more class "
+                          "folders, in --train and --test alike.")
     counts = np.bincount(train_y, minlength=len(classes))
     if max(args.shots) > counts.min():  # the table would say N shots where a class gave fewer
         raise ConfigError(f"--shots {max(args.shots)} is more than the {counts.min()} image(s) of class "

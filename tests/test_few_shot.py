@@ -214,8 +214,10 @@ def test_script_names_the_one_bad_number(extra, match):
         script.check_numbers(args)
 
 
-def test_script_refuses_more_shots_than_a_class_has(tmp_path):
+def test_script_refuses_more_shots_than_a_class_has_and_a_single_class(tmp_path):
     """--shots 99 over 3 images a class reported a row 'N 99' made of 3 images each."""
+    import shutil
+
     import timm
     from helpers import import_script, make_image_folder
     from safetensors.torch import save_file
@@ -231,6 +233,12 @@ def test_script_refuses_more_shots_than_a_class_has(tmp_path):
                                         "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"),
                                         "--shots", "1", "3", "--methods", "knn", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+    for split in ("train", "val"):  # one class: every method scored 100%, exit 0
+        shutil.rmtree(img / split / "b")
+    with pytest.raises(ConfigError, match=r"has one class \('a'\); a few-shot table needs two or more class folders"):
+        import_script("few_shot").main(["--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                                        "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"),
+                                        "--shots", "1", "--methods", "knn", "--out", str(tmp_path / "o")])
 
 
 def test_the_plot_shows_every_image_rows_as_a_level(tmp_path, monkeypatch):
