@@ -368,3 +368,23 @@ def test_parts_experiment_refuses_bad_counts_before_training(tmp_path, capsys, a
         import_script("scripts/anomaly_parts").main(["--out", str(tmp_path / "parts"), *args])
     assert e.value.code == 2 and not (tmp_path / "parts").exists()
     assert "--good must be at least 1 part and every --neighbourhoods an odd number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, extra, named", [
+    ("fit", ["--out", "elsewhere"], "--out"),  # the bank went to <checkpoint>/anomaly, the folder given unused
+    ("fit", ["--maps"], "--maps"),
+    ("score", ["--ratio", "0.5"], "--ratio"),
+    ("score", ["--false-alarm-rate", "0.1"], "--false-alarm-rate"),
+    ("score", ["--val", "x"], "--val"),
+])
+def test_an_option_the_other_mode_reads_is_refused_before_the_model_loads(tmp_path, mode, extra, named):
+    from helpers import import_script
+
+    from vit.config import ConfigError
+
+    other = "score" if mode == "fit" else "fit"
+    args = [mode, "--checkpoint", str(tmp_path / "no-such-run")] + (["--good", "g"] if mode == "fit" else ["img"])
+    with pytest.raises(ConfigError, match=rf"^anomaly\.py {mode} does not read {named} \(anomaly\.py {other} does\); "
+                                          r"remove it\.$"):
+        import_script("anomaly").main(args + extra)
+    assert not (tmp_path / "elsewhere").exists()

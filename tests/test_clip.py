@@ -550,3 +550,10 @@ def test_a_siglip2_repository_with_its_tokenizer_gives_transformers_ids(tmp_path
     with torch.no_grad():
         torch.testing.assert_close(model.encode_text(ids[:16]),
                                    ref.get_text_features(input_ids=expected[:16]).pooler_output, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", [None, 5])
+def test_create_clip_model_names_a_name_that_is_not_text(name):
+    with pytest.raises(TypeError, match=r"create_clip_model takes a repository name \(a str, .*\), got ") as e:
+        vit.create_clip_model(name)
+    assert "\n" not in str(e.value)

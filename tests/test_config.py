@@ -1,5 +1,7 @@
 """Configs: typed dataclasses, strict YAML loading, dotted overrides, every shipped config loads."""
 
+import re
+
 import pytest
 
 from vit.config import Config, ConfigError, load_config, parse_overrides
@@ -60,3 +62,16 @@ def test_every_shipped_config_loads():
     assert len(files) >= 4
     for f in files:
         load_config(f)
+
+
+@pytest.mark.parametrize("override, hint", [
+    ("--data.naflex={max_num_patches:16}", "write {max_num_patches: 16}"),
+    ("--model.rope={kind:axial}", "write {kind: axial}"),
+])
+def test_a_flow_mapping_without_a_space_after_the_colon_says_so(override, hint):
+    """YAML reads {max_num_patches:16} as the one key 'max_num_patches:16'; the unknown-key sentence said only that."""
+    with pytest.raises(ConfigError, match=r"; valid keys here: .* \(YAML needs a space after the colon: "
+                                          + re.escape(hint) + r"\)\.$"):
+        load_config(None, [override])
+    with pytest.raises(ConfigError, match=r"valid keys here: [a-z_, ]+\.$"):  # a plain misspelling: no hint
+        load_config(None, ["--data.naflex={max_patches: 16}"])

@@ -559,3 +559,92 @@ def test_a_hybrid_checkpoint_is_described_by_its_tokens_and_its_overlay_follows_
                   - over[r * cell + 32:(r + 1) * cell - 32, c * cell + 32:(c + 1) * cell - 32, 2].mean())
             for c in range(2)] for r in range(2)]
     assert np.unravel_index(np.argmax(red), (2, 2)) == np.unravel_index(grid.argmax(), grid.shape)
+
+
+def test_too_many_labels_and_too_long_a_request_are_one_json_sentence(clip_folder, image):
+    """1000 typed labels were all encoded under the lock every page waits on (no cap); a request line over
+    http.server's 64 KiB (10,000 labels) was answered with http.server's HTML page, which the page's fetch() cannot
+    read as JSON. Both are one sentence, and the server keeps serving."""
+    from urllib.parse import quote
+
+    from vit.data.base import DataError
+    from vit.explain.demo import MAX_LABELS, ClipDemo, make_server
+
+    demo = ClipDemo(f"local-dir:{clip_folder[0]}")
+    with pytest.raises(DataError, match=rf"^{MAX_LABELS + 1} labels are more than the page takes \({MAX_LABELS}\); "
+                                        r"give fewer, or score a longer list with evaluate\.py --classes FILE\.$"):
+        demo.classifier(",".join(f"l{i}" for i in range(MAX_LABELS + 1)))
+    assert len(demo.classifier(",".join(f"l{i}" for i in range(MAX_LABELS))).classes) == MAX_LABELS
+    server = make_server(demo, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/predict?labels="
+        status, answer = _post(url + quote(",".join(map(str, range(10_000)))), image.read_bytes())
+        assert status == 414 and answer["error"].startswith("the request is longer than 64 KiB (its labels?)")
+        status, answer = _post(url + quote(",".join(f"l{i}" for i in range(1000))), image.read_bytes())
+        assert status == 400 and answer["error"].startswith("1000 labels are more than the page takes")
+        status, answer = _post(url + quote("a cat, a dog"), image.read_bytes())
+        assert status == 200 and answer["labels"] == ["a cat", "a dog"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_address_it_cannot_listen_on_names_the_option_to_change(clip_folder):
+    """A host this machine cannot resolve said 'pass another --port'."""
+    import socket
+
+    from helpers import import_script
+
+    from vit.config import ConfigError
+
+    script = import_script("demo")
+    with pytest.raises(ConfigError, match=r"^cannot listen on 256\.1\.1\.1:0 \(.*\); pass another --host\.$"):
+        script.main(["--clip", f"local-dir:{clip_folder[0]}", "--host", "256.1.1.1", "--port", "0"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^cannot listen on 127\.0\.0\.1:{port} \(.*\); pass another --port\.$"):
+            script.main(["--clip", f"local-dir:{clip_folder[0]}", "--port", str(port)])
+
+
+def test_a_naflex_checkpoint_with_a_bank_reads_each_image_at_its_own_aspect_ratio(tmp_path):
+    """A data.naflex checkpoint's page squashed every upload to a square, and with a PatchCore bank crashed on its
+    list of maps ('list' object has no attribute 'float'). Its numbers are now the model's on the image's own
+    NaFlex batch, the overlay on its own grid, drawn at least DISPLAY pixels on its longer side."""
+    from helpers import import_script
+
+    from vit.config import load_config
+    from vit.data.datasets import image_transform
+    from vit.data.naflex import collate_naflex
+    from vit.eval.anomaly import find_patchcore
+    from vit.explain.demo import DISPLAY, Demo
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2",
+                             "--model.num_heads=2", "--data.naflex={max_num_patches: 16}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, 2).eval()
+    save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b"])
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (h, w) in enumerate([(8, 300), (300, 8), (40, 40)]):
+        paths.append(tmp_path / "good" / f"{i}.png")
+        paths[-1].parent.mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(paths[-1])
+    assert import_script("anomaly").main(["fit", "--checkpoint", str(tmp_path / "ck"), "--good",
+                                          str(tmp_path / "good")]) == 0
+    demo, transform, bank = Demo(tmp_path / "ck"), image_transform(cfg, train=False), find_patchcore(tmp_path / "ck")
+    assert "NaFlex ViT (each image at its own aspect ratio, up to 16 patches)" in demo.title()
+    for path, grid in zip(paths, [(1, 16), (16, 1), (4, 4)]):
+        answer = demo.predict(path.read_bytes(), path.name)
+        batch = collate_naflex([(transform.load(path), 0)])[0]
+        with torch.no_grad():
+            probs = model(batch).softmax(1)[0]
+        score, _ = bank.score(model, batch)
+        np.testing.assert_allclose(sorted(t["prob"] for t in answer["top"]), sorted(probs.tolist()), rtol=1e-4)
+        assert answer["anomaly"]["score"] == pytest.approx(float(score[0]), rel=1e-5)
+        w, h = answer["size"]
+        assert h * grid[1] == w * grid[0] and DISPLAY <= max(w, h) < 2 * DISPLAY  # the grid's aspect ratio

@@ -190,3 +190,92 @@ def test_script_takes_a_model_name_as_features_py_does(tmp_path, request):
     with pytest.raises(ValueError, match="--img-size goes with --model NAME"):
         script.main(["--checkpoint", str(tmp_path), "--img-size", "32", "--train", str(img / "train"), "--test",
                      str(img / "val"), "--out", str(tmp_path / "o2")])
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--shots", "-1"], r"--shots must be distinct numbers of 0 or more, got -1\."),
+    (["--shots", "1", "1"], r"--shots must be distinct numbers .*got 1 1\."),
+    (["--seeds", "0", "0"], r"--seeds must be distinct numbers .*got 0 0\."),  # std over one sample counted twice
+    (["--seeds", "-1"], r"--seeds must be distinct numbers"),  # numpy's 'expected non-negative integer'
+    (["--lora-rank", "0"], r"--lora-rank must be at least 1, got 0\."),
+    (["--steps", "0"], r"--steps must be at least 1, got 0\."),
+    (["--lr-lora", "inf"], r"--lr-lora must be a finite number above 0, got inf\."),  # 33% (chance), exit 0
+    (["--lr", "nan"], r"--lr must be a finite number above 0, got nan\."),  # torch's 'Invalid learning rate'
+    (["--layer-decay", "nan"], r"--layer-decay must be in \[0, 1\] \(0: none\), got nan\."),
+])
+def test_script_names_the_one_bad_number(extra, match):
+    from helpers import import_script
+
+    from vit.config import ConfigError
+
+    script = import_script("few_shot")
+    args = script.build_parser().parse_args(["--checkpoint", "x", "--train", "a", "--test", "b", *extra])
+    with pytest.raises(ConfigError, match=match):
+        script.check_numbers(args)
+
+
+def test_script_refuses_more_shots_than_a_class_has_and_a_single_class(tmp_path):
+    """--shots 99 over 3 images a class reported a row 'N 99' made of 3 images each."""
+    import shutil
+
+    import timm
+    from helpers import import_script, make_image_folder
+    from safetensors.torch import save_file
+
+    from vit.config import ConfigError
+
+    save_file(timm.create_model("vit_tiny_patch16_224", img_size=32).state_dict(), str(tmp_path / "w.safetensors"))
+    img = make_image_folder(tmp_path / "img", classes=("a", "b"), n_train=3, n_val=1, size=32)
+    (img / "train" / "a" / "000.png").unlink()
+    with pytest.raises(ConfigError, match=r"--shots 3 is more than the 2 image\(s\) of class 'a' in .*; give at "
+                                          r"most 2, or 0 for all\."):
+        import_script("few_shot").main(["--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                                        "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"),
+                                        "--shots", "1", "3", "--methods", "knn", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+    for split in ("train", "val"):  # one class: every method scored 100%, exit 0
+        shutil.rmtree(img / split / "b")
+    with pytest.raises(ConfigError, match=r"has one class \('a'\); a few-shot table needs two or more class folders"):
+        import_script("few_shot").main(["--model", "vit_tiny_patch16_224", "--weights", str(tmp_path / "w.safetensors"),
+                                        "--img-size", "32", "--train", str(img / "train"), "--test", str(img / "val"),
+                                        "--shots", "1", "--methods", "knn", "--out", str(tmp_path / "o")])
+
+
+def test_the_plot_shows_every_image_rows_as_a_level(tmp_path, monkeypatch):
+    """--shots 0 alone drew an empty plot (and matplotlib's 'No artists with labels' warning): it is a dashed level."""
+    import warnings
+
+    from matplotlib.axes import Axes
+
+    from vit.eval import plots
+
+    levels = []
+    real = Axes.axhline
+    monkeypatch.setattr(Axes, "axhline", lambda self, y, **kw: levels.append((y, kw["label"])) or real(self, y, **kw))
+    summary = [dict(method="knn", shots=0, mean=0.75, std=0.0), dict(method="lora", shots=2, mean=0.5, std=0.1),
+               dict(method="lora", shots=0, mean=0.9, std=0.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plots.plot_few_shot(summary[:1], tmp_path / "a.png")
+        plots.plot_few_shot(summary, tmp_path / "b.png")
+    assert levels == [(75.0, "knn, all images"), (75.0, "knn, all images"), (90.0, "lora, all images")]
+
+
+def test_script_refuses_a_naflex_checkpoint_in_one_sentence(tmp_path):
+    """A data.naflex checkpoint was scored on images squashed to one square size (not how it was trained), exit 0."""
+    from helpers import import_script, make_image_folder
+
+    from vit.config import ConfigError, load_config
+    from vit.models.build import build_model
+    from vit.models.checkpoint import save_checkpoint
+
+    cfg = load_config(None, ["--model.img_size=32", "--model.patch_size=8", "--model.embed_dim=32",
+                             "--model.depth=1", "--model.num_heads=2", "--data.naflex={max_num_patches: 16}"])
+    save_checkpoint(tmp_path / "ck", build_model(cfg, 2), cfg, ["a", "b"])
+    img = make_image_folder(tmp_path / "img", classes=("a", "b"), n_train=2, n_val=1, size=32)
+    with pytest.raises(ConfigError, match=r"^few_shot\.py holds the images as one batch of square tensors, and this "
+                                          r"checkpoint reads each image at its own aspect ratio \(data\.naflex\); "):
+        import_script("few_shot").main(["--checkpoint", str(tmp_path / "ck"), "--train", str(img / "train"), "--test",
+                                        str(img / "val"), "--shots", "1", "--seeds", "0", "--methods", "knn", "--out",
+                                        str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()

@@ -289,3 +289,31 @@ def test_an_impossible_preprocessor_value_is_refused_with_its_key(tmp_path, key,
     with pytest.raises(ValueError, match=match) as e:
         vit.create_model(f"local-dir:{tmp_path}")
     assert "preprocessor_config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family, key, value, match", [
+    # every token normalised to LayerNorm's bias: the same output for every image, without a word
+    ("vit", "layer_norm_eps", 1e30, r"'model_args\.norm_eps' \(LayerNorm's epsilon, .*\) must be at most 0\.1"),
+    ("dinov2", "layer_norm_eps", 1.0, r"'model_args\.norm_eps' .* must be at most 0\.1"),
+    # a ValueError from inside the patch embedding that named no file
+    ("vit", "patch_size", 64, r"config\.json: config key 'model_args\.patch_size' \(64\) must divide "
+                              r"'model_args\.img_size' \(32\)"),
+    ("dinov2", "patch_size", 5, r"config key 'model_args\.patch_size' \(5\) must divide 'model_args\.img_size' \(28\)"),
+    # blamed preprocessor_config.json ("invalid literal for int()")
+    ("deit", "id2label", {"x": "cat"}, r"its config\.json's id2label must map class numbers to names"),
+    ("deit", "id2label", ["cat", "dog"], r"its config\.json's id2label must map class numbers to names"),
+])
+def test_a_hostile_transformers_config_value_is_one_sentence_naming_the_folder(tmp_path, family, key, value, match):
+    T = transformers
+    cls, cfg = {"vit": (T.ViTModel, T.ViTConfig(**SMALL, intermediate_size=4 * D, patch_size=8)),
+                "deit": (T.DeiTForImageClassification, T.DeiTConfig(**SMALL, intermediate_size=4 * D, patch_size=8,
+                                                                    id2label=LABELS)),
+                "dinov2": (T.Dinov2Model, T.Dinov2Config(**dict(SMALL, image_size=28), patch_size=7))}[family]
+    torch.manual_seed(0)
+    cls(cfg).save_pretrained(tmp_path)
+    assert vit.create_model(f"local-dir:{tmp_path}", pretrained=True) is not None  # the folder as saved loads
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: value}))
+    with pytest.raises(ValueError, match=match) as e:
+        vit.create_model(f"local-dir:{tmp_path}", pretrained=True)
+    assert str(e.value).startswith(f"local-dir:{tmp_path}") and "\n" not in str(e.value)

@@ -152,3 +152,20 @@ def test_a_lora_checkpoint_exports_a_plain_onnx_and_int8(tmp_path):
     got = OnnxModel(out / "model.onnx")(x.numpy())
     np.testing.assert_allclose(got, unmerged.numpy(), atol=1e-4, rtol=0)
     assert np.abs(got - base).max() > 1e-2  # the adapters changed the logits: the merge is in the file
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--optim.lora_alpha=8"], r"'optim\.lora_alpha' is read only with optim\.lora_rank, which is 0"),
+    (["--optim.lora_rank=4", "--optim.lora_alpha=0"], r"scales the LoRA update by 0, which must be above 0 \(0 "
+                                                      r"trains the head alone\)"),
+    (["--optim.lora_rank=4", "--optim.lora_alpha=-4"], r"scales the LoRA update by -1, which must be above 0"),
+    (["--optim.lora_rank=4", "--optim.lora_alpha=1e30"], r"scales the LoRA update by 2\.5e\+29.*at most 100"),
+    (["--optim.lora_rank=4", "--data.dataset=text_csv", "--data.root=t.csv", "--model.pretrained=hf-hub:a/b"],
+     r"'optim\.lora_rank' adapts the image ViT's projections; a text run .* remove optim\.lora_rank"),
+])
+def test_lora_settings_that_would_train_something_else_are_refused(extra, match):
+    """Each of these loaded and trained: alpha 0 the head alone, alpha 1e30 to NaN, a text run with no adapters,
+    lora_alpha without a rank nothing at all, with no word."""
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, extra)
+    assert load_config(None, ["--optim.lora_rank=4", "--optim.lora_alpha=400"]).optim.lora_alpha == 400

@@ -91,3 +91,32 @@ def test_keyword_values_get_the_sentence_a_config_gets(key, value, match):
     assert "\n" not in str(e.value)
     m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, init_values=1e-5, drop_path_rate=0.1)
     assert len(m.blocks) == 1 and m.blocks[0].ls1.gamma.eq(1e-5).all()
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("init_values", 1e30, r"'model_args\.init_values' \(the LayerScale start.*\) must be between 0 and 10, got 1e\+30"),
+    ("init_values", -1.0, r"'model_args\.init_values' .* must be between 0 and 10, got -1\.0"),
+    ("mlp_ratio", 1e-9, r"'model_args\.mlp_ratio' \(1e-09\) gives an MLP of width int\(192 \* 1e-09\) = 0"),
+    ("attn_pool_mlp_ratio", 1e-3, r"'model_args\.attn_pool_mlp_ratio' \(0\.001\) gives an MLP of width"),
+])
+def test_values_that_build_a_broken_model_are_refused(key, value, match):
+    """init_values 1e30 overflowed float32 within two blocks (NaN logits); mlp_ratio 1e-9 built 0-wide MLPs."""
+    with pytest.raises(ConfigError, match=r"create_model\('vit_tiny_patch16_224'\): config key " + match) as e:
+        vit.create_model("vit_tiny_patch16_224", img_size=32, **{key: value})
+    assert "\n" not in str(e.value)
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, init_values=1.0, mlp_ratio=1 / 192)
+    assert m.blocks[0].mlp.fc1.out_features == 1 and m.blocks[0].ls1.gamma.eq(1.0).all()
+
+
+def test_a_number_given_as_text_builds_with_the_number():
+    """drop_rate='0.1' passed the check (YAML 1.1 reads '3e-4' as text, so text is read as a float) but the text
+    reached the model: a TypeError comparing str with int. The model is built with the number the check read."""
+    m = vit.create_model("vit_tiny_patch16_224", img_size=32, depth=1, drop_rate="0.1", drop_path_rate="0.2")
+    assert m.head_drop.p == 0.1 and m._model_args["drop_rate"] == 0.1 and m._model_args["drop_path_rate"] == 0.2
+
+
+@pytest.mark.parametrize("name", [None, 5, ["vit_tiny_patch16_224"]])
+def test_a_name_that_is_not_text_is_one_sentence(name):
+    with pytest.raises(TypeError, match=r"create_model takes a model name \(a str .*\), got ") as e:
+        vit.create_model(name)
+    assert "\n" not in str(e.value)

@@ -176,6 +176,8 @@ def test_predict_files_reads_each_image_at_its_own_aspect_ratio(tmp_path):
 @pytest.mark.parametrize("naflex, extra, message", [
     ({"max_num_patches": 0}, {}, "config key 'data.naflex.max_num_patches' must be a positive integer"),
     ({"max_num_patches": 64, "tokens_per_batch": 32}, {}, "at least max_num_patches (64)"),
+    # each image was enlarged (up to 100x) to fill 10**8 patches and attended over 300,000 tokens: a hang
+    ({"max_num_patches": 10**8}, {}, "'data.naflex.max_num_patches' must be at most 65536 (a 256 x 256 grid"),
     ({"max_num_patches": 64}, {"aug": {"mixup": 0.2}}, "set both to 0 or remove data.naflex"),
     ({"max_num_patches": 64}, {"data": {"dataset": "wds", "root": "x"}}, "does not give; use one of imagefolder"),
     ({"max_num_patches": 64}, {"data": {"sampler": "balanced"}}, "set data.sampler=shuffle"),
@@ -185,6 +187,14 @@ def test_bad_naflex_config_is_one_sentence(naflex, extra, message):
     with pytest.raises(ConfigError) as e:
         from_dict(raw)
     assert message in str(e.value) and str(e.value).count(". ") == 0
+
+
+def test_the_patch_bound_is_the_largest_grid_a_model_reads():
+    from vit.config.options import NAFLEX_MAX_PATCHES
+    from vit.layers.naflex import MAX_GRID_PATCHES
+
+    assert NAFLEX_MAX_PATCHES == MAX_GRID_PATCHES
+    assert from_dict({"data": {"naflex": {"max_num_patches": MAX_GRID_PATCHES}}}).data.naflex.max_num_patches == 65536
 
 
 def test_data_naflex_builds_a_naflex_model_and_refuses_square_pretrained_weights():

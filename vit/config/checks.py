@@ -72,6 +72,12 @@ UNIT = {"data.val_fraction", "aug.hflip", "aug.random_erasing", "aug.mixup_prob"
 # the model option that create_model takes and ModelConfig does not hold (the data's class count; a weights'
 # config.json has it)
 ARG_POSITIVE, ARG_NON_NEGATIVE, ARG_UNIT = set(), {"num_classes"}, set()
+# LayerScale starts each residual branch at gamma = init_values (1e-6 to 1 in the published models); a gamma far
+# above 1 multiplies every block's output (1e30 overflows float32 within two blocks: NaN logits)
+INIT_VALUES_MAX = 10.0
+# LayerNorm divides by sqrt(var + eps): published models use 1e-12 to 1e-5; an eps far above a token's variance
+# (1e30) normalises every token to its bias, so every image gives the same output
+NORM_EPS_MAX = 0.1
 
 
 def check_sections(cfg: Config) -> None:
@@ -107,9 +113,18 @@ def _validate_model(m: ModelConfig) -> None:
         raise ConfigError(
             f"config key 'model.num_heads' ({m.num_heads}) must divide 'model.embed_dim' ({m.embed_dim})."
         )
+    check_mlp_width(m.embed_dim, {"mlp_ratio": m.mlp_ratio, "attn_pool_mlp_ratio": m.attn_pool_mlp_ratio}, "model")
     if m.in_chans not in (1, 3, None):
         raise ConfigError(f"config key 'model.in_chans' must be 3 (RGB) or 1 (grey): the data pipelines give one of "
                           f"those, got {m.in_chans}.")
+
+
+def check_mlp_width(dim: Any, ratios: dict[str, Any], section: str) -> None:
+    """An MLP's hidden width is int(dim * ratio): a ratio that makes it 0 builds a block whose MLP adds nothing."""
+    for key, ratio in ratios.items():
+        if isinstance(dim, int) and isinstance(ratio, (int, float)) and 0 < ratio and dim * ratio < 1:
+            raise ConfigError(f"config key '{section}.{key}' ({ratio!r}) gives an MLP of width int({dim} * "
+                              f"{ratio!r}) = 0; give a ratio of at least 1/{dim}.")
 
 
 def _validate_run(cfg: Config) -> None:
@@ -130,7 +145,8 @@ def _validate_run(cfg: Config) -> None:
 
 def check_ranges(flat: dict[str, Any], positive: set, non_negative: set, unit: set) -> None:
     """Range checks on {'dotted.key': value}: each number finite (inf or nan passes every comparison, and trains
-    to NaN weights), and in range for the keys in `positive`, `non_negative`, `unit` ([0, 1])."""
+    to NaN weights), and in range for the keys in `positive`, `non_negative`, `unit` ([0, 1]); init_values within
+    [0, INIT_VALUES_MAX], norm_eps at most NORM_EPS_MAX."""
     for key in positive & flat.keys():
         if isinstance(flat[key], (int, float)) and flat[key] <= 0:
             raise ConfigError(f"config key '{key}' must be positive, got {flat[key]!r}.")
@@ -145,6 +161,15 @@ def check_ranges(flat: dict[str, Any], positive: set, non_negative: set, unit: s
             if isinstance(v, float) and not math.isfinite(v):
                 where = f"{key}[{i}]" if isinstance(value, (list, tuple)) else key
                 raise ConfigError(f"config key '{where}' must be a finite number, got {v!r}.")
+    for key in {k for k in flat if k.rsplit(".", 1)[-1] == "norm_eps"}:
+        if isinstance(flat[key], (int, float)) and flat[key] > NORM_EPS_MAX:
+            raise ConfigError(f"config key '{key}' (LayerNorm's epsilon, 1e-12 to 1e-5 in published models) must be "
+                              f"at most {NORM_EPS_MAX:g}: one far above a token's variance makes every image's output "
+                              f"the same, got {flat[key]!r}.")
+    for key in {k for k in flat if k.rsplit(".", 1)[-1] == "init_values"}:
+        if isinstance(flat[key], (int, float)) and not 0 <= flat[key] <= INIT_VALUES_MAX:
+            raise ConfigError(f"config key '{key}' (the LayerScale start, 1e-6 to 1 in published models) must be "
+                              f"between 0 and {INIT_VALUES_MAX:g}, got {flat[key]!r}.")
 
 
 

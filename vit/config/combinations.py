@@ -22,11 +22,30 @@ def validate(cfg: Config) -> None:
                           "model.sparse_attention.method to dsa or the warm-up to 0.")
     if cfg.optim.lora_rank and m.freeze:
         raise ConfigError("config keys 'model.freeze' and 'optim.lora_rank' both choose what trains; set one of them.")
+    _validate_lora(cfg)
     if cfg.data.dataset == "imagefolder" and not cfg.data.root:
         raise ConfigError("config key 'data.root' must name the ImageFolder (with train/ and val/) to use.")
     _validate_data_use(cfg)
     _validate_contrastive(cfg)
     validate_distill(cfg)  # vit/config/distill_checks.py
+
+
+LORA_MAX_SCALE = 100  # alpha / rank: published recipes use 0.5 to 4 (rsLoRA's alpha / sqrt(rank) about 8)
+
+
+def _validate_lora(cfg: Config) -> None:
+    """LoRA adapts the image ViT's projections (vit.train.lora), scaled by lora_alpha / lora_rank."""
+    rank, alpha = cfg.optim.lora_rank, cfg.optim.lora_alpha
+    if alpha is not None and not rank:
+        raise ConfigError("config key 'optim.lora_alpha' is read only with optim.lora_rank, which is 0 (no LoRA); set "
+                          "optim.lora_rank (8, say) or remove optim.lora_alpha.")
+    if rank and cfg.data.dataset == "text_csv":  # the text model is fine-tuned whole: the rank was never read
+        raise ConfigError("config key 'optim.lora_rank' adapts the image ViT's projections; a text run "
+                          "(data.dataset=text_csv) fine-tunes its whole text model: remove optim.lora_rank.")
+    if rank and alpha is not None and not 0 < alpha / rank <= LORA_MAX_SCALE:
+        raise ConfigError(f"config key 'optim.lora_alpha' ({alpha:g}) over optim.lora_rank ({rank}) scales the LoRA "
+                          f"update by {alpha / rank:g}, which must be above 0 (0 trains the head alone) and at most "
+                          f"{LORA_MAX_SCALE} (larger overflows to NaN); published recipes use 0.5 to 4.")
 
 
 def _validate_data_use(cfg: Config) -> None:

@@ -115,6 +115,10 @@ class SparseOptions:
         return options_from(cls, value)
 
 
+# the most patches data.naflex may give an image: vit.layers.naflex.MAX_GRID_PATCHES, the largest grid a model reads
+NAFLEX_MAX_PATCHES = 65536
+
+
 @dataclass(frozen=True)
 class NaFlexOptions:
     """Native aspect ratio (data.naflex, vit/data/naflex.py): every image resized whole to the largest patch grid
@@ -128,6 +132,10 @@ class NaFlexOptions:
         if not _is_int(self.max_num_patches) or self.max_num_patches < 1:
             raise OptionError("NaFlexOptions", "max_num_patches",
                               f"must be a positive integer, got {self.max_num_patches!r}.")
+        if self.max_num_patches > NAFLEX_MAX_PATCHES:  # each image enlarged (up to 100x) to fill it, then attended
+            raise OptionError("NaFlexOptions", "max_num_patches",
+                              f"must be at most {NAFLEX_MAX_PATCHES} (a 256 x 256 grid; published NaFlex models use "
+                              f"256 to 4096), got {self.max_num_patches!r}.")
         t = self.tokens_per_batch
         if t is not None and (not _is_int(t) or t < self.max_num_patches):
             raise OptionError("NaFlexOptions", "tokens_per_batch",

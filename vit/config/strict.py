@@ -27,7 +27,8 @@ def from_dict(data: dict | None, cls: type = Config, prefix: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; valid keys here: {', '.join(sorted(names))}.")
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; valid keys here: {', '.join(sorted(names))}"
+                          f"{colon_hint(str(unknown[0]))}.")
     kwargs = {}
     for name, value in data.items():
         key, tp = f"{prefix}{name}", hints[name]
@@ -44,6 +45,12 @@ def from_dict(data: dict | None, cls: type = Config, prefix: str = "") -> Any:
     return obj
 
 
+def colon_hint(key: str) -> str:
+    """YAML reads {a:1} as the key 'a:1' (a flow mapping needs a space after the colon): say so."""
+    name, colon, rest = key.partition(":")
+    return f" (YAML needs a space after the colon: write {{{name}: {rest}}})" if colon and rest[:1] != " " else ""
+
+
 def options_at(key: str, cls: type, value: Any) -> Any:
     """`options_from(cls, value)` for the config key `key` (e.g. model.rope): its errors named by dotted key."""
     if value is not None and not isinstance(value, (dict, cls)):
@@ -51,7 +58,8 @@ def options_at(key: str, cls: type, value: Any) -> Any:
     try:
         return options_from(cls, value)
     except UnknownOption as e:
-        raise ConfigError(f"unknown config key '{key}.{e.key}'; valid keys here: {', '.join(e.valid)}.") from None
+        raise ConfigError(f"unknown config key '{key}.{e.key}'; valid keys here: {', '.join(e.valid)}"
+                          f"{colon_hint(str(e.key))}.") from None
     except OptionError as e:  # a missing or mistyped field, or the object's own check
         raise ConfigError(f"config key '{key}.{e.key}' {e.problem}") from None
 

@@ -246,9 +246,15 @@ def plot_few_shot(summary: list[dict], path: Path) -> None:
     ax = fig.add_subplot()
     for method in dict.fromkeys(r["method"] for r in summary):
         pts = sorted((r["shots"], r["mean"], r["std"]) for r in summary if r["method"] == method and r["shots"] > 0)
+        colour = None
         if pts:
             n, m, s = zip(*pts)
-            ax.errorbar(n, [100 * v for v in m], yerr=[100 * v for v in s], marker="o", capsize=3, label=method)
+            line = ax.errorbar(n, [100 * v for v in m], yerr=[100 * v for v in s], marker="o", capsize=3,
+                               label=method)
+            colour = line.lines[0].get_color()
+        for r in summary:  # --shots 0 (every image) has no place on the axis: a dashed level across it
+            if r["method"] == method and r["shots"] == 0:
+                ax.axhline(100 * r["mean"], linestyle="--", color=colour, label=f"{method}, all images")
     ax.set_xscale("log")
     ax.set_xlabel("labelled images per class")
     ax.set_ylabel("top-1 (%)")

@@ -16,11 +16,11 @@ gradient rollout of the image tower for the `explain` label (default: the most p
 looked for that class (`attention_maps(..., "grad_rollout", target_class)`, Chefer et al., 2021). The text side
 of each label set is computed once and kept.
 
-A file that is not an image, or one over MAX_UPLOAD bytes, is answered with one sentence (HTTP 400 / 413) that
-the page shows, as is a request whose Content-Length is missing (411) or not a size (400), before any body is
-read; a body that stops arriving times out (408). A client that goes away is not an error, and prints nothing.
-The server keeps serving. One request runs the model at a time (a lock): the model and the
-pipeline are not shared between threads.
+A file that is not an image, or one over MAX_UPLOAD bytes, more than MAX_LABELS labels or a request line over
+http.server's 64 KiB are answered with one sentence (HTTP 400 / 413 / 414) that the page shows, as is a request
+whose Content-Length is missing (411) or not a size (400), before any body is read; a body that stops arriving
+times out (408). A client that goes away is not an error, and prints nothing. The server keeps serving. One
+request runs the model at a time (a lock): the model and the pipeline are not shared between threads.
 """
 
 from __future__ import annotations
@@ -40,16 +40,20 @@ import torch
 from PIL import Image
 
 from ..data.base import DataError
+from ..data.datasets import image_transform
 from ..data.decode import BadImageError
+from ..data.naflex import as_picture, collate_naflex
 from ..data.transforms import build_transform
 from ..eval.anomaly import find_patchcore
 from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
 
-__all__ = ["ClipDemo", "Demo", "make_server", "PAGE", "MAX_UPLOAD", "DISPLAY"]
+__all__ = ["ClipDemo", "Demo", "make_server", "PAGE", "MAX_LABELS", "MAX_UPLOAD", "DISPLAY"]
 
 MAX_UPLOAD = 20 * 1024 * 1024  # bytes of one uploaded image
+# labels one request may type: each is encoded with every prompt template, under the lock every page waits on
+MAX_LABELS = 100
 DISPLAY = 224  # the overlay is drawn at least this wide (a 32-pixel model input would be a speck)
 
 
@@ -61,7 +65,10 @@ class Demo:
     def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
         self.folder = Path(checkpoint).resolve()
         self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
-        self.transform = build_transform(self.cfg.aug, self.cfg.model.img_size, train=False)
+        # data.naflex: each image at its own aspect ratio, patchified (a square tensor was the square path's input,
+        # and its PatchCore maps a list the overlay could not draw)
+        self.transform = image_transform(self.cfg, train=False)
+        self.naflex_patch = self.cfg.model.patch_size if self.cfg.data.naflex is not None else None
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
         self.patchcore = find_patchcore(self.folder)  # None: a plain classifier
@@ -71,11 +78,13 @@ class Demo:
         """Image bytes -> {top: [{label, prob}], overlay: PNG data URL, size: [w, h]}; BadImageError for bytes
         that are not a readable image. prob: the softmax, or for a multi-label model each class's sigmoid."""
         with self.lock:
-            x = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing
-            maps, logits = attention_maps(self.model, x[None], "rollout")  # (1, h, w), (1, K)
+            sample = self.transform.load_bytes(data, name)  # (C, S, S), the evaluation preprocessing; NaFlex: patches
+            batch = sample[None] if self.naflex_patch is None else collate_naflex([(sample, 0)])[0]
+            maps, logits = attention_maps(self.model, batch, "rollout")  # (1, h, w) or [(h, w)], (1, K)
             probs = (logits.float().sigmoid() if self.multi_label else logits.float().softmax(1))[0]
             if self.patchcore is not None:
-                score, heat = self.patchcore.score(self.model, x[None])  # (1,), (1, h, w)
+                score, heat = self.patchcore.score(self.model, batch)  # (1,), (1, h, w) or [(h, w)]
+        x = as_picture(sample, self.naflex_patch)  # (C, H, W) as the model saw it
         p, i = probs.topk(self.top)
         answer = dict(top=[dict(label=self.classes[int(k)], prob=float(v)) for v, k in zip(p, i)],
                       **overlay_answer(x, maps[0], self.cfg.aug.mean, self.cfg.aug.std))
@@ -91,7 +100,9 @@ class Demo:
         config's model.name is only the template its fields override (vit_tiny_patch16_224 with patch_size 8)."""
         m = self.model
         (h, w) = m.patch_embed.img_size
-        arch = (f"ViT, {h}x{w} input, {tokens(m.patch_embed)}, width {m.embed_dim}, depth {len(m.blocks)}, "
+        shape = (f"NaFlex ViT (each image at its own aspect ratio, up to {self.cfg.data.naflex.max_num_patches} "
+                 "patches)" if self.naflex_patch else f"ViT, {h}x{w} input")
+        arch = (f"{shape}, {tokens(m.patch_embed)}, width {m.embed_dim}, depth {len(m.blocks)}, "
                 f"{m.blocks[0].attn.num_heads} heads")
         acc = self.meta.get("val_acc1")
         scored = f", val top-1 {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""
@@ -101,17 +112,17 @@ class Demo:
 def tokens(embed) -> str:
     """What a token covers: '16-pixel patches', or for a hybrid 'a resnetv2 stem, 16-pixel tokens' (its stride
     times the patch size; its `patch_size` alone would say 1)."""
-    sh, sw = embed.token_step
+    sh, sw = getattr(embed, "token_step", embed.patch_size)  # a NaFlex model's PatchGrid: its patch size
     side = f"{sh}-pixel" if sh == sw else f"{sh}x{sw}-pixel"
     stem = getattr(embed, "stem", None)
     return f"a {stem.kind} stem, {side} tokens" if stem is not None else f"{side} patches"
 
 
 def overlay_answer(x, grid_map, mean, std) -> dict:
-    """The input (C, S, S) as the model saw it with the (h, w) map over it, drawn at least DISPLAY pixels wide:
-    {overlay: PNG data URL, size: [w, h]}."""
-    seen = to_display(x, mean, std)  # (S, S, 3) in [0, 1]
-    scale = max(1, math.ceil(DISPLAY / seen.shape[1]))
+    """The input (C, H, W) as the model saw it with the (h, w) map over it, its longer side drawn at least DISPLAY
+    pixels (a NaFlex strip one patch wide is not enlarged by its short side): {overlay: PNG data URL, size: [w, h]}."""
+    seen = to_display(x, mean, std)  # (H, W, 3) in [0, 1]
+    scale = max(1, math.ceil(DISPLAY / max(seen.shape[:2])))
     if scale > 1:  # nearest: the pixels the model saw, only larger; the map is upsampled smoothly over them
         seen = seen.repeat(scale, axis=0).repeat(scale, axis=1)
     over = overlay_image(seen, grid_map.numpy())
@@ -146,6 +157,9 @@ class ClipDemo:
         looked up as a file or folder: the page may be reachable by others than its owner."""
         from ..eval.zero_shot import ZeroShotClassifier, split_class_names
 
+        if labels.count(",") >= MAX_LABELS:  # counted before anything is split or encoded
+            raise DataError(f"{labels.count(',') + 1} labels are more than the page takes ({MAX_LABELS}); give fewer, "
+                            "or score a longer list with evaluate.py --classes FILE.")
         names = tuple(split_class_names(labels))
         if names not in self.classifiers:
             if len(self.classifiers) >= 32:  # a page typing label after label: keep the memory bounded
@@ -227,6 +241,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.BAD_REQUEST, text + "." if ";" in text else
                                f"{text}; choose a PNG, JPEG, WebP or BMP image.")
         self._send(HTTPStatus.OK, json.dumps(answer).encode(), "application/json")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's own refusals (a request line over its 64 KiB: 414; a malformed one: 400) as the page's
+        JSON sentence, not an HTML page the page's fetch() cannot read."""
+        if code == HTTPStatus.REQUEST_URI_TOO_LONG:
+            text = "the request is longer than 64 KiB (its labels?); give fewer or shorter labels."
+        else:
+            text = f"the request was refused ({code} {str(message or HTTPStatus(code).phrase)[:80]}); reload the page."
+        self._error(HTTPStatus(code), text)
 
     def _error(self, status: HTTPStatus, message: str) -> None:
         self.close_connection = True  # a body left unread must not be taken for the next request

@@ -213,6 +213,11 @@ def hf_pretrained_cfg(config: dict, preprocessor: dict | None, args: dict, name:
     std and interpolation as given; the crop ratio (crop / resize; 1.0 and `squash` when it resizes to the size
     without a crop) applied at the model's own image size; the labels of config.json's id2label."""
     model_type = _vision_config(config, name)[0]
+    labels = config.get("id2label")
+    if labels and not (isinstance(labels, dict) and all(str(k).isdigit() and isinstance(v, str)
+                                                          for k, v in labels.items())):
+        raise ValueError(f"{name}: its config.json's id2label must map class numbers to names "
+                         f"({{\"0\": \"cat\", ...}}), got {str(labels)[:80]}; re-save it with transformers.")
     if isinstance(preprocessor, dict):
         _check_preprocessor(preprocessor, name)
     try:

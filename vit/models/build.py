@@ -105,6 +105,9 @@ def create_model(
     `features_only=True` returns timm's feature model instead: forward gives the outputs of the blocks in
     `out_indices` (default: the last 3) as (B, D, h, w) maps (see vit.models.features). `token_reduction` is a spec
     such as "merge:8" or "topk:0.7@3,6,9" (see `VisionTransformer.set_token_reduction`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"create_model takes a model name (a str such as 'vit_small_patch16_224', "
+                        f"'hf-hub:org/repo' or 'local-dir:/folder'), got {type(name).__name__} {name!r:.60}.")
     check_buildable(name)
     if isinstance(pretrained, str):
         check_buildable(pretrained)
@@ -117,8 +120,9 @@ def create_model(
     # the caller's values checked as a config's are (NaN init_values or drop rates, depth -1, num_heads 0 built a
     # model that was silently wrong or failed deep inside torch), with the variant's: embed_dim 10**8 beside its
     # 3 heads could not be counted on the meta device and allocated a 300 GB patch embedding before failing
-    check_model_args({**{k: VARIANTS[name][k] for k in ("embed_dim", "num_heads") if k in VARIANTS[name]}, **given},
-                     option_types(), f"create_model({name!r})")
+    checked = check_model_args({**{k: VARIANTS[name][k] for k in ("embed_dim", "num_heads") if k in VARIANTS[name]},
+                                **given}, option_types(), f"create_model({name!r})")
+    kwargs.update({k: v for k, v in checked.items() if k in given})  # as typed: drop_rate '0.1' is 0.1
     shown = ", ".join(f"{k}={kwargs[k]!r:.40}" for k in _SIZE_KEYS if kwargs.get(k) not in (None, 0, False))
     where = f"; its options come from {source.config}" if source is not None and source.config else ""
     check_size(estimated_params(kwargs), source.name if source else name, shown + where,
@@ -144,7 +148,8 @@ def _weights_options(source, overrides: dict) -> tuple[str, dict, bool]:
     """The architecture, options and whether the head is new for weights `source` (vit.hub.names.resolve_source):
     the weights' config.json model_args, checked, under the caller's `overrides`."""
     implied = nest_sparse_keys(source.model_kwargs())
-    check_model_args(implied, option_types(), f"{source.name}: {source.config or 'its pretrained config'}")
+    where = f"{source.name}: {source.config or 'its pretrained config'}"
+    implied.update(check_model_args(implied, option_types(), where))
     lacking = sorted(set(implied) - OPTIONS)
     if source.format != "timm" and lacking:  # converted weights (vit.hub.hf_vision, vit.hub.open_clip_weights)
         raise ValueError(f"{source.name} ({source.format} format) needs {', '.join(lacking)}, which this "

@@ -154,6 +154,9 @@ def create_clip_model(name: str, cache_dir: str | Path | None = None) -> CLIP:
     """The CLIP or SigLIP model `name` names (`hf-hub:org/repo[@revision]` or `local-dir:/folder`, in open_clip's
     or transformers' layout) with its weights, in eval mode; `model.tokenizer` is its tokenizer (None when the
     repository has no tokenizer.json). Pickled .bin weights load with weights_only=True."""
+    if not isinstance(name, str):
+        raise TypeError(f"create_clip_model takes a repository name (a str, 'hf-hub:org/repo' or "
+                        f"'local-dir:/folder'), got {type(name).__name__} {name!r:.60}.")
     try:
         path, is_open_clip = repo_file(name, ("open_clip_config.json",), cache_dir), True
     except FileNotFoundError:

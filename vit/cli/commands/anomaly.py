@@ -21,6 +21,10 @@ import argparse
 import sys
 from pathlib import Path
 
+# the options one mode reads and the other does not (their help says 'fit:' or 'score:')
+FIT_ONLY = ("good", "val", "ratio", "max_bank", "layers", "neighbourhood", "false_alarm_rate", "seed")
+SCORE_ONLY = ("images", "out", "maps")
+
 
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.args import add_model_source
@@ -80,6 +84,7 @@ def main(argv=None) -> int:
     bank_dir = Path(args.bank) if args.bank else Path(args.checkpoint) / "anomaly" if args.checkpoint else None
     if bank_dir is None:
         raise ConfigError("with --model, pass --bank FOLDER: where the bank is written and read.")
+    _check_mode_options(args)
     if args.mode == "fit" and not args.good:
         raise ConfigError("anomaly.py fit needs --good: images of good parts only.")
     if args.mode == "score" and not args.images:
@@ -97,6 +102,19 @@ def main(argv=None) -> int:
     if args.mode == "fit":
         return _fit(args, model, files, bank_dir)
     return _score(args, model, cfg, files, bank_dir)
+
+
+def _check_mode_options(args) -> None:
+    """An option only the other mode reads is refused: it would be ignored (fit --out wrote nothing)."""
+    from vit.config import ConfigError
+
+    parser = build_parser()
+    other = SCORE_ONLY if args.mode == "fit" else FIT_ONLY
+    given = [k for k in other if getattr(args, k) not in (parser.get_default(k), [])]
+    if given:
+        shown = "images to score" if given[0] == "images" else "--" + given[0].replace("_", "-")
+        raise ConfigError(f"anomaly.py {args.mode} does not read {shown} (anomaly.py "
+                          f"{'score' if args.mode == 'fit' else 'fit'} does); remove it.")
 
 
 def _fit(args, model, files, bank_dir) -> int:

@@ -14,6 +14,7 @@ no extra package). It listens on 127.0.0.1 only, unless --host says otherwise; C
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 
@@ -43,8 +44,9 @@ def main(argv=None) -> int:
     demo = ClipDemo(args.clip, args.labels) if args.clip else Demo(args.checkpoint)
     try:
         server = make_server(demo, args.host, args.port)
-    except OSError as e:
-        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pass another --port.") from None
+    except OSError as e:  # a port in use or not ours to take; an address this machine does not have or resolve
+        which = "--port" if e.errno in (errno.EADDRINUSE, errno.EACCES) else "--host"
+        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({e.strerror}); pass another {which}.") from None
     host, port = server.server_address[:2]
     print(f"serving {demo.title()} on http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     try:

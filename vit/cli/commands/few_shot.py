@@ -75,6 +75,39 @@ def load_folder(folder: str, transform, in_chans: int, classes: list[str] | None
     return torch.stack([it[0] for it in items]), labels, classes
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """The counts and rates: one sentence naming the first that is wrong (NaN fails every comparison here)."""
+    from vit.config import ConfigError
+
+    for name, values in (("--shots", args.shots), ("--seeds", args.seeds)):
+        if min(values) < 0 or len(set(values)) < len(values):
+            raise ConfigError(f"{name} must be distinct numbers of 0 or more, got {' '.join(map(str, values))}.")
+    for name, value in (("--steps", args.steps), ("--lora-rank", args.lora_rank)):
+        if value < 1:
+            raise ConfigError(f"{name} must be at least 1, got {value}.")
+    for name, value in (("--lr", args.lr), ("--lr-lora", args.lr_lora)):
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{name} must be a finite number above 0, got {value}.")
+    if not 0 <= args.layer_decay <= 1:
+        raise ConfigError(f"--layer-decay must be in [0, 1] (0: none), got {args.layer_decay}.")
+
+
+def check_classes(args: argparse.Namespace, classes: list[str], train_y) -> None:
+    """Two classes at least (one scores 100% with every method), and no more shots than the smallest class has
+    (the table would say N shots where a class gave fewer)."""
+    import numpy as np
+
+    from vit.config import ConfigError
+
+    if len(classes) < 2:
+        raise ConfigError(f"{args.train} has one class ({classes[0]!r}); a few-shot table needs two or more class "
+                          "folders, in --train and --test alike.")
+    counts = np.bincount(train_y, minlength=len(classes))
+    if max(args.shots) > counts.min():
+        raise ConfigError(f"--shots {max(args.shots)} is more than the {counts.min()} image(s) of class "
+                          f"{classes[counts.argmin()]!r} in {args.train}; give at most {counts.min()}, or 0 for all.")
+
+
 def main(argv=None) -> int:
     import dataclasses
     from pathlib import Path
@@ -89,14 +122,18 @@ def main(argv=None) -> int:
 
     args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "few_shot.py", ("aug.",),
                                     ("img_size",))
-    if min(args.shots) < 0 or args.steps < 1 or args.lora_rank < 1 or not 0 <= args.layer_decay <= 1:
-        raise ConfigError("--shots must be 0 or more, --steps and --lora-rank at least 1, --layer-decay in [0, 1].")
+    check_numbers(args)
     out = Path(args.out)
     check_writable(out)
     model, cfg, _ = load_model(args, overrides)
+    if cfg.data.naflex is not None:  # its images would be squashed to one square size, unlike in its training
+        raise ConfigError("few_shot.py holds the images as one batch of square tensors, and this checkpoint reads each "
+                          "image at its own aspect ratio (data.naflex); take its k-NN and linear rows from features.py "
+                          "(which honours it) and probe.py.")
     transform = build_transform(cfg.aug, cfg.model.img_size, train=False)
     train_x, train_y, classes = load_folder(args.train, transform, cfg.model.in_chans)
     test_x, test_y, _ = load_folder(args.test, transform, cfg.model.in_chans, classes)
+    check_classes(args, classes, train_y)
     optim = dataclasses.replace(FINETUNE, lr=args.lr, layer_decay=args.layer_decay or None)
     rows = few_shot_rows(model, train_x, train_y, test_x, test_y, tuple(args.shots), tuple(args.seeds),
                          tuple(args.methods), optim, cfg.aug, args.steps, args.lora_rank, args.lr_lora,
