@@ -165,6 +165,20 @@ def test_predict_draws_rollout_and_anomaly_maps_on_each_images_own_grid(naflex_c
         assert float(r["anomaly_score"]) == pytest.approx(float(score[0]), rel=1e-5, abs=1e-6)
 
 
+def test_visualize_attention_refuses_a_naflex_checkpoint_in_one_sentence(naflex_checkpoint, tmp_path):
+    """It squashed a 1x5000 strip to the square size (a 4x4 map where predict.py --cam draws the strip's 1x16)."""
+    from vit.config import ConfigError
+
+    tmp, _, _ = naflex_checkpoint
+    images = sorted(p for p in tmp.rglob("*.png"))[:1]
+    with pytest.raises(ConfigError, match=r"^visualize_attention\.py draws maps on square images, and this "
+                                          r"checkpoint reads each image at its own aspect ratio \(data\.naflex\); "
+                                          r"draw its per-image rollout with predict\.py --checkpoint \.\.\. --cam"):
+        import_script("visualize_attention").main(["--checkpoint", str(tmp / "ck"), str(images[0]),
+                                                   "--out", str(tmp_path / "maps")])
+    assert not (tmp_path / "maps").exists()
+
+
 def test_export_refuses_a_naflex_checkpoint_in_one_sentence(naflex_checkpoint, tmp_path):
     from vit.config import ConfigError
 

@@ -134,6 +134,12 @@ def draw_attention(model, cfg, classes: list[str], items: list[tuple], out: Path
     batches through `cfg`'s evaluation preprocessing; the map explains `target_class` (a name or index) or the
     prediction. `show_tokens` adds <name>_tokens.png / .npy (a model with token reduction). `about`: what the
     sidecars name as checkpoint, model and token_reduction."""
+    if cfg.data.naflex is not None:  # the square preprocessing below would squash each image to one square size
+        from ..config import ConfigError
+
+        raise ConfigError("visualize_attention.py draws maps on square images, and this checkpoint reads each image "
+                          "at its own aspect ratio (data.naflex); draw its per-image rollout with predict.py "
+                          "--checkpoint ... --cam (docs/naflex.md).")
     about = {"checkpoint": None, "model": None, "token_reduction": cfg.model.token_reduction, **(about or {})}
     target = resolve_target(target_class, classes)
     settings = settings_text(opts, len(model.blocks))
