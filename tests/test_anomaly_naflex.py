@@ -135,7 +135,7 @@ def test_predict_draws_rollout_and_anomaly_maps_on_each_images_own_grid(naflex_c
     image at its own aspect ratio, and the maps are those of the image alone (attention_maps, PatchCore.score)."""
     import shutil
 
-    import vit.eval.plots as plots
+    import vit.explain.overlays as overlays
     from vit.eval.anomaly import fit_patchcore, save_patchcore
     from vit.eval.inference import ImageFiles
     from vit.explain.rollout import attention_maps
@@ -147,7 +147,7 @@ def test_predict_draws_rollout_and_anomaly_maps_on_each_images_own_grid(naflex_c
     pc.threshold = 1.0
     save_patchcore(ck / "anomaly", pc)
     drawn = {}
-    monkeypatch.setattr(plots, "plot_attention_map", lambda path, image, grid_map, title: drawn.__setitem__(
+    monkeypatch.setattr(overlays, "plot_attention_map", lambda path, image, grid_map, title: drawn.__setitem__(
         Path(path).name, (image.shape, np.asarray(grid_map))))
     assert import_script("predict").main(["--checkpoint", str(ck), str(tmp / "parts"), "--out", str(tmp_path / "p"),
                                           "--cam", "--batch-size", "3"]) == 0
