@@ -180,7 +180,8 @@ def test_open_clip_layout_loads_in_open_clip_and_create_clip_model(tmp_path, los
     from vit.models.checkpoint import CheckpointError, load_checkpoint
 
     with pytest.raises(CheckpointError, match=r"is a CLIP model \(a contrastive run's\); score it zero-shot with "
-                                              r"--clip local-dir:"):
+                                              r"--clip local-dir:.* --classes \.\.\. \(demo\.py: --labels "
+                                              r"\.\.\.\), or load it with vit\.create_clip_model\.$"):
         load_checkpoint(tmp_path / "m")
 
 

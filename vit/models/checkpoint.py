@@ -124,7 +124,8 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         raise CheckpointError(f"checkpoint {folder} does not exist; pass a run's best/ or last/ folder.")
     if (folder / "open_clip_config.json").is_file() and not (folder / "model.safetensors").is_file():
         raise CheckpointError(f"checkpoint {folder} is a CLIP model (a contrastive run's); score it zero-shot with "
-                              f"--clip local-dir:{folder} --classes ..., or load it with vit.create_clip_model.")
+                              f"--clip local-dir:{folder} --classes ... (demo.py: --labels ...), or load it with "
+                              "vit.create_clip_model.")
     missing = [n for n in ("model.safetensors", "config.yaml", "classes.json") if not (folder / n).is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {folder} is incomplete (no {', '.join(missing)}); "
