@@ -93,6 +93,17 @@ def collect_images(specs: list[str]) -> tuple[list[Path], list[tuple[str, str]]]
     return paths, skipped
 
 
+def images_given(specs: list[str], error: type[Exception] = ValueError) -> tuple[list[Path], list[tuple[str, str]]]:
+    """collect_images(specs), with one sentence (`error`) when no image was named or none was found."""
+    if not specs:
+        raise error("no images given; pass image files, folders, globs or a .txt list of paths.")
+    paths, skipped = collect_images(specs)
+    if not paths:
+        raise error(f"no image files found in {' '.join(specs)}; pass image files, folders, globs or a .txt list of "
+                    "paths.")
+    return paths, skipped
+
+
 def crop_note(crop_pct: float, what: str, fix: str = "pass --aug.eval_crop_pct=1.0") -> str | None:
     """One line for stderr when the evaluation preprocessing centre-crops (`crop_pct` < 1, e.g. a hub ViT's 0.9):
     `what` then never sees the image's border, where an inspection image's defect may lie. None when it does not."""

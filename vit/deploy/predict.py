@@ -15,6 +15,7 @@ from pathlib import Path
 from ..data.datasets import image_transform
 from ..eval.anomaly import PatchCore
 from ..eval.inference import ImageFiles, decode_error, label_names, predict_files
+from ..eval.metrics import end_processes
 from ..eval.multilabel import decision_threshold
 from .predictions import Predictions, add_anomaly, check_threshold, rows_for
 
@@ -49,12 +50,8 @@ def predict_images(model, cfg, classes: list[str] | None, paths: list[Path], top
     t0 = time.perf_counter()
     out = predict_files(model, dataset, batch, num_workers, accelerator)  # input order, one entry per file
     seconds = time.perf_counter() - t0
-    num_processes, is_main = accelerator.num_processes, accelerator.is_main_process
-    # the last collective: close the process group on every rank before one leaves, so that a rank leaving early
-    # does not tear gloo's threads down under the others
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if not is_main:
+    num_processes = accelerator.num_processes
+    if not end_processes(accelerator):
         return None
     ok, index = out["ok"].tolist(), out["index"].tolist()
     good = [i for i, flag in zip(index, ok) if flag]

@@ -18,7 +18,14 @@ from pathlib import Path
 from ..config import to_dict
 from ..data import DataError, build_eval_split
 from ..utils.atomic import atomic_write_csv, atomic_write_text
-from .metrics import expected_calibration_error, per_class_metrics, predict, summarize_logits, worst_mistakes
+from .metrics import (
+    end_processes,
+    expected_calibration_error,
+    per_class_metrics,
+    predict,
+    summarize_logits,
+    worst_mistakes,
+)
 from .multilabel import labels_above, saved_threshold, summarize_multilabel
 
 __all__ = ["Evaluation", "eval_data", "evaluate_model", "evaluate_checkpoint", "MISTAKES"]
@@ -104,12 +111,8 @@ def evaluate_model(model, cfg, val_ds, classes: list[str], scored: str = "", *, 
     t0 = time.perf_counter()
     out = predict(model, loader, accelerator)  # one row per sample, in dataset order
     seconds = time.perf_counter() - t0
-    num_processes, is_main = accelerator.num_processes, accelerator.is_main_process
-    # that was the last collective: close the process group on every rank now, so that a rank leaving early
-    # does not tear gloo's threads down under the others (std::terminate, SIGABRT, the run killed)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if not is_main:
+    num_processes = accelerator.num_processes
+    if not end_processes(accelerator):
         return None
     record = dict(images_per_s=len(out["labels"]) / max(seconds, 1e-9), classes=classes,
                   checkpoint=str(checkpoint or weights) if checkpoint or weights else None,

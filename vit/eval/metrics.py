@@ -13,8 +13,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["predict", "topk_correct", "summarize_logits", "expected_calibration_error", "per_class_metrics",
-           "class_balanced_scores", "worst_mistakes"]
+__all__ = ["predict", "end_processes", "topk_correct", "summarize_logits", "expected_calibration_error",
+           "per_class_metrics", "class_balanced_scores", "worst_mistakes"]
+
+
+def end_processes(accelerator) -> bool:
+    """After the last collective: close the process group on every rank, so that a rank leaving early does not tear
+    gloo's threads down under the others (std::terminate, SIGABRT, the run killed). True on the main process."""
+    is_main = accelerator.is_main_process
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return is_main
 
 
 @torch.no_grad()

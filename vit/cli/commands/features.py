@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     from vit.cli.args import load_model, parse_command
-    from vit.cli.images import collect_images
+    from vit.cli.images import images_given
     from vit.cli.outputs import check_writable
     from vit.cli.runtime import make_accelerator, resolve_workers
     from vit.config import ConfigError
@@ -57,12 +57,7 @@ def main(argv=None) -> int:
     if out.suffix != ".npz" or out.is_dir():
         raise ConfigError(f"--out {out} must name a .npz file to write, e.g. --out features.npz.")
     check_writable(out.parent or Path("."), "the folder of --out")
-    if not args.images:
-        raise DataError("no images given; pass image files, folders, globs or a .txt list of paths.")
-    paths, skipped = collect_images(args.images)
-    if not paths:
-        raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
-                        "or a .txt list of paths.")
+    paths, skipped = images_given(args.images, DataError)
     model, cfg, _ = load_model(args, overrides)
     transform = image_transform(cfg, train=False)  # data.naflex: each image whole, at its own aspect ratio
     dataset = ImageFiles(paths, transform, cfg.model.in_chans)

@@ -143,7 +143,7 @@ def _predict_text(args) -> int:
 
 def _predict(args, overrides) -> int:
     from vit.cli.args import load_model
-    from vit.cli.images import collect_images, crop_note
+    from vit.cli.images import crop_note, images_given
     from vit.cli.predict_outputs import summary, write_outputs
     from vit.cli.runtime import make_accelerator, resolve_workers
     from vit.data import DataError
@@ -155,12 +155,7 @@ def _predict(args, overrides) -> int:
 
     if args.checkpoint and is_text_checkpoint(args.checkpoint):
         return _predict_text(args)
-    if not args.images:
-        raise DataError("no images given; pass image files, folders, globs or a .txt list of paths.")
-    paths, skipped = collect_images(args.images)
-    if not paths:
-        raise DataError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
-                        "or a .txt list of paths.")
+    paths, skipped = images_given(args.images, DataError)
     model, cfg, classes = load_model(args, overrides)
     threshold = multilabel_threshold(cfg, args.threshold, args.checkpoint)
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, "predict.py")
