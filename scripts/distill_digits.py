@@ -202,7 +202,7 @@ def report(teacher: dict, rows: list[dict], fast: dict, kind: str) -> None:
     print(f"training CPU time: {cpu / 60:.1f} min (teacher {teacher['cpu_s'] / 60:.1f})")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the data, the runs and results.json")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -213,6 +213,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--distill", nargs="*", default=["temperature=2"], metavar="KEY=VALUE",
                     help="more distill.* settings of the distilled student (default: temperature=2; e.g. "
                          "temperature=4 task_weight=0.5)")
+    return ap
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, each bad one a sentence (argparse's exit 2) before anything is written."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     if not 1 <= args.per_class <= FEWEST:
         ap.error(f"--per-class {args.per_class} must lie in 1..{FEWEST}, the training images of the rarest digit")
