@@ -170,7 +170,8 @@ def test_train_py_distils_saves_a_plain_student_and_refuses_another_teacher_on_r
 
 
 @pytest.mark.parametrize("kind", [["--distill.temperature=2"], ["--distill.kind=feature"],
-                                  ["--distill.kind=token", "--model.dist_token=true"]], ids=["logit", "feature", "token"])
+                                  ["--distill.kind=token", "--model.dist_token=true"]],
+                         ids=["logit", "feature", "token"])
 def test_bf16_autocast_on_a_cpu_keeps_the_losses_and_gradients_of_float32(tmp_path, kind):
     """run.mixed_precision=bf16 on a CPU: Accelerate's autocast is torch.autocast('cpu', bfloat16) around the task's
     step (teacher and student). The loss and its parts stay float32 tensors within 2% of the float32 step's (the
