@@ -1,6 +1,6 @@
 """Knowledge distillation on CPU with data made here: the experiment of docs/training.md (issue 48).
 
-    python scripts/distill_digits.py --out /tmp/kd     # ~20 CPU-minutes at one thread (~30-40 min on 2 busy cores)
+    python scripts/distill_digits.py --out /tmp/kd     # ~18 CPU-minutes at one thread (48 min on 2 busy cores)
 
 1. Data: scikit-learn's 1,797 8x8 digits (nothing downloaded) as PNG folders, the stratified 80/20 split of
    configs/default.yaml (seed 0): 1,437 training images, 360 held out. The 360 are every row's test set; no
@@ -19,7 +19,9 @@
    images: the median of the paired repeats' ratios (vit.utils.timing).
 Prints the table and writes results.json into --out; finished runs in --out are reused by a second call.
 
-Measured (this 2-core machine, shared): see docs/training.md's distillation section for the table.
+Measured (seeds 0-2; docs/training.md's distillation section has the table): teacher 98.33%; student alone
+93.61% (92.50-94.72), distilled 95.46% (94.17-96.39), below the student alone on seed 0; student INT8 4.3x the
+teacher's ONNX Runtime fp32 images/s at batch 1 (17.9x its PyTorch eager), 9.1x at batch 32.
 """
 
 from __future__ import annotations
