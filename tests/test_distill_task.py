@@ -167,3 +167,35 @@ def test_train_py_distils_saves_a_plain_student_and_refuses_another_teacher_on_r
     assert again.returncode != 0
     (line,) = [ln for ln in again.stderr.splitlines() if "cannot resume" in ln]
     assert "the teacher" in line and "has other weights" in line, again.stderr[-2000:]
+
+
+@pytest.mark.parametrize("kind", [["--distill.temperature=2"], ["--distill.kind=feature"],
+                                  ["--distill.kind=token", "--model.dist_token=true"]],
+                         ids=["logit", "feature", "token"])
+def test_bf16_autocast_on_a_cpu_keeps_the_losses_and_gradients_of_float32(tmp_path, kind):
+    """run.mixed_precision=bf16 on a CPU: Accelerate's autocast is torch.autocast('cpu', bfloat16) around the task's
+    step (teacher and student). The loss and its parts stay float32 tensors within 2% of the float32 step's (the
+    oracle, itself held to timm's in test_distill.py), and the student's and projection's gradients stay float32,
+    finite, and point where float32's do (cosine > 0.99)."""
+    task, student = _task(tmp_path, *kind)
+    extras = task.extra_modules()
+    x, y = _batch()
+    results = []
+    for autocast in (contextlib.nullcontext, lambda: torch.autocast("cpu", dtype=torch.bfloat16)):
+        run = _run(student, extras)
+        run.accelerator.autocast = autocast
+        parts = task.parts(run, x, y)
+        parts["loss"].backward()
+        params = [p for m in (student, *extras.values()) for p in m.parameters()]
+        results.append((parts, torch.cat([p.grad.flatten() for p in params])))
+        for p in params:
+            p.grad = None
+    (full, g_full), (half, g_half) = results
+    assert half["output"].dtype == torch.bfloat16  # autocast did run the student in bf16
+    for key in ("loss", "task_loss", "kd_loss"):
+        assert half[key].dtype == torch.float32, key
+        torch.testing.assert_close(half[key], full[key], rtol=2e-2, atol=0, msg=key)
+    assert g_half.dtype == torch.float32 and torch.isfinite(g_half).all()
+    cos = F.cosine_similarity(g_half, g_full, dim=0)
+    assert cos > 0.99
+    assert task.teacher.model.patch_embed.proj.weight.dtype == torch.float32  # the teacher's weights untouched
