@@ -3,14 +3,15 @@ fused through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); t
 `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
 `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
 positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT);
-`sparse_attention` with its `sparse_gates` and `sparse_kernels`; and `combinations`, the one table of features
-that do not go together."""
+`sparse_attention` with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention); and
+`combinations`, the one table of features that do not go together."""
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
 from .combinations import CONFLICTS, check_combination
+from .diff_attention import DiffAttention, diff_lambda, diff_lambda_init, differential_attend, lambda_parameters
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
@@ -32,7 +33,7 @@ from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sinc
 from .prefix_tokens import PrefixTokens
 from .rel_pos import RelPos, rel_pos_layers
 from .rope import MixedRotaryEmbedding, Rope, RotaryEmbedding, apply_rope, rope_table, rotary_embedding
-from .sdpa import attend, expand_mask
+from .sdpa import attend, expand_mask, merge_heads, sdpa_mask, split_heads
 from .sparse_attention import (
     SparseAttention,
     indexer_loss,
@@ -49,6 +50,7 @@ __all__ = [
     "BlockParts",
     "CachedSelfAttention",
     "CrossAttention",
+    "DiffAttention",
     "DropPath",
     "GELUTanh",
     "GluMlp",
@@ -78,11 +80,16 @@ __all__ = [
     "attend",
     "build_token_reduction",
     "check_batch",
+    "diff_lambda",
+    "diff_lambda_init",
+    "differential_attend",
     "expand_mask",
     "get_mlp_layer",
     "get_norm_layer",
     "indexer_loss",
     "key_padding_mask",
+    "lambda_parameters",
+    "merge_heads",
     "naflex_grids",
     "naflex_rope_table",
     "parse_token_reduction",
@@ -93,9 +100,11 @@ __all__ = [
     "resample_abs_pos_embed",
     "rope_table",
     "rotary_embedding",
+    "sdpa_mask",
     "set_indexer_stage",
     "sincos_1d",
     "sincos_2d",
+    "split_heads",
     "to_2tuple",
     "topk_warmup",
 ]

@@ -28,7 +28,7 @@ _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses
 OPTIONS = set(_PARAMS) | set(_FIELDS)  # what a variant may override
 # keywords that take Python objects (a layer class; an options object whole, or one per block), which a config
 # reaches through the objects' fields instead
-PYTHON_ONLY = {"attn_layer", *OBJECTS}
+PYTHON_ONLY = {"attn_layer", "block_layer", *OBJECTS}
 
 
 def model_class(options: dict[str, Any]) -> type[VisionTransformer]:
@@ -61,9 +61,25 @@ def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{key}= is given whole and {', '.join(sorted(fields))} set its fields too; put them "
                                  f"into the {cls.__name__}.")
             flat[key] = options[key]
+        elif any(isinstance(fields.get(f), (list, tuple)) for f in PER_BLOCK_FIELDS.get(key, ())):
+            flat[key] = _per_block_objects(cls, fields, PER_BLOCK_FIELDS[key])
         else:
             flat[key] = cls(**fields)
     return flat
+
+
+# fields create_model takes one per block (a tuple, as timm's Eva takes num_kv_heads), making one object per block
+PER_BLOCK_FIELDS = {"attention": ("num_kv_heads",)}
+
+
+def _per_block_objects(cls: type, fields: dict[str, Any], per_block: tuple[str, ...]) -> list:
+    """One `cls` per block from fields of which some are sequences with one value per block (the Encoder names a
+    count that does not match the depth)."""
+    given = {f: fields[f] for f in per_block if isinstance(fields.get(f), (list, tuple))}
+    lengths = {len(v) for v in given.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"{', '.join(given)} give {sorted(lengths)} values; give one value, or one per block.")
+    return [cls(**{**fields, **{f: v[i] for f, v in given.items()}}) for i in range(lengths.pop())]
 
 
 def option_types() -> dict[str, Any]:
@@ -72,6 +88,7 @@ def option_types() -> dict[str, Any]:
     for key, cls in OBJECTS.items():
         hints.pop(key, None)
         hints.update(typing.get_type_hints(cls))
+    hints["num_kv_heads"] = int | tuple[int, ...] | None  # one per block too (PER_BLOCK_FIELDS)
     return hints
 
 
@@ -80,4 +97,6 @@ def architecture_defaults(name: str) -> dict[str, Any]:
     unknown name gets the defaults. What a checkpoint's config.json leaves out."""
     defaults = {k: p.default for k, p in _PARAMS.items() if k not in OBJECTS}
     defaults.update({name: f.default for name, (_, f) in _FIELDS.items()})
-    return {**defaults, **VARIANTS.get(name, {})}
+    own = {k: dataclasses.asdict(options_from(MAPPINGS[k], v, k)) if k in MAPPINGS and isinstance(v, dict) else v
+           for k, v in VARIANTS.get(name, {}).items()}  # every field of a mapping, as a built model records it
+    return {**defaults, **own}
