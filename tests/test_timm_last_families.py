@@ -1,8 +1,9 @@
 """The last families of timm's ViT tags, each on a tiny random instance against timm's twin holding the same weights:
 so400m at 384 px with patch 14 (the grid drops the last pixels), differential attention
 (vit/layers/diff_attention.py), the parallel blocks (plain and differential, vit/models/parallel_block.py) and
-Sapiens2's grouped-query attention. Logits and intermediates at a non-square size, fused against explicit paths, timm
-loading our checkpoint (local-dir:), and the refusals of what does not combine."""
+Sapiens2's grouped-query attention, SAM's image encoder (windows padded to whole ones, decomposed relative positions,
+the neck: vit/models/sam_vit.py, vit/layers/windowed_attention.py). Logits and intermediates at a non-square size,
+fused against explicit paths, timm loading our checkpoint (local-dir:), and the refusals of what does not combine."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ FAMILIES = {
     "diff_parallel": ("vit_dpwee_patch16_reg1_gap_256", dict(TINY, img_size=(48, 64)), (48, 64)),
     "gqa": ("vit_large_patch16_sapiens2", dict(TINY, embed_dim=64, num_heads=4, num_kv_heads=(4, 2, 1),
                                                img_size=(48, 64)), (48, 64)),
+    # a 5 x 7 grid in 3 x 3 windows: padded to 6 x 9, one global block
+    "sam": ("samvit_base_patch16", dict(TINY, img_size=(80, 112), window_size=3, global_attn_indexes=(1,)),
+            (80, 112)),
 }
 
 
@@ -44,7 +48,8 @@ def _images(family: str, n: int = 2) -> torch.Tensor:
     return torch.randn(n, 3, *FAMILIES[family][2], generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.slow) if f == "so400m_384" else f
+                                        for f in FAMILIES])
 def pair(request):
     return request.param, *_pair(request.param)
 
@@ -74,9 +79,26 @@ def test_fused_and_explicit_paths_agree(pair):
             torch.testing.assert_close(ours.forward_features(x), fused, atol=1e-6, rtol=0)
         finally:
             ours.set_fused_attn(True)
-    n = fused.shape[1]
+    n = ours.num_prefix_tokens + ours.patch_embed.num_patches
     assert len(maps) == 3 and maps[0].shape == (2, ours.blocks[0].attn.num_heads, n, n)
     torch.testing.assert_close(logits, ours(x), atol=1e-6, rtol=0)
+
+
+def test_windowed_maps_hold_each_tokens_window_and_the_padding_it_attended():
+    """SAM's windowed blocks hand rollout a (B, H, N, N) map: a token's row is its 3 x 3 window (zero elsewhere),
+    summing to 1 where the window is whole and to less where it reached into the padding; global blocks sum to 1."""
+    ours, _ = _pair("sam")
+    with torch.no_grad():
+        _, maps = ours.forward_with_attention(_images("sam"))
+    windowed, glob = maps[0], maps[1]
+    rows = windowed.sum(-1)  # (B, H, 35) over the 5 x 7 grid
+    inside = torch.tensor([y < 3 and x < 6 for y in range(5) for x in range(7)])  # windows with no padding
+    torch.testing.assert_close(rows[..., inside], torch.ones_like(rows[..., inside]))
+    assert (rows[..., ~inside] < 1 - 1e-3).all()
+    same = torch.tensor([[(a // 7) // 3 == (b // 7) // 3 and (a % 7) // 3 == (b % 7) // 3 for b in range(35)]
+                         for a in range(35)])
+    assert (windowed[..., ~same] == 0).all() and (windowed[..., same] > 0).all()
+    torch.testing.assert_close(glob.sum(-1), torch.ones_like(glob.sum(-1)))
 
 
 def test_grouped_query_attention_repeats_each_kv_head_for_its_group():
@@ -97,8 +119,8 @@ def test_grouped_query_attention_repeats_each_kv_head_for_its_group():
     torch.testing.assert_close(attn(x, keep, num_queries=2)[0], want[:, :2])
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in ("diff_parallel", "gqa") else pytest.mark.slow)
-                                    for f in FAMILIES])
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in ("diff_parallel", "gqa", "sam") else
+                                                 pytest.mark.slow) for f in FAMILIES])
 def test_timm_loads_our_checkpoint(family, tmp_path):
     arch, kw, _ = FAMILIES[family]
     cfg = load_config(None, [f"--model.name={arch}"])
@@ -123,6 +145,13 @@ def test_what_does_not_combine_is_refused_in_one_sentence():
         parallel.set_token_reduction("merge:2")
     with pytest.raises(ValueError, match="num_kv_heads 3 does not divide num_heads 4"):
         vit.create_model("vit_large_patch16_sapiens2", **dict(FAMILIES["gqa"][1], num_kv_heads=3))
+    sam = vit.create_model("samvit_base_patch16", **FAMILIES["sam"][1])
+    with pytest.raises(ValueError, match="windowed attention cuts the patch grid into windows"):
+        sam.set_token_reduction("merge:2")
+    with pytest.raises(ValueError, match="windowed attention already keeps each query to its window"):
+        sam.set_sparse_attention("moba")
+    with pytest.raises(ValueError, match="differs from the model's 80x112"):
+        sam(torch.randn(1, 3, 96, 96))
     with pytest.raises(ValueError, match="image height 100 is not divisible by patch size 14"):
         vit.create_model("vit_so400m_patch14_siglip_384", img_size=100)
 

@@ -88,6 +88,12 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     qk_norm: bool | None = None  # a norm on each head's queries and keys (timm's q_norm / k_norm); null: the name's
     fused_attn: bool | None = None  # F.scaled_dot_product_attention (true) or the explicit softmax path; null: true
+    # SAM's image encoder (samvit_*; vit/models/sam_vit.py); each null: the name's
+    window_size: int | None = None  # attention within window_size x window_size token windows
+    global_attn_indexes: list[int] | None = None  # the blocks that attend over the whole grid instead
+    use_rel_pos: bool | None = None  # decomposed relative positions in every block (rel_pos_h / rel_pos_w)
+    use_abs_pos: bool | None = None  # the learned (h, w) position table
+    neck_chans: int | None = None  # channels of the convolutional neck after the blocks
     # grouped-query attention: key / value heads, each shared by num_heads / num_kv_heads query heads (one value
     # for every block; create_model takes one per block too); null: the name's (one per query head)
     num_kv_heads: int | None = None

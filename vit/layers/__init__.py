@@ -1,10 +1,10 @@
-"""Building blocks of the shared Transformer encoder, one concept per module: `attention` (multi-head attention,
-fused through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); the block's optional `block_parts`,
+"""Building blocks of the shared Transformer encoder, one concept per module: `attention` (multi-head attention, fused
+through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); the block's optional `block_parts`,
 `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
 `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
-positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT);
-`sparse_attention` with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention); and
-`combinations`, the one table of features that do not go together."""
+positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT); `sparse_attention`
+with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention); `windowed_attention` (SAM's
+windows and decomposed relative positions); and `combinations`, the one table of features that do not go together."""
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options
@@ -26,7 +26,7 @@ from .naflex import (
     naflex_rope_table,
     patchify,
 )
-from .norm import get_norm_layer
+from .norm import LayerNorm2d, get_norm_layer
 from .patch_embed import PatchEmbed, to_2tuple
 from .pooling import POOL_KINDS, Pooling, pool_tokens
 from .pos_embed import add_pos_embed_1d, resample_abs_pos_embed, sincos_1d, sincos_2d
@@ -40,6 +40,7 @@ from .sparse_attention import (
     set_indexer_stage,
 )
 from .token_reduction import TokenState, build_token_reduction, parse_token_reduction, topk_warmup
+from .windowed_attention import WindowedAttention, decomposed_rel_pos, window_partition, window_unpartition
 
 __all__ = [
     "CONFLICTS",
@@ -55,6 +56,7 @@ __all__ = [
     "GELUTanh",
     "GluMlp",
     "HybridEmbed",
+    "LayerNorm2d",
     "LayerScale",
     "MLP_LAYERS",
     "MixedRotaryEmbedding",
@@ -75,11 +77,13 @@ __all__ = [
     "Stem",
     "SwiGLU",
     "TokenState",
+    "WindowedAttention",
     "add_pos_embed_1d",
     "apply_rope",
     "attend",
     "build_token_reduction",
     "check_batch",
+    "decomposed_rel_pos",
     "diff_lambda",
     "diff_lambda_init",
     "differential_attend",
@@ -107,4 +111,6 @@ __all__ = [
     "split_heads",
     "to_2tuple",
     "topk_warmup",
+    "window_partition",
+    "window_unpartition",
 ]

@@ -13,6 +13,7 @@ Feature names:
     dynamic_img_size  positions resampled per input size                 dist_token  DeiT's distillation token
     sincos            fixed sine-cosine positions                        res_post_norm / post_norm  norm placements
     diff_attention    differential attention (vit.layers.diff_attention)  parallel_block  timm's ParallelScalingBlock
+    windowed_attention  SAM's windows and decomposed relative positions (vit.layers.windowed_attention)
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _NAFLEX_EMBEDS = ("NaFlex models (timm's NaFlexVit) have no distillation token a
 
 _DIFF_POSITIONS = ("differential attention (timm's DiffAttention) takes absolute positions only; drop rope / rel_pos "
                    "or use attn_layer='attn'.")
+_WINDOW_POSITIONS = ("windowed attention carries its own decomposed relative positions (use_rel_pos); drop rope / "
+                     "rel_pos for this model.")
 _PARALLEL_POSITIONS = "a parallel block (timm's) takes absolute positions only; drop rope / rel_pos or the block."
 
 CONFLICTS: tuple[tuple[str, str, str], ...] = (
@@ -74,6 +77,18 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
      "a parallel block adds attention and MLP from one input, with no step between them to reduce tokens; leave "
      "token reduction off for this model."),
     ("parallel_block", "rel_pos", _PARALLEL_POSITIONS),
+    ("windowed_attention", "sparse_attention",
+     "windowed attention already keeps each query to its window; drop sparse_attention for this model."),
+    ("windowed_attention", "token_reduction",
+     "windowed attention cuts the patch grid into windows, which merged or dropped tokens no longer fill; leave "
+     "token reduction off for this model."),
+    ("windowed_attention", "attn_mask",
+     "windowed attention masks by window itself and takes no attention mask or is_causal; drop them."),
+    ("windowed_attention", "rope", _WINDOW_POSITIONS),
+    ("windowed_attention", "rope_table", _WINDOW_POSITIONS),
+    ("windowed_attention", "rel_pos", _WINDOW_POSITIONS),
+    ("windowed_attention", "patch_keep",
+     "patch_keep removes patches from the grid that windowed attention cuts into windows; drop patch_keep."),
     ("parallel_block", "rope", _PARALLEL_POSITIONS),
 )
 

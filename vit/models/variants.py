@@ -38,6 +38,11 @@ def _sapiens2(embed_dim: int, depth: int, num_heads: int, num_kv_heads: int) -> 
     return dict(SAPIENS2, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=kv)
 
 
+# SAM's image encoder (Kirillov et al., 2023; timm's VisionTransformerSAM, vit/models/sam_vit.py): 14 x 14 windows
+# but four global blocks, decomposed relative positions, the 256-channel neck; 1024 px, no head
+SAM = dict(img_size=1024, patch_size=16, window_size=14, use_rel_pos=True, class_token=False, global_pool="avg",
+           norm_eps=1e-5, num_classes=0)
+
 # EVA02 (Fang et al., 2023; timm's Eva class): axial rotary positions on top of a learned table (rescaled onto the
 # 16x16 pretraining grid), q / v biases with k's fixed at zero, SwiGLU with a norm on its hidden layer
 # (NormFormer), q / k / v saved as three Linears; mean of the patch tokens, then fc_norm. Tiny and small pack the
@@ -166,6 +171,9 @@ VARIANTS: dict[str, dict] = {
     "eva_giant_patch14_336": dict(EVA, img_size=336),
     "eva_giant_patch14_560": dict(EVA, img_size=560),
     "eva_giant_patch14_clip_224": dict(EVA, global_pool='token', num_classes=1024),
+    "samvit_base_patch16": dict(SAM, embed_dim=768, depth=12, num_heads=12, global_attn_indexes=(2, 5, 8, 11)),
+    "samvit_large_patch16": dict(SAM, embed_dim=1024, depth=24, num_heads=16, global_attn_indexes=(5, 11, 17, 23)),
+    "samvit_huge_patch16": dict(SAM, embed_dim=1280, depth=32, num_heads=16, global_attn_indexes=(7, 15, 23, 31)),
     "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
     "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
     "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
@@ -615,10 +623,4 @@ VARIANTS: dict[str, dict] = {
 }
 
 REFUSED: dict[str, str] = {
-    "samvit_base_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "samvit_huge_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "samvit_large_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
 }

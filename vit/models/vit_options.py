@@ -12,6 +12,7 @@ from typing import Any
 from ..config import AttentionOptions, options_from
 from ..layers import BlockParts, Pooling, PrefixTokens
 from .naflex_vit import NaFlexVit
+from .sam_vit import SamViT
 from .variants import VARIANTS
 from .vision_transformer import VisionTransformer
 
@@ -22,8 +23,11 @@ __all__ = ["MAPPINGS", "OBJECTS", "OPTIONS", "PYTHON_ONLY", "architecture_defaul
 # objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4); an object may
 # also come whole (attention=AttentionOptions(...), or one per block: attention=[..., ...])
 OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling, "parts": BlockParts, "attention": AttentionOptions}
-_PARAMS = {k: p for cls in (VisionTransformer, NaFlexVit) for k, p in inspect.signature(cls.__init__).parameters.items()
-           if k not in ("self", "args", "kwargs")}
+# SamViT first: a keyword it shares with VisionTransformer keeps VisionTransformer's default (SAM's entries set
+# theirs)
+_PARAMS = {k: p for cls in (SamViT, VisionTransformer, NaFlexVit)
+           for k, p in inspect.signature(cls.__init__).parameters.items()
+           if k not in ("self", "args", "kwargs", "unused")}
 _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
 OPTIONS = set(_PARAMS) | set(_FIELDS)  # what a variant may override
 # keywords that take Python objects (a layer class; an options object whole, or one per block), which a config
@@ -31,9 +35,13 @@ OPTIONS = set(_PARAMS) | set(_FIELDS)  # what a variant may override
 PYTHON_ONLY = {"attn_layer", "block_layer", *OBJECTS}
 
 
-def model_class(options: dict[str, Any]) -> type[VisionTransformer]:
-    """The model class for create_model's keywords: NaFlexVit for NaFlex inputs (`naflex`), else the square one."""
-    return NaFlexVit if options.get("naflex") is not None else VisionTransformer
+def model_class(options: dict[str, Any]) -> type[VisionTransformer] | type[SamViT]:
+    """The model class for create_model's keywords: NaFlexVit for NaFlex inputs (`naflex`), SamViT for SAM's
+    windows (`window_size`, `global_attn_indexes`), else the square one."""
+    if options.get("naflex") is not None:
+        return NaFlexVit
+    return SamViT if options.get("window_size") is not None or options.get("global_attn_indexes") else \
+        VisionTransformer
 
 
 def _options_class(tp: Any) -> type | None:
@@ -84,7 +92,7 @@ def _per_block_objects(cls: type, fields: dict[str, Any], per_block: tuple[str, 
 
 def option_types() -> dict[str, Any]:
     """The type of every create_model option (for checking a config.json's model_args before building)."""
-    hints = typing.get_type_hints(VisionTransformer.__init__)
+    hints = {**typing.get_type_hints(SamViT.__init__), **typing.get_type_hints(VisionTransformer.__init__)}
     for key, cls in OBJECTS.items():
         hints.pop(key, None)
         hints.update(typing.get_type_hints(cls))
