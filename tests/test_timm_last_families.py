@@ -180,3 +180,23 @@ def test_grouped_query_attention_equals_multi_head_with_its_kv_heads_repeated():
             model.set_token_reduction(None)
             model.set_sparse_attention("moba", density=0.5, min_tokens=0)
         torch.testing.assert_close(gqa(x), mha(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["diff", "parallel", "diff_parallel", "gqa", "sam"])
+def test_onnx_export_equals_eager(family, tmp_path):
+    """Grouped-query attention on a plain ViT: Sapiens2's rotary positions export 2e-2 off eager, as DINOv3's do
+    on the same code (a rotary export matter, not GQA's)."""
+    from vit.deploy.export import ExportableClassifier, export_model, load_exported
+
+    if family == "gqa":
+        torch.manual_seed(0)
+        model = vit.create_model("vit_small_patch16_224", img_size=(48, 64), num_kv_heads=2, **dict(
+            TINY, embed_dim=64, num_heads=4)).eval()
+    else:
+        model, _ = _pair(family)
+    x = _images(family)
+    src = export_model(ExportableClassifier(model), "onnx", tmp_path, x[:1])
+    with torch.no_grad():
+        want = model(x)
+    assert (torch.as_tensor(load_exported(src, "onnx")(x)) - want).abs().max() <= 1e-4
