@@ -188,6 +188,9 @@ class AttentionOptions:
     fused_attn: bool = True  # F.scaled_dot_product_attention; False: the explicit softmax path always
     # dynamic sparse attention (SparseOptions or its mapping); None: dense
     sparse_attention: SparseOptions | dict | None = None
+    # grouped-query attention (Ainslie et al., 2023): key / value heads, each shared by num_heads / num_kv_heads
+    # query heads; None: one per query head. create_model takes one per block too (a tuple, as timm's Eva)
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.qkv_bias not in (True, False, "qv") or (self.qkv_bias != "qv" and not isinstance(self.qkv_bias, bool)):
@@ -196,3 +199,6 @@ class AttentionOptions:
             if not isinstance(getattr(self, key), bool):
                 raise OptionError("AttentionOptions", key, f"must be true or false, got {getattr(self, key)!r}.")
         object.__setattr__(self, "sparse_attention", SparseOptions.of(self.sparse_attention))
+        if self.num_kv_heads is not None and (not _is_int(self.num_kv_heads) or self.num_kv_heads < 1):
+            raise OptionError("AttentionOptions", "num_kv_heads",
+                              f"must be a positive integer or None (one per query head), got {self.num_kv_heads!r}.")

@@ -69,6 +69,7 @@ class ModelConfig:
     proj_bias: bool | None = None  # biases of attn.proj and the MLP's linears (false: AIMv2)
     embed_norm: bool | None = None  # a norm on the patch tokens inside the patch embedding (AIMv2)
     res_post_norm: bool | None = None  # each sub-layer's norm on its output, inside the residual (Swin v2)
+    attn_only_layer_scale: bool | None = None  # LayerScale on the attention branch only (Sapiens2); null: the name's
     # rotary positions in attention, e.g. {kind: dinov3, temperature: 100, rotate_half: true} (vit.layers.rope;
     # Rope's fields below); replaces the name's rope whole; null: the name's (none for most)
     rope: Rope | None = None
@@ -87,6 +88,15 @@ class ModelConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly to this rate in the last block
     qk_norm: bool | None = None  # a norm on each head's queries and keys (timm's q_norm / k_norm); null: the name's
     fused_attn: bool | None = None  # F.scaled_dot_product_attention (true) or the explicit softmax path; null: true
+    # SAM's image encoder (samvit_*; vit/models/sam_vit.py); each null: the name's
+    window_size: int | None = None  # attention within window_size x window_size token windows
+    global_attn_indexes: list[int] | None = None  # the blocks that attend over the whole grid instead
+    use_rel_pos: bool | None = None  # decomposed relative positions in every block (rel_pos_h / rel_pos_w)
+    use_abs_pos: bool | None = None  # the learned (h, w) position table
+    neck_chans: int | None = None  # channels of the convolutional neck after the blocks
+    # grouped-query attention: key / value heads, each shared by num_heads / num_kv_heads query heads (one value
+    # for every block; create_model takes one per block too); null: the name's (one per query head)
+    num_kv_heads: int | None = None
     dynamic_img_size: bool | None = None  # positions resampled to any input size on the fly; null: the name's
     # weights to fine-tune from: true (those `name` points at, e.g. timm's default tag from the Hugging Face
     # cache), a hub name (vit_base_patch16_224.augreg_in21k, hf-hub:org/repo[@rev], local-dir:/folder), a folder

@@ -62,6 +62,13 @@ def _check_heads(dim: int, num_heads: int) -> None:
         )
 
 
+def _kv_heads(num_heads: int, num_kv_heads: int | None) -> int:
+    if num_kv_heads is not None and num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads {num_kv_heads} does not divide num_heads {num_heads}; each key / value head "
+                         "serves a whole group of query heads, so pick a divisor.")
+    return num_heads if num_kv_heads is None else num_kv_heads
+
+
 class Attention(nn.Module):
     """Multi-head self-attention with a fused QKV projection: tokens (B, N, D) -> (B, N, D), plus the attention
     probabilities (B, H, N, N) when asked (the explicit path). Each of the H heads attends with width D / H;
@@ -128,11 +135,15 @@ class Attention(nn.Module):
         self.head_dim = dim // num_heads
         self.scale = self.head_dim**-0.5
         self.fused_attn = options.fused_attn
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias is True)
+        # grouped-query attention: fewer key / value heads, each repeated for its group of query heads
+        self.num_kv_heads = _kv_heads(num_heads, options.num_kv_heads)
+        kv = self.num_kv_heads * self.head_dim
+        self.qkv_split = [dim, kv, kv]  # the rows of q, k, v in `qkv`
+        self.qkv = nn.Linear(dim, dim + 2 * kv, bias=qkv_bias is True)
         # Eva's q / v biases: the k bias stays zero (a buffer: with rotary positions it would not cancel in softmax)
         self.q_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
-        self.v_bias = nn.Parameter(torch.zeros(dim)) if qkv_bias == "qv" else None
-        self.register_buffer("k_bias", torch.zeros(dim) if qkv_bias == "qv" else None, persistent=False)
+        self.v_bias = nn.Parameter(torch.zeros(kv)) if qkv_bias == "qv" else None
+        self.register_buffer("k_bias", torch.zeros(kv) if qkv_bias == "qv" else None, persistent=False)
         # QK-norm (Dehghani et al., 2023, "Scaling Vision Transformers to 22 Billion Parameters"): each head's
         # queries and keys normalised over their d channels, before rotary positions and the scores (timm's names)
         self.q_norm = norm_layer(self.head_dim) if options.qk_norm else nn.Identity()
@@ -192,7 +203,22 @@ class Attention(nn.Module):
         """(B, N, D) -> q, k, v (B, H, N, d) each, q and k normalised per head (QK-norm; identities without)."""
         q, k, v = self._project_qkv(x)
         q, k = self._qk(q, k)
-        return [q, k, v]
+        return [q, self._kv_groups(k), self._kv_groups(v)]
+
+    def _kv_groups(self, t: torch.Tensor) -> torch.Tensor:
+        """Grouped-query attention: key / value heads (B, H_kv, N, d) -> (B, H, N, d), head h reading kv head
+        h // (H / H_kv) (timm's repeat_interleave), after the q / k norms so those run once per kv head."""
+        groups = self.num_heads // self.num_kv_heads
+        return t if groups == 1 else t.repeat_interleave(groups, dim=1)
+
+    def _split(self, qkv: torch.Tensor, parts: int = 3) -> list[torch.Tensor]:
+        """The projection's output (B, N, rows) -> q, k, v heads (or k, v with parts=2): one view when every part
+        has H heads, else q with H and k, v with H_kv heads each."""
+        if self.num_kv_heads == self.num_heads:
+            return split_qkv(qkv, self.num_heads, parts)
+        pieces = torch.split(qkv, self.qkv_split[3 - parts:], dim=-1)
+        heads = [self.num_heads, self.num_kv_heads, self.num_kv_heads][3 - parts:]
+        return [split_heads(t, h) for t, h in zip(pieces, heads)]
 
     def _qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each head's queries (B, H, Nq, d) and keys (B, H, N, d) before rotary positions and the scores: QK-norm
@@ -206,9 +232,9 @@ class Attention(nn.Module):
             bias = torch.cat([self.q_bias, self.k_bias, self.v_bias])
             if not torch.jit.is_scripting():
                 if self._plain_qkv():  # the bias inside the matmul, as timm: no extra pass over (B, N, 3D)
-                    return split_qkv(F.linear(x, self.qkv.weight, bias), self.num_heads)
-            return split_qkv(self.qkv(x) + bias, self.num_heads)  # an adapter around qkv (LoRA) takes part
-        return split_qkv(self.qkv(x), self.num_heads)
+                    return self._split(F.linear(x, self.qkv.weight, bias))
+            return self._split(self.qkv(x) + bias)  # an adapter around qkv (LoRA) takes part
+        return self._split(self.qkv(x))
 
     @torch.jit.unused
     def _plain_qkv(self) -> bool:
@@ -278,8 +304,9 @@ class Attention(nn.Module):
         D = x.shape[2]
         w, b = self.qkv.weight, self._qkv_bias()
         query = F.linear(x[:, :q], w[:D], None if b is None else b[:D])  # (B, q, D)
-        k, v = split_qkv(F.linear(x, w[D:], None if b is None else b[D:]), self.num_heads, 2)  # (B, H, N, d) each
+        k, v = self._split(F.linear(x, w[D:], None if b is None else b[D:]), 2)  # (B, H_kv, N, d) each
         query, k = self._qk(split_heads(query, self.num_heads), k)
+        k, v = self._kv_groups(k), self._kv_groups(v)
         if rope is not None:  # keys rotated; the q queries are prefix tokens, which rotary positions leave alone
             if q > x.shape[1] - rope.shape[-2]:
                 raise ValueError(f"num_queries={q} reaches into the rotated patch tokens; use at most the prefix.")

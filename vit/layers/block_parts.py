@@ -9,6 +9,7 @@
     embed_norm        a norm on the patch tokens inside the patch embedding (`patch_embed.norm`, AIMv2)
     res_post_norm     x + Norm(f(x)): each sub-layer's norm on its output, inside the residual (Swin v2, Liu et al.,
                       2022; timm's ResPostBlock, EVA02-enormous's use_post_norm)
+    attn_only_layer_scale  LayerScale on the attention branch only (timm's Eva keyword; Sapiens2)
 
 The q / v-only bias with a fixed zero k bias (Eva, BEiT, DINOv3 `_qkvb`: `q_bias`, `v_bias`) is the attention's
 `qkv_bias="qv"`, next to its `qkv_bias=True / False`. Field names are timm's keywords.
@@ -33,6 +34,7 @@ class BlockParts:
     proj_bias: bool = True  # biases of attn.proj, mlp.fc1 / fc2 (and SwiGLU's fc1_g / fc1_x)
     embed_norm: bool = False  # patch_embed.norm after the patch projection
     res_post_norm: bool = False  # norm1 / norm2 on the attention's / MLP's output, inside the residual
+    attn_only_layer_scale: bool = False  # LayerScale (init_values) on the attention branch only (Sapiens2)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -44,13 +46,17 @@ _NAMES = ("q_proj", "k_proj", "v_proj")
 
 
 def split_qkv_names(module, state: dict, prefix: str, local_metadata) -> dict:
-    """state_dict hook: the fused `qkv.weight` (3D, D) saved as `q_proj.weight`, `k_proj.weight`, `v_proj.weight`
-    (D, D) each, and the biases as `q_proj.bias`, (`k_proj.bias`,) `v_proj.bias`: timm's Eva names with
-    qkv_fused=False. Copies, so no two saved tensors share memory (safetensors refuses that)."""
-    for name, part in zip(_NAMES, state.pop(f"{prefix}qkv.weight").chunk(3)):
+    """state_dict hook: the fused `qkv.weight` (3D, D) saved as `q_proj.weight`, `k_proj.weight`, `v_proj.weight` (D, D)
+    each (k and v fewer rows with grouped-query attention, the module's `qkv_split`), and the biases as
+    `q_proj.bias`, (`k_proj.bias`,) `v_proj.bias`: timm's Eva names with qkv_fused=False. Copies, so no two saved
+    tensors share memory (safetensors refuses that)."""
+    rows = getattr(module, "qkv_split", None)  # q, k, v rows: fewer k / v ones with grouped-query attention
+    weight = state.pop(f"{prefix}qkv.weight")
+    for name, part in zip(_NAMES, weight.split(rows) if rows else weight.chunk(3)):
         state[f"{prefix}{name}.weight"] = part.clone()
     if f"{prefix}qkv.bias" in state:  # a learned k bias (timm's AttentionRope)
-        for name, part in zip(_NAMES, state.pop(f"{prefix}qkv.bias").chunk(3)):
+        bias = state.pop(f"{prefix}qkv.bias")
+        for name, part in zip(_NAMES, bias.split(rows) if rows else bias.chunk(3)):
             state[f"{prefix}{name}.bias"] = part.clone()
     for name in ("q", "v"):  # q_bias / v_bias with the k bias fixed at zero (Eva)
         if f"{prefix}{name}_bias" in state:
@@ -63,7 +69,7 @@ def join_qkv(state: dict, prefix: str, *args) -> None:
     `qkv` (and `q_bias` / `v_bias`, or `qkv.bias`). Parts missing or misshapen are left for load_state_dict's
     own missing-key and shape messages."""
     weights = [state.get(f"{prefix}{name}.weight") for name in _NAMES]
-    if any(w is None for w in weights) or len({tuple(w.shape) for w in weights}) != 1:
+    if any(w is None for w in weights) or len({tuple(w.shape[1:]) for w in weights}) != 1:
         return
     state[f"{prefix}qkv.weight"] = torch.cat(weights)
     for name in _NAMES:

@@ -12,6 +12,8 @@ Feature names:
     patch_keep        token deletion by patch index (`encode`)           naflex      NaFlex inputs (vit.layers.naflex)
     dynamic_img_size  positions resampled per input size                 dist_token  DeiT's distillation token
     sincos            fixed sine-cosine positions                        res_post_norm / post_norm  norm placements
+    diff_attention    differential attention (vit.layers.diff_attention)  parallel_block  timm's ParallelScalingBlock
+    windowed_attention  SAM's windows and decomposed relative positions (vit.layers.windowed_attention)
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ _KEEP_PATCHES = ("patch_keep removes patches whose rotary positions or relative 
                  "apply; drop patch_keep for this model.")
 _NAFLEX_EMBEDS = ("NaFlex models (timm's NaFlexVit) have no distillation token and resample a learned table per "
                   "image; drop dist_token, use pos_embed='learn' or 'none'.")
+
+_DIFF_POSITIONS = ("differential attention (timm's DiffAttention) takes absolute positions only; drop rope / rel_pos "
+                   "or use attn_layer='attn'.")
+_WINDOW_POSITIONS = ("windowed attention carries its own decomposed relative positions (use_rel_pos); drop rope / "
+                     "rel_pos for this model.")
+_PARALLEL_POSITIONS = "a parallel block (timm's) takes absolute positions only; drop rope / rel_pos or the block."
 
 CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("sparse_attention", "rel_pos",
@@ -54,6 +62,34 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("res_post_norm", "post_norm",
      "res_post_norm puts the norm inside the residual; it cannot be combined with norm_first=False (a norm after "
      "the residual sum)."),
+    ("diff_attention", "sparse_attention",
+     "differential attention subtracts two dense softmax maps; sparse attention does not apply to it, so drop "
+     "sparse_attention for this model."),
+    ("diff_attention", "rel_pos", _DIFF_POSITIONS),
+    ("diff_attention", "rope", _DIFF_POSITIONS),
+    ("diff_attention", "rope_table", _DIFF_POSITIONS),
+    ("diff_attention", "token_reduction",
+     "token reduction ranks and merges tokens by one softmax map, which differential attention does not have; "
+     "leave token reduction off for this model."),
+    ("parallel_block", "sparse_attention",
+     "a parallel block (attention beside the MLP, one input projection) attends densely; drop sparse_attention."),
+    ("parallel_block", "token_reduction",
+     "a parallel block adds attention and MLP from one input, with no step between them to reduce tokens; leave "
+     "token reduction off for this model."),
+    ("parallel_block", "rel_pos", _PARALLEL_POSITIONS),
+    ("windowed_attention", "sparse_attention",
+     "windowed attention already keeps each query to its window; drop sparse_attention for this model."),
+    ("windowed_attention", "token_reduction",
+     "windowed attention cuts the patch grid into windows, which merged or dropped tokens no longer fill; leave "
+     "token reduction off for this model."),
+    ("windowed_attention", "attn_mask",
+     "windowed attention masks by window itself and takes no attention mask or is_causal; drop them."),
+    ("windowed_attention", "rope", _WINDOW_POSITIONS),
+    ("windowed_attention", "rope_table", _WINDOW_POSITIONS),
+    ("windowed_attention", "rel_pos", _WINDOW_POSITIONS),
+    ("windowed_attention", "patch_keep",
+     "patch_keep removes patches from the grid that windowed attention cuts into windows; drop patch_keep."),
+    ("parallel_block", "rope", _PARALLEL_POSITIONS),
 )
 
 FEATURES = frozenset(name for row in CONFLICTS for name in row[:2])

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from functools import partial
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["NORM_LAYERS", "get_norm_layer"]
+__all__ = ["NORM_LAYERS", "LayerNorm2d", "get_norm_layer"]
 
 NORM_LAYERS = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}
 
@@ -20,3 +22,14 @@ def get_norm_layer(name: str, eps: float = 1e-6):
     if name not in NORM_LAYERS:
         raise ValueError(f"unknown norm_layer {name!r}; choose one of {sorted(NORM_LAYERS)}.")
     return partial(NORM_LAYERS[name], eps=eps)
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channels of maps (B, C, h, w), at every position (timm's LayerNorm2d: SAM's neck)."""
+
+    def __init__(self, num_channels: int, eps: float = 1e-6) -> None:
+        super().__init__(num_channels, eps=eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)

@@ -24,7 +24,7 @@ def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
 
 
 class PatchEmbed(nn.Module):
-    """Images (B, C, H, W) -> patch tokens (B, h*w, D), row-major, h = H / P_h and w = W / P_w: one Conv2d
+    """Images (B, C, H, W) -> patch tokens (B, h*w, D), row-major, h = H // P_h and w = W // P_w: one Conv2d
     (`proj`, kernel = stride = patch size) is the same linear map applied to every flattened patch. The image
     size fixes `grid_size` and `num_patches`; `dynamic_grid` gives the grid of another size that the patches
     tile, and `set_input_size` changes size or patch size in place (the projection resampled as FlexiViT).
@@ -42,12 +42,9 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
-        for side, (s, p) in zip(("height", "width"), zip(self.img_size, self.patch_size)):
-            if s % p != 0:
-                raise ValueError(
-                    f"image {side} {s} is not divisible by patch size {p}; pick an image size that is a "
-                    "multiple of the patch size."
-                )
+        # timm's rule at a fixed size: floor(S / P) patches per side, the convolution leaves out the last S mod P
+        # pixels (so400m at 384 px with patch 14: 27 x 27 patches, 6 pixels dropped). create_model refuses such a
+        # size when a caller asks for it (vit.models.build); only a variant's own size (timm's) gets here.
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
@@ -66,6 +63,8 @@ class PatchEmbed(nn.Module):
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
         ph, pw = self.patch_size
+        if (height, width) == tuple(self.img_size):  # the built size: its grid, remainder dropped as timm
+            return self.grid_size
         if height % ph or width % pw:
             raise ValueError(
                 f"input of size {height}x{width} is not divisible by the patch size {ph}x{pw}; "
@@ -85,7 +84,7 @@ class PatchEmbed(nn.Module):
         img = self.img_size if img_size is None else to_2tuple(img_size)
         patch = self.patch_size if patch_size is None else to_2tuple(patch_size)
         for side, (s, p) in zip(("height", "width"), zip(img, patch)):
-            if s % p != 0:
+            if s % p != 0 and (img, patch) != (self.img_size, self.patch_size):
                 raise ValueError(
                     f"image {side} {s} is not divisible by patch size {p}; pick an image size that is a "
                     "multiple of the patch size."

@@ -1,11 +1,12 @@
-"""The models: the shared Transformer `encoder`, the `vision_transformer` (timm-exact) with `naflex_vit` (NaFlex
-inputs, a subclass) and the `text_encoder` on it (`text_build`: pretrained text models by name; `text_classifier`:
-transformers' sequence-classification heads; `text_save`: saved for transformers), the `decoder` and the
-encoder-decoder (`seq2seq`, decoded by `generation`), timm's feature API (`features`), the stage-by-stage
-`summary`, `create_model` and the config's model (`build`, its keywords in `vit_options`, the architectures by
-timm's names in `variants`, the size bound in `model_size`), timm's model API (`vit_api`) and weight fitting
-(`vision_weights`), CLIP and SigLIP (`clip`; train.py's in `clip_build`; open_clip's layout in `clip_save`), model
-checkpoint folders (`checkpoint`) and the README.md model card each of them carries (`model_card`)."""
+"""The models: the shared Transformer `encoder` (and timm's `parallel_block`), SAM's image encoder `sam_vit`, the
+`vision_transformer` (timm-exact) with `naflex_vit` (NaFlex inputs, a subclass) and the `text_encoder` on it
+(`text_build`: pretrained text models by name; `text_classifier`: transformers' sequence-classification heads;
+`text_save`: saved for transformers), the `decoder` and the encoder-decoder (`seq2seq`, decoded by `generation`),
+timm's feature API (`features`), the stage- by-stage `summary`, `create_model` and the config's model (`build`, its
+keywords in `vit_options`, the architectures by timm's names in `variants`, the size bound in `model_size`), timm's
+model API (`vit_api`) and weight fitting (`vision_weights`), CLIP and SigLIP (`clip`; train.py's in `clip_build`;
+open_clip's layout in `clip_save`), model checkpoint folders (`checkpoint`) and the README.md model card each of
+them carries (`model_card`)."""
 
 from .build import (
     build_model,

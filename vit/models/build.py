@@ -179,7 +179,22 @@ def _variant_kwargs(name: str, overrides: dict) -> dict:
                                                                                         **overrides}.items()}
     if isinstance(kwargs.get("img_size"), list):
         kwargs["img_size"] = to_2tuple(kwargs["img_size"])
+    _check_patches_tile(name, kwargs)
     return kwargs
+
+
+def _check_patches_tile(name: str, kwargs: dict) -> None:
+    """An image size the patch size does not divide is refused, unless it is the variant's own: timm then drops
+    the pixels the grid leaves (so400m at 384 px, patch 14), and PatchEmbed keeps that rule for it."""
+    size, patch = kwargs.get("img_size", 224), kwargs.get("patch_size", 16)
+    own = (VARIANTS[name].get("img_size", 224), VARIANTS[name].get("patch_size", 16))
+    if kwargs.get("naflex") is not None or not all(isinstance(v, (int, tuple)) for v in (size, patch)) or \
+            (to_2tuple(size), to_2tuple(patch)) == (to_2tuple(own[0]), to_2tuple(own[1])):
+        return
+    for side, s, p in zip(("height", "width"), to_2tuple(size), to_2tuple(patch)):
+        if isinstance(s, int) and isinstance(p, int) and p > 0 and s % p:
+            raise ValueError(f"image {side} {s} is not divisible by patch size {p}; pick an image size that is a "
+                             "multiple of the patch size.")
 
 
 def pretrained_cfg_of(m: ModelConfig) -> dict | None:

@@ -12,6 +12,7 @@ Disabled options become `nn.Identity()`, so `forward` has no branches on them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from ..config import AttentionOptions, SparseOptions
 from ..layers import (
     Attention,
     BlockParts,
+    DiffAttention,
     DropPath,
     LayerScale,
     Rope,
@@ -33,8 +35,10 @@ from ..layers import (
     get_norm_layer,
 )
 from ..layers.sparse_attention import retune
+from .parallel_block import ParallelScalingBlock
 
-__all__ = ["PER_BLOCK", "Block", "Encoder", "block_stack", "drop_path_rates", "per_block"]
+__all__ = ["LAYER_NAMES", "PER_BLOCK", "Block", "Encoder", "block_stack", "drop_path_rates", "named_layer",
+           "per_block"]
 
 
 def drop_path_rates(depth: int, rate: float) -> list[float]:
@@ -62,10 +66,32 @@ def block_stack(block_layer: Callable[..., nn.Module] | Sequence[Callable[..., n
     stochastic depth rising to `drop_path_rate`: the layers of `Encoder` and `Decoder`. `block_layer` and the
     keywords in PER_BLOCK may be a sequence with one value per block."""
     own = {k: per_block(depth, k, block_kwargs.pop(k)) for k in PER_BLOCK[1:] if k in block_kwargs}
-    layers = per_block(depth, "block_layer", block_layer)
+    if "attn_layer" in own:
+        own["attn_layer"] = [named_layer("attn_layer", v, i) for i, v in enumerate(own["attn_layer"])]
+    layers = [named_layer("block_layer", v, i) for i, v in enumerate(per_block(depth, "block_layer", block_layer))]
     return [layers[i](dim, num_heads, mlp_ratio, qkv_bias, drop_rate, attn_drop_rate, rate, **block_kwargs,
                       **{k: v[i] for k, v in own.items()})
             for i, rate in enumerate(drop_path_rates(depth, drop_path_rate))]
+
+
+def named_layer(kind: str, value: Any, index: int) -> Any:
+    """A layer given by timm's name (`attn_layer='diff'`, `block_layer='parallel'`; see LAYER_NAMES) -> its class
+    for block `index` (differential attention's lambda_init depends on it); a class or factory passes as it is."""
+    if not isinstance(value, str):
+        return value
+    names = LAYER_NAMES[kind]
+    if value not in names:
+        raise ValueError(f"unknown {kind} {value!r}; choose one of {', '.join(map(repr, names))} or pass a class.")
+    return names[value](index)
+
+
+# timm's names for the attention and block classes (its ATTN_LAYERS and block_fn), each a factory of the class
+# for block `index`
+LAYER_NAMES: dict[str, dict[str, Callable[[int], Any]]] = {
+    "attn_layer": {"attn": lambda i: Attention, "diff": lambda i: partial(DiffAttention, layer_index=i)},
+    "block_layer": {"block": lambda i: Block, "parallel": lambda i: ParallelScalingBlock,
+                    "diff_parallel": lambda i: partial(ParallelScalingBlock, diff=True, layer_index=i)},
+}
 
 
 def _gamma_names_out(module, state, prefix, local_metadata):
@@ -142,7 +168,8 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = norm(dim)
         self.mlp = mlp(dim, int(dim * mlp_ratio), drop=drop, **mlp_parts)
-        self.ls2 = LayerScale(dim, init_values) if layer_scale else nn.Identity()
+        mlp_scale = layer_scale and not (parts is not None and parts.attn_only_layer_scale)
+        self.ls2 = LayerScale(dim, init_values) if mlp_scale else nn.Identity()
         if self.res_post and init_values:  # timm's ResPostBlock: each branch starts near zero through its norm
             for n in (self.norm1, self.norm2):
                 nn.init.constant_(n.weight, init_values)
@@ -288,9 +315,16 @@ class Encoder(nn.ModuleList):
                 attentions.append(attn)
         return x, attentions
 
+    def features(self) -> dict[str, bool]:
+        """Its blocks' own kinds as vit.layers.combinations names them (`diff_attention`, `parallel_block`), for
+        the switches that must refuse them."""
+        kinds = {getattr(m, "feature", None) for blk in self for m in (blk, blk.attn)}
+        return {k: True for k in kinds if k}
+
     def set_sparse_attention(self, method: str | None, **options) -> None:
         """Every block's sparse attention switched or retuned, weights kept (vit.layers.sparse_attention.retune):
         `method` None (dense), "moba" or "dsa"; `options` SparseOptions fields (None: unchanged)."""
+        check_combination(sparse_attention=method is not None, **self.features())
         for blk in self:
             a = blk.attn
             a.sparse = retune(a.sparse, method, a.qkv.in_features, a.num_heads, **options)

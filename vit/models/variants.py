@@ -23,6 +23,26 @@ DINOV3 = dict(img_size=256, patch_size=16, qkv_bias=False, init_values=1e-05, po
               rope=dict(kind="dinov3", temperature=100.0, rotate_half=True), layer_scale_names="gamma",
               reg_tokens=4, global_pool="avg", fc_norm=False, norm_eps=1e-05, dynamic_img_size=True, num_classes=0)
 
+# Sapiens2 (Khirodkar et al., 2026; timm's Eva): DINOv3's rotary positions, [CLS] and 8 registers, RMSNorm,
+# q / k norms, a packed SwiGLU, LayerScale on the attention branch only, q / k / v saved as three Linears, and
+# grouped-query attention in the middle blocks (the first and last 8 keep every key / value head)
+SAPIENS2 = dict(img_size=(1024, 768), patch_size=16, dynamic_img_size=True, pos_embed="none", reg_tokens=8,
+                rope=dict(kind="dinov3", temperature=100.0, rotate_half=True), qk_norm=True, qkv_fused=False,
+                mlp_layer="swiglu_packed", init_values=1.0, attn_only_layer_scale=True, layer_scale_names="gamma",
+                global_pool="token", fc_norm=False, norm_layer="rmsnorm", num_classes=0)
+
+
+def _sapiens2(embed_dim: int, depth: int, num_heads: int, num_kv_heads: int) -> dict:
+    """A Sapiens2 entry: `num_kv_heads` in every block but the first and last 8."""
+    kv = tuple(num_heads if i < 8 or i >= depth - 8 else num_kv_heads for i in range(depth))
+    return dict(SAPIENS2, embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_kv_heads=kv)
+
+
+# SAM's image encoder (Kirillov et al., 2023; timm's VisionTransformerSAM, vit/models/sam_vit.py): 14 x 14 windows
+# but four global blocks, decomposed relative positions, the 256-channel neck; 1024 px, no head
+SAM = dict(img_size=1024, patch_size=16, window_size=14, use_rel_pos=True, class_token=False, global_pool="avg",
+           norm_eps=1e-5, num_classes=0)
+
 # EVA02 (Fang et al., 2023; timm's Eva class): axial rotary positions on top of a learned table (rescaled onto the
 # 16x16 pretraining grid), q / v biases with k's fixed at zero, SwiGLU with a norm on its hidden layer
 # (NormFormer), q / k / v saved as three Linears; mean of the patch tokens, then fc_norm. Tiny and small pack the
@@ -75,6 +95,10 @@ def _vitamin(width: int, embed_dim: int, depth: int, num_heads: int, img_size: i
     """A ViTamin entry; num_classes is the width of the default tag's CLIP projection head."""
     return dict(VITAMIN, stem=dict(kind="vitamin", widths=(width, 2 * width)), img_size=img_size,
                 embed_dim=embed_dim, depth=depth, num_heads=num_heads, num_classes=num_classes)
+
+# timm's wee ViTs: 256 px, one register, no [CLS], mean of the patch tokens, LayerScale
+WEE = dict(img_size=256, patch_size=16, embed_dim=256, num_heads=4, mlp_ratio=5, class_token=False, reg_tokens=1,
+           no_embed_class=True, global_pool="avg", init_values=1e-05)
 
 # timm's NaFlexVit (vit.layers.naflex): pre-patchified inputs at their own aspect ratio, a 16 x 16 learned table
 # resampled per image, no [CLS] by default; 384 px default size; C-RADIO keeps its 128 x 128 table (bilinear,
@@ -147,6 +171,14 @@ VARIANTS: dict[str, dict] = {
     "eva_giant_patch14_336": dict(EVA, img_size=336),
     "eva_giant_patch14_560": dict(EVA, img_size=560),
     "eva_giant_patch14_clip_224": dict(EVA, global_pool='token', num_classes=1024),
+    "samvit_base_patch16": dict(SAM, embed_dim=768, depth=12, num_heads=12, global_attn_indexes=(2, 5, 8, 11)),
+    "samvit_large_patch16": dict(SAM, embed_dim=1024, depth=24, num_heads=16, global_attn_indexes=(5, 11, 17, 23)),
+    "samvit_huge_patch16": dict(SAM, embed_dim=1280, depth=32, num_heads=16, global_attn_indexes=(7, 15, 23, 31)),
+    "vit_base_patch16_sapiens2": _sapiens2(768, 12, 12, 6),
+    "vit_large_patch16_sapiens2": _sapiens2(1024, 24, 16, 8),
+    "vit_huge_patch16_sapiens2": _sapiens2(1280, 32, 16, 8),
+    "vit_giant_patch16_sapiens2": _sapiens2(1536, 40, 24, 12),
+    "vit_5b_patch16_sapiens2": _sapiens2(2432, 56, 32, 16),
     "vit_base_patch16_dinov3_qkvb": dict(DINOV3, embed_dim=768, depth=12, num_heads=12, qkv_bias='qv'),
     "vit_base_patch16_lingbot": dict(DINOV3, img_size=512, embed_dim=768, depth=12, num_heads=12, global_pool='token',
                                      qkv_bias='qv'),
@@ -461,6 +493,12 @@ VARIANTS: dict[str, dict] = {
     "vit_so400m_patch14_siglip_gap_378": dict(img_size=378, patch_size=14, embed_dim=1152, depth=27, num_heads=16,
                                               mlp_ratio=3.7362, class_token=False, global_pool='avg', fc_norm=False,
                                               num_classes=0),
+    # 384 px with patch 14: a 27 x 27 grid, timm's convolution drops the last 6 pixels of each side (PatchEmbed)
+    "vit_so400m_patch14_siglip_384": dict(img_size=384, patch_size=14, embed_dim=1152, depth=27, num_heads=16,
+                                          mlp_ratio=3.7362, class_token=False, global_pool='map', num_classes=0),
+    "vit_so400m_patch14_siglip_gap_384": dict(img_size=384, patch_size=14, embed_dim=1152, depth=27, num_heads=16,
+                                              mlp_ratio=3.7362, class_token=False, global_pool='avg', fc_norm=False,
+                                              num_classes=0),
     "vit_so400m_patch14_siglip_gap_448": dict(img_size=448, patch_size=14, embed_dim=1152, depth=27, num_heads=16,
                                               mlp_ratio=3.7362, class_token=False, global_pool='avg', fc_norm=False,
                                               num_classes=0),
@@ -490,6 +528,13 @@ VARIANTS: dict[str, dict] = {
                                               mlp_layer='gelu_tanh', num_classes=0),
     "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_tiny_patch16_384": dict(img_size=384, patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    # differential attention (timm's attn_layer='diff'; vit.layers.DiffAttention) and the parallel blocks
+    # (block_layer, vit/models/parallel_block.py) on the wee / little shapes
+    "vit_dwee_patch16_reg1_gap_256": dict(WEE, depth=14, attn_layer="diff"),
+    "vit_pwee_patch16_reg1_gap_256": dict(WEE, depth=16, block_layer="parallel"),
+    "vit_dpwee_patch16_reg1_gap_256": dict(WEE, depth=16, block_layer="diff_parallel"),
+    "vit_dlittle_patch16_reg1_gap_256": dict(WEE, embed_dim=320, depth=14, num_heads=5, mlp_ratio=5.6,
+                                             attn_layer="diff"),
     "vit_wee_patch16_reg1_gap_256": dict(img_size=256, patch_size=16, embed_dim=256, depth=14, num_heads=4,
                                          mlp_ratio=5, class_token=False, reg_tokens=1, no_embed_class=True,
                                          global_pool='avg', init_values=1e-05),
@@ -578,23 +623,4 @@ VARIANTS: dict[str, dict] = {
 }
 
 REFUSED: dict[str, str] = {
-    "vit_so400m_patch14_siglip_gap_384":
-        "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
-    "vit_so400m_patch14_siglip_384":
-        "an image size the patch size does not divide (384 by 14: timm drops the last 6 pixels)",
-    "samvit_base_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "samvit_huge_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "samvit_large_patch16":
-        "SAM's windowed attention with relative positions and its neck (timm's VisionTransformerSAM class)",
-    "vit_5b_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
-    "vit_base_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
-    "vit_dlittle_patch16_reg1_gap_256": 'diff attention',
-    "vit_dpwee_patch16_reg1_gap_256": 'another block design (DiffParallelScalingBlock)',
-    "vit_dwee_patch16_reg1_gap_256": 'diff attention',
-    "vit_giant_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
-    "vit_huge_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
-    "vit_large_patch16_sapiens2": "grouped-query attention in the middle blocks (num_kv_heads; also q / k norms)",
-    "vit_pwee_patch16_reg1_gap_256": 'another block design (ParallelScalingBlock)',
 }

@@ -86,7 +86,9 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
     `pos_embed`, `rope` and `rel_pos`, rotary positions and relative position bias, see vit.layers.rope /
     rel_pos, and `stem`, a convolutional stem, see vit.layers.hybrid_embed). The attention is chosen per block:
     `attention` (vit.config.AttentionOptions: qkv bias, QK-norm, fused or explicit, sparse) and `attn_layer`
-    (`Attention` or a subclass keeping its contract, docs/contributing.md) each take one value or one per block.
+    (`Attention` or a subclass keeping its contract, docs/contributing.md; or timm's name, 'diff' for
+    vit.layers.DiffAttention) and `block_layer` ('block', timm's 'parallel' / 'diff_parallel' blocks of
+    vit/models/parallel_block.py, or a class) each take one value or one per block.
     `vit.create_model` builds named variants and takes timm's keywords (`class_token`, `reg_tokens`,
     `global_pool`, `fc_norm`, `qkv_bias`, `qk_norm`, ...) for the objects' fields; NaFlex inputs are the subclass
     `NaFlexVit` (vit/models/naflex_vit.py).
@@ -121,7 +123,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         attention: AttentionOptions | Sequence[AttentionOptions] = AttentionOptions(),  # noqa: B008 (frozen)
-        attn_layer: type[nn.Module] | Sequence[type[nn.Module]] = Attention,
+        attn_layer: str | type[nn.Module] | Sequence[str | type[nn.Module]] = Attention,
+        block_layer: str | type[nn.Module] | Sequence[str | type[nn.Module]] = "block",
         rope: Rope | dict | None = None,
         layer_scale_names: str = "ls",
         parts: BlockParts = BlockParts(),  # noqa: B008 (frozen: one shared default is safe)
@@ -143,8 +146,8 @@ class VisionTransformer(ModelApi, FeatureIntermediates, nn.Module):
         self.blocks = Encoder(
             depth, embed_dim, num_heads, mlp_ratio, True, drop_rate, attn_drop_rate, drop_path_rate,
             init_values=init_values, norm_layer=norm, mlp_layer=mlp_layer, norm_first=norm_first,
-            attention=attention, attn_layer=attn_layer, rope=rope, layer_scale_names=layer_scale_names, parts=parts,
-            rel_pos=rel_pos_layer,
+            attention=attention, attn_layer=attn_layer, block_layer=block_layer, rope=rope,
+            layer_scale_names=layer_scale_names, parts=parts, rel_pos=rel_pos_layer,
         )
         # one feature level per block, all at the patch stride (timm's feature_info)
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=self.patch_embed.reduction)

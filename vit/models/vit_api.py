@@ -164,7 +164,7 @@ class ModelApi:
             method, r, keep_rate, layers = (opts["method"], opts.get("r"), opts.get("keep_rate"),
                                             opts.get("layers"))
         check_combination(token_reduction=method not in (None, "none", ""),
-                          rope=getattr(self, "rope", None) is not None)
+                          rope=getattr(self, "rope", None) is not None, **self.blocks.features())
         self.blocks.set_token_reduction(
             build_token_reduction(len(self.blocks), self.num_prefix_tokens, method, r, keep_rate, layers))
 

@@ -12,6 +12,7 @@ from typing import Any
 from ..config import AttentionOptions, options_from
 from ..layers import BlockParts, Pooling, PrefixTokens
 from .naflex_vit import NaFlexVit
+from .sam_vit import SamViT
 from .variants import VARIANTS
 from .vision_transformer import VisionTransformer
 
@@ -22,18 +23,25 @@ __all__ = ["MAPPINGS", "OBJECTS", "OPTIONS", "PYTHON_ONLY", "architecture_defaul
 # objects under their own (timm's) names, e.g. reg_tokens=4 -> prefix=PrefixTokens(reg_tokens=4); an object may
 # also come whole (attention=AttentionOptions(...), or one per block: attention=[..., ...])
 OBJECTS = {"prefix": PrefixTokens, "pooling": Pooling, "parts": BlockParts, "attention": AttentionOptions}
-_PARAMS = {k: p for cls in (VisionTransformer, NaFlexVit) for k, p in inspect.signature(cls.__init__).parameters.items()
-           if k not in ("self", "args", "kwargs")}
+# SamViT first: a keyword it shares with VisionTransformer keeps VisionTransformer's default (SAM's entries set
+# theirs)
+_PARAMS = {k: p for cls in (SamViT, VisionTransformer, NaFlexVit)
+           for k, p in inspect.signature(cls.__init__).parameters.items()
+           if k not in ("self", "args", "kwargs", "unused")}
 _FIELDS = {f.name: (key, f) for key, cls in OBJECTS.items() for f in dataclasses.fields(cls)}
 OPTIONS = set(_PARAMS) | set(_FIELDS)  # what a variant may override
 # keywords that take Python objects (a layer class; an options object whole, or one per block), which a config
 # reaches through the objects' fields instead
-PYTHON_ONLY = {"attn_layer", *OBJECTS}
+PYTHON_ONLY = {"attn_layer", "block_layer", *OBJECTS}
 
 
-def model_class(options: dict[str, Any]) -> type[VisionTransformer]:
-    """The model class for create_model's keywords: NaFlexVit for NaFlex inputs (`naflex`), else the square one."""
-    return NaFlexVit if options.get("naflex") is not None else VisionTransformer
+def model_class(options: dict[str, Any]) -> type[VisionTransformer] | type[SamViT]:
+    """The model class for create_model's keywords: NaFlexVit for NaFlex inputs (`naflex`), SamViT for SAM's
+    windows (`window_size`, `global_attn_indexes`), else the square one."""
+    if options.get("naflex") is not None:
+        return NaFlexVit
+    return SamViT if options.get("window_size") is not None or options.get("global_attn_indexes") else \
+        VisionTransformer
 
 
 def _options_class(tp: Any) -> type | None:
@@ -61,17 +69,34 @@ def constructor_kwargs(options: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{key}= is given whole and {', '.join(sorted(fields))} set its fields too; put them "
                                  f"into the {cls.__name__}.")
             flat[key] = options[key]
+        elif any(isinstance(fields.get(f), (list, tuple)) for f in PER_BLOCK_FIELDS.get(key, ())):
+            flat[key] = _per_block_objects(cls, fields, PER_BLOCK_FIELDS[key])
         else:
             flat[key] = cls(**fields)
     return flat
 
 
+# fields create_model takes one per block (a tuple, as timm's Eva takes num_kv_heads), making one object per block
+PER_BLOCK_FIELDS = {"attention": ("num_kv_heads",)}
+
+
+def _per_block_objects(cls: type, fields: dict[str, Any], per_block: tuple[str, ...]) -> list:
+    """One `cls` per block from fields of which some are sequences with one value per block (the Encoder names a
+    count that does not match the depth)."""
+    given = {f: fields[f] for f in per_block if isinstance(fields.get(f), (list, tuple))}
+    lengths = {len(v) for v in given.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"{', '.join(given)} give {sorted(lengths)} values; give one value, or one per block.")
+    return [cls(**{**fields, **{f: v[i] for f, v in given.items()}}) for i in range(lengths.pop())]
+
+
 def option_types() -> dict[str, Any]:
     """The type of every create_model option (for checking a config.json's model_args before building)."""
-    hints = typing.get_type_hints(VisionTransformer.__init__)
+    hints = {**typing.get_type_hints(SamViT.__init__), **typing.get_type_hints(VisionTransformer.__init__)}
     for key, cls in OBJECTS.items():
         hints.pop(key, None)
         hints.update(typing.get_type_hints(cls))
+    hints["num_kv_heads"] = int | tuple[int, ...] | None  # one per block too (PER_BLOCK_FIELDS)
     return hints
 
 
@@ -80,4 +105,6 @@ def architecture_defaults(name: str) -> dict[str, Any]:
     unknown name gets the defaults. What a checkpoint's config.json leaves out."""
     defaults = {k: p.default for k, p in _PARAMS.items() if k not in OBJECTS}
     defaults.update({name: f.default for name, (_, f) in _FIELDS.items()})
-    return {**defaults, **VARIANTS.get(name, {})}
+    own = {k: dataclasses.asdict(options_from(MAPPINGS[k], v, k)) if k in MAPPINGS and isinstance(v, dict) else v
+           for k, v in VARIANTS.get(name, {}).items()}  # every field of a mapping, as a built model records it
+    return {**defaults, **own}
