@@ -239,3 +239,24 @@ def test_maps_share_one_scale_anchored_at_the_threshold():
     np.testing.assert_allclose(m, good / 1.0)
     assert m.max() < 0.5 and scaled_heat(good, (4, 4))[0].max() == 1.0
     np.testing.assert_allclose(scaled_heat(np.array([[2.0, -1.0]]), (1, 2), (0.0, 1.0))[0], [[1.0, 0.0]])
+
+
+def test_the_torch_free_scorer_applies_anomalydinos_distance_and_top_share():
+    """vit/deploy/onnx_anomaly.py on features an exported AnomalyDINO model gives (unit vectors): 1 - cos to the
+    nearest bank row per patch and the mean of the top ceil(1% x 16) = 1 patches, as PatchCore.score does."""
+    from vit.deploy.onnx_anomaly import OnnxPatchCore
+    from vit.eval.anomaly import PatchCore, top_mean
+
+    rng = np.random.default_rng(3)
+    unit = lambda a: a / np.linalg.norm(a, axis=-1, keepdims=True)  # noqa: E731
+    bank, feats = unit(rng.normal(size=(30, 8))).astype(np.float32), unit(rng.normal(size=(2, 16, 8)))
+    onnx = object.__new__(OnnxPatchCore)  # the scorer alone: no files, a stand-in session
+    onnx.bank, onnx.grid, onnx.normalize, onnx.top_share, onnx.input = bank, (4, 4), True, 0.2, "x"
+    onnx.folder = Path("exported")
+    onnx.session = type("S", (), {"run": lambda self, out, feed: [feats.astype(np.float32)]})()
+    scores, maps = onnx.score(np.zeros((2, 3, 8, 8), np.float32))
+    want = (1 - feats.astype(np.float32).astype(np.float64) @ bank.T.astype(np.float64)).min(-1)  # (2, 16)
+    np.testing.assert_allclose(maps.reshape(2, 16), want, atol=1e-6)
+    np.testing.assert_allclose(scores, np.sort(want, 1)[:, ::-1][:, :4].mean(1), atol=1e-6)  # ceil(0.2 x 16) = 4
+    assert top_mean(torch.from_numpy(want), 0.2).numpy() == pytest.approx(scores, abs=1e-6)
+    assert PatchCore(torch.from_numpy(bank), (0,), normalize=True, top_share=0.2).top_share == 0.2
