@@ -1,17 +1,20 @@
-"""PatchCore on generated inspection parts, with a backbone trained here: the experiment of docs/few-labels.md.
+"""Anomaly detection on generated inspection parts, three methods on the same images, with a backbone trained here:
+the comparison of docs/anomaly.md.
 
-    python scripts/anomaly_parts.py --out /tmp/parts          # ~30 min on 2 CPU cores (~17 with --neighbourhoods 3)
+    OMP_NUM_THREADS=1 python scripts/anomaly_parts.py --out /tmp/parts --good 320 --steps 200 --repeats 1
+    # ~40 min on one shared CPU thread; expected (means of 3 seeds): see docs/anomaly.md's table
 
 1. Good parts only (vit.data.synthetic.inspection_part: brushed, grain, weave, knurl surfaces) train a tiny ViT
    with train.py to tell the four surfaces apart (128 px, patch 8: a 16x16 grid; 4 blocks of width 64; no defect
    is ever seen).
-2. For each seed: new good training parts build the bank with anomaly.py's defaults (blocks 1 and 2, 3x3
-   neighbourhood, coreset 10%), good validation parts set the threshold, and a test set of good parts and parts
-   with a scratch, dent or stain is scored: image AUROC, recall and false alarms at the threshold, and the share
-   of defective images whose hottest patch touches the defect; with the 3x3 neighbourhood and without it.
-3. Scoring speed beside plain classification of the same decoded images in the same run (images/s, one process,
-   median of 3 alternated repeats, and their ratio).
-Prints one row per seed and the mean; writes results.json into --out.
+2. For each seed (one at a time; every method sees the same images): new good training parts, good validation
+   parts with 15 defective ones (the F1 threshold), and a test set of 60 good parts and 60 with a scratch, dent
+   or stain, each defect's mask beside it (<i>.mask.npy). PatchCore (anomaly.py's defaults: blocks 1 and 2, 3x3
+   neighbourhood, coreset 10%), AnomalyDINO on the first 1, 2, 4 and 8 good parts (--shots), and Dinomaly
+   (--steps batches of 16): image AUROC, pixel AUROC and AUPRO (to 30% FPR; vit.eval.anomaly_metrics), recall
+   and false alarms at the threshold, the share of defective images whose hottest patch touches the defect, fit
+   time, and scoring speed beside plain classification of the same decoded images (median of --repeats).
+Prints one row per method and seed and a table of means; writes results.json into --out.
 """
 
 from __future__ import annotations
@@ -63,31 +66,59 @@ def train_backbone(out: Path) -> Path:
     return out / "backbone" / "best"
 
 
-def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats: int = 3,
-             good: int = TRAIN_GOOD) -> dict:
-    import numpy as np
-    import torch
-
-    from vit.cli.images import collect_images
-    from vit.eval.anomaly import auroc, choose_threshold, fit_patchcore
-    from vit.eval.inference import ImageFiles
-
+def make_seed_data(out: Path, seed: int, good: int) -> Path:
+    """out/seed<k>/: train/good (`good` parts), val/good (40), val_defects/<defect> (5 each: the F1 threshold's
+    images) and test/ (60 good, 20 of each defect), with each defect's mask beside it (<i>.mask.npy)."""
     d = out / f"seed{seed}"
     if len(list((d / "train" / "good").glob("*.png"))) != good:
         write_parts(d / "train", 1000 + seed, {"good": good}, False)
         numbered = sorted((d / "train" / "good").glob("*.png"), key=lambda p: int(p.stem))  # 9999 before 10000
         for extra in numbered[good:]:  # from an earlier, larger --good
             extra.unlink()
-    if not (d / "test").is_dir():
+    if not (d / "val_defects").is_dir():
         write_parts(d / "val", 2000 + seed, {"good": 40}, False)
+        write_parts(d / "val_defects", 2500 + seed, {"scratch": 5, "dent": 5, "stain": 5}, True)
         write_parts(d / "test", 3000 + seed, {"good": 60, "scratch": 20, "dent": 20, "stain": 20}, True)
+    return d
+
+
+def fit_method(model, train, method: str, seed: int, neighbourhood: int, steps: int):
+    from vit.eval.anomaly import METHODS, fit_patchcore
+    from vit.eval.dinomaly import fit_dinomaly
+
+    if method == "dinomaly":
+        return fit_dinomaly(model, train, steps=steps, seed=seed)
+    kw = dict(METHODS[method])
+    kw["neighbourhood"] = neighbourhood if method == "patchcore" else kw["neighbourhood"]
+    return fit_patchcore(model, train, seed=seed, method=method, **kw)
+
+
+def run_seed(model, transform, out: Path, seed: int, method: str, neighbourhood: int = 3, repeats: int = 3,
+             good: int = TRAIN_GOOD, shots: int | None = None, steps: int = 1000) -> dict:
+    """One method on one seed's parts: fit on the good training parts (the first `shots` of them when given),
+    threshold at the best F1 on the validation parts, then the test parts' image AUROC, pixel AUROC, AUPRO and
+    hottest-patch hits; scoring speed beside plain classification of the same decoded images (medians)."""
+    import numpy as np
+    import torch
+
+    from vit.cli.images import collect_images
+    from vit.eval.anomaly_metrics import aupro, auroc, pixel_auroc, upsample_maps
+    from vit.eval.anomaly_threshold import choose_threshold
+    from vit.eval.inference import ImageFiles
+
+    d = make_seed_data(out, seed, good)
     files = lambda sub: ImageFiles(collect_images([str(d / sub)])[0], transform)  # noqa: E731
+    train = files("train")
+    if shots:
+        train = ImageFiles(train.paths[:shots], transform)
+    torch.manual_seed(seed)
     t0 = time.perf_counter()
-    pc = fit_patchcore(model, files("train"), ratio=0.1, seed=seed, neighbourhood=neighbourhood)
+    det = fit_method(model, train, method, seed, neighbourhood, steps)
     fit_s = time.perf_counter() - t0
-    pc.threshold = choose_threshold(pc.score_files(model, files("val"))[0])
+    det.threshold = choose_threshold(det.score_files(model, files("val"))[0],
+                                     det.score_files(model, files("val_defects"))[0]).value
     test = files("test")
-    scores, maps, _ = pc.score_files(model, test)
+    scores, maps, _ = det.score_files(model, test)
     batches = [torch.stack([test[i][0] for i in range(s, min(s + 32, len(test)))]) for s in range(0, len(test), 32)]
 
     def classify():
@@ -95,36 +126,54 @@ def run_seed(model, transform, out: Path, seed: int, neighbourhood: int, repeats
             for x in batches:
                 model(x)
 
-    # the same decoded batches both ways, alternated, median of `repeats`: scoring against plain classification
-    speed = {"score": [], "classify": []}
+    speed = {"score": [], "classify": []}  # the same decoded batches both ways, alternated, median of `repeats`
     for _ in range(repeats):
-        for name, fn in (("score", lambda: [pc.score(model, x) for x in batches]), ("classify", classify)):
+        for name, fn in (("score", lambda: [det.score(model, x) for x in batches]), ("classify", classify)):
             t0 = time.perf_counter()
             fn()
             speed[name].append(len(test) / (time.perf_counter() - t0))
     defective = np.array([p.parent.name != "good" for p in test.paths])
+    masks = np.stack([np.load(p.with_suffix(".mask.npy")) if p.parent.name != "good" else np.zeros((SIZE, SIZE), bool)
+                      for p in test.paths])
+    full = upsample_maps(maps, (SIZE, SIZE))  # (N, SIZE, SIZE) bilinear from the 16 x 16 patch maps
     hits = []
-    for p, m in zip(test.paths, maps):
-        if p.parent.name == "good":
-            continue
-        mask = np.load(p.with_suffix(".mask.npy"))  # (SIZE, SIZE); the model saw the image at its own size
-        r, c = np.unravel_index(int(m.argmax()), m.shape)
-        hits.append(bool(mask[r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH].any()))
-    return {"seed": seed, "neighbourhood": neighbourhood, "auroc": auroc(scores, defective), "threshold": pc.threshold,
-            "recall": float((scores[defective] >= pc.threshold).mean()),
-            "false_alarms": int((scores[~defective] >= pc.threshold).sum()), "good_test": int((~defective).sum()),
-            "peak_on_defect": float(np.mean(hits)), "bank": len(pc.bank), "fit_s": fit_s,
+    for m, mask, bad in zip(maps, masks, defective):
+        if bad:
+            r, c = np.unravel_index(int(m.argmax()), m.shape)
+            hits.append(bool(mask[r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH].any()))
+    return {"seed": seed, "method": method, "shots": shots or len(train), "neighbourhood": neighbourhood,
+            "auroc": auroc(scores, defective), "pixel_auroc": pixel_auroc(full, masks), "aupro": aupro(full, masks),
+            "threshold": det.threshold, "recall": float((scores[defective] >= det.threshold).mean()),
+            "false_alarms": int((scores[~defective] >= det.threshold).sum()), "good_test": int((~defective).sum()),
+            "peak_on_defect": float(np.mean(hits)), "fit_s": fit_s,
             "score_images_per_s": float(np.median(speed["score"])),
             "classify_images_per_s": float(np.median(speed["classify"]))}
 
 
-def main(argv: list[str] | None = None) -> int:
+def label(r: dict) -> str:
+    if r["method"] == "patchcore":
+        return f"patchcore {r['neighbourhood']}x{r['neighbourhood']}"
+    return f"anomalydino, {r['shots']} good" if r["method"] == "anomalydino" else "dinomaly"
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the generated parts and the run")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--good", type=int, default=TRAIN_GOOD, help="good parts in the bank (before the coreset)")
-    ap.add_argument("--neighbourhoods", type=int, nargs="+", default=[3, 1],
+    ap.add_argument("--methods", nargs="+", default=["patchcore", "anomalydino", "dinomaly"],
+                    choices=["patchcore", "anomalydino", "dinomaly"])
+    ap.add_argument("--neighbourhoods", type=int, nargs="+", default=[3],
                     help="PatchCore's 3x3 feature averaging, and none (1), compared")
+    ap.add_argument("--shots", type=int, nargs="+", default=[1, 2, 4, 8],
+                    help="AnomalyDINO's few-shot runs: good images in its bank (0: all --good of them)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed scoring passes (the median is reported)")
+    ap.add_argument("--steps", type=int, default=1000, help="Dinomaly's training steps (batches of 16)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.good < 1 or any(n < 1 or n % 2 == 0 for n in args.neighbourhoods):  # before minutes of training
         ap.error(f"--good must be at least 1 part and every --neighbourhoods an odd number (3, or 1 for none), got "
@@ -141,22 +190,28 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts")
     transform = build_transform(cfg.aug, SIZE, train=False)
+    runs = [("patchcore", n, None) for n in args.neighbourhoods] * ("patchcore" in args.methods)
+    runs += [("anomalydino", 1, k or None) for k in args.shots] * ("anomalydino" in args.methods)
+    runs += [("dinomaly", 1, None)] * ("dinomaly" in args.methods)
     rows = []
-    for n in args.neighbourhoods:
-        for s in args.seeds:
-            rows.append(r := run_seed(model, transform, out, s, n, good=args.good))
-            print(f"{r['neighbourhood']}x{r['neighbourhood']} seed {r['seed']}: "
-                  f"AUROC {r['auroc']:.4f}  recall {r['recall']:.2f} at threshold {r['threshold']:.3f}"
-                  f" ({r['false_alarms']}/{r['good_test']} false alarms)  hottest patch on the defect "
-                  f"{100 * r['peak_on_defect']:.0f}%  scoring {r['score_images_per_s']:.0f} images/s, "
-                  f"classifying {r['classify_images_per_s']:.0f} images/s (ratio "
-                  f"{r['score_images_per_s'] / r['classify_images_per_s']:.2f}, medians of 3)", flush=True)
+    for s in args.seeds:  # one seed at a time: its parts are made once and every method sees the same images
+        for method, n, shots in runs:
+            rows.append(r := run_seed(model, transform, out, s, method, n, args.repeats, args.good, shots,
+                                      args.steps))
+            print(f"{label(r)} seed {r['seed']}: image AUROC {r['auroc']:.4f}  pixel AUROC {r['pixel_auroc']:.4f}  "
+                  f"AUPRO {r['aupro']:.4f}  recall {r['recall']:.2f} ({r['false_alarms']}/{r['good_test']} false "
+                  f"alarms at the F1 threshold)  hottest patch on the defect {100 * r['peak_on_defect']:.0f}%  fit "
+                  f"{r['fit_s']:.1f} s  scoring {r['score_images_per_s']:.0f} images/s (classifying "
+                  f"{r['classify_images_per_s']:.0f})", flush=True)
     mean = {}
-    for n in args.neighbourhoods:
-        sub = [r for r in rows if r["neighbourhood"] == n]
-        mean[n] = {k: sum(r[k] for r in sub) / len(sub) for k in ("auroc", "recall", "peak_on_defect")}
-        print(f"{n}x{n} neighbourhood, mean over {len(sub)} seeds: AUROC {mean[n]['auroc']:.4f}, recall "
-              f"{mean[n]['recall']:.2f}, hottest patch on the defect {100 * mean[n]['peak_on_defect']:.0f}%")
+    for name in dict.fromkeys(label(r) for r in rows):
+        sub = [r for r in rows if label(r) == name]
+        mean[name] = {k: sum(r[k] for r in sub) / len(sub)
+                      for k in ("auroc", "pixel_auroc", "aupro", "recall", "peak_on_defect", "fit_s",
+                                "score_images_per_s")}
+        m = mean[name]
+        print(f"| {name} | {m['auroc']:.3f} | {m['pixel_auroc']:.3f} | {m['aupro']:.3f} | {m['fit_s']:.1f} | "
+              f"{m['score_images_per_s']:.0f} |  (means over {len(sub)} seeds)")
     (out / "results.json").write_text(json.dumps({"seeds": rows, "mean": mean, "backbone_val_acc1": meta["val_acc1"]},
                                                  indent=1))
     return 0

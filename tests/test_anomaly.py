@@ -14,14 +14,14 @@ from vit import create_model
 from vit.data.synthetic import DEFECTS, PART_KINDS, inspection_part
 from vit.eval.anomaly import (
     PatchCore,
-    auroc,
-    choose_threshold,
     coreset,
     k_center_greedy,
     load_patchcore,
     random_projection,
     save_patchcore,
 )
+from vit.eval.anomaly_metrics import auroc
+from vit.eval.anomaly_threshold import choose_threshold
 
 
 def _brute_k_center(z: np.ndarray, n: int, start: int) -> list[int]:
@@ -148,8 +148,8 @@ def test_auroc_equals_sklearn_with_ties():
 
 
 def test_threshold_and_files_round_trip(tmp_path):
-    assert choose_threshold(np.array([0.1, 0.4, 0.3, np.nan])) == 0.4
-    assert choose_threshold(np.arange(100.0), 0.05) == 95.0
+    assert choose_threshold(np.array([0.1, 0.4, 0.3, np.nan])).value == np.nextafter(0.4, 1)  # none flagged
+    assert choose_threshold(np.arange(100.0), rate=0.05).value == np.nextafter(94.0, 100)  # 95..99 flagged: 5%
     pc = PatchCore(torch.randn(20, 8), (1, 2), threshold=0.7)
     back = load_patchcore(save_patchcore(tmp_path / "anomaly", pc))
     assert torch.equal(back.bank, pc.bank) and back.layers == (1, 2) and back.threshold == 0.7

@@ -147,7 +147,7 @@ def test_predict_draws_rollout_and_anomaly_maps_on_each_images_own_grid(naflex_c
     pc.threshold = 1.0
     save_patchcore(ck / "anomaly", pc)
     drawn = {}
-    monkeypatch.setattr(overlays, "plot_attention_map", lambda path, image, grid_map, title: drawn.__setitem__(
+    monkeypatch.setattr(overlays, "plot_attention_map", lambda path, image, grid_map, title, *scale: drawn.__setitem__(
         Path(path).name, (image.shape, np.asarray(grid_map))))
     assert import_script("predict").main(["--checkpoint", str(ck), str(tmp / "parts"), "--out", str(tmp_path / "p"),
                                           "--cam", "--batch-size", "3"]) == 0

@@ -322,7 +322,7 @@ def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches:
     require_onnx()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    features = PatchFeatures(ExportableClassifier(model).model, pc.layers, pc.neighbourhood).eval()
+    features = PatchFeatures(ExportableClassifier(model).model, pc.layers, pc.neighbourhood, pc.normalize).eval()
     example = batches[0] if len(batches[0]) > 1 else batches[0].repeat(2, 1, 1, 1)  # size 1 would be frozen
     dynamic = _dynamic_shapes(features.model, features.model.dynamic_img_size)
     program = torch.onnx.export(features, (example,), dynamo=True, dynamic_shapes=dynamic, input_names=["x"],
@@ -331,9 +331,10 @@ def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches:
     with open(out_dir / BANK_NPY, "wb") as f:
         np.save(f, pc.bank.numpy().astype(np.float32), allow_pickle=False)
     grid = list(model.grid_size(tuple(batches[0].shape[-2:])))
-    settings = dict(layers=list(pc.layers), neighbourhood=pc.neighbourhood, threshold=pc.threshold, grid=grid,
-                    bank_size=len(pc.bank), output="patch_features (B, h*w, F); score = max over patches of the "
-                    "distance to the nearest bank row")
+    settings = dict(method=pc.method, layers=list(pc.layers), neighbourhood=pc.neighbourhood,
+                    normalize=pc.normalize, top_share=pc.top_share, threshold=pc.threshold, grid=grid,
+                    bank_size=len(pc.bank), output="patch_features (B, h*w, F); score = the mean of the top_share "
+                    "highest patches' distances to their nearest bank row (the highest when 0)")
     atomic_write_text(out_dir / SETTINGS, json.dumps(settings, indent=1))
     onnx = OnnxPatchCore(out_dir, preprocessing_json)
     worst, n = 0.0, 0

@@ -71,6 +71,7 @@ class OnnxPatchCore:
                 or not np.isfinite(self.bank).all()):
             raise ValueError(f"{folder / BANK_NPY} is not a finite, non-empty (K, F) float32 bank; {redo}.")
         self.threshold, self.grid = settings["threshold"], tuple(settings["grid"])
+        self.normalize, self.top_share = settings["normalize"], settings["top_share"]  # AnomalyDINO's, see below
         try:
             self.session = open_session(folder / FEATURES_ONNX, threads)
         except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
@@ -90,7 +91,9 @@ class OnnxPatchCore:
             raise ValueError(f"{self.folder / FEATURES_ONNX} gives features {feats.shape}, but the bank holds "
                              f"{self.bank.shape[1]}-vectors on a {self.grid} grid; export the checkpoint again.")
         patch = nearest_distance(feats.reshape(-1, feats.shape[2]), self.bank).reshape(len(x), -1)
-        return patch.max(1), patch.reshape(len(x), *self.grid)
+        patch = patch**2 / 2 if self.normalize else patch  # unit features (normalised in the ONNX): 1 - cos
+        k = max(1, math.ceil(self.top_share * patch.shape[1] - 1e-9))  # vit.eval.anomaly.top_mean
+        return -np.sort(-patch, axis=1)[:, :k].mean(1), patch.reshape(len(x), *self.grid)
 
     def predict(self, paths: list[Path], batch_size: int = 32) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                          list[str]]:

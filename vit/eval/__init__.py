@@ -2,8 +2,9 @@
 `multilabel` (per-class AP, mAP, F1), `inference` (images to predictions: which files, which model and
 preprocessing), `evaluate` (evaluate.py's scoring: `evaluate_checkpoint`, also importable from here, loaded on first
 use), `text` (sentences to predictions), `zero_shot` (CLIP / SigLIP classifiers from label names), `features`
-(frozen embeddings out) and `probes` (k-NN and the linear probe on them), `anomaly` (PatchCore) with
-`anomaly_settings` (its patchcore.json), and `plots`. Import by module."""
+(frozen embeddings out) and `probes` (k-NN and the linear probe on them), `anomaly` (PatchCore, AnomalyDINO) with
+`anomaly_settings` (its patchcore.json), `dinomaly` (Dinomaly), `anomaly_threshold` (thresholds from validation
+images), `anomaly_metrics` (image and pixel AUROC, AUPRO), and `plots`. Import by module."""
 
 _LAZY = {"evaluate_checkpoint": "evaluate", "evaluate_model": "evaluate", "load_model_and_config": "inference"}
 

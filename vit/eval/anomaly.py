@@ -12,13 +12,19 @@ Anomaly Detection") on a ViT's intermediate patch tokens.
 3. Score (sec. 3.3): a patch's score is the Euclidean distance to its nearest bank feature; an image's score is
    its worst patch's, s = max_p min_m ||f_p - m||_2; the (h, w) patch scores are its heat map.
 
-The threshold comes from good validation images only (`choose_threshold`); `auroc` is the image-level ROC AUC.
+AnomalyDINO (Damm et al., 2024, "AnomalyDINO: Boosting Patch-based Few-shot Anomaly Detection with DINOv2") is
+the same nearest-neighbour search made training-free and few-shot: every patch of a handful of good images in the
+bank (no coreset, no neighbourhood averaging), cosine distance 1 - cos(f_p, m) on L2-normalised features, and the
+image score the mean of its 1% most anomalous patches (`METHODS`: the settings each name stands for).
+
+The threshold comes from validation images (vit.eval.anomaly_threshold); the metrics are vit.eval.anomaly_metrics.
 Bank and threshold are saved as plain arrays (safetensors + JSON), never pickled.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -31,11 +37,14 @@ from .anomaly_settings import SETTINGS_FILE, check_threshold, read_settings
 from .inference import ImageFiles, batch_of
 
 __all__ = ["middle_layers", "patch_features", "PatchFeatures", "random_projection", "k_center_greedy", "coreset",
-           "nearest_distance", "PatchCore", "fit_patchcore", "choose_threshold", "auroc", "save_patchcore",
-           "load_patchcore", "find_patchcore", "BANK_FILE", "ANOMALY_DIR"]
+           "nearest_distance", "PatchCore", "fit_patchcore", "save_patchcore", "load_patchcore", "find_patchcore",
+           "top_mean", "score_files", "BANK_FILE", "ANOMALY_DIR", "METHODS"]
 
 BANK_FILE = "bank.safetensors"  # beside SETTINGS_FILE, patchcore.json (vit.eval.anomaly_settings)
 ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes the bank and predict.py and demo.py look for it
+# the nearest-neighbour methods by name: fit_patchcore's keywords for each (Dinomaly, trained, is vit.eval.dinomaly)
+METHODS = {"patchcore": dict(ratio=0.1, neighbourhood=3, normalize=False, top_share=0.0),
+           "anomalydino": dict(ratio=1.0, neighbourhood=1, normalize=True, top_share=0.01)}
 
 
 def middle_layers(depth: int) -> tuple[int, ...]:
@@ -54,29 +63,31 @@ def _pooled(maps: list[torch.Tensor], k: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def patch_features(model, x: torch.Tensor | dict, layers: tuple[int, ...],
-                   neighbourhood: int = 3) -> torch.Tensor | list[torch.Tensor]:
+def patch_features(model, x: torch.Tensor | dict, layers: tuple[int, ...], neighbourhood: int = 3,
+                   normalize: bool = False) -> torch.Tensor | list[torch.Tensor]:
     """Images (B, C, H, W) -> patch features averaged over their `neighbourhood` x `neighbourhood` neighbours
-    (odd; 1: none), (B, h*w, len(layers) * D). A NaFlex batch (a dict, vit.layers.naflex: each image at its own
-    aspect ratio) -> a list of B (h_i*w_i, len(layers) * D), each image's neighbourhoods on its own grid."""
+    (odd; 1: none), (B, h*w, len(layers) * D), L2-normalised when `normalize` (AnomalyDINO's cosine distance).
+    A NaFlex batch (a dict, vit.layers.naflex: each image at its own aspect ratio) -> a list of B
+    (h_i*w_i, len(layers) * D), each image's neighbourhoods on its own grid."""
     if neighbourhood < 1 or neighbourhood % 2 == 0:
         raise ValueError(f"the neighbourhood must be an odd number of patches (3, or 1 for none), got {neighbourhood}.")
     maps = model.forward_intermediates(x, indices=list(layers), output_fmt="NCHW", intermediates_only=True)
+    unit = (lambda f: F.normalize(f, dim=-1)) if normalize else (lambda f: f)  # noqa: E731
     if isinstance(x, dict):  # per layer a list of the B images' own grids (D, h_i, w_i)
-        return [_pooled([m[None] for m in image], neighbourhood)[0] for image in zip(*maps)]
-    return _pooled(maps, neighbourhood)  # (B, h*w, L*D)
+        return [unit(_pooled([m[None] for m in image], neighbourhood)[0]) for image in zip(*maps)]
+    return unit(_pooled(maps, neighbourhood))  # (B, h*w, L*D)
 
 
 class PatchFeatures(torch.nn.Module):
     """`patch_features` as a module: images (B, C, H, W) -> (B, h*w, F), what an exporter traces (the ONNX
     feature model of vit/deploy/export.py's `export_patchcore`)."""
 
-    def __init__(self, model, layers: tuple[int, ...], neighbourhood: int = 3) -> None:
+    def __init__(self, model, layers: tuple[int, ...], neighbourhood: int = 3, normalize: bool = False) -> None:
         super().__init__()
-        self.model, self.layers, self.neighbourhood = model, tuple(layers), neighbourhood
+        self.model, self.layers, self.neighbourhood, self.normalize = model, tuple(layers), neighbourhood, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return patch_features(self.model, x, self.layers, self.neighbourhood)
+        return patch_features(self.model, x, self.layers, self.neighbourhood, self.normalize)
 
 
 def random_projection(x: torch.Tensor, dim: int, seed: int = 0) -> torch.Tensor:
@@ -136,13 +147,23 @@ def nearest_distance(queries: torch.Tensor, bank: torch.Tensor, chunk: int = 204
     return torch.cat(out) if out else queries.new_zeros(0)
 
 
+def top_mean(patch: torch.Tensor, share: float) -> torch.Tensor:
+    """(..., P) patch scores -> (...,) the mean of the ceil(share * P) highest (at least 1; share 0: the max)."""
+    k = max(1, math.ceil(share * patch.shape[-1] - 1e-9))
+    return patch.topk(k, dim=-1).values.mean(-1)
+
+
 class PatchCore:
-    """A memory bank of good patch features (K, F) for one backbone, the blocks it reads and a threshold."""
+    """A memory bank of good patch features (K, F) for one backbone, the blocks it reads and a threshold; with
+    `normalize` the features are unit vectors and a patch's score is the cosine distance d^2 / 2 = 1 - cos
+    (AnomalyDINO), and an image's score is the mean of its `top_share` highest patches (0: the highest)."""
 
     def __init__(self, bank: torch.Tensor, layers: tuple[int, ...], threshold: float | None = None,
-                 neighbourhood: int = 3) -> None:
+                 neighbourhood: int = 3, normalize: bool = False, top_share: float = 0.0,
+                 method: str = "patchcore") -> None:
         self.bank, self.layers, self.threshold = bank.float(), tuple(int(i) for i in layers), threshold
-        self.neighbourhood = int(neighbourhood)
+        self.neighbourhood, self.normalize, self.top_share = int(neighbourhood), bool(normalize), float(top_share)
+        self.method = method
 
     @torch.no_grad()
     def score(self, model, x: torch.Tensor | dict) -> tuple[torch.Tensor, torch.Tensor | list[torch.Tensor]]:
@@ -150,59 +171,73 @@ class PatchCore:
         (scores (B,), a list of B maps (h_i, w_i), each on its image's own grid)."""
         device = next(model.parameters()).device  # the model may sit on an accelerator; results come back on CPU
         x = {k: v.to(device) for k, v in x.items()} if isinstance(x, dict) else x.to(device)
-        feats = patch_features(model, x, self.layers, self.neighbourhood)  # (B, h*w, F) or B x (h_i*w_i, F)
+        feats = patch_features(model, x, self.layers, self.neighbourhood, self.normalize)  # (B, h*w, F) or list
         flat = torch.cat(list(feats)) if isinstance(feats, list) else feats.flatten(0, 1)
         if flat.shape[1] != self.bank.shape[1]:
             raise ValueError(f"the bank holds {self.bank.shape[1]}-vectors but blocks {list(self.layers)} of this "
                              f"model give {flat.shape[1]}; it was built with another model: run anomaly.py fit with "
                              "this one.")
         patch = nearest_distance(flat, self.bank.to(device)).cpu()
+        patch = patch.square() / 2 if self.normalize else patch  # unit vectors: |f - m|^2 / 2 = 1 - cos(f, m)
         if isinstance(feats, list):
             grids = grid_sizes(x["patch_coord"], x["patch_valid"]).tolist()
             maps = [p.reshape(h, w) for p, (h, w) in zip(patch.split([len(f) for f in feats]), grids)]
-            return torch.stack([m.amax() for m in maps]), maps
+            return torch.stack([top_mean(m.flatten(), self.top_share) for m in maps]), maps
         B, P = feats.shape[:2]
         patch = patch.reshape(B, P)
         h, w = model.grid_size(tuple(x.shape[-2:]))
-        return patch.amax(dim=1), patch.reshape(B, h, w)
+        return top_mean(patch, self.top_share), patch.reshape(B, h, w)
 
     def score_files(self, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray | list,
                                                                                       np.ndarray]:
-        """(scores (N,), maps (N, h, w), readable (N,) bool) of every file of `dataset`, in order; an unreadable
-        file scores nan. With a NaFlex pipeline the maps are a list of N (h_i, w_i) arrays."""
-        scores, maps, ok = [], [], []
-        model.eval()
-        for start in range(0, len(dataset), batch_size):
-            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-            s, m = self.score(model, batch_of(dataset, items))
-            good = torch.tensor([bool(it[1]) for it in items])
-            scores.append(torch.where(good, s, torch.nan))
-            maps += [g.numpy() for g in m] if isinstance(m, list) else [m]
-            ok.append(good)
-        maps = maps if getattr(dataset, "naflex", False) else torch.cat(maps).numpy()
-        return torch.cat(scores).numpy(), maps, torch.cat(ok).numpy()
+        return score_files(self, model, dataset, batch_size)
+
+
+def score_files(detector, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray | list,
+                                                                                      np.ndarray]:
+    """(scores (N,), maps (N, h, w), readable (N,) bool) of every file of `dataset`, in order, by any detector
+    with `score(model, x) -> (scores, maps)` (PatchCore, vit.eval.dinomaly.Dinomaly); an unreadable file scores
+    nan. With a NaFlex pipeline the maps are a list of N (h_i, w_i) arrays."""
+    scores, maps, ok = [], [], []
+    model.eval()
+    for start in range(0, len(dataset), batch_size):
+        items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        s, m = detector.score(model, batch_of(dataset, items))
+        good = torch.tensor([bool(it[1]) for it in items])
+        scores.append(torch.where(good, s, torch.nan))
+        maps += [g.numpy() for g in m] if isinstance(m, list) else [m]
+        ok.append(good)
+    maps = maps if getattr(dataset, "naflex", False) else torch.cat(maps).numpy()
+    return torch.cat(scores).numpy(), maps, torch.cat(ok).numpy()
 
 
 @torch.no_grad()
 def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = None, ratio: float = 0.1,
                   batch_size: int = 32, seed: int = 0, projection_dim: int = 128, neighbourhood: int = 3,
-                  max_bank: int | None = None) -> PatchCore:
+                  max_bank: int | None = None, normalize: bool = False, top_share: float = 0.0,
+                  method: str = "patchcore", progress: bool = False) -> PatchCore:
     """The bank of the good images in `dataset`: all their patch features, subsampled to `ratio` of them by the
-    greedy coreset (at least one, at most `max_bank`). `layers`: the blocks read (default: `middle_layers`).
-    Each image is read once and its features kept, (N * h*w, F) in memory; the coreset costs N * h*w * K
-    distances for a bank of K, so at a fixed ratio it grows as N^2 and under `max_bank` linearly in N."""
+    greedy coreset (at least one, at most `max_bank`). `layers`: the blocks read (default: `middle_layers`);
+    `normalize`, `top_share`: see PatchCore (`METHODS` holds each method's settings); `progress`: a tqdm bar
+    over the batches. Each image is read once and its features kept, (N * h*w, F) in memory; the coreset costs
+    N * h*w * K distances for a bank of K, so at a fixed ratio it grows as N^2 and under `max_bank` linearly."""
+    from tqdm import tqdm
+
     if not 0 < ratio <= 1:
         raise ValueError(f"the coreset ratio must be in (0, 1], got {ratio}; 0.1 keeps a tenth of the patches.")
     if max_bank is not None and max_bank < 1:
         raise ValueError(f"the bank's largest size must be at least 1 patch feature, got {max_bank}.")
+    if not 0 <= top_share <= 1:
+        raise ValueError(f"the share of patches an image's score averages must be in [0, 1], got {top_share}.")
     model.eval()
     layers = tuple(layers) if layers is not None else middle_layers(len(model.blocks))
     feats = []
-    for start in range(0, len(dataset), batch_size):
+    for start in tqdm(range(0, len(dataset), batch_size), desc=f"{method}: good images", unit="batch", leave=False,
+                      disable=not progress):
         items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         items = [it for it in items if it[1]]  # unreadable images teach nothing
         if items:
-            f = patch_features(model, batch_of(dataset, items), layers, neighbourhood)
+            f = patch_features(model, batch_of(dataset, items), layers, neighbourhood, normalize)
             feats.append(torch.cat(f) if isinstance(f, list) else f.flatten(0, 1))  # (sum of h*w, F)
     if not feats:
         raise ValueError("none of the good images could be read; pass a folder of readable images of good parts.")
@@ -210,33 +245,7 @@ def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = N
     n = max(1, int(round(ratio * len(feats))))
     n = n if max_bank is None else min(n, max_bank)
     keep = coreset(feats, n, projection_dim, seed) if n < len(feats) else None
-    return PatchCore(feats if keep is None else feats[keep], layers, None, neighbourhood)
-
-
-def choose_threshold(good_scores: np.ndarray, false_alarm_rate: float = 0.0) -> float:
-    """The score from which an image is called defective, from good validation images alone: the (1 -
-    false_alarm_rate) quantile of their scores (0: the highest, so no good validation image is flagged)."""
-    s = np.asarray(good_scores, np.float64)
-    s = s[np.isfinite(s)]
-    if not len(s):
-        raise ValueError("no good validation image could be scored; a threshold needs some.")
-    return float(np.quantile(s, 1.0 - false_alarm_rate, method="higher"))
-
-
-def auroc(scores: np.ndarray, defective: np.ndarray) -> float:
-    """Image-level ROC AUC: the chance that a defective image scores above a good one, ties counted half (the
-    Mann-Whitney U statistic over both counts)."""
-    s, y = np.asarray(scores, np.float64), np.asarray(defective, bool)
-    if y.all() or not y.any():
-        raise ValueError("AUROC needs both good and defective images.")
-    ranks = np.empty(len(s))
-    order = np.argsort(s, kind="stable")
-    ranks[order] = np.arange(1, len(s) + 1)
-    for v in np.unique(s):  # tied scores share their mean rank
-        tie = s == v
-        ranks[tie] = ranks[tie].mean()
-    n1, n0 = y.sum(), (~y).sum()
-    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+    return PatchCore(feats if keep is None else feats[keep], layers, None, neighbourhood, normalize, top_share, method)
 
 
 def save_patchcore(folder: str | Path, pc: PatchCore, extra: dict | None = None) -> Path:
@@ -247,7 +256,8 @@ def save_patchcore(folder: str | Path, pc: PatchCore, extra: dict | None = None)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(folder / BANK_FILE, save({"bank": pc.bank.contiguous()}))
-    settings = {"layers": list(pc.layers), "neighbourhood": pc.neighbourhood, "threshold": pc.threshold,
+    settings = {"method": pc.method, "layers": list(pc.layers), "neighbourhood": pc.neighbourhood,
+                "normalize": pc.normalize, "top_share": pc.top_share, "threshold": pc.threshold,
                 "bank_size": len(pc.bank), **(extra or {})}
     check_threshold(pc.threshold, "this PatchCore", "choose it with choose_threshold on good images")
     atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=1, allow_nan=False))
@@ -260,10 +270,14 @@ def load_patchcore(folder: str | Path) -> PatchCore:
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    if not (folder / BANK_FILE).is_file() or not (folder / SETTINGS_FILE).is_file():
+    if not (folder / SETTINGS_FILE).is_file():
         raise FileNotFoundError(f"{folder} has no {BANK_FILE} and {SETTINGS_FILE}; build them with anomaly.py fit.")
     redo = "rebuild it with anomaly.py fit"
     settings = read_settings(folder / SETTINGS_FILE, redo)  # the checks predict.py --onnx's reader makes too
+    if settings["method"] not in METHODS:
+        raise ValueError(f"{folder} holds a {settings['method']} model, not a nearest-neighbour bank "
+                         f"({' or '.join(METHODS)}); score it with anomaly.py score, or fit a bank into another "
+                         "folder.")
     try:
         bank = load_file(folder / BANK_FILE)["bank"]
     except (SafetensorError, KeyError, OSError, ValueError) as e:
@@ -271,7 +285,8 @@ def load_patchcore(folder: str | Path) -> PatchCore:
     if bank.ndim != 2 or not len(bank) or not bank.is_floating_point() or not torch.isfinite(bank).all():
         raise ValueError(f"{folder / BANK_FILE} is not a finite, floating-point (K, F) bank of at least 1 row; "
                          "rebuild it with anomaly.py fit.")
-    return PatchCore(bank, tuple(settings["layers"]), settings["threshold"], settings["neighbourhood"])
+    return PatchCore(bank, tuple(settings["layers"]), settings["threshold"], settings["neighbourhood"],
+                     settings["normalize"], settings["top_share"], settings["method"])
 
 
 def find_patchcore(checkpoint: str | Path | None) -> PatchCore | None:

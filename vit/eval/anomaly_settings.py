@@ -5,6 +5,10 @@ through `vit.deploy.onnx_anomaly.OnnxPatchCore`). Standard library only, so the 
     settings = read_settings(folder / SETTINGS_FILE, "rebuild it with anomaly.py fit")
     settings["threshold"]   # None (no verdict) or a finite float: NaN would call every image good (s >= NaN is
                             # False), a string would fail mid-run, so neither gets past here
+    settings["method"]      # which detector the folder holds (METHOD_NAMES; files written before it: patchcore)
+
+The file is named for the first method; every method's folder has one, so a folder of another method is found
+and named, not mistaken for a missing bank.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ import json
 import math
 from pathlib import Path
 
-__all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "check_threshold", "read_settings"]
+__all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "METHOD_NAMES", "check_threshold", "read_settings"]
 
 SETTINGS_FILE = "patchcore.json"
+METHOD_NAMES = ("patchcore", "anomalydino", "dinomaly")  # anomaly.py fit --method
 MAX_SETTINGS_BYTES = 1 << 20  # a settings file is a few hundred bytes; anything larger is not one
 
 
@@ -55,6 +60,15 @@ def read_settings(path: str | Path, redo: str) -> dict:
     if not _whole(hood, 1) or hood % 2 == 0:
         raise ValueError(f"{path} has neighbourhood {hood!r}, not an odd whole number of patches; {redo}.")
     settings["threshold"] = check_threshold(settings.get("threshold"), str(path), redo)
+    settings.setdefault("method", "patchcore")
+    settings.setdefault("normalize", False)
+    settings.setdefault("top_share", 0.0)
+    share = settings["top_share"]
+    if settings["method"] not in METHOD_NAMES or not isinstance(settings["normalize"], bool) or isinstance(
+            share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"{path} has method {settings['method']!r}, normalize {settings['normalize']!r} and "
+                         f"top_share {share!r}: not one of {', '.join(METHOD_NAMES)}, true/false and a share in "
+                         f"[0, 1]; {redo}.")
     grid = settings.get("grid")
     if grid is not None and not (isinstance(grid, list) and len(grid) == 2 and all(_whole(g, 1) for g in grid)):
         raise ValueError(f"{path} has grid {grid!r}, not [rows, columns] of whole numbers >= 1; {redo}.")

@@ -189,17 +189,23 @@ def to_display(x, mean, std) -> np.ndarray:
     return img.repeat(3, axis=2) if img.shape[2] == 1 else img  # grey (model.in_chans=1) shown as RGB
 
 
-def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str) -> None:
+def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, title: str,
+                       scale: tuple[float, float] | None = None) -> None:
     """The attention picture of one image as a PNG (see attention_figure)."""
-    save_figure(attention_figure(image, grid_map, title), path, dpi=100)
+    save_figure(attention_figure(image, grid_map, title, scale), path, dpi=100)
 
 
-def scaled_heat(grid_map: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """A patch-grid map (h, w) min-max scaled to [0, 1], and that map upsampled (bicubic) to `size` (H, W)."""
+def scaled_heat(grid_map: np.ndarray, size: tuple[int, int], scale: tuple[float, float] | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """A patch-grid map (h, w) scaled to [0, 1], and that map upsampled (bicubic) to `size` (H, W): min-max on
+    its own, or with `scale` (low, high) the same for every image, low to 0 and high to 1, clipped."""
     import cv2
 
-    m = grid_map - grid_map.min()
-    m = m / m.max() if m.max() > 0 else m
+    if scale is None:
+        m = grid_map - grid_map.min()
+        m = m / m.max() if m.max() > 0 else m
+    else:
+        m = ((grid_map - scale[0]) / max(scale[1] - scale[0], 1e-12)).clip(0, 1)
     heat = cv2.resize(m.astype(np.float32), (size[1], size[0]), interpolation=cv2.INTER_CUBIC).clip(0, 1)
     return m, heat
 
@@ -214,13 +220,15 @@ def overlay_image(image: np.ndarray, grid_map: np.ndarray, alpha: float = 0.5) -
     return (255 * ((1 - alpha) * image[..., :3] + alpha * colour)).round().clip(0, 255).astype(np.uint8)
 
 
-def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Figure:
+def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str,
+                     scale: tuple[float, float] | None = None) -> Figure:
     """Input (H, W, C) in [0, 1] | patch-grid map (h, w) | map upsampled (bicubic) over the input, with a colour
     bar for the map's scale: the map is shifted and scaled to [0, 1] (its minimum to 0, its maximum to 1), so
-    the colours rank patches within one image and are not comparable across images."""
+    the colours rank patches within one image and are not comparable across images; with `scale` (low, high)
+    every image shares one scale (anomaly maps: 0 to twice the threshold, the threshold the middle colour)."""
     from matplotlib.figure import Figure
 
-    m, heat = scaled_heat(grid_map, image.shape[:2])
+    m, heat = scaled_heat(grid_map, image.shape[:2], scale)
     fig = Figure(figsize=(10, 3.5))
     axes = fig.subplots(1, 3)
     axes[0].imshow(image)
@@ -232,7 +240,8 @@ def attention_figure(image: np.ndarray, grid_map: np.ndarray, title: str) -> Fig
     axes[2].set_title("overlay")
     for a in axes:
         a.axis("off")
-    fig.colorbar(im, ax=list(axes), fraction=0.025, pad=0.02, label="relevance (min-max scaled)")
+    label = "relevance (min-max scaled)" if scale is None else f"score, {scale[0]:.3g} to {scale[1]:.3g}"
+    fig.colorbar(im, ax=list(axes), fraction=0.025, pad=0.02, label=label)
     fig.suptitle(title, fontsize=9)
     return fig
 

@@ -34,13 +34,17 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
 
 
 def write_anomaly_maps(dataset: ImageFiles, rows: list[dict], good: list[int], maps, cfg, out: Path,
-                       final: Path | None = None) -> None:
+                       final: Path | None = None, threshold: float | None = None) -> None:
     """Each readable image's anomaly heat map (`maps`: the patch scores of every input, (h, w) each) drawn as
-    write_cams draws rollout, into `out`/cam/; each row's `anomaly_map` names it as it will be in `final`."""
+    write_cams draws rollout, into `out`/cam/, every map on one colour scale: 0 to twice `threshold` (the
+    threshold the middle colour), or without one 0 to the highest patch score of them all; each row's
+    `anomaly_map` names it as it will be in `final`."""
+    top = max((float(maps[i].max()) for i in good), default=1.0)
+    scale = (0.0, 2 * threshold) if threshold else (0.0, top)
     for i, row in zip(good, rows):
         path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}_anomaly.png"
         title = (f"{Path(row['path']).name}: anomaly score {row['anomaly_score']:.3f} {row['verdict']}  |  "
                  "distance to the good patches")
         seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
-        plot_attention_map(path, seen, maps[i], title)
+        plot_attention_map(path, seen, maps[i], title, scale)
         row["anomaly_map"] = str((final or out) / path.relative_to(out))

@@ -1,5 +1,6 @@
 """Building blocks of the shared Transformer encoder, one concept per module: `attention` (multi-head attention, fused
-through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); the block's optional `block_parts`,
+through `sdpa` or explicit for maps), `linear_attention` (Dinomaly's decoder) and `attention_pool` (MAP pooling); the
+block's optional `block_parts`,
 `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
 `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
 positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT); `sparse_attention`
@@ -15,6 +16,7 @@ from .diff_attention import DiffAttention, diff_lambda, diff_lambda_init, differ
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
+from .linear_attention import LinearAttention
 from .mlp import MLP_LAYERS, GELUTanh, GluMlp, Mlp, QuickGELU, SwiGLU, get_mlp_layer
 from .naflex import (
     NaFlex,
@@ -58,6 +60,7 @@ __all__ = [
     "HybridEmbed",
     "LayerNorm2d",
     "LayerScale",
+    "LinearAttention",
     "MLP_LAYERS",
     "MixedRotaryEmbedding",
     "Mlp",

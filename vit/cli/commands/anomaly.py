@@ -1,15 +1,20 @@
-"""Anomaly detection from good parts only (PatchCore): a memory bank of the patch features of good images, each
-new image scored by its worst patch's distance to the bank, with a heat map of where.
+"""Anomaly detection from good parts only, three methods by name (--method): PatchCore (a coreset memory bank of
+good patch features; a new image's score is its worst patch's distance to it), AnomalyDINO (the same search,
+training-free and few-shot: every patch of a few good images, cosine distance) and Dinomaly (a decoder trained
+on good images to rebuild the frozen backbone's features; the score is where it fails), each with a heat map.
 
     python anomaly.py fit --checkpoint runs/parts/best --good parts/train/good --val parts/val/good
+    python anomaly.py fit --checkpoint runs/parts/best --method dinomaly --good parts/train/good --val parts/val/good
     python anomaly.py score --checkpoint runs/parts/best parts/test/ --out inspect/ --maps
 
-fit writes <checkpoint>/anomaly/ (or --bank): bank.safetensors (the coreset of good patch features, float32) and
-patchcore.json (the blocks read, the threshold: the highest score of the good --val images unless
---false-alarm-rate says otherwise). score writes to --out: scores.csv (path, score, verdict: defect at or above
-the threshold), with --maps maps/<index>_<name>.png (the patch scores over the image), and, where the images sit
-in folders and some folder is named good (parts/test/good/, parts/test/scratch/, ...), metrics.json with the
-image-level AUROC of good against the rest. Any model evaluate.py takes serves as the backbone.
+fit writes <checkpoint>/anomaly/ (or --bank; a folder that holds a detector is replaced only with --force):
+bank.safetensors or dinomaly.safetensors, and patchcore.json: the method, backbone, blocks, folders, and the
+threshold with how it was chosen: above every good --val image, at --false-alarm-rate on them, or, with
+--val-defects, the F1-optimal one. score writes to --out: scores.csv (path, score, verdict: defect at or above
+the threshold), with --maps maps/<index>_<name>.png (every map on one colour scale, 0 to twice the threshold)
+and maps/<index>_<name>.npy (the raw patch scores), and, where the images sit in folders and some folder is
+named good, metrics.json: image AUROC of good against the rest, and pixel AUROC and AUPRO (to 30% FPR) where
+each defective image has its mask beside it (<name>.mask.npy, as scripts/anomaly_parts.py writes them).
 
 With the bank in <checkpoint>/anomaly/, predict.py adds the score and verdict to its rows (and with --cam the heat
 map), demo.py shows them, and export.py writes anomaly/ beside model.onnx for predict.py --onnx (docs/few-labels.md).
@@ -22,7 +27,8 @@ import sys
 from pathlib import Path
 
 # the options one mode reads and the other does not (their help says 'fit:' or 'score:')
-FIT_ONLY = ("good", "val", "ratio", "max_bank", "layers", "neighbourhood", "false_alarm_rate", "seed")
+FIT_ONLY = ("good", "val", "val_defects", "method", "ratio", "max_bank", "layers", "neighbourhood", "false_alarm_rate",
+            "seed", "steps", "force")
 SCORE_ONLY = ("images", "out", "maps")
 
 
@@ -37,20 +43,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_source(ap)
     ap.add_argument("images", nargs="*", help="score: files, folders, globs or .txt lists of images to score")
     ap.add_argument("--good", nargs="+", default=None, help="fit: images of good parts (folders, globs, lists)")
+    ap.add_argument("--method", choices=("patchcore", "anomalydino", "dinomaly"), default="patchcore",
+                    help="fit: the detector (anomalydino: every patch of a few good images, cosine distance)")
     ap.add_argument("--val", nargs="+", default=None,
                     help="fit: other good images that set the threshold (default: none; then score gives no verdict)")
+    ap.add_argument("--val-defects", nargs="+", default=None,
+                    help="fit: defective validation images: the threshold is then the F1-optimal one")
     ap.add_argument("--bank", default=None, help="the bank folder (default: <checkpoint>/anomaly)")
-    ap.add_argument("--ratio", type=float, default=0.1, help="fit: the share of good patches the coreset keeps")
+    ap.add_argument("--ratio", type=float, default=None,
+                    help="fit: the share of good patches the coreset keeps (patchcore 0.1, anomalydino 1)")
     ap.add_argument("--max-bank", type=int, default=None,
                     help="fit: at most this many patch features in the bank (the coreset's time is then linear in "
                          "images; default: no cap)")
     ap.add_argument("--layers", type=int, nargs="+", default=None,
                     help="fit: the blocks whose patch tokens are read (default: the two around the middle)")
-    ap.add_argument("--neighbourhood", type=int, default=3,
-                    help="fit: average each patch's features over this many patches across (odd; 1: none)")
-    ap.add_argument("--false-alarm-rate", type=float, default=0.0,
-                    help="fit: the share of good --val images allowed above the threshold")
-    ap.add_argument("--seed", type=int, default=0, help="fit: seed of the coreset's projection and start")
+    ap.add_argument("--neighbourhood", type=int, default=None,
+                    help="fit: average each patch's features over this many patches across (odd; 1: none; "
+                         "patchcore 3, anomalydino 1)")
+    ap.add_argument("--false-alarm-rate", type=float, default=None,
+                    help="fit: the share of good --val images allowed at or above the threshold, in (0, 1) "
+                         "(default: none of them)")
+    ap.add_argument("--seed", type=int, default=0, help="fit: seed of the coreset, or of Dinomaly's training")
+    ap.add_argument("--steps", type=int, default=1000, help="fit: Dinomaly's training steps (batches)")
+    ap.add_argument("--force", action="store_true", help="fit: replace a detector already in the folder")
     ap.add_argument("--out", default="anomaly-scores", help="score: output folder")
     ap.add_argument("--maps", action="store_true", help="score: also write each image's heat map")
     ap.add_argument("--batch-size", type=int, default=32, help="images per batch")
@@ -75,18 +90,26 @@ def main(argv=None) -> int:
     from vit.cli.outputs import check_writable
     from vit.config import ConfigError
     from vit.data.datasets import image_transform
+    from vit.eval.anomaly_settings import SETTINGS_FILE
     from vit.eval.inference import ImageFiles
 
     args, overrides = parse_command(build_parser(), sys.argv[1:] if argv is None else argv, "anomaly.py", ("aug.",),
                                     ("batch_size", "img_size"), intermixed=True)
-    if not 0 <= args.false_alarm_rate < 1:
-        raise ConfigError(f"--false-alarm-rate must be in [0, 1), got {args.false_alarm_rate}.")
+    if args.false_alarm_rate is not None and not 0 < args.false_alarm_rate < 1:
+        raise ConfigError(f"--false-alarm-rate must be a share strictly between 0 and 1 (0.01: one good image in 100 "
+                          f"flagged), got {args.false_alarm_rate}; leave it out to set the threshold above every good "
+                          "--val image.")
     bank_dir = Path(args.bank) if args.bank else Path(args.checkpoint) / "anomaly" if args.checkpoint else None
     if bank_dir is None:
         raise ConfigError("with --model, pass --bank FOLDER: where the bank is written and read.")
     _check_mode_options(args)
+    if args.mode == "fit" and (bank_dir / SETTINGS_FILE).is_file() and not args.force:
+        raise ConfigError(f"{bank_dir} already holds a fitted detector; pass --force to replace it, or --bank another "
+                          "folder.")
     if args.mode == "fit" and not args.good:
         raise ConfigError("anomaly.py fit needs --good: images of good parts only.")
+    if args.mode == "fit" and args.val_defects and not args.val:
+        raise ConfigError("--val-defects sets an F1 threshold against good validation images: pass --val too.")
     if args.mode == "score" and not args.images:
         raise ConfigError("anomaly.py score needs images to score.")
     check_writable(bank_dir if args.mode == "fit" else args.out)
@@ -111,65 +134,128 @@ def _check_mode_options(args) -> None:
     parser = build_parser()
     other = SCORE_ONLY if args.mode == "fit" else FIT_ONLY
     given = [k for k in other if getattr(args, k) not in (parser.get_default(k), [])]
+    if args.mode == "fit" and args.method == "dinomaly":  # a bank's settings would be ignored
+        given += [k for k in ("ratio", "max_bank", "neighbourhood") if getattr(args, k) is not None]
+    elif args.mode == "fit" and args.steps != parser.get_default("steps"):
+        given.append("steps")
     if given:
         shown = "images to score" if given[0] == "images" else "--" + given[0].replace("_", "-")
+        if args.mode == "fit" and given[0] in ("ratio", "max_bank", "neighbourhood", "steps"):
+            raise ConfigError(f"anomaly.py fit --method {args.method} does not read {shown}; remove it.")
         raise ConfigError(f"anomaly.py {args.mode} does not read {shown} (anomaly.py "
                           f"{'score' if args.mode == 'fit' else 'fit'} does); remove it.")
 
 
 def _fit(args, model, files, bank_dir) -> int:
-    """anomaly.py fit: the bank of good patches (and, with --val, its threshold) saved into `bank_dir`."""
+    """anomaly.py fit: the detector of good images (and, with --val, its threshold) saved into `bank_dir`."""
     import time
 
-    from vit.eval.anomaly import choose_threshold, fit_patchcore, save_patchcore
+    from vit.eval.anomaly import METHODS, fit_patchcore, save_patchcore
+    from vit.eval.anomaly_threshold import choose_threshold
     from vit.utils.untrusted_text import printable
 
     t0 = time.perf_counter()
     good = _files(args.good, "--good")
-    pc = fit_patchcore(model, files(good), tuple(args.layers) if args.layers else None, args.ratio,
-                       args.batch_size, args.seed, neighbourhood=args.neighbourhood, max_bank=args.max_bank)
-    extra = {"ratio": args.ratio, "good_images": len(good)}
+    layers = tuple(args.layers) if args.layers else None
+    extra = {"backbone": args.checkpoint or args.model, "good": args.good, "val": args.val,
+             "val_defects": args.val_defects, "good_images": len(good)}
+    if args.method == "dinomaly":
+        from vit.eval.dinomaly import fit_dinomaly, save_dinomaly
+
+        det = fit_dinomaly(model, files(good), args.steps, seed=args.seed, layers=layers, progress=sys.stderr.isatty())
+        save, extra["steps"], what = save_dinomaly, args.steps, f"Dinomaly decoder trained {args.steps} steps"
+    else:
+        kw = {**METHODS[args.method], **{k: getattr(args, k) for k in ("ratio", "neighbourhood")
+                                           if getattr(args, k) is not None}}
+        det = fit_patchcore(model, files(good), layers, kw["ratio"], args.batch_size, args.seed,
+                            neighbourhood=kw["neighbourhood"], max_bank=args.max_bank, normalize=kw["normalize"],
+                            top_share=kw["top_share"], method=args.method, progress=sys.stderr.isatty())
+        save, extra["ratio"] = save_patchcore, kw["ratio"]
+        what = f"bank of {len(det.bank)} patch features, neighbourhood {det.neighbourhood}"
+    extra["fit_seconds"] = round(time.perf_counter() - t0, 3)
     if args.val:
-        scores, _, _ = pc.score_files(model, files(_files(args.val, "--val")), args.batch_size)
-        pc.threshold = choose_threshold(scores, args.false_alarm_rate)
-        extra["false_alarm_rate"] = args.false_alarm_rate
-    save_patchcore(bank_dir, pc, extra)
-    seconds = time.perf_counter() - t0
-    thr = f", threshold {pc.threshold:.4f}" if pc.threshold is not None else " (no --val: no threshold)"
-    print(printable(f"bank of {len(pc.bank)} patch features from {len(good)} good image(s), blocks "
-                    f"{list(pc.layers)}, neighbourhood {pc.neighbourhood}{thr}, {seconds:.1f} s; wrote {bank_dir}"))
+        g = det.score_files(model, files(_files(args.val, "--val")), args.batch_size)[0]
+        d = det.score_files(model, files(_files(args.val_defects, "--val-defects")), args.batch_size)[0] \
+            if args.val_defects else None
+        choice = choose_threshold(g, d, args.false_alarm_rate)
+        det.threshold, extra["threshold_choice"] = choice.value, choice.record()
+        if choice.note:
+            print(choice.note, file=sys.stderr)
+    save(bank_dir, det, extra)
+    thr = f", threshold {det.threshold:.4f}" if det.threshold is not None else " (no --val: no threshold)"
+    print(printable(f"{args.method}: {what} from {len(good)} good image(s), blocks {list(det.layers)}{thr}, "
+                    f"{time.perf_counter() - t0:.1f} s; wrote {bank_dir}"))
     return 0
+
+
+def load_detector(bank_dir: Path):
+    """The PatchCore / AnomalyDINO bank or the Dinomaly model that anomaly.py fit wrote into `bank_dir`."""
+    from vit.eval.anomaly import load_patchcore
+    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
+
+    settings = bank_dir / SETTINGS_FILE
+    if settings.is_file() and read_settings(settings, "fit it again with anomaly.py fit")["method"] == "dinomaly":
+        from vit.eval.dinomaly import load_dinomaly
+
+        return load_dinomaly(bank_dir)
+    return load_patchcore(bank_dir)
+
+
+def _pixel_metrics(paths, maps, ok) -> dict:
+    """Pixel AUROC and AUPRO where every image outside a folder named good has its mask (<name>.mask.npy) beside
+    it (a good image's pixels are all good); {} otherwise."""
+    import numpy as np
+
+    from vit.eval.anomaly_metrics import aupro, pixel_auroc, upsample_maps
+
+    chosen = [(p, m) for p, m, good in zip(paths, maps, ok) if good]
+    masks = []
+    for p, _ in chosen:
+        f = p.with_suffix(".mask.npy")
+        if p.parent.name != "good" and not f.is_file():
+            return {}
+        masks.append(np.load(f, allow_pickle=False).astype(bool) if f.is_file() else None)
+    shape = next((m.shape for m in masks if m is not None), None)
+    if shape is None or any(m is not None and m.shape != shape for m in masks):
+        return {}
+    masks = np.stack([m if m is not None else np.zeros(shape, bool) for m in masks])
+    full = np.concatenate([upsample_maps(np.asarray(m)[None], shape) for _, m in chosen])  # (N, H, W)
+    return {"pixel_auroc": pixel_auroc(full, masks), "aupro": aupro(full, masks)}
 
 
 def _score(args, model, cfg, files, bank_dir) -> int:
     """anomaly.py score: scores.csv (and maps/, and metrics.json when good and defect folders are both there)."""
     import json
     import time
-    from pathlib import Path
+
+    import numpy as np
 
     from vit.data.naflex import as_picture
-    from vit.eval.anomaly import auroc, load_patchcore
+    from vit.eval.anomaly_metrics import auroc
     from vit.eval.plots import plot_attention_map, to_display
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable
 
-    pc = load_patchcore(bank_dir)
+    det = load_detector(bank_dir)
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
-    scores, maps, ok = pc.score_files(model, dataset, args.batch_size)
+    scores, maps, ok = det.score_files(model, dataset, args.batch_size)
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    top = max((float(np.max(m)) for m, good in zip(maps, ok) if good), default=1.0)
+    scale = (0.0, 2 * det.threshold) if det.threshold else (0.0, top)  # one scale for all, threshold in the middle
     rows = []
     for i, (p, s, good) in enumerate(zip(paths, scores, ok)):
-        verdict = "unreadable" if not good else "" if pc.threshold is None else \
-            "defect" if s >= pc.threshold else "good"
+        verdict = "unreadable" if not good else "" if det.threshold is None else \
+            "defect" if s >= det.threshold else "good"
         row = {"path": str(p), "score": f"{s:.6f}" if good else "", "verdict": verdict}
         if args.maps and good:
             png = out / "maps" / f"{i:06d}_{p.stem}.png"
             seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
-            plot_attention_map(png, seen, maps[i], f"{p.name}: score {s:.3f} {verdict}")
+            plot_attention_map(png, seen, maps[i], f"{p.name}: score {s:.3f} {verdict}", scale)
+            np.save(png.with_suffix(".npy"), np.asarray(maps[i], np.float32), allow_pickle=False)
             row["map"] = str(png)
         rows.append(row)
     atomic_write_csv(out / "scores.csv", ["path", "score", "verdict"] + (["map"] if args.maps else []), rows)
@@ -177,12 +263,13 @@ def _score(args, model, cfg, files, bank_dir) -> int:
     labelled = [(float(s), p.parent.name != "good") for p, s, good in zip(paths, scores, ok) if good]
     if any(not d for _, d in labelled) and any(d for _, d in labelled):
         auc = auroc([s for s, _ in labelled], [d for _, d in labelled])
-        metrics = {"auroc": auc, "n": len(labelled), "threshold": pc.threshold}
-        if pc.threshold is not None:
-            metrics["recall"] = sum(s >= pc.threshold for s, d in labelled if d) / sum(d for _, d in labelled)
-            metrics["false_alarms"] = int(sum(s >= pc.threshold for s, d in labelled if not d))
+        metrics = {"auroc": auc, "n": len(labelled), "threshold": det.threshold, **_pixel_metrics(paths, maps, ok)}
+        if det.threshold is not None:
+            metrics["recall"] = sum(s >= det.threshold for s, d in labelled if d) / sum(d for _, d in labelled)
+            metrics["false_alarms"] = int(sum(s >= det.threshold for s, d in labelled if not d))
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
-        print(f"image AUROC {auc:.4f} (folders named good against the rest)")
+        pixel = f", pixel AUROC {metrics['pixel_auroc']:.4f}, AUPRO {metrics['aupro']:.4f}" if "aupro" in metrics \
+            else ""
+        print(f"image AUROC {auc:.4f}{pixel} (folders named good against the rest)")
     print(printable(f"wrote {out}/scores.csv" + (f" and {out}/maps/" if args.maps else "")))
     return 0
-

@@ -175,7 +175,8 @@ def _predict(args, overrides) -> int:
         batch = args.batch_size or cfg.data.eval_batch_size or cfg.data.batch_size
         write_cams(model, result.dataset, rows, result.good, cfg, staging, batch, dest)
         if patchcore is not None:
-            write_anomaly_maps(result.dataset, rows, result.good, result.anomaly_maps, cfg, staging, dest)
+            write_anomaly_maps(result.dataset, rows, result.good, result.anomaly_maps, cfg, staging, dest,
+                               patchcore.threshold)
 
     written = write_outputs(dest, args.format, rows, skipped, cams if args.cam else None)
     if written is None:
