@@ -3,7 +3,8 @@ fused through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); t
 `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
 `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
 positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT);
-`sparse_attention` with its `sparse_gates` and `sparse_kernels`; and `combinations`, the one table of features
+`sparse_attention` with its `sparse_gates` and `sparse_kernels`; `dino_head` (DINO's projection head, weight-normalised
+last layer); and `combinations`, the one table of features
 that do not go together."""
 
 from ..config import SparseOptions
@@ -11,6 +12,7 @@ from .attention import Attention, CachedSelfAttention, CrossAttention, attention
 from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
 from .combinations import CONFLICTS, check_combination
+from .dino_head import DINOHead
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
@@ -49,6 +51,7 @@ __all__ = [
     "BlockParts",
     "CachedSelfAttention",
     "CrossAttention",
+    "DINOHead",
     "DropPath",
     "GELUTanh",
     "GluMlp",
