@@ -8,6 +8,7 @@ from .base import Task
 from .classification import ClassificationTask
 from .contrastive import ContrastiveTask
 from .distillation import DistillationTask
+from .mae import MAETask
 from .multilabel import MultiLabelTask
 from .pretrain import DinoTask
 
@@ -21,6 +22,7 @@ TASKS: dict[str, type[Task]] = {
     "contrastive": ContrastiveTask,  # data.dataset: captions, image-caption pairs
     "distillation": DistillationTask,  # distill.teacher: the student on its task's loss plus the teacher's term
     "dino": DinoTask,  # pretrain.method: dino, self-supervised on unlabelled images
+    "mae": MAETask,  # pretrain.method: mae, masked autoencoding of unlabelled images
 }
 
 
