@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="a scratch folder for the digits, the run and the table")
     ap.add_argument("--epochs", type=int, default=30, help="pretraining epochs on the 1,797 digit images")
     ap.add_argument("--features", nargs="+", default=["pooled", "patches"], help="few_shot.py --features")
+    ap.add_argument("--set", action="append", default=[], metavar="OVERRIDE",
+                    help="a train.py override after the recipe's, repeatable: --set=--pretrain.ibot_weight=1")
     args = ap.parse_args()
     out = Path(args.out)
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -46,7 +48,7 @@ def main() -> int:
     ckpt = out / "dino" / "last"
     if not ckpt.is_dir():
         subprocess.run([sys.executable, str(ROOT / "train.py"), *RECIPE, f"--run.output_dir={out}", "--run.name=dino",
-                        f"--run.epochs={args.epochs}", f"--run.eval_every={max(1, args.epochs // 3)}"],
+                        f"--run.epochs={args.epochs}", f"--run.eval_every={max(1, args.epochs // 3)}", *args.set],
                        check=True, cwd=ROOT)
         print(f"pretraining: {cpu_minutes():.1f} CPU minutes")
     before = cpu_minutes()
