@@ -141,6 +141,18 @@ def test_a_resumed_dino_run_equals_an_uninterrupted_one_and_saves_the_backbone_a
     c = json.loads((whole / "last" / "config.json").read_text())
     assert not [k for k in a if k.startswith(("head", "teacher", "mask"))]
     timm.create_model(c["architecture"], **c["model_args"]).load_state_dict(a, strict=True)
+    # and our reader takes it (few_shot.py, features.py): a backbone without classes, from a pretrain run only
+    from vit.models.checkpoint import CheckpointError, load_checkpoint
+
+    model, cfg, classes, _ = load_checkpoint(whole / "last")
+    assert classes == [] and cfg.pretrain.method == "dino" and model.num_classes == 0
+    import yaml
+
+    saved = yaml.safe_load((whole / "last" / "config.yaml").read_text())
+    del saved["pretrain"]  # the same folder as a supervised run's: no classes is then an error
+    (whole / "last" / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(CheckpointError, match="non-empty list of class names"):
+        load_checkpoint(whole / "last")
 
 
 @pytest.mark.slow
