@@ -44,7 +44,7 @@ def test_an_unknown_task_is_one_sentence():
         task_class("segmentation")
     msg = str(e.value)
     assert msg == ("unknown training task 'segmentation'; the tasks are 'classification', 'multilabel', "
-                   "'contrastive', 'distillation'.")
+                   "'contrastive', 'distillation', 'dino', 'mae'.")
 
 
 class Regression(Task):

@@ -80,6 +80,8 @@ def train_config(config_path: str, overrides: list[str]) -> tuple[Config, str | 
     if cfg.data.naflex is not None and not cfg.model.patch_size:  # the data cuts images into the model's patches
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(
             cfg.model, patch_size=architecture_defaults(cfg.model.name)["patch_size"]))
+    if cfg.pretrain.method == "dino" and cfg.pretrain.local_crops:  # local crops at their own size: positions resampled
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dynamic_img_size=True))
     cfg = apply_machine_defaults(cfg)  # threads, loader workers, precision: `auto` -> from this machine
     cfg.data.root = absolute_root(cfg.data.root)  # the saved config then works from any directory
     cfg.data.labels_file = absolute_root(cfg.data.labels_file)

@@ -1,5 +1,6 @@
 """The checks between a run's sections: what a dataset can give (balancing, labels files, shards, NaFlex batches),
-what a contrastive run reads, what a distillation needs (distill_checks.py), which training options a model's
+what a contrastive run reads, what a distillation needs (distill_checks.py), what pretraining needs
+(pretrain_checks.py), which training options a model's
 options need, and the data.* keys a dataset ignores (refused rather than ignored)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import dataclasses
 from .checks import LOG_SCALE_RANGE, check_sections
 from .distill_checks import validate_distill
 from .errors import ConfigError
+from .pretrain_checks import validate_pretrain
 from .schema import Config, ContrastiveConfig, DataConfig
 
 
@@ -28,6 +30,7 @@ def validate(cfg: Config) -> None:
     _validate_data_use(cfg)
     _validate_contrastive(cfg)
     validate_distill(cfg)  # vit/config/distill_checks.py
+    validate_pretrain(cfg)  # vit/config/pretrain_checks.py
 
 
 LORA_MAX_SCALE = 100  # alpha / rank: published recipes use 0.5 to 4 (rsLoRA's alpha / sqrt(rank) about 8)

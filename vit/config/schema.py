@@ -1,5 +1,5 @@
-"""The config schema: one dataclass per section (model, data, aug, optim, run, contrastive, distill), every field
-with its meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
+"""The config schema: one dataclass per section (model, data, aug, optim, run, contrastive, distill, pretrain),
+every field with its meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
 
 from __future__ import annotations
 
@@ -339,6 +339,39 @@ class DistillConfig:
 
 
 @dataclass
+class PretrainConfig:
+    # self-supervised pretraining on the unlabelled images under data.root (any layout, labels ignored;
+    # docs/pretraining.md): dino (DINOv2's recipe: EMA teacher, multi-crop, centring, iBOT, KoLeo) or mae (masked
+    # autoencoder); null: a supervised run. The backbone alone is saved, a plain model folder
+    method: str | None = None
+    local_crops: int = 6  # dino: small crops per image besides the 2 global ones (0: none)
+    local_size: int = 32  # dino: the local crops' side in pixels, a multiple of the patch size (positions resampled)
+    global_scale: float = 0.35  # dino: global crops cover [global_scale, 1] of the image, local ones [0.05, it]
+    out_dim: int = 4096  # dino: prototypes K the head's last, weight-normalised layer scores
+    hidden_dim: int = 512  # dino: the head's MLP width
+    bottleneck_dim: int = 128  # dino: the head's bottleneck before the L2 normalisation
+    student_temp: float = 0.1  # dino: the student's softmax temperature
+    teacher_temp: float = 0.07  # dino: the teacher's softmax temperature after its warm-up
+    warmup_teacher_temp: float = 0.04  # dino: the teacher's temperature at step 0, linear to teacher_temp
+    warmup_teacher_temp_epochs: float = 0.0  # dino: epochs of that warm-up (0: teacher_temp from the start)
+    # dino: how the teacher's targets avoid collapse: an EMA centre subtracted, Sinkhorn-Knopp (DINOv2's option),
+    # or none (no guard; for checking that collapse is caught)
+    centering: Literal["centre", "sinkhorn", "none"] = "centre"
+    centre_momentum: float = 0.9  # dino: the centre's EMA momentum
+    momentum: float = 0.996  # dino: the teacher's EMA momentum at step 0, cosine to 1 at the last step
+    koleo_weight: float = 0.0  # dino: weight of the KoLeo regulariser on the student's [CLS] (DINOv2: 0.1)
+    ibot_weight: float = 0.0  # dino: weight of iBOT's masked-patch loss (DINOv2: 1); 0: no masking
+    mask_ratio: float = 0.75  # mae: share of patches hidden from the encoder; dino with iBOT: share masked
+    decoder_dim: int = 64  # mae: the decoder's width
+    decoder_depth: int = 2  # mae: the decoder's blocks (the encoder's Block class)
+    decoder_heads: int = 4  # mae: the decoder's attention heads, dividing decoder_dim
+    norm_pix_loss: bool = True  # mae: each target patch normalised by its own mean and variance (MAE's default)
+    # dino: the run stops when the teacher's outputs vary less than this across a batch (mean standard deviation
+    # of its L2-normalised logits; a collapsed teacher gives the same output for every image); 0: never
+    collapse_spread: float = 1e-4
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -347,3 +380,4 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)

@@ -39,6 +39,8 @@ def data_channels(cfg: Config) -> tuple[int, str]:
     root = Path(cfg.data.root or ".")
     top = root / "train" if (root / "train").is_dir() else root
     files = [iter(sorted(image_files(top / c))) for c in (class_folders(top) if top.is_dir() else [])]
+    if not files and top.is_dir():  # a flat folder of images (pretraining reads any layout)
+        files = [iter(sorted(image_files(top)))]
     seen = 0
     while files and seen < CHANNEL_PROBE:  # round-robin over the classes: one grey class does not decide
         for it in list(files):

@@ -1,4 +1,5 @@
-"""Pictures a user looks at: training curves, confusion matrix, reliability diagram, attention overlays.
+"""Pictures a user looks at: training curves, confusion matrix, reliability diagram, attention overlays, MAE's
+reconstructions.
 
 Each picture is a `matplotlib.figure.Figure` drawn and saved without pyplot: importing this module changes no
 global state (no backend switch, no rcParams), so a notebook or an application that embeds us keeps its own, and
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display",
            "curves_figure", "reliability_figure", "attention_figure", "reliability_bars", "scaled_heat",
-           "overlay_image", "confusion_figure", "plot_mistakes", "mistakes_figure"]
+           "overlay_image", "confusion_figure", "plot_mistakes", "mistakes_figure", "plot_reconstructions",
+           "reconstructions_figure"]
 
 MARKERS_UP_TO = 30  # epochs: a point marker on each, so that a 2-epoch run shows two points, not a bare line
 
@@ -270,3 +272,29 @@ def plot_few_shot(summary: list[dict], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     save_figure(fig, path, dpi=100)
+
+
+def plot_reconstructions(images, reconstructed, mask, patch: int, out_png: str | Path, mean, std) -> None:
+    """MAE's picture (vit/train/tasks/mae.py): one row per image, masked / reconstructed / original (see
+    reconstructions_figure); `images`, `reconstructed` normalised (B, C, H, W), `mask` (B, N) with 1 = hidden."""
+    save_figure(reconstructions_figure(images, reconstructed, mask, patch, mean, std), Path(out_png), dpi=100)
+
+
+def reconstructions_figure(images, reconstructed, mask, patch: int, mean, std) -> Figure:
+    """The input with its hidden patches greyed out, the reconstruction (visible patches as given), the original."""
+    from matplotlib.figure import Figure
+
+    rows = len(images)
+    fig = Figure(figsize=(6, 2 * rows))
+    axes = np.atleast_2d(fig.subplots(rows, 3))
+    h, w = images.shape[-2] // patch, images.shape[-1] // patch
+    for i in range(rows):
+        hidden = np.kron(mask[i].reshape(h, w).numpy(), np.ones((patch, patch)))[..., None] > 0  # (H, W, 1)
+        original = to_display(images[i], mean, std)
+        for ax, img, title in zip(axes[i], (np.where(hidden, 0.5, original), to_display(reconstructed[i], mean, std),
+                                            original), ("masked", "reconstructed", "original")):
+            ax.imshow(img, interpolation="nearest")
+            ax.axis("off")
+            if i == 0:
+                ax.set_title(title, fontsize=10)
+    return fig

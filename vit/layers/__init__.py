@@ -1,11 +1,11 @@
 """Building blocks of the shared Transformer encoder, one concept per module: `attention` (multi-head attention, fused
 through `sdpa` or explicit for maps), `linear_attention` (Dinomaly's decoder) and `attention_pool` (MAP pooling); the
-block's optional `block_parts`,
-`layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
-`hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
-positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT); `sparse_attention`
-with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention); `windowed_attention` (SAM's
-windows and decomposed relative positions); and `combinations`, the one table of features that do not go together."""
+block's optional `block_parts`, `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the
+embeddings `patch_embed`, `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio),
+`prefix_tokens` and the positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe,
+EViT); `sparse_attention` with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention);
+`windowed_attention` (SAM's windows and decomposed relative positions); `dino_head` (DINO's projection head,
+weight-normalised last layer); and `combinations`, the one table of features that do not go together."""
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options
@@ -13,6 +13,7 @@ from .attention_pool import AttentionPoolLatent
 from .block_parts import BlockParts
 from .combinations import CONFLICTS, check_combination
 from .diff_attention import DiffAttention, diff_lambda, diff_lambda_init, differential_attend, lambda_parameters
+from .dino_head import DINOHead
 from .drop import DropPath
 from .hybrid_embed import HybridEmbed, Stem, patch_embedding
 from .layer_scale import LayerScale
@@ -54,6 +55,7 @@ __all__ = [
     "CachedSelfAttention",
     "CrossAttention",
     "DiffAttention",
+    "DINOHead",
     "DropPath",
     "GELUTanh",
     "GluMlp",

@@ -133,7 +133,8 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
     try:
         cfg = from_dict(read_yaml(folder / "config.yaml"))
         classes = json.loads((folder / "classes.json").read_text())
-        if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        backbone = cfg.pretrain.method is not None  # a pretrained backbone (pretrain.method) has no classes
+        if not isinstance(classes, list) or not (classes or backbone) or not all(isinstance(c, str) for c in classes):
             raise ValueError("classes.json must hold a non-empty list of class names")
         meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
         state = load_file(str(folder / "model.safetensors"))

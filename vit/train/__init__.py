@@ -5,4 +5,4 @@ states saved complete or not at all, verified before a resume reads them), `runf
 training: lock, resume), `console` (what the main process prints), `tracking` (run.log_with: Accelerate's
 experiment trackers), `preemption` (SIGTERM saves a state), `contrastive` (CLIP's and SigLIP's losses), `lora`
 (LoRA adapters), `few_shot` (N labels per class), `distill` (knowledge distillation's losses), `teacher` (the
-frozen teacher in its own preprocessing). Import by module."""
+frozen teacher in its own preprocessing), `ssl_losses` (DINO, iBOT, KoLeo and their schedules). Import by module."""

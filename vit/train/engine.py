@@ -156,7 +156,10 @@ def stop_if_preempted(run: Run, loss_sum: torch.Tensor | float = 0.0, loss_n: in
 
 
 def batch_images(x) -> int:
-    """Images in a batch: a tensor's first dimension, or the rows of a NaFlex batch dict (vit/data/naflex.py)."""
+    """Images in a batch: a tensor's first dimension, the rows of a NaFlex batch dict (vit/data/naflex.py), or of the
+    first crop of a multi-crop list (vit/data/pretrain.py)."""
+    if isinstance(x, (list, tuple)):
+        return x[0].shape[0]
     return len(x["patch_valid"]) if isinstance(x, dict) else x.shape[0]
 
 

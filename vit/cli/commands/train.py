@@ -98,6 +98,7 @@ def make_run(cfg, accelerator, console, run_dir: Path):
 
     from vit.cli.training import model_lines, train_model
     from vit.data import build_datasets, build_loaders
+    from vit.data.pretrain import build_pretrain_datasets
     from vit.train.console import describe_data, val_class_warning
     from vit.train.engine import Run
     from vit.train.lifecycle import make_ema, prepare
@@ -105,7 +106,8 @@ def make_run(cfg, accelerator, console, run_dir: Path):
     from vit.train.tasks import task_for
 
     # --- data -------------------------------------------------------------------------------------------------
-    train_ds, val_ds, classes = build_datasets(cfg)
+    # pretrain.method: the unlabelled images of any layout (DINO's crops; vit/data/pretrain.py)
+    train_ds, val_ds, classes = (build_pretrain_datasets if cfg.pretrain.method else build_datasets)(cfg)
     train_loader, val_loader = build_loaders(cfg, train_ds, val_ds, accelerator)
     for line in filter(None, (describe_data(cfg, train_ds, val_ds, classes), val_class_warning(cfg, val_ds, classes))):
         console.print(line)

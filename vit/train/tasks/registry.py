@@ -8,7 +8,9 @@ from .base import Task
 from .classification import ClassificationTask
 from .contrastive import ContrastiveTask
 from .distillation import DistillationTask
+from .mae import MAETask
 from .multilabel import MultiLabelTask
+from .pretrain import DinoTask
 
 __all__ = ["TASKS", "task_name", "task_class", "task_for"]
 
@@ -19,11 +21,15 @@ TASKS: dict[str, type[Task]] = {
     "multilabel": MultiLabelTask,  # data.labels_file: any number of labels per image
     "contrastive": ContrastiveTask,  # data.dataset: captions, image-caption pairs
     "distillation": DistillationTask,  # distill.teacher: the student on its task's loss plus the teacher's term
+    "dino": DinoTask,  # pretrain.method: dino, self-supervised on unlabelled images
+    "mae": MAETask,  # pretrain.method: mae, masked autoencoding of unlabelled images
 }
 
 
 def task_name(cfg) -> str:
     """The training mode `cfg` asks for (a key of TASKS)."""
+    if cfg.pretrain.method is not None:  # no labels: the pretraining method is the task
+        return cfg.pretrain.method
     if cfg.data.dataset == "captions":
         return "contrastive"
     if cfg.distill.teacher is not None:  # on top of the run's own task (DistillationTask.inner)
