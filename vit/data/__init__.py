@@ -3,7 +3,7 @@ decoding (`decode`), the augmentation pipelines (`transforms`), the datasets of 
 (`datasets`; tar shards in `shards` + `shard_samples` + `shard_loader`, Hugging Face datasets in `hf_datasets`,
 multi-label labels files in `multilabel`, sentences in `text`, image-caption pairs in `captions`), train.py's
 loaders (`loaders`), images at their own aspect ratio batched by token budget (`naflex`), the config completed
-from the data (`resolve`) and generated images (`synthetic`).
+from the data (`resolve`), generated images (`synthetic`) and image / mask pairs for segmentation (`segmentation`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""

@@ -3,7 +3,8 @@
 preprocessing), `evaluate` (evaluate.py's scoring: `evaluate_checkpoint`, also importable from here, loaded on first
 use), `text` (sentences to predictions), `zero_shot` (CLIP / SigLIP classifiers from label names), `features`
 (frozen embeddings out) and `probes` (k-NN and the linear probe on them), `anomaly` (PatchCore) with
-`anomaly_settings` (its patchcore.json), and `plots`. Import by module."""
+`anomaly_settings` (its patchcore.json), `segmentation` (mIoU, per-class IoU, Dice, pixel AUROC, sliding
+windows), and `plots`. Import by module."""
 
 _LAZY = {"evaluate_checkpoint": "evaluate", "evaluate_model": "evaluate", "load_model_and_config": "inference"}
 

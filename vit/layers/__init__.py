@@ -3,7 +3,8 @@ fused through `sdpa` or explicit for maps) and `attention_pool` (MAP pooling); t
 `layer_scale`, `drop` (stochastic depth), `norm` and `mlp` (GELU, gated); the embeddings `patch_embed`,
 `hybrid_embed` (a convolutional stem), `naflex` (images at their own aspect ratio), `prefix_tokens` and the
 positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe, EViT);
-`sparse_attention` with its `sparse_gates` and `sparse_kernels`; and `combinations`, the one table of features
+`sparse_attention` with its `sparse_gates` and `sparse_kernels`; the segmentation heads `seg_heads` (linear,
+DPT); and `combinations`, the one table of features
 that do not go together."""
 
 from ..config import SparseOptions

@@ -5,7 +5,8 @@ encoder-decoder (`seq2seq`, decoded by `generation`), timm's feature API (`featu
 `summary`, `create_model` and the config's model (`build`, its keywords in `vit_options`, the architectures by
 timm's names in `variants`, the size bound in `model_size`), timm's model API (`vit_api`) and weight fitting
 (`vision_weights`), CLIP and SigLIP (`clip`; train.py's in `clip_build`; open_clip's layout in `clip_save`), model
-checkpoint folders (`checkpoint`) and the README.md model card each of them carries (`model_card`)."""
+checkpoint folders (`checkpoint`) and the README.md model card each of them carries (`model_card`), and a backbone
+with a segmentation head (`segmenter`)."""
 
 from .build import (
     build_model,
