@@ -151,3 +151,17 @@ def test_bad_masks_are_one_sentence_naming_the_file(tmp_path):
         SegmentationDataset(find_pairs(tmp_path / "rgb"), ["bg", "x"], t)[0]
     with pytest.raises(DataError, match=r"does not exist; the folder layout is"):
         find_pairs(tmp_path / "nothing")
+
+
+def test_seg_parts_script_writes_masks_of_their_own_classes(tmp_path):
+    """scripts/seg_parts.py's data: good parts without a mask file, each defect its own class, read back through
+    the folder layout."""
+    from helpers import import_script
+
+    script = import_script("scripts/seg_parts")
+    script.write_seg_parts(tmp_path, seed=0, good=2, per_defect=1)
+    pairs = find_pairs(tmp_path, missing="background")
+    assert [p.mask is None for p in pairs] == [True, True, False, False, False]
+    ds = SegmentationDataset(pairs, script.CLASSES, seg_transform(script.SIZE, False, None, None))
+    found = [set(np.unique(ds.load(i)[1]).tolist()) for i in range(len(ds))]
+    assert found == [{0}, {0}, {0, 1}, {0, 2}, {0, 3}]  # scratch, dent, stain in DEFECTS' order

@@ -29,7 +29,8 @@ from .base import DataError, SeededDataset
 from .decode import IMG_EXTENSIONS, decode_image
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
-           "check_mask", "seg_transform", "SegmentationDataset"]
+           "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
+           "pixel_class_weights"]
 
 IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
 _MASK_MODES = ("L", "P", "I", "I;16", "1")
@@ -215,3 +216,51 @@ class SegmentationDataset(SeededDataset):
         out = self.transform(image=image, mask=mask)
         x = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
         return x, torch.from_numpy(np.ascontiguousarray(out["mask"])).long()
+
+
+def _split(root: Path, split: str) -> Path:
+    """root/<split>/ (images/ + masks/) or root/<split>.csv."""
+    csv_file = root / f"{split}.csv"
+    return csv_file if csv_file.is_file() and not (root / split).is_dir() else root / split
+
+
+def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]:
+    """(class names, the palette's class list or None): seg.classes, seg.classes_file, or the palette of the first
+    palette mask among `pairs` ('#rrggbb' names)."""
+    if seg.classes is not None:
+        return list(seg.classes), None
+    if seg.classes_file is not None:
+        return read_class_names(seg.classes_file), None
+    first = next((p.mask for p in pairs if p.mask is not None), None)
+    if first is None:
+        raise DataError("no mask to read a palette from; name the classes with seg.classes or seg.classes_file.")
+    names = palette_classes(first)
+    return names, names
+
+
+def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None):
+    """(train, val, class names) of data.dataset=segmentation: data.root/train and data.root/val as the folder
+    layout (or train.csv / val.csv), transforms from model.img_size and aug.mean / aug.std. `classes` (a
+    checkpoint's) are used as given; a split left out of `splits` is None."""
+    root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
+    pairs = {s: find_pairs(_split(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
+    palette = None
+    if classes is None:
+        classes, palette = seg_classes(seg, next(iter(pairs.values())))
+    mean, std = aug.mean or [0.5] * 3, aug.std or [0.5] * 3
+    out = [SegmentationDataset(pairs[s], classes, seg_transform(cfg.model.img_size, s == "train", mean, std),
+                               cfg.run.seed, palette) if s in pairs else None for s in ("train", "val")]
+    return out[0], out[1], list(classes)
+
+
+def pixel_class_weights(ds: SegmentationDataset):
+    """optim.class_weights=auto for segmentation: n / (C * n_c) over the training masks' pixels (as read, before
+    augmentation; the ignore index not counted), a class with no pixel weighted as if it had one."""
+    import torch
+
+    counts = np.zeros(len(ds.classes), np.int64)
+    for i in range(len(ds)):
+        mask = ds.load(i)[1]
+        counts += np.bincount(mask[mask != IGNORE_INDEX].ravel(), minlength=len(ds.classes))[:len(ds.classes)]
+    counts = np.maximum(counts, 1)
+    return torch.tensor(counts.sum() / (len(counts) * counts), dtype=torch.float32)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["confusion", "seg_scores", "pixel_auroc", "sliding_logits", "predict_masks"]
+__all__ = ["confusion", "seg_scores", "pixel_auroc", "sliding_logits", "predict_masks", "evaluate_segmentation"]
 
 IGNORE_INDEX = 255
 
@@ -102,3 +102,41 @@ def predict_masks(model, loader, num_classes: int, window: int | None = None, ke
     if keep_probs:
         out["probs"], out["masks"] = torch.cat(probs), torch.cat(masks)
     return out
+
+
+def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", batch_size: int | None = None,
+                          out_dir=None) -> dict:
+    """evaluate.py's metrics of a segmentation checkpoint on its config's `split` (train or val): mIoU, per-class
+    IoU and Dice, pixel accuracy, the confusion over classes; with `out_dir`, metrics.json and per_class.csv."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from ..data.segmentation import build_seg_datasets
+    from ..utils.atomic import atomic_write_csv, atomic_write_text
+
+    if split not in ("train", "val"):
+        raise ValueError(f"a segmentation folder has the splits train and val, not {split!r}.")
+    train, val, _ = build_seg_datasets(cfg, (split,), classes)
+    ds = val if split == "val" else train
+    ds.transform = _eval_transform(cfg) if split == "train" else ds.transform  # no augmentation when scored
+    loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size)
+    window = cfg.seg.window if cfg.seg.window else None
+    conf = predict_masks(model, loader, len(classes), window=window)["confusion"]
+    s = seg_scores(conf)
+    metrics = dict(miou=s["miou"], mdice=s["mdice"], pixel_acc=s["pixel_acc"], pixels=s["pixels"], images=len(ds),
+                   classes=classes, iou=dict(zip(classes, s["iou"])), dice=dict(zip(classes, s["dice"])),
+                   confusion=conf.tolist(), split=split)
+    if out_dir is not None:
+        out = Path(out_dir)
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
+        rows = [{"class": c, "iou": i, "dice": d} for c, i, d in zip(classes, s["iou"], s["dice"])]
+        atomic_write_csv(out / "per_class.csv", ["class", "iou", "dice"], rows)
+    return metrics
+
+
+def _eval_transform(cfg):
+    from ..data.segmentation import seg_transform
+
+    return seg_transform(cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)

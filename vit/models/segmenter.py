@@ -18,13 +18,16 @@ from torch import nn
 
 from ..layers.seg_heads import SEG_HEADS, DPTHead
 
-__all__ = ["Segmenter", "create_segmenter", "seg_blocks"]
+__all__ = ["Segmenter", "create_segmenter", "seg_blocks", "build_segmenter", "is_segmentation"]
 
 
 def seg_blocks(depth: int, head: str, blocks: int | None = None) -> list[int]:
     """The block indices the head reads: linear: the last `blocks` (1 by default); dpt: four spread evenly, the
     last block last."""
     if head == "dpt":
+        if depth < 4:
+            raise ValueError(f"a DPT head reads four blocks, and this backbone has {depth}; use a deeper backbone or "
+                             "the linear head.")
         return [depth * (k + 1) // 4 - 1 for k in range(4)]
     n = blocks or 1
     if not 1 <= n <= depth:
@@ -67,3 +70,24 @@ def create_segmenter(backbone: nn.Module, num_classes: int, head: str = "linear"
             head_kwargs.setdefault("readout", "ignore")  # no [CLS] token to read out
         return Segmenter(backbone, DPTHead(dim, num_classes, **head_kwargs), indices, norm=False)
     return Segmenter(backbone, SEG_HEADS["linear"](dim, num_classes, len(indices), **head_kwargs), indices, norm=True)
+
+
+def is_segmentation(cfg) -> bool:
+    """Whether `cfg` describes a segmentation model (data.dataset: segmentation)."""
+    return getattr(cfg.data, "dataset", None) == "segmentation"
+
+
+def build_segmenter(cfg, num_classes: int, pretrained: bool = False, saved: dict | None = None) -> Segmenter:
+    """The Segmenter `cfg` describes: the backbone of cfg.model (no classifier; model.freeze freezes it whole),
+    the head of cfg.seg. `pretrained`: the backbone's weights from model.pretrained."""
+    from .build import build_model
+
+    backbone = build_model(cfg, 0, pretrained=pretrained, saved=saved)
+    s = cfg.seg
+    if s.head == "dpt":
+        d = backbone.embed_dim
+        sizes = tuple(s.dpt_sizes) if s.dpt_sizes else (max(1, d // 8), max(1, d // 4), max(1, d // 2), d)
+        kw = dict(sizes=sizes, factors=tuple(s.dpt_factors), width=s.dpt_width)
+    else:
+        kw = dict(blocks=s.blocks)
+    return create_segmenter(backbone, num_classes, s.head, **kw)

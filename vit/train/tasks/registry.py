@@ -9,6 +9,7 @@ from .classification import ClassificationTask
 from .contrastive import ContrastiveTask
 from .distillation import DistillationTask
 from .multilabel import MultiLabelTask
+from .segmentation import SegmentationTask
 
 __all__ = ["TASKS", "task_name", "task_class", "task_for"]
 
@@ -19,6 +20,7 @@ TASKS: dict[str, type[Task]] = {
     "multilabel": MultiLabelTask,  # data.labels_file: any number of labels per image
     "contrastive": ContrastiveTask,  # data.dataset: captions, image-caption pairs
     "distillation": DistillationTask,  # distill.teacher: the student on its task's loss plus the teacher's term
+    "segmentation": SegmentationTask,  # data.dataset: segmentation, a class per pixel
 }
 
 
@@ -26,6 +28,8 @@ def task_name(cfg) -> str:
     """The training mode `cfg` asks for (a key of TASKS)."""
     if cfg.data.dataset == "captions":
         return "contrastive"
+    if cfg.data.dataset == "segmentation":
+        return "segmentation"
     if cfg.distill.teacher is not None:  # on top of the run's own task (DistillationTask.inner)
         return "distillation"
     if cfg.data.labels_file:
