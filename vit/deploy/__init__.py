@@ -4,7 +4,8 @@
 torch (`preprocess`), an ONNX Runtime classifier built on it (`onnx_predict`), the exported PatchCore's scores
 (`onnx_anomaly`), prediction rows (`predictions`, torch-free) and the PyTorch predictor (`predict`), every ONNX
 Runtime session (`session`), segmentation's predictor (`seg_predict`: masks, overlays, areas) and its ONNX
-export with a torch-free predictor (`onnx_segment`), and `publish` (a checkpoint folder to the Hugging Face hub). Import by module."""
+export with a torch-free predictor (`onnx_segment`), and `publish` (a checkpoint folder to the Hugging Face
+hub). Import by module."""
 
 _LAZY = {"export_folder": "export_folder", "predict_images": "predict", "predict_sentences": "predict",
          "predict_onnx_images": "predictions"}
