@@ -69,6 +69,17 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["miou"] == pytest.approx(meta["val_acc1"], abs=1e-9)
     assert "mIoU" in r.stdout and (tmp_path / "eval" / "per_class.csv").is_file()
+    # predict.py: a mask, an overlay and a row of areas per image; export.py: the ONNX model, checked
+    r = run_script("predict.py", "--checkpoint", str(out / "seg" / "best"), str(data / "val" / "images"),
+                   "--out", str(tmp_path / "pred"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list((tmp_path / "pred" / "masks").glob("*.png"))) == 3
+    assert "area_pct_square" in (tmp_path / "pred" / "segmentation.csv").read_text()
+    pytest.importorskip("onnxruntime")
+    r = run_script("export.py", "--checkpoint", str(out / "seg" / "best"), "--format", "onnx", "--out",
+                   str(tmp_path / "onnx"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "onnx" / "segmenter.onnx").is_file() and "0 pixel(s) of another class" in r.stdout
 
 
 def test_seg_section_refusals():
