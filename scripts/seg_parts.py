@@ -1,11 +1,12 @@
 """Where the defect is, pixel by pixel: linear and DPT segmentation heads on one backbone, beside PatchCore's heat
 maps, on generated inspection parts (docs/segmentation.md's table).
 
-    OMP_NUM_THREADS=1 python scripts/seg_parts.py --out /tmp/segparts     # ~25 min on one shared CPU core
+    OMP_NUM_THREADS=1 python scripts/seg_parts.py --out /tmp/segparts     # ~40 min on one shared CPU core
 
-Expected: the DPT head's defect-class IoU (scratch, dent, stain) and every defect class's pixel AUROC above
-PatchCore's, on each of the three seeds; the linear head (a 4-pixel patch grid upsampled) well below on the thin
-scratches. Numbers: docs/segmentation.md.
+Expected (docs/segmentation.md's table): on every seed both heads' pixel AUROC above PatchCore's for every defect
+class (about 0.99-1.00 against 0.80-0.98); mIoU about 0.55-0.59, stain IoU 0.6-0.8, scratch and dent IoU 0.25-0.4:
+the goal of 0.7 IoU per defect class is not reached at this budget (300 batches of 8 per head, a backbone trained 8
+epochs on 240 good parts).
 
 1. Good parts (vit.data.synthetic.inspection_part: brushed, grain, weave, knurl surfaces; 64 px) train a tiny ViT
    with train.py to tell the surfaces apart (patch 4: a 16x16 grid; 4 blocks of width 64): the shared backbone.
@@ -178,13 +179,17 @@ def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int) -> l
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the generated parts and the runs")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=300, help="training batches of 8 per head")
     ap.add_argument("--train", type=int, default=200, help="training parts (a quarter good, a quarter per defect)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
