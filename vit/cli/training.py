@@ -12,6 +12,7 @@ from ..config import Config, check_dataset_keys, diff, load_config
 from ..data import absolute_root, choose_channels, resolve_data_config
 from ..models.build import build_model, pretrained_cfg_of, resolve_name
 from ..models.clip_build import build_clip_model
+from ..models.segmenter import build_segmenter, is_segmentation
 from ..models.text_build import build_text_model
 from ..models.vit_options import architecture_defaults
 from ..train.console import describe_model, format_settings, processes
@@ -36,11 +37,17 @@ def is_contrastive(cfg: Config) -> bool:
 def train_model(cfg: Config, num_classes: int, tokenizer=None) -> torch.nn.Module:
     """The model train.py trains, with the weights of model.pretrained if set: a text classifier for a text run
     (vit/models/text_build.py), a CLIP model for a contrastive run (vit/models/clip_build.py; `tokenizer`: the
-    captions' own), else the image model the config describes, with LoRA adapters if optim.lora_rank is set."""
+    captions' own), a Segmenter for a segmentation run, else the image model the config describes, with LoRA
+    adapters if optim.lora_rank is set."""
     if is_text(cfg):
         return build_text_model(cfg, num_classes)
     if is_contrastive(cfg):
         return build_clip_model(cfg, tokenizer)
+    if is_segmentation(cfg):  # backbone + head (vit/models/segmenter.py); LoRA on the backbone, the head trained whole
+        model = build_segmenter(cfg, num_classes, pretrained=True)
+        if cfg.optim.lora_rank:
+            add_lora(model.backbone, cfg.optim.lora_rank, cfg.optim.lora_alpha)
+        return model
     model = build_model(cfg, num_classes, pretrained=True)
     if cfg.optim.lora_rank:  # adapters on the projections, merged into the weights on every save
         add_lora(model, cfg.optim.lora_rank, cfg.optim.lora_alpha)

@@ -12,7 +12,8 @@ AttentionOptions), model_parts.py (the model parts' options: Rope, RelPos, Stem,
 model option chooses among, which the layers' registries are held to), schema.py (the sections and their fields),
 strict.py (dict to Config and back), checks.py (the tables of choices and ranges, the checks within sections),
 combinations.py (`validate`: those and the checks between sections), distill_checks.py (the distill: section's
-checks, timm's rule for its two weights), pretrain_checks.py (the pretrain: section's checks), model_args.py (a
+checks, timm's rule for its two weights), pretrain_checks.py (the pretrain: section's checks), seg_checks.py
+(the seg: section's checks), model_args.py (a
 config.json's model_args checked), loader.py (YAML and overrides to a Config),
 sources.py (data sources from saved configs).
 This package imports PyYAML and the standard library only (no torch).
@@ -57,6 +58,7 @@ from .schema import (
     OptimConfig,
     PretrainConfig,
     RunConfig,
+    SegConfig,
     check_preprocessing,
 )
 from .sources import SOURCE_KEYS, WITHHELD, check_data_sources, is_remote_source, withhold_remote_sources
@@ -67,7 +69,7 @@ __all__ = ["ConfigError", "OptionError", "UnknownOption", "options_from", "check
            "Stem", "NaFlex", "AttentionOptions", "SparseOptions", "NaFlexOptions", "FLAT_SPARSE_KEYS",
            "nest_sparse_keys",
            "DEFAULT_MODEL", "Config", "ModelConfig", "DataConfig", "AugConfig", "OptimConfig", "RunConfig",
-           "ContrastiveConfig", "DistillConfig", "PretrainConfig", "INTERPOLATIONS",
+           "ContrastiveConfig", "DistillConfig", "PretrainConfig", "SegConfig", "INTERPOLATIONS",
            "MIN_CROP_PCT", "check_preprocessing", "from_dict", "to_dict", "validate", "diff", "check_dataset_keys",
            "check_model_args", "CHOICES", "POSITIVE", "NON_NEGATIVE", "AUTO", "TRACKERS", "UNIT", "ARG_POSITIVE",
            "ARG_NON_NEGATIVE", "ARG_UNIT", "DATASET_KEYS", "YAML11_BOOLS", "load_config", "read_yaml",

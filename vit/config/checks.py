@@ -19,6 +19,7 @@ from .schema import (
     ModelConfig,
     OptimConfig,
     RunConfig,
+    SegConfig,
     check_preprocessing,
 )
 
@@ -41,13 +42,14 @@ CHOICES = {
     **_literal_choices(OptimConfig, "optim"),
     "optim.class_weights": ("auto", None),
     "data.dataset": ("digits", "imagefolder", "cifar10", "cifar100", "synthetic", "wds", "hf",
-                     "text_csv", "captions"),
+                     "text_csv", "captions", "segmentation"),
     "data.on_bad_image": ("skip", "error"),
     "aug.interpolation": (*INTERPOLATIONS, None),
     "run.mixed_precision": ("no", "bf16", "fp16", "auto", None),
     "run.on_nonfinite": ("stop", "skip"),
     **_literal_choices(RunConfig, "run"),
     **_literal_choices(ContrastiveConfig, "contrastive"),
+    **_literal_choices(SegConfig, "seg"),
 }
 POSITIVE = {"model.img_size", "model.patch_size", "model.in_chans", "model.embed_dim", "model.depth",
             "model.num_heads", "model.mlp_ratio", "model.norm_eps", "model.attn_pool_num_heads",

@@ -12,6 +12,7 @@ from .distill_checks import validate_distill
 from .errors import ConfigError
 from .pretrain_checks import validate_pretrain
 from .schema import Config, ContrastiveConfig, DataConfig
+from .seg_checks import validate_seg
 
 
 def validate(cfg: Config) -> None:
@@ -31,6 +32,7 @@ def validate(cfg: Config) -> None:
     _validate_contrastive(cfg)
     validate_distill(cfg)  # vit/config/distill_checks.py
     validate_pretrain(cfg)  # vit/config/pretrain_checks.py
+    validate_seg(cfg)  # vit/config/seg_checks.py
 
 
 LORA_MAX_SCALE = 100  # alpha / rank: published recipes use 0.5 to 4 (rsLoRA's alpha / sqrt(rank) about 8)
@@ -143,7 +145,7 @@ def _validate_naflex(cfg: Config) -> None:
 
 # data.* keys that only some datasets read (data.dataset -> which); any other key applies to every dataset
 DATASET_KEYS = {
-    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf", "text_csv", "captions"),
+    "root": ("imagefolder", "cifar10", "cifar100", "wds", "hf", "text_csv", "captions", "segmentation"),
     "download": ("cifar10", "cifar100"), "val_fraction": ("digits", "imagefolder", "text_csv", "captions"),
     "split_seed": ("digits", "imagefolder", "text_csv", "captions"),
     "synthetic_train_size": ("synthetic",), "synthetic_val_size": ("synthetic",),

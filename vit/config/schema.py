@@ -1,4 +1,4 @@
-"""The config schema: one dataclass per section (model, data, aug, optim, run, contrastive, distill, pretrain),
+"""The config schema: one dataclass per section (model, data, aug, optim, run, contrastive, distill, pretrain, seg),
 every field with its meaning in a comment beside it (vit/cli/help.py prints them as --help)."""
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "digits"  # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv | captions
+    # digits | imagefolder | cifar10 | cifar100 | synthetic | wds | hf | text_csv | captions | segmentation
+    dataset: str = "digits"
     # imagefolder: folder with train/ and val/ (no val/: val_fraction of train/); cifar: download folder;
     # captions: the images' folder (contrastive.captions_file, or class subfolders as imagefolder);
+    # segmentation: a folder with train/ and val/, each images/ + masks/ or a CSV train.csv / val.csv (seg.*);
     # wds: shard folder with _info.json, URL or 'pipe:' prefix (vit/data/shard_loader.py); hf: a
     # datasets.save_to_disk folder or a folder of parquet files (vit/data/hf_datasets.py)
     root: str | None = None
@@ -372,6 +374,21 @@ class PretrainConfig:
 
 
 @dataclass
+class SegConfig:
+    # data.dataset=segmentation only: a head on the backbone's patch grids, a class per pixel (docs/segmentation.md)
+    head: Literal["linear", "dpt"] = "linear"  # linear: BN + 1x1 conv per patch (DINOv2's); dpt: reassemble + fusion
+    blocks: int = 1  # linear: the last N blocks' tokens concatenated (DINOv2's linear: 1, its multi-layer: 4)
+    loss: Literal["ce", "dice", "ce+dice"] = "ce"  # per-pixel cross-entropy (optim.class_weights), soft Dice, or both
+    classes: list[str] | None = None  # the class names, index = mask value; null: classes_file, else the palette
+    classes_file: str | None = None  # a JSON list or one name per line; null: seg.classes or the masks' palette
+    missing_masks: Literal["error", "background"] = "error"  # an image without a mask: refused, or all background
+    dpt_width: int = 256  # dpt: the fusion blocks' width
+    dpt_sizes: list[int] | None = None  # dpt: the four reassembled widths; null: embed_dim / 8, / 4, / 2, / 1
+    dpt_factors: list[float] = field(default_factory=lambda: [4.0, 2.0, 1.0, 0.5])  # dpt: each map's resampling
+    window: int | None = None  # evaluate / predict: sliding windows of this size over larger images; null: img_size
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -381,3 +398,4 @@ class Config:
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    seg: SegConfig = field(default_factory=SegConfig)

@@ -5,7 +5,8 @@ embeddings `patch_embed`, `hybrid_embed` (a convolutional stem), `naflex` (image
 `prefix_tokens` and the positions `pos_embed`, `rope` and `rel_pos`; the `pooling` heads; `token_reduction` (ToMe,
 EViT); `sparse_attention` with its `sparse_gates` and `sparse_kernels`; `diff_attention` (differential attention);
 `windowed_attention` (SAM's windows and decomposed relative positions); `dino_head` (DINO's projection head,
-weight-normalised last layer); and `combinations`, the one table of features that do not go together."""
+weight-normalised last layer); the segmentation heads `seg_heads` (linear, DPT); and `combinations`, the one table
+of features that do not go together."""
 
 from ..config import SparseOptions
 from .attention import Attention, CachedSelfAttention, CrossAttention, attention_options

@@ -6,8 +6,8 @@ timm's feature API (`features`), the stage- by-stage `summary`, `create_model` a
 keywords in `vit_options`, the architectures by timm's names in `variants`, the size bound in `model_size`), timm's
 model API (`vit_api`) and weight fitting (`vision_weights`), CLIP and SigLIP (`clip`; train.py's in `clip_build`;
 open_clip's layout in `clip_save`), model checkpoint folders (`checkpoint`) and the README.md model card each of
-them carries (`model_card`), and the masked
-autoencoder's masking, decoder and loss (`mae`)."""
+them carries (`model_card`), the masked
+autoencoder's masking, decoder and loss (`mae`), and a backbone with a segmentation head (`segmenter`)."""
 
 from .build import (
     build_model,

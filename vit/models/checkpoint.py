@@ -39,6 +39,7 @@ from .build import build_model
 from .clip import CLIP
 from .clip_save import save_clip_model
 from .model_card import model_card
+from .segmenter import Segmenter, build_segmenter, is_segmentation
 from .text_build import create_text_model
 from .text_classifier import TextClassifier
 from .text_save import save_text_model
@@ -76,6 +77,8 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
         extra = {"config.yaml": dump(cfg), "classes.json": json.dumps(classes, indent=1),
                  "meta.json": json.dumps(meta or {}, indent=1)}
         return save_text_model(folder, model, classes, extra=extra, state_dict=state_dict)
+    if isinstance(model, Segmenter):  # backbone + head (backbone.*, head.*); no timm hub config: not a timm model
+        return _save_segmenter(folder, model, cfg, classes, meta, state_dict)
     weights = model.state_dict() if state_dict is None else state_dict
     state = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
     check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
@@ -102,6 +105,28 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
         atomic_write_text(tmp / "config.json", json.dumps(timm, indent=2))
         num_params = sum(v.numel() for v in state.values())
         atomic_write_text(tmp / "README.md", model_card(cfg, classes, meta or {}, num_params))  # the hub's card
+    return folder
+
+
+_BN_COUNTER = "num_batches_tracked"
+
+
+def _save_segmenter(folder: Path, model: Segmenter, cfg: Config, classes: list[str], meta: dict | None,
+                    state_dict: dict | None) -> Path:
+    weights = model.state_dict() if state_dict is None else state_dict
+    # BatchNorm's step counter (int64, read only when its momentum is None, which the heads' is not) is left out:
+    # a checkpoint holds float tensors alone (check_weights)
+    state = {k: v.detach().cpu().contiguous() for k, v in weights.items() if not k.endswith(_BN_COUNTER)}
+    check_finite(state, f"refusing to save {folder}", "lower optim.lr or enable optim.clip_grad.")
+    built = dict(name=cfg.model.name or DEFAULT_MODEL, in_chans=cfg.model.in_chans or model.backbone.in_chans)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **built))
+    cfg = dataclasses.replace(cfg, aug=cfg.aug.resolved(None, cfg.model.in_chans))
+    with staged_dir(folder) as tmp:
+        metadata = {"format": "pt", "model": cfg.model.name, "task": "segmentation", SINCOS_MARK[0]: SINCOS_MARK[1]}
+        atomic_write_bytes(tmp / "model.safetensors", save(state, metadata=metadata))
+        atomic_write_text(tmp / "config.yaml", dump(cfg))
+        atomic_write_text(tmp / "classes.json", json.dumps(classes, indent=1))
+        atomic_write_text(tmp / "meta.json", json.dumps(meta or {}, indent=1))
     return folder
 
 
@@ -157,13 +182,13 @@ def load_checkpoint(folder: str | Path) -> tuple[VisionTransformer, Config, list
         # its tokenizer is the folder's own copy (data is tokenised from model.pretrained's)
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=f"local-dir:{folder}"))
         return model.eval(), cfg, classes, meta
-    model = build_model(cfg, len(classes), saved=saved)
-    own = model.state_dict()
+    model = build_segmenter(cfg, len(classes)) if is_segmentation(cfg) else build_model(cfg, len(classes), saved=saved)
+    own = {k: v for k, v in model.state_dict().items() if not k.endswith(_BN_COUNTER)}  # a Segmenter's are not saved
     bad = [k for k in own if k not in state or state[k].shape != own[k].shape] + [k for k in state if k not in own]
     if bad:
         raise CheckpointError(f"checkpoint {folder} does not match its own config ({bad[0]} differs); "
                               "it is from another architecture or was edited.")
-    model.load_state_dict(state)
+    model.load_state_dict(state, strict=False)  # every key checked above; BatchNorm's counters keep their zeros
     marked = _metadata(folder / "model.safetensors").get(SINCOS_MARK[0]) == SINCOS_MARK[1]
     if cfg.model.pos_embed == "sincos" and not marked:
         log.warning("%s was trained with the earlier sin-cos position table (y before x, other frequencies); this "

@@ -81,6 +81,8 @@ def main(argv=None) -> int:
     check_writable(out_dir)  # before the model loads or an image is read
     model, cfg, ckpt_classes = load_model(args, overrides)  # (a missing checkpoint: before its eval/)
     check_dataset_keys(cfg, list(overrides))  # e.g. --data.val_split=test for a folder: refused, not ignored
+    if cfg.data.dataset == "segmentation":  # a class per pixel: mIoU, per-class IoU and Dice (docs/segmentation.md)
+        return _evaluate_segmentation(args, out_dir, model, cfg, ckpt_classes)
     if args.threshold is not None and not cfg.data.labels_file:
         raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "
                           "one class per image.")
@@ -128,6 +130,21 @@ def _evaluate(args, overrides, out_dir: Path, model, cfg, ckpt_classes) -> int:
         _print_multilabel(result.metrics, result.per_class, out_dir)
     else:
         _print_report(result.metrics, val_ds, classes, result.per_class, result.averages, out_dir, result.gallery)
+    return 0
+
+
+def _evaluate_segmentation(args, out_dir: Path, model, cfg, classes) -> int:
+    from vit.eval.segmentation import evaluate_segmentation
+    from vit.utils.untrusted_text import printable
+
+    m = evaluate_segmentation(model, cfg, classes, args.split, args.batch_size, out_dir)
+    print(f"{m['images']} images, {m['pixels']} pixels scored: mIoU {100 * m['miou']:.2f}%   mean Dice "
+          f"{100 * m['mdice']:.2f}%   pixel accuracy {100 * m['pixel_acc']:.2f}%\n")
+    width = max(len("class"), *(len(printable(c)) for c in classes)) + 2
+    print(f"{'class':<{width}}{'IoU':>10}{'Dice':>10}")
+    for c in classes:
+        print(f"{printable(c):<{width}}{m['iou'][c]:>10.4f}{m['dice'][c]:>10.4f}")
+    print(f"\nwrote {out_dir}/: metrics.json per_class.csv")
     return 0
 
 

@@ -12,7 +12,8 @@ command fails (exit 2). The images are the checkpoint's own validation split, or
 preprocessing.json (input size, mean, std, interpolation, crop_pct, label names: what a runtime needs) and
 verification.json (the check's numbers). The batch dimension is dynamic; height and width too with
 dynamic_img_size (multiples of the pixels per token: the patch size, a hybrid's stem stride times it). ONNX needs
-the export extra: pip install -e '.[export]'.
+the export extra: pip install -e '.[export]'. A segmentation checkpoint exports to ONNX alone: segmenter.onnx and
+segmentation.json (docs/segmentation.md).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ def main(argv=None) -> int:
     if "onnx" in args.format:
         require_onnx()
     model, cfg, classes = load_model(args, overrides)
+    if cfg.data.dataset == "segmentation":
+        return _export_segmenter(args, model, cfg, classes, out)
     classes = classes or label_names(model, model.num_classes)
     int8 = Int8Request(args.int8_method, args.max_drop, args.int8_metric, args.eval_images, args.calibration_images,
                        args.threads) if args.quantize else None
@@ -104,3 +107,23 @@ def main(argv=None) -> int:
     export_folder(model, cfg, classes, out, args.format, paths=paths, checkpoint=args.checkpoint,
                   token_reduction=args.token_reduction, int8=int8)
     return 0
+
+
+def _export_segmenter(args, model, cfg, classes, out: Path) -> int:
+    """A segmentation checkpoint: segmenter.onnx + segmentation.json, checked on up to 4 of its validation images
+    (vit/deploy/onnx_segment.py; vit.deploy.onnx_segment.OnnxSegmenter reads them without torch)."""
+    import torch
+
+    from vit.config import ConfigError
+    from vit.data.segmentation import build_seg_datasets
+    from vit.deploy.onnx_segment import export_segmenter
+
+    if list(args.format) != ["onnx"] or args.quantize:
+        raise ConfigError("a segmentation checkpoint exports to ONNX only (--format onnx, no --quantize yet).")
+    val = build_seg_datasets(cfg, ("val",), classes)[1]
+    batch = torch.stack([val[i][0] for i in range(min(4, len(val)))])
+    check = export_segmenter(model, out, cfg, classes, [batch])
+    print(f"wrote {out}/segmenter.onnx and segmentation.json: logits within {check['max_abs_logit_diff']:.1e} of "
+          f"PyTorch's, {check['pixels_differing']} pixel(s) of another class")
+    return 0
+

@@ -17,6 +17,10 @@ Writes to --out (default: predictions/): predictions.csv (or .json / .jsonl), sk
 over, with the reason; a broken file never stops the run) and, with --cam, cam/<input index>_<name>.png: the
 attention-rollout overlay of each image, named in its row.
 
+A segmentation checkpoint (train.py with data.dataset segmentation) writes masks/<index>_<name>.png (a palette PNG,
+the class per pixel), overlays/ (the classes tinted over the image) and segmentation.csv (per image, each class's
+area in pixels and percent); images larger than the model's input are read in sliding windows (seg.window).
+
 --onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
 from the preprocessing.json beside the model) and writes the same files (a multi-label export: its sigmoids and
 the labels at its threshold); it never imports torch, timm, accelerate or PyYAML, so it runs where only numpy,
@@ -157,6 +161,8 @@ def _predict(args, overrides) -> int:
         return _predict_text(args)
     paths, skipped = images_given(args.images, DataError)
     model, cfg, classes = load_model(args, overrides)
+    if cfg.data.dataset == "segmentation":  # a class per pixel: masks, overlays, areas (vit/deploy/seg_predict.py)
+        return _predict_segmentation(args, model, cfg, classes, paths, skipped)
     threshold = multilabel_threshold(cfg, args.threshold, args.checkpoint)
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, "predict.py")
     if note:
@@ -188,6 +194,23 @@ def _predict(args, overrides) -> int:
         print(f"  {printable(r['path'])}: {chosen}{printable(r['pred1_name'])} {100 * r['prob1']:.1f}%{anomaly}")
     cams = f" and {dest}/cam/" if args.cam else ""
     print(printable(("  ...\n" if len(rows) > 5 else "") + f"wrote {written}{cams}", keep="\n"))
+    return 0
+
+
+def _predict_segmentation(args, model, cfg, classes, paths, skipped) -> int:
+    from vit.data import DataError
+    from vit.deploy.seg_predict import predict_seg_images
+    from vit.utils.untrusted_text import printable
+
+    rows, bad = predict_seg_images(model, cfg, classes, paths, Path(args.out))
+    if not rows:
+        raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see "
+                        f"{args.out}/skipped.csv.")
+    print(f"{len(rows)} image(s) segmented, {len(skipped) + len(bad)} skipped")
+    for r in rows[:5]:
+        areas = ", ".join(f"{c} {r[f'area_pct_{c}']:.2f}%" for c in classes[1:])
+        print(f"  {printable(r['path'])}: {printable(areas)}")
+    print(f"wrote {args.out}/: segmentation.csv masks/ overlays/")
     return 0
 
 

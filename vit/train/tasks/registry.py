@@ -11,6 +11,7 @@ from .distillation import DistillationTask
 from .mae import MAETask
 from .multilabel import MultiLabelTask
 from .pretrain import DinoTask
+from .segmentation import SegmentationTask
 
 __all__ = ["TASKS", "task_name", "task_class", "task_for"]
 
@@ -23,6 +24,7 @@ TASKS: dict[str, type[Task]] = {
     "distillation": DistillationTask,  # distill.teacher: the student on its task's loss plus the teacher's term
     "dino": DinoTask,  # pretrain.method: dino, self-supervised on unlabelled images
     "mae": MAETask,  # pretrain.method: mae, masked autoencoding of unlabelled images
+    "segmentation": SegmentationTask,  # data.dataset: segmentation, a class per pixel
 }
 
 
@@ -32,6 +34,8 @@ def task_name(cfg) -> str:
         return cfg.pretrain.method
     if cfg.data.dataset == "captions":
         return "contrastive"
+    if cfg.data.dataset == "segmentation":
+        return "segmentation"
     if cfg.distill.teacher is not None:  # on top of the run's own task (DistillationTask.inner)
         return "distillation"
     if cfg.data.labels_file:

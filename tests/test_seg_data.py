@@ -1,0 +1,167 @@
+"""Segmentation data: the folder and CSV layouts, palette and index masks, mask-less good parts, alignment of image
+and mask through every augmentation, and one sentence per bad input naming its file."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from vit.data.base import DataError
+from vit.data.segmentation import (
+    IGNORE_INDEX,
+    SegmentationDataset,
+    find_pairs,
+    palette_classes,
+    read_class_names,
+    seg_transform,
+)
+
+COLOURS = np.array([[20, 20, 20], [220, 40, 40], [40, 200, 60], [50, 80, 230]], np.uint8)  # class -> colour
+
+
+def _blocky(rng: np.random.Generator, size: int = 64, cell: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """An image of flat colour cells and its mask derived from its own pixels (the class whose colour it is)."""
+    cells = rng.integers(0, len(COLOURS), size=(size // cell, size // cell))
+    mask = np.kron(cells, np.ones((cell, cell), int)).astype(np.uint8)
+    return COLOURS[mask], mask
+
+
+def _derived(image: np.ndarray) -> np.ndarray:
+    """The class of each pixel from its colour: the nearest of COLOURS."""
+    d = ((image[:, :, None, :].astype(int) - COLOURS[None, None].astype(int)) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_image_and_mask_stay_aligned_through_every_augmentation(seed):
+    """Flips, crops, resizes and rotations move the mask with the image: with nearest interpolation for the image
+    too, the mask equals the class read back from the augmented pixels; with bilinear, inside the cells."""
+    rng = np.random.default_rng(seed)
+    image, mask = _blocky(rng)
+    for interp in (cv2.INTER_NEAREST, None):
+        t = seg_transform(48, True, None, None, scale=(0.3, 1.0), rotate=30, jitter=0.0, interpolation=interp)
+        t.set_random_seed(seed)
+        out = t(image=image, mask=mask)
+        img, m = out["image"], out["mask"]
+        assert img.shape[:2] == m.shape == (48, 48)
+        valid = m != IGNORE_INDEX
+        derived = _derived(img)
+        if interp == cv2.INTER_NEAREST:
+            assert (derived[valid] == m[valid]).all()
+            border = (img == 0).all(-1)  # a rotation's border: black in the image, ignored in the mask
+            assert (~valid == border).all()
+        else:  # away from cell edges (no colour blending), the classes agree
+            interior = cv2.erode(valid.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
+            same = np.ones_like(valid)
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    same &= np.roll(np.roll(m, dy, 0), dx, 1) == m
+            keep = interior & same
+            assert keep.sum() > 500 and (derived[keep] == m[keep]).all()
+    assert set(np.unique(m[valid])) <= set(range(len(COLOURS)))  # nearest: no blended class values
+
+
+def test_geometry_happens_at_all():
+    """Guard: the augmentation above really moves pixels (an identity transform would pass it trivially)."""
+    image, mask = _blocky(np.random.default_rng(0))
+    t = seg_transform(64, True, None, None, scale=(0.3, 0.5), rotate=30, jitter=0.0, interpolation=cv2.INTER_NEAREST)
+    t.set_random_seed(3)
+    assert (t(image=image, mask=mask)["mask"] != mask).mean() > 0.2
+
+
+def test_photometric_touches_the_image_only():
+    image, mask = _blocky(np.random.default_rng(1))
+    t = seg_transform(64, True, None, None, scale=(1.0, 1.0), rotate=0, jitter=0.4)
+    t.set_random_seed(5)
+    seen = set()
+    for _ in range(8):
+        out = t(image=image, mask=mask)
+        if (out["mask"] == mask).all() or (out["mask"] == mask[:, ::-1]).all() or (out["mask"] == mask[::-1]).all() \
+                or (out["mask"] == mask[::-1, ::-1]).all():
+            seen.add(bool(np.abs(out["image"].astype(int) - image.astype(int)).max() > 0))
+    assert True in seen  # the colours changed while the mask stayed one of the flips of the original
+
+
+def _write(root, stems, masks: dict, palette=None):
+    (root / "images").mkdir(parents=True)
+    (root / "masks").mkdir()
+    rng = np.random.default_rng(0)
+    for s in stems:
+        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(root / "images" / f"{s}.png")
+    for s, m in masks.items():
+        im = Image.fromarray(m.astype(np.uint8), "P" if palette else "L")
+        if palette:
+            im.putpalette(palette)
+        im.save(root / "masks" / f"{s}.png")
+
+
+def test_folder_layout_index_palette_and_good_parts(tmp_path):
+    m = np.zeros((16, 16), np.uint8)
+    m[4:8, 4:8], m[0, 0] = 2, IGNORE_INDEX
+    palette = [0, 0, 0, 255, 0, 0, 0, 255, 0] + [0] * 3 * 252 + [255, 255, 255]  # 256 entries, 255: the border
+    _write(tmp_path, ["a", "b"], {"a": m}, palette=palette)
+    with pytest.raises(DataError, match=r"image .*b\.png has no mask .*b\.png"):
+        find_pairs(tmp_path)
+    pairs = find_pairs(tmp_path, missing="background")
+    assert [p.mask is None for p in pairs] == [False, True]
+    classes = palette_classes(pairs[0].mask)
+    assert classes == ["#000000", "#ff0000", "#00ff00"]
+    ds = SegmentationDataset(pairs, classes, seg_transform(16, False, (0.5,) * 3, (0.5,) * 3), palette=classes)
+    x, y = ds[0]
+    assert x.shape == (3, 16, 16) and (y.numpy() == m).all()
+    assert (ds[1][1] == 0).all()  # the good part: all background
+
+
+def test_csv_layout_and_class_names_file(tmp_path):
+    m = np.ones((16, 16), np.uint8)
+    _write(tmp_path, ["a", "b"], {"a": m})
+    (tmp_path / "pairs.csv").write_text("image,mask\nimages/a.png,masks/a.png\nimages/b.png,\n")
+    with pytest.raises(DataError, match=r"pairs\.csv line 3: image .*b\.png has no mask"):
+        find_pairs(tmp_path / "pairs.csv")
+    pairs = find_pairs(tmp_path / "pairs.csv", missing="background")
+    assert [p.mask is None for p in pairs] == [False, True]
+    (tmp_path / "classes.txt").write_text("background\ndefect\n")
+    assert read_class_names(tmp_path / "classes.txt") == ["background", "defect"]
+    (tmp_path / "classes.json").write_text('["good", "scratch", "dent"]')
+    assert read_class_names(tmp_path / "classes.json") == ["good", "scratch", "dent"]
+
+
+def test_bad_masks_are_one_sentence_naming_the_file(tmp_path):
+    t = seg_transform(16, False, None, None)
+    big = np.zeros((8, 16), np.uint8)
+    _write(tmp_path / "size", ["a"], {"a": big})
+    with pytest.raises(DataError, match=r"mask .*a\.png is 16x8 but its image .*a\.png is 16x16"):
+        SegmentationDataset(find_pairs(tmp_path / "size"), ["bg", "x"], t)[0]
+    out = np.zeros((16, 16), np.uint8)
+    out[0, :3] = [3, 7, IGNORE_INDEX]
+    _write(tmp_path / "values", ["a"], {"a": out})
+    with pytest.raises(DataError, match=r"mask .*a\.png holds the values \[3, 7\] outside the 2 classes"):
+        SegmentationDataset(find_pairs(tmp_path / "values"), ["bg", "x"], t)[0]
+    pal = [0, 0, 0, 255, 0, 0, 0, 255, 0, 0, 0, 255] + [0] * 3 * 251 + [255, 255, 255]
+    _write(tmp_path / "palette", ["a"], {"a": np.zeros((16, 16))}, palette=pal)
+    with pytest.raises(DataError, match=r"mask .*a\.png has a palette of 4 colours but the class list has 2"):
+        SegmentationDataset(find_pairs(tmp_path / "palette"), ["bg", "x"], t, palette=["#000000", "#ff0000"])[0]
+    (tmp_path / "rgb" / "images").mkdir(parents=True)
+    (tmp_path / "rgb" / "masks").mkdir()
+    Image.new("RGB", (16, 16)).save(tmp_path / "rgb" / "images" / "a.png")
+    Image.new("RGB", (16, 16)).save(tmp_path / "rgb" / "masks" / "a.png")
+    with pytest.raises(DataError, match=r"mask .*a\.png is a RGB image; save it as an index PNG"):
+        SegmentationDataset(find_pairs(tmp_path / "rgb"), ["bg", "x"], t)[0]
+    with pytest.raises(DataError, match=r"does not exist; the folder layout is"):
+        find_pairs(tmp_path / "nothing")
+
+
+def test_seg_parts_script_writes_masks_of_their_own_classes(tmp_path):
+    """scripts/seg_parts.py's data: good parts without a mask file, each defect its own class, read back through
+    the folder layout."""
+    from helpers import import_script
+
+    script = import_script("scripts/seg_parts")
+    script.write_seg_parts(tmp_path, seed=0, good=2, per_defect=1)
+    pairs = find_pairs(tmp_path, missing="background")
+    assert [p.mask is None for p in pairs] == [True, True, False, False, False]
+    ds = SegmentationDataset(pairs, script.CLASSES, seg_transform(script.SIZE, False, None, None))
+    found = [set(np.unique(ds.load(i)[1]).tolist()) for i in range(len(ds))]
+    assert found == [{0}, {0}, {0, 1}, {0, 2}, {0, 3}]  # scratch, dent, stain in DEFECTS' order

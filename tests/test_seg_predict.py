@@ -1,0 +1,69 @@
+"""predict.py's segmentation files: the mask PNG is the model's argmax (sliding windows on a wide strip, a resize on
+a small image), the overlay tints only predicted defects, the CSV's areas count the mask's pixels."""
+
+from __future__ import annotations
+
+import csv
+import types
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from vit.deploy.seg_predict import class_palette, predict_seg_images
+
+
+class _PixelModel(torch.nn.Module):
+    """A 1x1 convolution: a window's logits are the whole image's, so sliding windows must reproduce them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 3, 1)
+        self.sizes = []
+
+    def forward(self, x):
+        self.sizes.append(tuple(x.shape[-2:]))
+        return self.conv(x)
+
+
+def _cfg(size=16):
+    return types.SimpleNamespace(aug=types.SimpleNamespace(mean=[0.5] * 3, std=[0.25] * 3),
+                                 model=types.SimpleNamespace(img_size=size), seg=types.SimpleNamespace(window=None))
+
+
+def _want(model, image, size=None):
+    x = (torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255 - 0.5) / 0.25
+    with torch.no_grad():
+        if size is None:
+            return model(x).argmax(1)[0].numpy()
+        small = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        return F.interpolate(model(small), size=image.shape[:2], mode="bilinear", align_corners=False).argmax(1)[0]
+
+
+def test_masks_overlays_and_areas(tmp_path):
+    rng = np.random.default_rng(0)
+    strip = rng.integers(0, 255, (16, 50, 3), dtype=np.uint8)  # wider than the 16-pixel input: sliding windows
+    small = rng.integers(0, 255, (12, 10, 3), dtype=np.uint8)  # smaller: resized to 16 and back
+    for name, img in (("strip", strip), ("small", small)):
+        Image.fromarray(img).save(tmp_path / f"{name}.png")
+    (tmp_path / "broken.png").write_bytes(b"not a png")
+    model, classes = _PixelModel(), ["background", "scratch", "dent"]
+    paths = [tmp_path / "strip.png", tmp_path / "broken.png", tmp_path / "small.png"]
+    rows, skipped = predict_seg_images(model, _cfg(), classes, paths, tmp_path / "out")
+    assert [s[0] for s in skipped] == [str(tmp_path / "broken.png")]
+    assert all(s == (16, 16) for s in model.sizes)  # every forward pass at the model's input size
+    wants = [_want(_PixelModel(), strip), _want(_PixelModel(), small, 16).numpy()]
+    with open(tmp_path / "out" / "segmentation.csv") as f:
+        table = list(csv.DictReader(f))
+    for row, want, img, index in zip(table, wants, (strip, small), ("0000_strip", "0002_small")):
+        mask = np.array(Image.open(tmp_path / "out" / "masks" / f"{index}.png"))
+        np.testing.assert_array_equal(mask, want)
+        assert len(np.unique(want)) > 1  # not a trivial all-one-class mask
+        for c, name in enumerate(classes[1:], start=1):
+            assert int(row[f"area_px_{name}"]) == (want == c).sum()
+        overlay = np.array(Image.open(tmp_path / "out" / "overlays" / f"{index}.png")).astype(int)
+        np.testing.assert_array_equal(overlay[want == 0], img[want == 0])  # background untouched
+        tint = 0.5 * img[want == 1] + 0.5 * class_palette(3)[1]
+        assert np.abs(overlay[want == 1] - tint).max() <= 1

@@ -1,0 +1,119 @@
+"""A segmentation run through train.py (data.dataset: segmentation, seg.*): the checkpoint is backbone + head and
+reloads to the same logits; the seg: section's refusals; the task's losses against formulas."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import TINY, run_script
+from PIL import Image
+
+from vit.config import ConfigError, load_config, validate
+from vit.config.seg_checks import validate_seg
+from vit.train.tasks.segmentation import dice_loss, seg_loss
+
+
+def _parts(root, n_train=6, n_val=3, size=32):
+    """train/ and val/ with images/ + masks/: a bright square (class 1) or a dark disc (class 2) on noise; a third
+    of the training images are good parts with no mask file."""
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[:size, :size]
+    for split, n in (("train", n_train), ("val", n_val)):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "masks").mkdir()
+        for i in range(n):
+            img = rng.normal(120, 10, (size, size, 3))
+            mask = np.zeros((size, size), np.uint8)
+            cy, cx = rng.integers(8, size - 8, 2)
+            if i % 3 == 1:
+                mask[cy - 5:cy + 5, cx - 5:cx + 5] = 1
+            elif i % 3 == 2:
+                mask[(yy - cy) ** 2 + (xx - cx) ** 2 <= 25] = 2
+            img[mask == 1], img[mask == 2] = 230, 20
+            Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(root / split / "images" / f"{i}.png")
+            if i % 3 or split == "val":
+                Image.fromarray(mask).save(root / split / "masks" / f"{i}.png")
+    return root
+
+
+@pytest.mark.slow
+def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
+    data = _parts(tmp_path / "data")
+    out = tmp_path / "runs"
+    r = run_script("train.py", *TINY, "--data.dataset=segmentation", f"--data.root={data}", f"--run.output_dir={out}",
+                   "--run.name=seg", "--run.epochs=1", "--model.patch_size=8", "--model.depth=4",
+                   "--seg.head=dpt", "--seg.dpt_width=8", "--seg.missing_masks=background", "--seg.loss=ce+dice",
+                   "--seg.classes=[background, square, disc]", "--optim.class_weights=auto")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "val mIoU" in r.stdout
+    from vit.data.segmentation import build_seg_datasets
+    from vit.models.checkpoint import load_checkpoint
+    from vit.models.segmenter import Segmenter
+
+    model, cfg, classes, meta = load_checkpoint(out / "seg" / "best")
+    assert isinstance(model, Segmenter) and classes == ["background", "square", "disc"]
+    assert 0 <= meta["val_acc1"] <= 1 and len(meta["iou"]) == 3
+    names = set(json.loads((out / "seg" / "best" / "classes.json").read_text()))
+    assert names == set(classes)
+    _, val, _ = build_seg_datasets(cfg, ("val",), classes)
+    x = torch.stack([val[i][0] for i in range(len(val))])
+    with torch.no_grad():
+        assert model(x).shape == (3, 3, 32, 32)
+    # evaluate.py on the checkpoint: the same held-out pixels, the same mIoU as training's evaluation
+    r = run_script("evaluate.py", "--checkpoint", str(out / "seg" / "best"), "--out", str(tmp_path / "eval"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["miou"] == pytest.approx(meta["val_acc1"], abs=1e-9)
+    assert "mIoU" in r.stdout and (tmp_path / "eval" / "per_class.csv").is_file()
+    # predict.py: a mask, an overlay and a row of areas per image; export.py: the ONNX model, checked
+    r = run_script("predict.py", "--checkpoint", str(out / "seg" / "best"), str(data / "val" / "images"),
+                   "--out", str(tmp_path / "pred"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(list((tmp_path / "pred" / "masks").glob("*.png"))) == 3
+    assert "area_pct_square" in (tmp_path / "pred" / "segmentation.csv").read_text()
+    pytest.importorskip("onnxruntime")
+    r = run_script("export.py", "--checkpoint", str(out / "seg" / "best"), "--format", "onnx", "--out",
+                   str(tmp_path / "onnx"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "onnx" / "segmenter.onnx").is_file() and "0 pixel(s) of another class" in r.stdout
+
+
+def test_seg_section_refusals():
+    with pytest.raises(ConfigError, match="'seg.head' is read only with data.dataset segmentation"):
+        validate(load_config("configs/default.yaml", ["--seg.head=dpt"]))
+    seg = ["--data.dataset=segmentation", "--data.root=/nowhere"]
+    with pytest.raises(ConfigError, match="'aug.mixup' mixes labels, not masks"):
+        validate(load_config("configs/default.yaml", [*seg, "--aug.mixup=0.8"]))
+    with pytest.raises(ConfigError, match="'seg.dpt_factors' must list four"):
+        validate(load_config("configs/default.yaml", [*seg, "--seg.dpt_factors=[4, 2, 1, 0.3]"]))
+    with pytest.raises(ConfigError, match="'seg.head' must be one of 'linear', 'dpt'"):
+        validate(load_config("configs/default.yaml", [*seg, "--seg.head=upernet"]))
+    with pytest.raises(ConfigError, match="'seg.classes' and 'seg.classes_file' both"):
+        validate(load_config("configs/default.yaml", [*seg, "--seg.classes=[a, b]", "--seg.classes_file=c.txt"]))
+    with pytest.raises(ConfigError, match="'seg.dpt_sizes' must list four positive widths"):
+        validate_seg(load_config("configs/default.yaml", [*seg, "--seg.dpt_sizes=[8, 16]"]))
+    validate(load_config("configs/default.yaml", [*seg, "--seg.head=dpt"]))  # a good one passes
+
+
+def test_losses_against_formulas():
+    torch.manual_seed(0)
+    logits, target = torch.randn(2, 3, 5, 6, dtype=torch.float64), torch.randint(0, 3, (2, 5, 6))
+    target[0, 0, :3] = 255
+    w = torch.tensor([0.5, 1.0, 2.0])
+    keep = target != 255
+    logp = logits.log_softmax(1).permute(0, 2, 3, 1)[keep]  # (n, C)
+    t = target[keep]
+    want_ce = -(w[t] * logp[torch.arange(len(t)), t]).sum() / w[t].sum()
+    assert seg_loss(logits, target, "ce", w).item() == pytest.approx(want_ce.item(), rel=1e-6)
+    p = logits.softmax(1).permute(0, 2, 3, 1)[keep]
+    onehot = F.one_hot(t, 3).double()
+    dice = (2 * (p * onehot).sum(0) + 1) / (p.sum(0) + onehot.sum(0) + 1)
+    assert dice_loss(logits, target).item() == pytest.approx(1 - dice.mean().item(), rel=1e-6)
+    both = seg_loss(logits, target, "ce+dice", w).item()
+    assert both == pytest.approx(want_ce.item() + 1 - dice.mean().item(), rel=1e-6)
+    with pytest.raises(ValueError, match="unknown segmentation loss"):
+        seg_loss(logits, target, "focal")

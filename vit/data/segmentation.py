@@ -1,0 +1,266 @@
+"""Semantic segmentation data: image / mask pairs, their class list, and augmentation applied to both.
+
+Layouts (`find_pairs`):
+- folders: `<root>/images/<stem>.<ext>` beside `<root>/masks/<stem>.png` (same stems);
+- a CSV with the columns `image,mask` (paths relative to the CSV's folder; an empty mask cell is a mask-less image).
+An image without a mask is refused, unless `missing="background"`: then it is all background (class 0), the
+inspection-line case where good parts have no mask file.
+
+A mask is an index PNG (mode L, I or 1: a pixel's value is its class) or a palette PNG (mode P: the value is the
+palette index, and the palette's colours, without index 255's and the black padding after the last colour,
+can be the class list when no names are given). `ignore_index` (255)
+marks pixels no loss or metric counts. Every refusal is one sentence naming the file (`DataError`).
+
+Augmentation (`seg_transform`, albumentations): geometric transforms (random resized crop, flips, rotation) move
+image and mask together, the mask with nearest interpolation and the ignore index where a rotation leaves a border;
+photometric ones (colour jitter) touch the image only.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .base import DataError, SeededDataset
+from .decode import IMG_EXTENSIONS, decode_image
+
+__all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
+           "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
+           "pixel_class_weights"]
+
+IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
+_MASK_MODES = ("L", "P", "I", "I;16", "1")
+
+
+@dataclass(frozen=True)
+class SegPair:
+    """One sample: an image file and its mask file (None: no mask, all background when that is allowed)."""
+    image: Path
+    mask: Path | None
+
+
+def read_class_names(path: str | Path) -> list[str]:
+    """Class names from a small file: a JSON list, or one name per line (blank lines skipped); index = line."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"class names file {p} does not exist; give a JSON list or one name per line.")
+    text = p.read_text(encoding="utf-8")
+    names = json.loads(text) if p.suffix == ".json" else [s.strip() for s in text.splitlines() if s.strip()]
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise DataError(f"class names file {p} must hold a non-empty list of names (JSON list or one per line).")
+    if len(names) > IGNORE_INDEX:
+        raise DataError(f"class names file {p} lists {len(names)} classes; at most {IGNORE_INDEX} fit beside the "
+                        f"ignore index {IGNORE_INDEX}.")
+    return names
+
+
+def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
+    images, masks = root / "images", root / "masks"
+    for d in (images, masks):
+        if not d.is_dir() and not (d == masks and missing == "background"):
+            raise DataError(f"{d} does not exist; the folder layout is {root}/images/<stem>.<ext> with "
+                            f"{root}/masks/<stem>.png.")
+    found = {p.stem: p for p in masks.glob("*.png")} if masks.is_dir() else {}
+    pairs = []
+    for p in sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS):
+        m = found.get(p.stem)
+        if m is None and missing != "background":
+            raise DataError(f"image {p} has no mask {masks / (p.stem + '.png')}; add it, or set missing masks to "
+                            "mean all background (good parts).")
+        pairs.append(SegPair(p, m))
+    if not pairs:
+        raise DataError(f"{images} holds no images.")
+    return pairs
+
+
+def _csv_pairs(path: Path, missing: str) -> list[SegPair]:
+    if not path.is_file():
+        raise DataError(f"pairs file {path} does not exist; give a CSV with the columns image,mask.")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or not {"image", "mask"} <= set(rows[0]):
+        raise DataError(f"pairs file {path} needs a header with the columns image,mask and at least one row.")
+    pairs = []
+    for i, row in enumerate(rows, start=2):
+        image = path.parent / row["image"]
+        mask = path.parent / row["mask"] if (row["mask"] or "").strip() else None
+        if not image.is_file():
+            raise DataError(f"{path} line {i}: image {image} does not exist.")
+        if mask is not None and not mask.is_file():
+            raise DataError(f"{path} line {i}: mask {mask} does not exist.")
+        if mask is None and missing != "background":
+            raise DataError(f"{path} line {i}: image {image} has no mask; give one, or set missing masks to mean "
+                            "all background (good parts).")
+        pairs.append(SegPair(image, mask))
+    return pairs
+
+
+def find_pairs(root: str | Path, missing: str = "error") -> list[SegPair]:
+    """The pairs of a folder layout (`root` a folder with images/ and masks/) or a CSV (`root` a .csv file).
+    `missing`: "error" (every image needs a mask) or "background" (a missing mask is all background)."""
+    if missing not in ("error", "background"):
+        raise DataError(f"missing masks must be 'error' or 'background', not {missing!r}.")
+    root = Path(root)
+    return _csv_pairs(root, missing) if root.suffix.lower() == ".csv" else _folder_pairs(root, missing)
+
+
+def _palette(img) -> list[tuple[int, int, int]]:
+    """The class colours of a palette PNG: its entries without the ignore index's (255) and without the black
+    entries that pad a palette to 256 after its last colour."""
+    flat = img.getpalette() or []
+    colours = [tuple(flat[i:i + 3]) for i in range(0, min(len(flat), 3 * IGNORE_INDEX), 3)]
+    while len(colours) > 1 and colours[-1] == (0, 0, 0):
+        colours.pop()
+    return colours
+
+
+def palette_classes(mask_path: str | Path) -> list[str]:
+    """The class list a palette PNG's palette gives: one name per colour ('#rrggbb'), the palette's order."""
+    from PIL import Image
+
+    with Image.open(mask_path) as img:
+        if img.mode != "P":
+            raise DataError(f"mask {mask_path} is not a palette PNG (mode {img.mode}); give the class names instead.")
+        colours = _palette(img)
+    return ["#{:02x}{:02x}{:02x}".format(*c) for c in colours]
+
+
+def read_mask(path: str | Path, num_classes: int, palette: list[str] | None = None) -> np.ndarray:
+    """A mask file as (H, W) uint8 class indices, checked (`check_mask`). `palette`: the class list when it came
+    from the palettes (a palette PNG with more colours than it is refused)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        if img.mode not in _MASK_MODES:
+            raise DataError(f"mask {path} is a {img.mode} image; save it as an index PNG (one channel, the value "
+                            "is the class) or a palette PNG.")
+        if img.mode == "P" and palette is not None and len(_palette(img)) > len(palette):
+            raise DataError(f"mask {path} has a palette of {len(_palette(img))} colours but the class list has "
+                            f"{len(palette)}; save every mask with the same palette, one colour per class.")
+        a = np.array(img)  # a writable copy
+    if a.dtype != np.uint8:
+        if a.min() < 0 or a.max() > IGNORE_INDEX:
+            raise DataError(f"mask {path} holds values up to {a.max()}; classes are 0..{num_classes - 1} and "
+                            f"{IGNORE_INDEX} is ignored.")
+        a = a.astype(np.uint8)
+    return check_mask(a, num_classes, path)
+
+
+def check_mask(mask: np.ndarray, num_classes: int, path) -> np.ndarray:
+    """`mask` if every value is a class (< num_classes) or the ignore index; else one sentence naming `path`."""
+    bad = np.unique(mask[(mask >= num_classes) & (mask != IGNORE_INDEX)])
+    if bad.size:
+        raise DataError(f"mask {path} holds the values {bad[:5].tolist()} outside the {num_classes} classes "
+                        f"(0..{num_classes - 1}; {IGNORE_INDEX} is ignored); fix the mask or the class list.")
+    return mask
+
+
+def seg_transform(img_size: int, train: bool, mean, std, scale: tuple[float, float] = (0.5, 1.0),
+                  rotate: float = 15.0, jitter: float = 0.2, interpolation: int | None = None):
+    """The albumentations pipeline of a split: train: random resized crop, horizontal and vertical flips, a
+    rotation up to `rotate` degrees (border pixels: the ignore index in the mask), colour jitter (image only);
+    eval: a resize. Always normalised by `mean`, `std` (0..1 scale). Masks use nearest interpolation;
+    `interpolation` (cv2 flag) sets the image's (bilinear by default)."""
+    import albumentations as A
+    import cv2
+
+    interp = cv2.INTER_LINEAR if interpolation is None else interpolation
+    size = (img_size, img_size)
+    if train:
+        geometry = [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
+                                        mask_interpolation=cv2.INTER_NEAREST),
+                    A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5),
+                    A.Affine(rotate=(-rotate, rotate), interpolation=interp, mask_interpolation=cv2.INTER_NEAREST,
+                             border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE_INDEX, p=0.5 if rotate else 0)]
+        photometric = [A.ColorJitter(jitter, jitter, jitter, 0.0, p=0.8 if jitter else 0.0)]
+    else:
+        geometry = [A.Resize(*size, interpolation=interp, mask_interpolation=cv2.INTER_NEAREST)]
+        photometric = []
+    norm = [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)] if mean is not None else []
+    return A.Compose([*geometry, *photometric, *norm])
+
+
+class SegmentationDataset(SeededDataset):
+    """(image (3, S, S) float32, mask (S, S) int64) per pair; masks read and checked when first loaded.
+    `palette`: the class list when it came from the masks' palettes (`palette_classes`)."""
+
+    def __init__(self, pairs: list[SegPair], classes: list[str], transform, seed: int = 0,
+                 palette: list[str] | None = None) -> None:
+        super().__init__(transform, classes, seed)
+        self.pairs, self.palette = pairs, palette
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def load(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The pair as read: image (H, W, 3) uint8 and mask (H, W) uint8, their sizes checked against each other."""
+        pair = self.pairs[index]
+        image = decode_image(pair.image)
+        if pair.mask is None:
+            return image, np.zeros(image.shape[:2], np.uint8)
+        mask = read_mask(pair.mask, len(self.classes), self.palette)
+        if mask.shape != image.shape[:2]:
+            raise DataError(f"mask {pair.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {pair.image} is "
+                            f"{image.shape[1]}x{image.shape[0]}; masks must have their image's size.")
+        return image, mask
+
+    def __getitem__(self, index: int):
+        import torch
+
+        image, mask = self.load(index)
+        self.transform.set_random_seed(self.sample_seed(index))
+        out = self.transform(image=image, mask=mask)
+        x = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
+        return x, torch.from_numpy(np.ascontiguousarray(out["mask"])).long()
+
+
+def _split(root: Path, split: str) -> Path:
+    """root/<split>/ (images/ + masks/) or root/<split>.csv."""
+    csv_file = root / f"{split}.csv"
+    return csv_file if csv_file.is_file() and not (root / split).is_dir() else root / split
+
+
+def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]:
+    """(class names, the palette's class list or None): seg.classes, seg.classes_file, or the palette of the first
+    palette mask among `pairs` ('#rrggbb' names)."""
+    if seg.classes is not None:
+        return list(seg.classes), None
+    if seg.classes_file is not None:
+        return read_class_names(seg.classes_file), None
+    first = next((p.mask for p in pairs if p.mask is not None), None)
+    if first is None:
+        raise DataError("no mask to read a palette from; name the classes with seg.classes or seg.classes_file.")
+    names = palette_classes(first)
+    return names, names
+
+
+def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None):
+    """(train, val, class names) of data.dataset=segmentation: data.root/train and data.root/val as the folder
+    layout (or train.csv / val.csv), transforms from model.img_size and aug.mean / aug.std. `classes` (a
+    checkpoint's) are used as given; a split left out of `splits` is None."""
+    root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
+    pairs = {s: find_pairs(_split(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
+    palette = None
+    if classes is None:
+        classes, palette = seg_classes(seg, next(iter(pairs.values())))
+    mean, std = aug.mean or [0.5] * 3, aug.std or [0.5] * 3
+    out = [SegmentationDataset(pairs[s], classes, seg_transform(cfg.model.img_size, s == "train", mean, std),
+                               cfg.run.seed, palette) if s in pairs else None for s in ("train", "val")]
+    return out[0], out[1], list(classes)
+
+
+def pixel_class_weights(ds: SegmentationDataset):
+    """optim.class_weights=auto for segmentation: n / (C * n_c) over the training masks' pixels (as read, before
+    augmentation; the ignore index not counted), a class with no pixel weighted as if it had one."""
+    import torch
+
+    counts = np.zeros(len(ds.classes), np.int64)
+    for i in range(len(ds)):
+        mask = ds.load(i)[1]
+        counts += np.bincount(mask[mask != IGNORE_INDEX].ravel(), minlength=len(ds.classes))[:len(ds.classes)]
+    counts = np.maximum(counts, 1)
+    return torch.tensor(counts.sum() / (len(counts) * counts), dtype=torch.float32)

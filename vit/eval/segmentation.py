@@ -1,0 +1,142 @@
+"""Segmentation metrics and inference: the confusion over classes (pixels of the ignore index left out), and from it
+per-class IoU, mIoU, Dice and pixel accuracy; the pixel AUROC of a class's probability; sliding-window logits for
+images larger than the model's input.
+
+With C[t, p] the number of pixels of true class t predicted p:
+    IoU_c = C[c, c] / (sum_p C[c, p] + sum_t C[t, c] - C[c, c])
+    Dice_c = 2 C[c, c] / (sum_p C[c, p] + sum_t C[t, c])
+    pixel accuracy = trace(C) / sum(C);  mIoU, mean Dice: over the classes that occur in the truth or the prediction
+(a class seen in neither has no IoU, NaN, and does not count: mmseg's and torchmetrics' convention).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["confusion", "seg_scores", "pixel_auroc", "sliding_logits", "predict_masks", "evaluate_segmentation"]
+
+IGNORE_INDEX = 255
+
+
+def confusion(pred: torch.Tensor, target: torch.Tensor, num_classes: int,
+              ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """(C, C) int64 counts, rows the true class, columns the predicted; pixels whose target is `ignore_index`
+    are left out. pred, target: integer tensors of one shape."""
+    keep = target != ignore_index
+    t, p = target[keep].long(), pred[keep].long()
+    return torch.bincount(t * num_classes + p, minlength=num_classes ** 2).reshape(num_classes, num_classes).cpu()
+
+
+def seg_scores(conf: torch.Tensor | np.ndarray) -> dict:
+    """mIoU, per-class IoU, mean and per-class Dice, pixel accuracy (module docstring) of a confusion matrix."""
+    c = np.asarray(conf, np.float64)
+    tp, true, predicted = np.diag(c), c.sum(1), c.sum(0)
+    union = true + predicted - tp
+    with np.errstate(invalid="ignore", divide="ignore"):
+        iou = np.where(union > 0, tp / union, np.nan)
+        dice = np.where(true + predicted > 0, 2 * tp / (true + predicted), np.nan)
+    total = c.sum()
+    return {"miou": float(np.nanmean(iou)) if np.isfinite(iou).any() else float("nan"), "iou": iou.tolist(),
+            "mdice": float(np.nanmean(dice)) if np.isfinite(dice).any() else float("nan"), "dice": dice.tolist(),
+            "pixel_acc": float(tp.sum() / total) if total else float("nan"), "pixels": int(total)}
+
+
+def pixel_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """ROC AUC over pixels: the chance that a positive pixel scores above a negative one, ties half (Mann-Whitney
+    U from average ranks)."""
+    from scipy.stats import rankdata
+
+    s, y = np.asarray(scores, np.float64).ravel(), np.asarray(positive, bool).ravel()
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if not n1 or not n0:
+        raise ValueError("a pixel AUROC needs both positive and negative pixels.")
+    ranks = rankdata(s)
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def _starts(size: int, window: int, stride: int) -> list[int]:
+    if size <= window:
+        return [0]
+    starts = list(range(0, size - window + 1, stride))
+    return starts + ([size - window] if starts[-1] != size - window else [])  # the last window touches the edge
+
+
+@torch.no_grad()
+def sliding_logits(model, x: torch.Tensor, window: int, stride: int | None = None,
+                   num_classes: int | None = None) -> torch.Tensor:
+    """Logits (B, C, H, W) of images larger than the model's input: windows of `window` pixels every `stride`
+    (default: half a window), the last flush with the edge, overlapping logits averaged. A side shorter than the
+    window is padded with zeros (the normalised mean) and cropped back."""
+    B, _, H, W = x.shape
+    stride = stride or max(1, window // 2)
+    pad_h, pad_w = max(0, window - H), max(0, window - W)
+    xp = F.pad(x, (0, pad_w, 0, pad_h))
+    Hp, Wp = xp.shape[-2:]
+    total, count = None, torch.zeros(1, 1, Hp, Wp, device=x.device)
+    for top in _starts(Hp, window, stride):
+        for left in _starts(Wp, window, stride):
+            out = model(xp[:, :, top:top + window, left:left + window])  # (B, C, window, window)
+            if total is None:
+                total = torch.zeros(B, num_classes or out.shape[1], Hp, Wp, device=x.device)
+            total[:, :, top:top + window, left:left + window] += out
+            count[:, :, top:top + window, left:left + window] += 1
+    return (total / count)[:, :, :H, :W]
+
+
+@torch.no_grad()
+def predict_masks(model, loader, num_classes: int, window: int | None = None, keep_probs: bool = False) -> dict:
+    """Over (images, masks) batches: the confusion, and with `keep_probs` the softmax probabilities (N, C, H, W)
+    and masks (N, H, W) for pixel AUROC. `window`: sliding-window inference for inputs larger than it."""
+    model.eval()
+    conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
+    probs, masks = [], []
+    for x, y in loader:
+        logits = sliding_logits(model, x, window) if window and max(x.shape[-2:]) > window else model(x)
+        conf += confusion(logits.argmax(1), y, num_classes)
+        if keep_probs:
+            probs.append(logits.float().softmax(1).cpu())
+            masks.append(y.cpu())
+    out = {"confusion": conf}
+    if keep_probs:
+        out["probs"], out["masks"] = torch.cat(probs), torch.cat(masks)
+    return out
+
+
+def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", batch_size: int | None = None,
+                          out_dir=None) -> dict:
+    """evaluate.py's metrics of a segmentation checkpoint on its config's `split` (train or val): mIoU, per-class
+    IoU and Dice, pixel accuracy, the confusion over classes; with `out_dir`, metrics.json and per_class.csv."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from ..data.segmentation import build_seg_datasets
+    from ..utils.atomic import atomic_write_csv, atomic_write_text
+
+    if split not in ("train", "val"):
+        raise ValueError(f"a segmentation folder has the splits train and val, not {split!r}.")
+    train, val, _ = build_seg_datasets(cfg, (split,), classes)
+    ds = val if split == "val" else train
+    ds.transform = _eval_transform(cfg) if split == "train" else ds.transform  # no augmentation when scored
+    loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size)
+    window = cfg.seg.window if cfg.seg.window else None
+    conf = predict_masks(model, loader, len(classes), window=window)["confusion"]
+    s = seg_scores(conf)
+    metrics = dict(miou=s["miou"], mdice=s["mdice"], pixel_acc=s["pixel_acc"], pixels=s["pixels"], images=len(ds),
+                   classes=classes, iou=dict(zip(classes, s["iou"])), dice=dict(zip(classes, s["dice"])),
+                   confusion=conf.tolist(), split=split)
+    if out_dir is not None:
+        out = Path(out_dir)
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
+        rows = [{"class": c, "iou": i, "dice": d} for c, i, d in zip(classes, s["iou"], s["dice"])]
+        atomic_write_csv(out / "per_class.csv", ["class", "iou", "dice"], rows)
+    return metrics
+
+
+def _eval_transform(cfg):
+    from ..data.segmentation import seg_transform
+
+    return seg_transform(cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)
