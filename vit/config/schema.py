@@ -356,9 +356,7 @@ class PretrainConfig:
     teacher_temp: float = 0.07  # dino: the teacher's softmax temperature after its warm-up
     warmup_teacher_temp: float = 0.04  # dino: the teacher's temperature at step 0, linear to teacher_temp
     warmup_teacher_temp_epochs: float = 0.0  # dino: epochs of that warm-up (0: teacher_temp from the start)
-    # dino: how the teacher's targets avoid collapse: an EMA centre subtracted, Sinkhorn-Knopp (DINOv2's option),
-    # or none (no guard; for checking that collapse is caught)
-    centering: Literal["centre", "sinkhorn", "none"] = "centre"
+    centering: Literal["centre", "sinkhorn", "none"] = "centre"  # dino: EMA centre, Sinkhorn-Knopp, none (no guard)
     centre_momentum: float = 0.9  # dino: the centre's EMA momentum
     momentum: float = 0.996  # dino: the teacher's EMA momentum at step 0, cosine to 1 at the last step
     koleo_weight: float = 0.0  # dino: weight of the KoLeo regulariser on the student's [CLS] (DINOv2: 0.1)
