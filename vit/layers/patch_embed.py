@@ -63,9 +63,11 @@ class PatchEmbed(nn.Module):
     def dynamic_grid(self, height: int, width: int) -> tuple[int, int]:
         """The patch grid (h, w) of an input of the given size; raises if the patches don't tile it."""
         ph, pw = self.patch_size
-        if (height, width) == tuple(self.img_size):  # the built size: its grid, remainder dropped as timm
-            return self.grid_size
         if height % ph or width % pw:
+            # The built size keeps its grid with the remainder dropped, as timm's conv does (so400m 384/14). Asked
+            # only here so that an exported program with dynamic sides gets no guard on the built size.
+            if (height, width) == tuple(self.img_size):
+                return self.grid_size
             raise ValueError(
                 f"input of size {height}x{width} is not divisible by the patch size {ph}x{pw}; "
                 "resize or crop it to a multiple of the patch size."
