@@ -201,3 +201,22 @@ def checkout_changes(before: dict[str, list[str]], after: dict[str, list[str]]) 
         out += [f"{key}: new or changed: {x}" for x in sorted(new - old)]
         out += [f"{key}: gone or changed: {x}" for x in sorted(old - new)]
     return out
+
+
+def pixel_model(out_channels: int):
+    """A 1x1 convolution from RGB (seeded): a window's logits are the whole image's, so sliding-window inference
+    must reproduce them. It records the input sizes it was called with in `.sizes`."""
+    import torch
+
+    class PixelModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(3, out_channels, 1)
+            self.sizes = []
+
+        def forward(self, x):
+            self.sizes.append(tuple(x.shape[-2:]))
+            return self.conv(x)
+
+    return PixelModel()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import pixel_model
 from sklearn.metrics import confusion_matrix, jaccard_score, roc_auc_score
 
 from vit.eval.segmentation import IGNORE_INDEX, confusion, pixel_auroc, seg_scores, sliding_logits
@@ -48,22 +49,9 @@ def test_pixel_auroc_matches_scikit_learn_with_ties():
         pixel_auroc(s, np.zeros(5000, bool))
 
 
-class _PixelModel(torch.nn.Module):
-    """A per-pixel model (a 1x1 convolution): a window's logits are the whole image's, so sliding must agree."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv2d(3, 4, 1)
-        self.sizes = []
-
-    def forward(self, x):
-        self.sizes.append(tuple(x.shape[-2:]))
-        return self.conv(x)
-
 
 def test_sliding_window_covers_wide_strips_exactly():
-    model = _PixelModel()
+    model = pixel_model(4)
     x = torch.randn(2, 3, 32, 100)  # a wide strip, the window 32
     with torch.no_grad():
         want = model(x)

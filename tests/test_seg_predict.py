@@ -9,23 +9,10 @@ import types
 import numpy as np
 import torch
 import torch.nn.functional as F
+from helpers import pixel_model
 from PIL import Image
 
 from vit.deploy.seg_predict import class_palette, predict_seg_images
-
-
-class _PixelModel(torch.nn.Module):
-    """A 1x1 convolution: a window's logits are the whole image's, so sliding windows must reproduce them."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = torch.nn.Conv2d(3, 3, 1)
-        self.sizes = []
-
-    def forward(self, x):
-        self.sizes.append(tuple(x.shape[-2:]))
-        return self.conv(x)
 
 
 def _cfg(size=16):
@@ -49,12 +36,12 @@ def test_masks_overlays_and_areas(tmp_path):
     for name, img in (("strip", strip), ("small", small)):
         Image.fromarray(img).save(tmp_path / f"{name}.png")
     (tmp_path / "broken.png").write_bytes(b"not a png")
-    model, classes = _PixelModel(), ["background", "scratch", "dent"]
+    model, classes = pixel_model(3), ["background", "scratch", "dent"]
     paths = [tmp_path / "strip.png", tmp_path / "broken.png", tmp_path / "small.png"]
     rows, skipped = predict_seg_images(model, _cfg(), classes, paths, tmp_path / "out")
     assert [s[0] for s in skipped] == [str(tmp_path / "broken.png")]
     assert all(s == (16, 16) for s in model.sizes)  # every forward pass at the model's input size
-    wants = [_want(_PixelModel(), strip), _want(_PixelModel(), small, 16).numpy()]
+    wants = [_want(pixel_model(3), strip), _want(pixel_model(3), small, 16).numpy()]
     with open(tmp_path / "out" / "segmentation.csv") as f:
         table = list(csv.DictReader(f))
     for row, want, img, index in zip(table, wants, (strip, small), ("0000_strip", "0002_small")):

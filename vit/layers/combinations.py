@@ -31,6 +31,13 @@ _WINDOW_POSITIONS = ("windowed attention carries its own decomposed relative pos
                      "rel_pos for this model.")
 _PARALLEL_POSITIONS = "a parallel block (timm's) takes absolute positions only; drop rope / rel_pos or the block."
 
+
+
+def _each(feature: str, others: tuple[str, ...], reason: str) -> list[tuple[str, str, str]]:
+    """Rows refusing `feature` with each of `others` for one reason."""
+    return [(feature, other, reason) for other in others]
+
+
 CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("sparse_attention", "rel_pos",
      "relative position bias runs on dense attention; drop sparse_attention or rel_pos (on a built model: "
@@ -51,8 +58,7 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("token_reduction", "attn_mask",
      "token reduction changes which tokens exist, so it cannot take an attention mask; call "
      "set_token_reduction(None) first."),
-    ("patch_keep", "rope", _KEEP_PATCHES),
-    ("patch_keep", "rel_pos", _KEEP_PATCHES),
+    *_each("patch_keep", ("rope", "rel_pos"), _KEEP_PATCHES),
     ("patch_keep", "naflex", "patch_keep indexes one square grid; a NaFlex batch drops patches by patch_valid."),
     ("rel_pos", "dynamic_img_size",
      "a relative position bias is built for one patch grid (as timm's); build the model with dynamic_img_size=False "
@@ -65,9 +71,7 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("diff_attention", "sparse_attention",
      "differential attention subtracts two dense softmax maps; sparse attention does not apply to it, so drop "
      "sparse_attention for this model."),
-    ("diff_attention", "rel_pos", _DIFF_POSITIONS),
-    ("diff_attention", "rope", _DIFF_POSITIONS),
-    ("diff_attention", "rope_table", _DIFF_POSITIONS),
+    *_each("diff_attention", ("rel_pos", "rope", "rope_table"), _DIFF_POSITIONS),
     ("diff_attention", "token_reduction",
      "token reduction ranks and merges tokens by one softmax map, which differential attention does not have; "
      "leave token reduction off for this model."),
@@ -76,7 +80,7 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("parallel_block", "token_reduction",
      "a parallel block adds attention and MLP from one input, with no step between them to reduce tokens; leave "
      "token reduction off for this model."),
-    ("parallel_block", "rel_pos", _PARALLEL_POSITIONS),
+    *_each("parallel_block", ("rel_pos", "rope"), _PARALLEL_POSITIONS),
     ("windowed_attention", "sparse_attention",
      "windowed attention already keeps each query to its window; drop sparse_attention for this model."),
     ("windowed_attention", "token_reduction",
@@ -84,12 +88,9 @@ CONFLICTS: tuple[tuple[str, str, str], ...] = (
      "token reduction off for this model."),
     ("windowed_attention", "attn_mask",
      "windowed attention masks by window itself and takes no attention mask or is_causal; drop them."),
-    ("windowed_attention", "rope", _WINDOW_POSITIONS),
-    ("windowed_attention", "rope_table", _WINDOW_POSITIONS),
-    ("windowed_attention", "rel_pos", _WINDOW_POSITIONS),
+    *_each("windowed_attention", ("rope", "rope_table", "rel_pos"), _WINDOW_POSITIONS),
     ("windowed_attention", "patch_keep",
      "patch_keep removes patches from the grid that windowed attention cuts into windows; drop patch_keep."),
-    ("parallel_block", "rope", _PARALLEL_POSITIONS),
 )
 
 FEATURES = frozenset(name for row in CONFLICTS for name in row[:2])
