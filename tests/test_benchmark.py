@@ -175,6 +175,28 @@ def test_an_unknown_model_or_spec_is_one_sentence(capsys):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
 
 
+def test_model_kwargs_reach_both_models_as_literals(capsys):
+    from vit.bench.model import build_sides
+
+    bench = import_script("benchmark")
+    args = bench.build_parser().parse_args(["--model-kwargs", "depth=2", "num_kv_heads=(2, 1)", "embed_dim=32",
+                                            "num_heads=2", "pos_embed=none"])
+    kw = dict(args.model_kwargs)
+    assert kw == {"depth": 2, "num_kv_heads": (2, 1), "embed_dim": 32, "num_heads": 2, "pos_embed": "none"}
+    kw.pop("pos_embed")  # text, as read; not an option of this model
+    ours, timm_side = build_sides("vit_base_patch16_sapiens2", 32, CPU, model_kwargs=kw)
+    assert len(ours.model.blocks) == len(timm_side.model.blocks) == 2
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # grouped-query heads (2 then 1 k/v head) built alike, the same weights in both
+        torch.testing.assert_close(ours.model.eval()(x), timm_side.model.eval()(x), rtol=1e-5, atol=1e-5)
+    assert bench.main(["--model", "vit_tiny_patch16_224", "--model-kwargs", "depthh=1"]) == 2
+    err = capsys.readouterr().err
+    assert "'depthh'" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--model-kwargs", "depth"])
+    assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
 def test_benchmark_onnxruntime_without_the_extra(monkeypatch, capsys):
     bench = import_script("benchmark")
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

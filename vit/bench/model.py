@@ -30,16 +30,18 @@ __all__ = ["build_sides", "bench_model", "bench_scaling", "format_model_report"]
 
 
 def build_sides(model: str, img_size: int, device: torch.device, precision: str = "fp32",
-                compile: bool = False) -> list[Side]:
+                compile: bool = False, model_kwargs: dict | None = None) -> list[Side]:
     """Ours and timm's `model` (any family by name or tag: CLIP, SigLIP, DINOv2 with registers, DeiT3, distilled
-    DeiT, ...) with the same weights, each with its toolkit's AdamW (lr 1e-4, weight decay 0.05)."""
+    DeiT, ...) with the same weights, each with its toolkit's AdamW (lr 1e-4, weight decay 0.05). `model_kwargs`
+    go to both create_model calls (e.g. depth=6: a big model's blocks at a CPU's scale, as timm's benchmark.py)."""
     import timm
     import timm.optim
 
     # a 1000-way head on both (a tag's own may have none, e.g. DINOv2, or CLIP's 512-wide projection); the rest,
     # prefix tokens and pooling included, is the name's in each toolkit
-    ours = create_model(model, img_size=img_size, num_classes=1000).to(device)
-    ref = timm.create_model(model, pretrained=False, img_size=img_size, num_classes=1000).to(device)
+    kw = dict(model_kwargs or {}, img_size=img_size, num_classes=1000)
+    ours = create_model(model, **kw).to(device)
+    ref = timm.create_model(model, pretrained=False, **kw).to(device)
     ref.load_state_dict(ours.state_dict())
     cfg = OptimConfig(lr=1e-4, weight_decay=0.05)
     sides = [Side("ours", ours, build_optimizer(ours, cfg), device, precision),
@@ -53,18 +55,18 @@ def build_sides(model: str, img_size: int, device: torch.device, precision: str 
 
 def bench_model(model: str, device: torch.device, batch_size: int = 32, img_size: int = 224,
                 precision: str = "fp32", compile: bool = False, warmup: int = 2, repeats: int = 5, iters: int = 1,
-                peak_size: int = 2048) -> dict:
+                peak_size: int = 2048, model_kwargs: dict | None = None) -> dict:
     """The ours-vs-timm comparison (module docstring); medians and the ratio ours/timm per paired repeat."""
     torch.manual_seed(0)
-    sides = build_sides(model, img_size, device, precision, compile)
+    sides = build_sides(model, img_size, device, precision, compile, model_kwargs)
     B = batch_size
     x = torch.randn(B, 3, img_size, img_size, device=device)
     y = torch.randint(0, 1000, (B,), device=device)
     peak = matmul_peak(device, precision, n=peak_size)
     # counted per side: timm runs the full last block for every token, ours for [CLS] only
     flops = {s.name: {mode: side_flops(s, x, mode) for mode in ("inference", "train_step")} for s in sides}
-    res = {"model": model, "batch_size": B, "img_size": img_size, "precision": precision,
-           "device": str(device), "compile": compile, "threads": torch.get_num_threads(),
+    res = {"model": model, "model_kwargs": dict(model_kwargs or {}), "batch_size": B, "img_size": img_size,
+           "precision": precision, "device": str(device), "compile": compile, "threads": torch.get_num_threads(),
            "flops_per_image": flops["ours"]}
     all_times, peaks = {}, [peak]
     for mode, make in (("inference", lambda s: (lambda: s.infer(x))),
@@ -115,7 +117,8 @@ def format_model_report(res: dict) -> str:
     """`bench_model`'s result (and `bench_scaling`'s rows under "scaling") as the table benchmark.py prints."""
     lines = []
     if "inference" in res:
-        lines += [f"\n{res['model']}  batch {res['batch_size']}  {res['img_size']} px  {res['precision']}  "
+        kw = "".join(f" {k}={v!r}" for k, v in res.get("model_kwargs", {}).items())
+        lines += [f"\n{res['model']}{kw}  batch {res['batch_size']}  {res['img_size']} px  {res['precision']}  "
                   f"{res['device']}  {res['threads']} threads  compile={res['compile']}",
                   f"matmul peak measured: {res['matmul_peak_tflops'] * 1e3:.0f} GFLOP/s;  FLOPs/image: inference "
                   f"{res['flops_per_image']['inference'] / 1e9:.2f} G (ours), train step "

@@ -45,11 +45,27 @@ def count(least: int):
     return parse
 
 
+def model_kwarg(text: str) -> tuple[str, object]:
+    """An argparse type: KEY=VALUE with the value a Python literal (ast.literal_eval: nothing runs) or else text."""
+    import ast
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE such as depth=6, got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.help import HelpFormatter
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--model", default="vit_small_patch16_224", help="a list_models() name (timm's too)")
+    ap.add_argument("--model-kwargs", nargs="*", type=model_kwarg, default=[], metavar="KEY=VALUE",
+                    help="options for both models' create_model, as timm's benchmark.py (values read as Python "
+                         "literals: depth=6 'num_kv_heads=(12, 6, 6, 12)')")
     ap.add_argument("--batch-size", type=count(1), default=32, help="images per timed call")
     ap.add_argument("--img-size", type=count(1), default=224, help="input height and width")
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="autocast dtype")
@@ -179,7 +195,8 @@ def run_modes(args, device: torch.device) -> dict:
         print(format_probe_report(res["probe"]))
     if not (args.no_model or args.edge or args.token_reduction or args.sparse_attention or args.clip or args.probe):
         res.update(bench_model(args.model, device, args.batch_size, args.img_size, args.precision, args.compile,
-                               iters=args.iters, peak_size=args.peak_size, **timing))
+                               iters=args.iters, peak_size=args.peak_size, model_kwargs=dict(args.model_kwargs),
+                               **timing))
     if args.scaling:
         res["scaling"] = bench_scaling(args.model, device, args.scaling, args.precision, args.compile,
                                        args.scaling_repeats)
@@ -203,6 +220,15 @@ def main(argv=None) -> int:
     if args.model.split(".")[0] not in list_models():  # a tag (vit_base_patch16_clip_224.openai) names its arch
         print(f"error: unknown model {args.model!r}; known: {', '.join(list_models())}", file=sys.stderr)
         return 2
+    if args.model_kwargs:  # a misspelled option: one sentence before any model is built for real
+        from vit.models.build import create_model
+
+        try:
+            with torch.device("meta"):
+                create_model(args.model, **dict(args.model_kwargs))
+        except (TypeError, ValueError) as e:
+            print(f"error: --model-kwargs: {e}", file=sys.stderr)
+            return 2
     try:
         res = run_modes(args, device)
     except (ValueError, FileNotFoundError) as e:
@@ -213,8 +239,9 @@ def main(argv=None) -> int:
         if report:
             print(report)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        from vit.utils.atomic import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(res, indent=1))
     return 0
 
 
