@@ -27,7 +27,7 @@ BAD = [
     ({"distill": T, "data": {**FOLDER, "labels_file": "/data/labels.csv"}}, "use distill.kind=feature"),
     ({"distill": {**T, "kind": "token"}, "data": {**FOLDER, "labels_file": "/data/labels.csv"}}, "multi-label"),
     ({"distill": T, "data": {"dataset": "captions", "root": "/data"}}, "trains a CLIP model"),
-    ({"distill": T, "data": {"naflex": {}}}, "remove data.naflex to distil"),
+    ({"distill": {**T, "kind": "token"}, "data": {"naflex": {}}}, "data.naflex gives each image its own"),
 ]
 
 

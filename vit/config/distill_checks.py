@@ -87,6 +87,8 @@ def validate_distill(cfg: Config) -> None:
         raise ConfigError(f"config key 'distill.kind' is {d.kind}, a softmax over one class set (as timm's), and "
                           "data.labels_file makes this a multi-label run with sigmoid targets; use "
                           "distill.kind=feature, which does not read the targets.")
-    if cfg.data.naflex is not None:
-        raise ConfigError("config key 'distill.teacher' needs square image batches to re-normalise and resize for "
-                          "the teacher, and data.naflex feeds patches; remove data.naflex to distil.")
+    if cfg.data.naflex is not None and (d.kind == "token" or (d.kind == "feature" and d.features == "patch")):
+        key, value = ("kind", "token") if d.kind == "token" else ("features", "patch")
+        raise ConfigError(f"config key 'distill.{key}' is {value}, and data.naflex gives each image its own patch "
+                          "grid (a NaFlex model has no distillation token, and padded patch tokens have no teacher "
+                          "token to match); use distill.kind=logit, or feature with distill.features=pooled.")

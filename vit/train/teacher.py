@@ -7,6 +7,10 @@ x_t = (x - m_t) / s_t = x_s * (s_s / s_t) + (m_s - m_t) / s_t, one affine map pe
 `DistillationTeacher.normalize_input`, its scale and shift folded in float64). When the teacher's input size
 differs from the batch's, the batch is resized to it (bilinear, antialiased) after the map.
 
+A NaFlex batch (vit/data/naflex.py: {"patches": (B, N, P*P*C) flattened channels last, "patch_coord",
+"patch_valid"}) takes the same map on each pixel's channel and goes to a NaFlex teacher of the same patch size
+unchanged otherwise (each image keeps its own grid; nothing is resized).
+
 `weights_hash` is the SHA-256 of the teacher's weights (names, dtypes, shapes, bytes): a resumed run re-loads the
 teacher, which is never in the training state, and compares the hash.
 """
@@ -58,6 +62,9 @@ class Teacher(nn.Module):
         self.grid_size = tuple(embed.grid_size) if getattr(embed, "grid_size", None) is not None else None
         self.num_classes = getattr(model, "num_classes", None)
         self.num_features = getattr(model, "num_features", None)
+        from ..models.naflex_vit import NaFlexVit
+
+        self.naflex = isinstance(model, NaFlexVit)  # takes NaFlex batch dicts
         self.digest = weights_hash(model)
 
     def train(self, mode: bool = True) -> Teacher:
@@ -65,12 +72,36 @@ class Teacher(nn.Module):
         self.model.eval()  # dropout, drop path and batch statistics stay off whatever the wrapper is told
         return self
 
-    def prepare(self, images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) normalised for the student -> normalised for the teacher, at its input size."""
+    def prepare(self, images: torch.Tensor | dict) -> torch.Tensor | dict:
+        """(B, C, H, W) normalised for the student -> normalised for the teacher, at its input size; a NaFlex batch
+        dict -> the same dict with its patches normalised for the teacher."""
+        if isinstance(images, dict):
+            return self._prepare_naflex(images)
         x = images if self.same_norm else images * self.scale.to(images.dtype) + self.shift.to(images.dtype)
         if self.img_size is not None and tuple(x.shape[-2:]) != self.img_size:
             x = F.interpolate(x, size=self.img_size, mode="bilinear", align_corners=False, antialias=True)
         return x
+
+    def require_naflex(self, patch_size: int | tuple[int, int]) -> None:
+        """Raise one ValueError sentence unless the teacher takes NaFlex batches of `patch_size` patches."""
+        want = tuple(patch_size) if isinstance(patch_size, (tuple, list)) else (patch_size, patch_size)
+        size = getattr(getattr(self.model, "patch_embed", None), "patch_size", None)
+        if not self.naflex or tuple(size) != want:
+            have = f"{type(self.model).__name__} (patch size {tuple(size) if size is not None else 'none'})"
+            raise ValueError(f"this run feeds NaFlex batches of {want[0]}x{want[1]} patches, and the teacher "
+                             f"{self.name} is {have}; give a NaFlex teacher of the student's patch size (a "
+                             "naflexvit_* model or a train.py NaFlex checkpoint) or remove data.naflex.")
+
+    def _prepare_naflex(self, batch: dict) -> dict:
+        patches = batch["patches"]  # (B, N, P*P*C), each patch's pixels row by row, channels last
+        C, (B, N, F_) = self.scale.numel(), patches.shape
+        side = round((F_ // C) ** 0.5)
+        self.require_naflex(side if side * side * C == F_ else (F_ // C, 1))
+        if self.same_norm:
+            return batch
+        pixels = patches.view(B, N, F_ // C, C)
+        pixels = pixels * self.scale.view(C).to(pixels.dtype) + self.shift.view(C).to(pixels.dtype)
+        return {**batch, "patches": pixels.view(B, N, F_)}
 
     @torch.no_grad()
     def logits(self, images: torch.Tensor) -> torch.Tensor:
@@ -80,7 +111,7 @@ class Teacher(nn.Module):
     @torch.no_grad()
     def features(self, images: torch.Tensor, patch: bool = False) -> torch.Tensor:
         """The pooled pre-logits features (B, D) of a student batch, or with `patch` its patch tokens (B, N, D)."""
-        x = self.model.forward_features(self.prepare(images))  # (B, prefix + N, D)
+        x = self.model.forward_features(self.prepare(images))  # (B, prefix + N, D); NaFlex: a dict with patch_valid
         return x[:, self.model.num_prefix_tokens:] if patch else self.model.forward_head(x, pre_logits=True)
 
 

@@ -43,6 +43,8 @@ class DistillationTask(Task):
         inner = inner_class.from_config(cfg, classes, train_ds, model)
         d = cfg.distill
         teacher = build_teacher(d.teacher, cfg.aug.mean, cfg.aug.std)
+        if cfg.data.naflex is not None:  # before any step: the teacher must take the same patches
+            teacher.require_naflex(cfg.model.patch_size)
         distiller = Distiller(model, teacher, inner.criterion, kind=d.kind, temperature=d.temperature,
                               task_weight=d.task_weight, distill_weight=d.distill_weight, token_mode=d.token_mode,
                               feature_loss=d.feature_loss, features=d.features)
@@ -53,8 +55,9 @@ class DistillationTask(Task):
     def parts(self, run, x, y) -> dict[str, torch.Tensor]:
         """The Distiller's {'loss', 'output', 'task_loss', 'kd_loss'} of one micro-batch, mixed as the inner task
         mixes it; the teacher on the batch's device first."""
-        if self.teacher.scale.device != x.device:  # once: the teacher follows the accelerator's device
-            self.teacher.to(x.device)
+        device = (x["patches"] if isinstance(x, dict) else x).device  # a NaFlex batch is a dict
+        if self.teacher.scale.device != device:  # once: the teacher follows the accelerator's device
+            self.teacher.to(device)
         xm, ym = self.inner.mix(x, y)
         with run.accelerator.autocast():
             return self.distiller(run.model, xm, ym, run.extras.get("projection"))
