@@ -175,10 +175,37 @@ def _loss(run: Run, x: torch.Tensor, y: torch.Tensor, stage: str | None = None
     return (aux + 0.0 * loss if stage == "warmup" else loss + aux), aux.detach()
 
 
+def average_gradients(run) -> None:
+    """The mean over processes of every trained parameter's gradient, in place, as DistributedDataParallel would
+    have made it: for a task that runs the model unwrapped (Task.bypasses_wrapper), whose backward the wrapper never
+    saw. A parameter with a gradient on some processes only gets zeros where it has none (as DDP's unused
+    parameters do); one without a gradient anywhere keeps None. One process: nothing to do."""
+    acc = run.accelerator
+    if acc.num_processes == 1:
+        return
+    import torch.distributed as dist
+
+    params = [p for m in run.trained_modules() for p in acc.unwrap_model(m).parameters() if p.requires_grad]
+    present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=acc.device)
+    dist.all_reduce(present)
+    params = [p for p, n in zip(params, present.tolist()) if n > 0]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    if params:
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat)
+        flat /= acc.num_processes
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad.copy_(g.view_as(p.grad))
+
+
 def _optimizer_step(run: Run, step_losses: torch.Tensor) -> bool:
     """Clip, check and apply the accumulated gradients; False when the step was not finite (and not applied).
     One host sync per optimizer step (`.item()` on the norm), none per micro-batch."""
     acc, cfg = run.accelerator, run.cfg
+    if run.task.bypasses_wrapper:
+        average_gradients(run)
     # the total norm, clipped to optim.clip_grad if set (inf: only measured; grads times 1.0 are unchanged)
     params = [p for m in run.trained_modules() for p in m.parameters()]
     norm = acc.clip_grad_norm_(params, cfg.optim.clip_grad or math.inf)

@@ -19,6 +19,10 @@ a no-op here and called by the loop for every task:
 - `task_state()` / `load_task_state(values, tensors)`: what an exact resume needs beyond model, extra modules,
   optimizer, RNG and the loop's counters (a DINO centre, a teacher's weight hash): JSON values and tensors, saved
   as task_state.json and task_state.safetensors in the state folder (never pickle; nothing saved when empty).
+- `bypasses_wrapper`: True for a task that runs the model's parts itself (`accelerator.unwrap_model(run.model)`:
+  DINO's masked crops, MAE's visible patches) instead of calling the prepared wrapper. DistributedDataParallel
+  only averages the gradients of a backward that followed its own forward, so for such a task the loop averages
+  every trained gradient across processes itself before each optimizer step (`engine.average_gradients`).
 - `after_step(run)`: after every optimizer step on every process, once `run.state.step` has advanced and the EMA
   moved (an EMA teacher's momentum update); like the EMA, also after a step skipped as non-finite.
 """
@@ -48,6 +52,7 @@ class Task:
     defaults that every mode here uses. `cfg`, `classes`: the resolved config and the class names."""
 
     select_by: ClassVar[str] = "top1"  # run.select_by when the config leaves it unset
+    bypasses_wrapper: ClassVar[bool] = False  # the loop averages gradients across processes itself (above)
 
     def __init__(self, cfg, classes: list[str]) -> None:
         self.cfg, self.classes = cfg, classes

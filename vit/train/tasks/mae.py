@@ -20,6 +20,7 @@ EVAL_NOISE_SEED = 0  # the held-out images' masks: the same at every evaluation,
 
 class MAETask(Task):
     select_by = "loss"
+    bypasses_wrapper = True  # the encoder runs unwrapped on the visible patches: the loop syncs its gradients
 
     def __init__(self, cfg, classes: list[str], model: torch.nn.Module) -> None:
         super().__init__(cfg, classes)

@@ -51,6 +51,7 @@ class MaskToken(torch.nn.Module):
 
 class DinoTask(Task):
     select_by = "spread"  # no labels: the held-out features' spread ranks the checkpoints (best/)
+    bypasses_wrapper = True  # the student runs unwrapped (masked and local crops): the loop syncs its gradients
 
     def __init__(self, cfg, classes: list[str], model: torch.nn.Module) -> None:
         super().__init__(cfg, classes)
