@@ -117,6 +117,12 @@ def make_run(cfg, accelerator, console, run_dir: Path):
     for line in model_lines(cfg, model):
         console.print(line)
     task = task_for(cfg, classes, train_ds, model)  # the mode: its loss, metrics, checkpoints (vit/train/tasks)
+    if task.bypasses_wrapper and accelerator.distributed_type == "FSDP":
+        from vit.config import ConfigError
+
+        raise ConfigError(f"pretrain.method={cfg.pretrain.method} runs the student's parts itself (masked and local "
+                          "crops), which FSDP's sharded weights do not allow; launch with DDP (e.g. "
+                          "configs/accelerate/multi_gpu_bf16.yaml) instead.")
     extras = task.extra_modules()  # trained beside the model (a distillation projection)
     optimizer = build_optimizer(model, cfg.optim, extras.values())
     if cfg.run.compile:
