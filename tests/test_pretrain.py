@@ -5,13 +5,14 @@ collapse stopped with one sentence."""
 
 from __future__ import annotations
 
+import csv
 import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from helpers import run_script
+from helpers import make_image_folder, run_script
 from PIL import Image
 
 from vit.config import ConfigError, load_config
@@ -121,13 +122,17 @@ def test_a_resumed_dino_run_equals_an_uninterrupted_one_and_saves_the_backbone_a
 
     from safetensors.torch import load_file
 
-    _train(tmp_path, "whole", "--run.max_steps=4", "--run.save_state_every=2")
+    few = make_image_folder(tmp_path / "few", n_train=4, n_val=3)  # the k-NN monitor's labelled images
+    knn = f"--pretrain.knn_root={few}"
+    _train(tmp_path, "whole", "--run.max_steps=4", "--run.save_state_every=2", knn)
     whole = tmp_path / "whole"
     split = tmp_path / "split"  # the same run stopped at step 2: its folder with the later state removed
     shutil.copytree(whole, split)
     for later in ("last", "best", "state/step-00000004"):
         shutil.rmtree(split / later)
-    out = _train(tmp_path, "split", "--run.max_steps=4", "--run.save_state_every=2", "--resume=auto")
+    out = _train(tmp_path, "split", "--run.max_steps=4", "--run.save_state_every=2", "--resume=auto", knn)
+    knn_rows = [r["val_knn"] for d in (whole, split) for r in csv.DictReader(open(d / "metrics.csv")) if r["val_knn"]]
+    assert len(knn_rows) == 2 and knn_rows[0] == knn_rows[1] and 0 <= float(knn_rows[0]) <= 1  # scored, the same
     assert "step-00000002" in out and "starting fresh" not in out  # it did resume at step 2
     a, b = (load_file(d / "last" / "model.safetensors") for d in (whole, split))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -16,7 +16,8 @@ __all__ = ["METHODS", "validate_pretrain"]
 METHODS = ("dino", "mae")
 # the keys each method reads (the rest of the section belongs to the other one)
 MAE_KEYS = {"mask_ratio", "decoder_dim", "decoder_depth", "decoder_heads", "norm_pix_loss"}
-DINO_KEYS = {f.name for f in dataclasses.fields(PretrainConfig)} - MAE_KEYS - {"method"} | {"mask_ratio"}
+BOTH_KEYS = {"method", "knn_root"}
+DINO_KEYS = {f.name for f in dataclasses.fields(PretrainConfig)} - MAE_KEYS - BOTH_KEYS | {"mask_ratio"}
 
 
 def _number(v) -> bool:
@@ -81,7 +82,7 @@ def validate_pretrain(cfg: Config) -> None:
         raise ConfigError(f"config key 'pretrain.method' must be one of {', '.join(METHODS)} (or null), got "
                           f"{p.method!r}.")
     own = DINO_KEYS if p.method == "dino" else MAE_KEYS
-    other = [k for k in changed if k != "method" and k not in own]
+    other = [k for k in changed if k not in BOTH_KEYS and k not in own]
     if other:
         raise ConfigError(f"config key 'pretrain.{other[0]}' is not read by pretrain.method={p.method}; remove it "
                           f"or choose the method that reads it.")
@@ -96,6 +97,9 @@ def validate_pretrain(cfg: Config) -> None:
     if cfg.distill.teacher is not None:
         raise ConfigError("config keys 'pretrain.method' and 'distill.teacher' both choose what the run learns from; "
                           "set one of them.")
+    if p.knn_root is not None and not (isinstance(p.knn_root, str) and p.knn_root.strip()):
+        raise ConfigError(f"config key 'pretrain.knn_root' names a folder of a few labelled images (train/ and val/ "
+                          f"class folders), got {p.knn_root!r}; name one or set it to null.")
     if p.method == "dino":
         _check_dino(p, cfg.model.img_size, cfg.model.patch_size)
     else:

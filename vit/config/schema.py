@@ -342,10 +342,10 @@ class DistillConfig:
 
 @dataclass
 class PretrainConfig:
-    # self-supervised pretraining on the unlabelled images under data.root (any layout, labels ignored;
-    # docs/pretraining.md): dino (DINOv2's recipe: EMA teacher, multi-crop, centring, iBOT, KoLeo) or mae (masked
-    # autoencoder); null: a supervised run. The backbone alone is saved, a plain model folder
+    # self-supervised pretraining on the unlabelled images under data.root (any layout, labels ignored; docs/
+    # pretraining.md): dino (DINOv2's: EMA teacher, multi-crop, centring, iBOT, KoLeo), mae, or null (supervised)
     method: str | None = None
+    knn_root: str | None = None  # a few labelled images (train/, val/ class folders): k-NN top-1 at each evaluation
     local_crops: int = 6  # dino: small crops per image besides the 2 global ones (0: none)
     local_size: int = 32  # dino: the local crops' side in pixels, a multiple of the patch size (positions resampled)
     global_scale: float = 0.35  # dino: global crops cover [global_scale, 1] of the image, local ones [0.05, it]

@@ -5,4 +5,5 @@ states saved complete or not at all, verified before a resume reads them), `runf
 training: lock, resume), `console` (what the main process prints), `tracking` (run.log_with: Accelerate's
 experiment trackers), `preemption` (SIGTERM saves a state), `contrastive` (CLIP's and SigLIP's losses), `lora`
 (LoRA adapters), `few_shot` (N labels per class), `distill` (knowledge distillation's losses), `teacher` (the
-frozen teacher in its own preprocessing), `ssl_losses` (DINO, iBOT, KoLeo and their schedules). Import by module."""
+frozen teacher in its own preprocessing), `ssl_losses` (DINO, iBOT, KoLeo and their schedules), `knn_monitor` (a pretraining run's k-NN
+top-1 on a few labelled images). Import by module."""

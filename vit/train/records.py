@@ -17,7 +17,8 @@ __all__ = ["METRIC_FIELDS", "append_metrics", "trim_metrics", "SELECT_BY", "sele
 METRIC_FIELDS = ["step", "epoch", "lr", "train_loss", "val_loss", "val_acc1", "val_acc5", "images_per_s",
                  "skipped_steps", "val_map", "indexer_loss",  # val_map: multi-label runs, which have no top-1
                  "val_macro_f1", "val_balanced_accuracy",
-                 "val_spread"]  # val_spread: self-supervised runs (vit/train/ssl_losses.py:feature_spread), no labels
+                 "val_spread",  # val_spread: self-supervised runs (vit/train/ssl_losses.py:feature_spread), no labels
+                 "val_knn"]  # their k-NN top-1 on pretrain.knn_root's few labelled images (vit/train/knn_monitor.py)
 
 # run.select_by -> (the checkpoint meta's key, its name in a sentence, higher is better)
 SELECT_BY = {"top1": ("val_acc1", "top-1", True), "macro_f1": ("val_macro_f1", "macro F1", True),

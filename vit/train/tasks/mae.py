@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...models.mae import MAEDecoder, encode_visible, mae_loss, patchify, random_masking, reconstruction
+from ..knn_monitor import KnnMonitor, with_knn
 from .base import Evaluation, Task
 
 __all__ = ["MAETask"]
@@ -28,6 +29,7 @@ class MAETask(Task):
         self.patch = model.patch_embed.patch_size[0]
         self.decoder = MAEDecoder(model.num_features, model.patch_embed.grid_size, self.patch,
                                   model.patch_embed.proj.in_channels, p.decoder_dim, p.decoder_depth, p.decoder_heads)
+        self.knn = KnnMonitor(cfg) if p.knn_root else None  # a few labelled images scored at each evaluation
 
     @classmethod
     def from_config(cls, cfg, classes, train_ds=None, model=None) -> MAETask:
@@ -67,8 +69,8 @@ class MAETask(Task):
                 first = (x[:8].cpu(), pred[:8].float().cpu(), mask[:8].cpu())
         decoder.train()
         loss = run.accelerator.reduce(torch.tensor(total / max(1, n), device=run.accelerator.device), "mean").item()
-        return Evaluation(f"val reconstruction loss {loss:.4f}", dict(val_loss=loss), dict(val_loss=loss),
-                          outputs={"first": first})
+        return with_knn(Evaluation(f"val reconstruction loss {loss:.4f}", dict(val_loss=loss), dict(val_loss=loss),
+                                   outputs={"first": first}), self.knn, model, run.accelerator)
 
     def on_new_best(self, run, evaluation: Evaluation) -> None:
         """reconstructions.png in best/: masked / reconstructed / original for up to 8 held-out images."""

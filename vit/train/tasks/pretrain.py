@@ -21,6 +21,7 @@ import copy
 import torch
 
 from ...layers.dino_head import DINOHead
+from ..knn_monitor import KnnMonitor, with_knn
 from ..ssl_losses import DINOLoss, IBOTPatchLoss, feature_spread, koleo_loss, teacher_momentum, teacher_temperature
 from .base import Evaluation, Task
 
@@ -66,6 +67,7 @@ class DinoTask(Task):
         if self.mask_token is not None:
             model.patch_embed.register_forward_hook(self._apply_mask)
         self.spread = float("inf")  # the last batch's teacher spread (collapse check)
+        self.knn = KnnMonitor(cfg) if p.knn_root else None  # a few labelled images scored at each evaluation
 
     @classmethod
     def from_config(cls, cfg, classes, train_ds=None, model=None) -> DinoTask:
@@ -182,5 +184,5 @@ class DinoTask(Task):
                 self.teacher.to(x.device)
                 feats["teacher"].append(run.accelerator.gather_for_metrics(self.teacher(x).float()))
         s, t = (feature_spread(torch.cat(v)) if v else float("nan") for v in feats.values())
-        return Evaluation(f"val spread student {s:.4f} teacher {t:.4f}", dict(val_spread=s),
-                          dict(val_spread=s, spread_teacher=t))
+        return with_knn(Evaluation(f"val spread student {s:.4f} teacher {t:.4f}", dict(val_spread=s),
+                                   dict(val_spread=s, spread_teacher=t)), self.knn, model, run.accelerator)
