@@ -169,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="AnomalyDINO's few-shot runs: good images in its bank (0: all --good of them)")
     ap.add_argument("--repeats", type=int, default=3, help="timed scoring passes (the median is reported)")
     ap.add_argument("--steps", type=int, default=1000, help="Dinomaly's training steps (batches of 16)")
+    ap.add_argument("--backbone", default=None, help="a checkpoint folder to use instead of the surface classifier "
+                    "trained here (e.g. a train.py --pretrain.method=dino run's last/ on good parts)")
     return ap
 
 
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--good must be at least 1 part and every --neighbourhoods an odd number (3, or 1 for none), got "
                  f"{args.good} and {' '.join(map(str, args.neighbourhoods))}")
     out = Path(args.out)
-    ckpt = out / "backbone" / "best"
+    ckpt = Path(args.backbone) if args.backbone else out / "backbone" / "best"
     if not ckpt.is_dir():
         ckpt = train_backbone(out)
 
@@ -188,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
 
     model, cfg, _, meta = load_checkpoint(ckpt)
     model.eval()
-    print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts")
+    print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts" if "val_acc1" in meta else
+          f"backbone: {ckpt} ({cfg.pretrain.method or 'supervised'}, no labels)")
     transform = build_transform(cfg.aug, SIZE, train=False)
     runs = [("patchcore", n, None) for n in args.neighbourhoods] * ("patchcore" in args.methods)
     runs += [("anomalydino", 1, k or None) for k in args.shots] * ("anomalydino" in args.methods)
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         m = mean[name]
         print(f"| {name} | {m['auroc']:.3f} | {m['pixel_auroc']:.3f} | {m['aupro']:.3f} | {m['fit_s']:.1f} | "
               f"{m['score_images_per_s']:.0f} |  (means over {len(sub)} seeds)")
-    (out / "results.json").write_text(json.dumps({"seeds": rows, "mean": mean, "backbone_val_acc1": meta["val_acc1"]},
+    (out / "results.json").write_text(json.dumps({"seeds": rows, "mean": mean, "backbone": str(ckpt),
+                                                  "backbone_val_acc1": meta.get("val_acc1")},
                                                  indent=1))
     return 0
 
