@@ -37,3 +37,4 @@ def test_onnx_segmenter_gives_pytorch_masks(tmp_path):
         want = segment_image(model, image, 32, [0.5] * 3, [0.25] * 3).numpy()
         assert len(np.unique(want)) > 1
         np.testing.assert_array_equal(onnx.segment(image), want)
+

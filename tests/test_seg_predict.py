@@ -54,3 +54,15 @@ def test_masks_overlays_and_areas(tmp_path):
         np.testing.assert_array_equal(overlay[want == 0], img[want == 0])  # background untouched
         tint = 0.5 * img[want == 1] + 0.5 * class_palette(3)[1]
         assert np.abs(overlay[want == 1] - tint).max() <= 1
+
+
+def test_the_onnx_segmenter_path_imports_no_torch():
+    """predict.py --onnx on a segmenter (vit.cli.predict_outputs, vit.deploy.onnx_segment and seg_outputs) runs
+    where only numpy, Pillow, OpenCV and onnxruntime are installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import vit.cli.predict_outputs, vit.deploy.onnx_segment, vit.deploy.seg_outputs; "
+            "print(sorted(m for m in ('torch', 'timm', 'accelerate', 'yaml') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)

@@ -80,6 +80,29 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
                    str(tmp_path / "onnx"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "onnx" / "segmenter.onnx").is_file() and "0 pixel(s) of another class" in r.stdout
+    # predict.py --onnx on the export: the same masks (every pixel), areas and skipped file, torch-free
+    (tmp_path / "images").mkdir()
+    for p in (data / "val" / "images").iterdir():
+        (tmp_path / "images" / p.name).write_bytes(p.read_bytes())
+    wide = np.random.default_rng(2).integers(0, 255, (32, 80, 3), dtype=np.uint8)  # read in sliding windows
+    Image.fromarray(wide).save(tmp_path / "images" / "wide.png")
+    (tmp_path / "images" / "broken.png").write_bytes(b"not a png")
+    outs = {}
+    for how, source in (("pt", ["--checkpoint", str(out / "seg" / "best")]),
+                        ("ort", ["--onnx", str(tmp_path / "onnx" / "segmenter.onnx")])):
+        r = run_script("predict.py", *source, str(tmp_path / "images"), "--out", str(tmp_path / how))
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[how] = r.stdout
+    assert "4 image(s) segmented with ONNX Runtime, 1 skipped" in outs["ort"]
+    tables = [(tmp_path / how / "segmentation.csv").read_text() for how in ("pt", "ort")]
+    assert tables[0] == tables[1]
+    masks = sorted(p.name for p in (tmp_path / "pt" / "masks").iterdir())
+    assert len(masks) == 4 and masks == sorted(p.name for p in (tmp_path / "ort" / "masks").iterdir())
+    for name in masks:
+        np.testing.assert_array_equal(*(np.array(Image.open(tmp_path / how / "masks" / name)) for how in ("pt", "ort")))
+    r = run_script("predict.py", "--onnx", str(tmp_path / "onnx"), str(tmp_path / "images"), "--out",
+                   str(tmp_path / "x"), "--threshold", "0.5")
+    assert r.returncode == 2 and "is a segmenter (a class per pixel)" in r.stderr
 
 
 def test_seg_section_refusals():

@@ -15,7 +15,7 @@ from vit.utils.untrusted_text import printable
 from .images import collect_images, crop_note
 from .outputs import OutputLock, check_writable, new_staging, publish
 
-__all__ = ["OWNED", "write_outputs", "summary", "main_onnx"]
+__all__ = ["OWNED", "write_outputs", "summary", "main_onnx", "segmenter_folder"]
 
 # what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
 OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
@@ -58,6 +58,8 @@ def main_onnx(args) -> int:
     for name in ("topk", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    if segmenter_folder(args.onnx) is not None:  # export.py's segmenter.onnx (or its folder): masks, not labels
+        return _main_onnx_segmenter(args, segmenter_folder(args.onnx))
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
     check_threshold(args.threshold, clf.threshold is not None)
     if not args.images:
@@ -81,4 +83,45 @@ def main_onnx(args) -> int:
                              f"{dest}/skipped.csv.")
     summary(result.rows, "ONNX Runtime", result.seconds, len(paths), skipped, dest)
     print(printable(f"wrote {written}"))
+    return 0
+
+
+def segmenter_folder(onnx: str) -> Path | None:
+    """The folder of an exported segmenter when --onnx names its segmenter.onnx or the folder holding it (with
+    segmentation.json beside it), else None."""
+    from vit.deploy.onnx_segment import SEG_SETTINGS, SEGMENTER_ONNX
+
+    p = Path(onnx)
+    folder = p if p.is_dir() else p.parent
+    named = p.is_dir() or p.name == SEGMENTER_ONNX
+    return folder if named and (folder / SEG_SETTINGS).is_file() and (folder / SEGMENTER_ONNX).is_file() else None
+
+
+def _main_onnx_segmenter(args, folder: Path) -> int:
+    """--onnx on a segmenter: the same masks/, overlays/ and segmentation.csv as predict.py --checkpoint writes
+    (vit/deploy/seg_outputs.py), from ONNX Runtime (vit/deploy/onnx_segment.py)."""
+    from vit.deploy.onnx_segment import OnnxSegmenter
+    from vit.deploy.seg_outputs import write_seg_outputs
+
+    if args.threshold is not None:
+        raise ValueError(f"--threshold reads the scores of whole images, and {folder} is a segmenter (a class per "
+                         "pixel); drop it.")
+    seg = OnnxSegmenter(folder)
+    if not args.images:
+        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
+    check_writable(args.out)
+    with OutputLock(args.out):
+        paths, skipped = collect_images(args.images)
+        if not paths:
+            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
+                             "or a .txt list of paths.")
+        rows, bad = write_seg_outputs(seg.segment, seg.classes, paths, Path(args.out))
+    if not rows:
+        raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
+                         f"{args.out}/skipped.csv.")
+    print(f"{len(rows)} image(s) segmented with ONNX Runtime, {len(skipped) + len(bad)} skipped")
+    for r in rows[:5]:
+        areas = ", ".join(f"{c} {r[f'area_pct_{c}']:.2f}%" for c in seg.classes[1:])
+        print(f"  {printable(r['path'])}: {printable(areas)}")
+    print(printable(f"wrote {args.out}/: segmentation.csv masks/ overlays/"))
     return 0

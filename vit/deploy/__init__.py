@@ -3,8 +3,8 @@
 `int8`: export.py --quantize int8's steps as functions), the evaluation preprocessing from preprocessing.json without
 torch (`preprocess`), an ONNX Runtime classifier built on it (`onnx_predict`), the exported PatchCore's scores
 (`onnx_anomaly`), prediction rows (`predictions`, torch-free) and the PyTorch predictor (`predict`), every ONNX
-Runtime session (`session`), segmentation's predictor (`seg_predict`: masks, overlays, areas) and its ONNX
-export with a torch-free predictor (`onnx_segment`), and `publish` (a checkpoint folder to the Hugging Face
+Runtime session (`session`), segmentation's predictor (`seg_predict`), the files it writes (`seg_outputs`: masks, overlays,
+areas; torch-free) and its ONNX export with a torch-free predictor (`onnx_segment`), and `publish` (a checkpoint folder to the Hugging Face
 hub). Import by module."""
 
 _LAZY = {"export_folder": "export_folder", "predict_images": "predict", "predict_sentences": "predict",

@@ -19,7 +19,8 @@ attention-rollout overlay of each image, named in its row.
 
 A segmentation checkpoint (train.py with data.dataset segmentation) writes masks/<index>_<name>.png (a palette PNG,
 the class per pixel), overlays/ (the classes tinted over the image) and segmentation.csv (per image, each class's
-area in pixels and percent); images larger than the model's input are read in sliding windows (seg.window).
+area in pixels and percent); images larger than the model's input are read in sliding windows (seg.window). --onnx
+on its export (segmenter.onnx, or its folder) writes the same files.
 
 --onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
 from the preprocessing.json beside the model) and writes the same files (a multi-label export: its sigmoids and
