@@ -61,3 +61,21 @@ def test_sliding_window_covers_wide_strips_exactly():
     assert set(model.sizes) == {(32, 32)} and len(model.sizes) == 4  # 0, 24, 48, 68: the last flush with the edge
     small = torch.randn(1, 3, 20, 20)  # smaller than a window: padded, cropped back
     torch.testing.assert_close(sliding_logits(model, small, 32)[..., :20, :20], model(small), rtol=0, atol=1e-6)
+
+
+def test_the_int8_budget_scores_a_segmenter_by_miou_as_scikit_learn():
+    """export.py --quantize int8 on a segmenter keeps an mIoU budget (vit/deploy/quantize.py, metric miou): the
+    score is scikit-learn's mean Jaccard over the pixels not ignored, probabilities a softmax over each pixel's
+    classes, the decisions each pixel's argmax."""
+    from vit.deploy.quantize import decisions, probabilities, score
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 4, 6, 5)).astype(np.float32)  # (N, C, H, W)
+    y = rng.integers(0, 4, (3, 6, 5))
+    y[0, :2] = IGNORE_INDEX
+    pred, keep = logits.argmax(1), y != IGNORE_INDEX
+    want = jaccard_score(y[keep], pred[keep], labels=range(4), average=None).mean()
+    assert score(logits, y, "miou") == pytest.approx(want, rel=1e-12)
+    p = probabilities(logits, "miou")
+    np.testing.assert_allclose(p, torch.softmax(torch.from_numpy(logits).double(), 1).numpy(), atol=1e-12)
+    assert (decisions(p, "miou") == pred).all()

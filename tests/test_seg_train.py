@@ -77,9 +77,12 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
     assert "area_pct_square" in (tmp_path / "pred" / "segmentation.csv").read_text()
     pytest.importorskip("onnxruntime")
     r = run_script("export.py", "--checkpoint", str(out / "seg" / "best"), "--format", "onnx", "--out",
-                   str(tmp_path / "onnx"))
+                   str(tmp_path / "onnx"), "--quantize", "int8", "--int8-method", "dynamic", "--max-drop", "100")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "onnx" / "segmenter.onnx").is_file() and "0 pixel(s) of another class" in r.stdout
+    int8 = json.loads((tmp_path / "onnx" / "segmentation.json").read_text())["int8"]
+    assert "mIoU" in r.stdout and int8["method"] == "dynamic" and int8["images"] == 3
+    assert int8["miou_fp32"] == pytest.approx(meta["val_acc1"], abs=1e-6)  # the same held-out pixels as training's
     # predict.py --onnx on the export: the same masks (every pixel), areas and skipped file, torch-free
     (tmp_path / "images").mkdir()
     for p in (data / "val" / "images").iterdir():
@@ -89,11 +92,13 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
     (tmp_path / "images" / "broken.png").write_bytes(b"not a png")
     outs = {}
     for how, source in (("pt", ["--checkpoint", str(out / "seg" / "best")]),
-                        ("ort", ["--onnx", str(tmp_path / "onnx" / "segmenter.onnx")])):
+                        ("ort", ["--onnx", str(tmp_path / "onnx" / "segmenter.onnx")]),
+                        ("int8", ["--onnx", str(tmp_path / "onnx" / "segmenter.int8.onnx")])):
         r = run_script("predict.py", *source, str(tmp_path / "images"), "--out", str(tmp_path / how))
         assert r.returncode == 0, r.stderr[-2000:]
         outs[how] = r.stdout
     assert "4 image(s) segmented with ONNX Runtime, 1 skipped" in outs["ort"]
+    assert len(list((tmp_path / "int8" / "masks").glob("*.png"))) == 4  # the INT8 file reads the same way
     tables = [(tmp_path / how / "segmentation.csv").read_text() for how in ("pt", "ort")]
     assert tables[0] == tables[1]
     masks = sorted(p.name for p in (tmp_path / "pt" / "masks").iterdir())

@@ -59,7 +59,7 @@ def main_onnx(args) -> int:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
     if segmenter_folder(args.onnx) is not None:  # export.py's segmenter.onnx (or its folder): masks, not labels
-        return _main_onnx_segmenter(args, segmenter_folder(args.onnx))
+        return _main_onnx_segmenter(args, *segmenter_folder(args.onnx))
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
     check_threshold(args.threshold, clf.threshold is not None)
     if not args.images:
@@ -86,18 +86,18 @@ def main_onnx(args) -> int:
     return 0
 
 
-def segmenter_folder(onnx: str) -> Path | None:
-    """The folder of an exported segmenter when --onnx names its segmenter.onnx or the folder holding it (with
-    segmentation.json beside it), else None."""
-    from vit.deploy.onnx_segment import SEG_SETTINGS, SEGMENTER_ONNX
+def segmenter_folder(onnx: str) -> tuple[Path, str] | None:
+    """(folder, file) of an exported segmenter when --onnx names its segmenter.onnx, segmenter.int8.onnx or the
+    folder holding them (segmenter.onnx then; segmentation.json beside), else None."""
+    from vit.deploy.onnx_segment import SEG_SETTINGS, SEGMENTER_INT8, SEGMENTER_ONNX
 
     p = Path(onnx)
-    folder = p if p.is_dir() else p.parent
-    named = p.is_dir() or p.name == SEGMENTER_ONNX
-    return folder if named and (folder / SEG_SETTINGS).is_file() and (folder / SEGMENTER_ONNX).is_file() else None
+    folder, file = (p, SEGMENTER_ONNX) if p.is_dir() else (p.parent, p.name)
+    ours = file in (SEGMENTER_ONNX, SEGMENTER_INT8)
+    return (folder, file) if ours and (folder / SEG_SETTINGS).is_file() and (folder / file).is_file() else None
 
 
-def _main_onnx_segmenter(args, folder: Path) -> int:
+def _main_onnx_segmenter(args, folder: Path, file: str) -> int:
     """--onnx on a segmenter: the same masks/, overlays/ and segmentation.csv as predict.py --checkpoint writes
     (vit/deploy/seg_outputs.py), from ONNX Runtime (vit/deploy/onnx_segment.py)."""
     from vit.deploy.onnx_segment import OnnxSegmenter
@@ -106,7 +106,7 @@ def _main_onnx_segmenter(args, folder: Path) -> int:
     if args.threshold is not None:
         raise ValueError(f"--threshold reads the scores of whole images, and {folder} is a segmenter (a class per "
                          "pixel); drop it.")
-    seg = OnnxSegmenter(folder)
+    seg = OnnxSegmenter(folder, file)
     if not args.images:
         raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
     check_writable(args.out)

@@ -19,9 +19,9 @@ import numpy as np
 
 from .session import open_session
 
-__all__ = ["SEGMENTER_ONNX", "SEG_SETTINGS", "window_starts", "export_segmenter", "OnnxSegmenter"]
+__all__ = ["SEGMENTER_ONNX", "SEGMENTER_INT8", "SEG_SETTINGS", "window_starts", "export_segmenter", "OnnxSegmenter"]
 
-SEGMENTER_ONNX, SEG_SETTINGS = "segmenter.onnx", "segmentation.json"
+SEGMENTER_ONNX, SEGMENTER_INT8, SEG_SETTINGS = "segmenter.onnx", "segmenter.int8.onnx", "segmentation.json"
 
 
 def window_starts(size: int, window: int, stride: int) -> list[int]:
@@ -68,12 +68,13 @@ def export_segmenter(model, out_dir: str | Path, cfg, classes: list[str], batche
 
 
 class OnnxSegmenter:
-    """An exported segmenter (module docstring): `segment(image)` -> (H, W) int64 classes."""
+    """An exported segmenter (module docstring): `segment(image)` -> (H, W) int64 classes. `file`: segmenter.onnx
+    or its INT8 form, segmenter.int8.onnx (export.py --quantize int8)."""
 
-    def __init__(self, folder: str | Path) -> None:
+    def __init__(self, folder: str | Path, file: str = SEGMENTER_ONNX) -> None:
         folder = Path(folder)
         self.settings = json.loads((folder / SEG_SETTINGS).read_text())
-        self.session = open_session(folder / SEGMENTER_ONNX)
+        self.session = open_session(folder / file)
         self.size, self.classes = int(self.settings["img_size"]), list(self.settings["classes"])
         self.mean = np.asarray(self.settings["mean"], np.float32)[:, None, None]
         self.std = np.asarray(self.settings["std"], np.float32)[:, None, None]

@@ -52,8 +52,9 @@ __all__ = ["METHODS", "METRICS", "QuantizeError", "prepare", "weight_groups", "q
            "quantize_within_budget", "speed_ratios"]
 
 METHODS = ("dynamic", "static")
-# the budget's metric -> how it is printed; top1 for single-label models, map / micro_f1 for multi-label ones
-METRICS = {"top1": "top-1", "map": "mAP", "micro_f1": "micro-F1"}
+# the budget's metric -> how it is printed; top1 for single-label models, map / micro_f1 for multi-label ones,
+# miou for a segmenter (logits (N, C, H, W) against masks (N, H, W), 255 ignored)
+METRICS = {"top1": "top-1", "map": "mAP", "micro_f1": "micro-F1", "miou": "mIoU"}
 WEIGHT_OPS = ("MatMul", "Gemm")  # not Conv: see the module docstring
 SENSITIVITY_IMAGES = 64  # calibration images that rank the groups
 
@@ -173,9 +174,12 @@ class OnnxModel:
 
 
 def probabilities(logits: np.ndarray, metric: str) -> np.ndarray:
-    """(N, C) probabilities: softmax for a single-label metric, a sigmoid per class for a multi-label one."""
+    """(N, C) probabilities: softmax for a single-label metric, a sigmoid per class for a multi-label one;
+    (N, C, H, W) for a segmenter's, softmax over the classes of each pixel."""
     if metric == "top1":
         return softmax(logits, np.float64)
+    if metric == "miou":
+        return np.moveaxis(softmax(np.moveaxis(logits, 1, -1), np.float64), -1, 1)
     return 1 / (1 + np.exp(-logits.astype(np.float64)))
 
 
@@ -185,6 +189,12 @@ def score(logits: np.ndarray, y: np.ndarray, metric: str, threshold: float = 0.5
     if metric == "top1":
         return float((logits.argmax(-1) == y).mean())
     import torch
+
+    if metric == "miou":  # vit/eval/segmentation.py's definition: classes neither true nor predicted left out
+        from ..eval.segmentation import confusion, seg_scores
+
+        pred = torch.from_numpy(logits.argmax(1))
+        return float(seg_scores(confusion(pred, torch.from_numpy(np.asarray(y)), logits.shape[1]))["miou"])
 
     from ..eval.multilabel import average_precision, f1_at
 
@@ -197,7 +207,10 @@ def score(logits: np.ndarray, y: np.ndarray, metric: str, threshold: float = 0.5
 
 
 def decisions(p: np.ndarray, metric: str, threshold: float = 0.5) -> np.ndarray:
-    """What the model answers per image, to count agreements: its top-1 class (N,), or its label set (N, C)."""
+    """What the model answers per image, to count agreements: its top-1 class (N,), its label set (N, C), or a
+    segmenter's class per pixel (N, H, W)."""
+    if metric == "miou":
+        return p.argmax(1)
     return p.argmax(-1) if metric == "top1" else p >= threshold
 
 

@@ -13,7 +13,7 @@ preprocessing.json (input size, mean, std, interpolation, crop_pct, label names:
 verification.json (the check's numbers). The batch dimension is dynamic; height and width too with
 dynamic_img_size (multiples of the pixels per token: the patch size, a hybrid's stem stride times it). ONNX needs
 the export extra: pip install -e '.[export]'. A segmentation checkpoint exports to ONNX alone: segmenter.onnx and
-segmentation.json (docs/segmentation.md).
+segmentation.json (docs/segmentation.md), and with --quantize int8 segmenter.int8.onnx within an mIoU budget.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-drop", "--max-top1-drop", dest="max_drop", type=float, default=0.5,
                    help="points of --int8-metric INT8 may lose against the fp32 export on the evaluation images "
                         "(a gain always passes)")
-    q.add_argument("--int8-metric", choices=("top1", "map", "micro_f1"), default=None,
+    q.add_argument("--int8-metric", choices=("top1", "map", "micro_f1", "miou"), default=None,
                    help="what the budget measures (default: top1; mAP for a multi-label checkpoint, micro_f1 at "
-                        "its threshold on request)")
+                        "its threshold on request; mIoU, the only one, for a segmentation checkpoint)")
     q.add_argument("--eval-images", default=None,
                    help="a folder of <class>/<image> to measure the budget on (default: the checkpoint's validation "
                         "split); with --model also the calibration images")
@@ -111,19 +111,50 @@ def main(argv=None) -> int:
 
 def _export_segmenter(args, model, cfg, classes, out: Path) -> int:
     """A segmentation checkpoint: segmenter.onnx + segmentation.json, checked on up to 4 of its validation images
-    (vit/deploy/onnx_segment.py; vit.deploy.onnx_segment.OnnxSegmenter reads them without torch)."""
+    (vit/deploy/onnx_segment.py; vit.deploy.onnx_segment.OnnxSegmenter reads them without torch); with --quantize
+    int8 also segmenter.int8.onnx within --max-drop points of mIoU on the validation split (calibrated on training
+    images), its numbers added to segmentation.json."""
     import torch
 
     from vit.config import ConfigError
     from vit.data.segmentation import build_seg_datasets
     from vit.deploy.onnx_segment import export_segmenter
 
-    if list(args.format) != ["onnx"] or args.quantize:
-        raise ConfigError("a segmentation checkpoint exports to ONNX only (--format onnx, no --quantize yet).")
-    val = build_seg_datasets(cfg, ("val",), classes)[1]
+    if list(args.format) != ["onnx"] or args.eval_images or args.int8_metric not in (None, "miou"):
+        raise ConfigError("a segmentation checkpoint exports to ONNX only (--format onnx), and its INT8 budget is "
+                          "mIoU on its own validation split (no --eval-images or other --int8-metric).")
+    train, val, _ = build_seg_datasets(cfg, ("train", "val") if args.quantize else ("val",), classes)
     batch = torch.stack([val[i][0] for i in range(min(4, len(val)))])
     check = export_segmenter(model, out, cfg, classes, [batch])
     print(f"wrote {out}/segmenter.onnx and segmentation.json: logits within {check['max_abs_logit_diff']:.1e} of "
           f"PyTorch's, {check['pixels_differing']} pixel(s) of another class")
+    if args.quantize:
+        _quantize_segmenter(args, model, train, val, out)
     return 0
+
+
+def _quantize_segmenter(args, model, train, val, out: Path) -> None:
+    """segmenter.int8.onnx by vit/deploy/int8.py's quantize_int8 with the mIoU budget; its numbers in
+    segmentation.json (written atomically), or one sentence (exit 2) when no INT8 model keeps the budget."""
+    import json
+
+    import numpy as np
+
+    from vit.deploy.int8 import LabelledImages, describe_change, quantize_int8
+    from vit.deploy.onnx_segment import SEG_SETTINGS, SEGMENTER_INT8, SEGMENTER_ONNX
+    from vit.utils.atomic import atomic_write_text
+
+    x, y = (np.stack([np.asarray(val[i][k]) for i in range(len(val))]) for k in (0, 1))
+    calib = np.stack([np.asarray(train[i][0]) for i in range(min(args.calibration_images, len(train)))])
+    data = LabelledImages(x.astype(np.float32), y, calib.astype(np.float32), f"the validation split ({len(x)} images)")
+    methods = ("dynamic", "static") if args.int8_method == "auto" else (args.int8_method,)
+    res = quantize_int8(out / SEGMENTER_ONNX, out / SEGMENTER_INT8, model.eval(), data, methods, "miou",
+                        args.max_drop, threads=args.threads)
+    print(f"int8 ({res['method']})       " + describe_change("miou", res["miou_fp32"], res["miou_int8"],
+                                                             args.max_drop, res["images"])
+          + f"; {res['size_ratio']:.1f}x smaller: {out}/{SEGMENTER_INT8}")
+    settings = json.loads((out / SEG_SETTINGS).read_text())
+    settings["int8"] = {k: res[k] for k in ("method", "miou_fp32", "miou_int8", "drop_points", "max_drop",
+                                            "images", "calibration_images", "size_ratio")}
+    atomic_write_text(out / SEG_SETTINGS, json.dumps(settings, indent=1))
 
