@@ -388,3 +388,59 @@ def test_an_option_the_other_mode_reads_is_refused_before_the_model_loads(tmp_pa
                                           r"remove it\.$"):
         import_script("anomaly").main(args + extra)
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_tiles_of_a_strip_are_stitched_and_its_score_is_the_worst_tile(anomaly_checkpoint):
+    """vit/eval/anomaly_tiles.py against a float64 loop over the same crops: an image of the tile's size gives the
+    whole-image score and map; a strip's map is the average of its tiles' upsampled maps where they overlap (tiles
+    at 0, 16, 32 and 40: the last flush with the edge, batches cut across them), its score the worst tile's."""
+    from vit.eval.anomaly_metrics import upsample_maps
+    from vit.eval.anomaly_tiles import tiled_score
+
+    _, model, pc, _ = anomaly_checkpoint
+    g = torch.Generator().manual_seed(0)
+    square = torch.randn(3, 32, 32, generator=g)
+    s, m = tiled_score(pc, model, square, 32)
+    s0, m0 = pc.score(model, square[None])
+    assert s == pytest.approx(float(s0[0]), abs=1e-6)
+    np.testing.assert_allclose(m, upsample_maps(m0.numpy(), (32, 32))[0], atol=1e-6)
+    strip = torch.randn(3, 32, 72, generator=g)
+    s, m = tiled_score(pc, model, strip, 32, batch_size=3)
+    total, count, scores = np.zeros((32, 72)), np.zeros((32, 72)), []
+    for left in (0, 16, 32, 40):
+        si, mi = pc.score(model, strip[None, :, :, left:left + 32])
+        total[:, left:left + 32] += upsample_maps(mi.numpy(), (32, 32))[0]
+        count[:, left:left + 32] += 1
+        scores.append(float(si[0]))
+    assert m.shape == (32, 72) and count.min() == 1 and count.max() == 3
+    np.testing.assert_allclose(m, total / count, atol=1e-6)
+    assert s == pytest.approx(max(scores), abs=1e-6)
+    with pytest.raises(ValueError, match=r"--tile 40 does not fit the image of 72x32 pixels; .* shorter side \(32\)"):
+        tiled_score(pc, model, strip, 40)
+
+
+def test_score_with_tiles_writes_each_strips_map_at_its_own_size(anomaly_checkpoint, tmp_path):
+    import csv
+
+    from helpers import run_script
+    from PIL import Image
+
+    tmp, *_ = anomaly_checkpoint
+    rng = np.random.default_rng(3)
+    (tmp_path / "strips" / "good").mkdir(parents=True)
+    for i, width in enumerate((72, 96)):
+        Image.fromarray(np.concatenate([inspection_part(rng, 32, "weave", None)[0] for _ in range(3)], 1)[:, :width]
+                        ).save(tmp_path / "strips" / "good" / f"{i}.png")
+    out = tmp_path / "out"
+    r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out",
+                   str(out), "--maps", "--tile", "32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = list(csv.DictReader((out / "scores.csv").open()))
+    assert [np.load(Path(r["map"]).with_suffix(".npy")).shape for r in rows] == [(32, 72), (32, 96)]
+    assert all(r["verdict"] in ("good", "defect") for r in rows)
+    r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out",
+                   str(out), "--tile", "48")
+    assert r.returncode == 2 and "--tile 48 does not fit image" in r.stderr and "0.png" in r.stderr
+    r = run_script("anomaly.py", "fit", "--checkpoint", str(tmp / "ck"), "--good", str(tmp_path / "strips"),
+                   "--tile", "32", "--bank", str(tmp_path / "b"))
+    assert r.returncode == 2 and "anomaly.py fit does not read --tile" in r.stderr

@@ -4,8 +4,8 @@ preprocessing), `evaluate` (evaluate.py's scoring: `evaluate_checkpoint`, also i
 use), `text` (sentences to predictions), `zero_shot` (CLIP / SigLIP classifiers from label names), `features`
 (frozen embeddings out) and `probes` (k-NN and the linear probe on them), `anomaly` (PatchCore, AnomalyDINO) with
 `anomaly_settings` (its patchcore.json), `dinomaly` (Dinomaly), `anomaly_threshold` (thresholds from validation
-images), `anomaly_metrics` (image and pixel AUROC, AUPRO), `segmentation` (mIoU, per-class IoU, Dice,
-pixel AUROC, sliding windows), and `plots`. Import by module."""
+images), `anomaly_metrics` (image and pixel AUROC, AUPRO), `anomaly_tiles` (large images scored in tiles),
+`segmentation` (mIoU, per-class IoU, Dice, pixel AUROC, sliding windows), and `plots`. Import by module."""
 
 _LAZY = {"evaluate_checkpoint": "evaluate", "evaluate_model": "evaluate", "load_model_and_config": "inference"}
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["confusion", "seg_scores", "pixel_auroc", "sliding_logits", "predict_masks", "evaluate_segmentation"]
+__all__ = ["confusion", "seg_scores", "pixel_auroc", "window_starts", "sliding_logits", "predict_masks",
+           "evaluate_segmentation"]
 
 IGNORE_INDEX = 255
 
@@ -56,7 +57,8 @@ def pixel_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
-def _starts(size: int, window: int, stride: int) -> list[int]:
+def window_starts(size: int, window: int, stride: int) -> list[int]:
+    """Where windows of `window` pixels start along a side of `size`: every `stride`, the last flush with the end."""
     if size <= window:
         return [0]
     starts = list(range(0, size - window + 1, stride))
@@ -75,8 +77,8 @@ def sliding_logits(model, x: torch.Tensor, window: int, stride: int | None = Non
     xp = F.pad(x, (0, pad_w, 0, pad_h))
     Hp, Wp = xp.shape[-2:]
     total, count = None, torch.zeros(1, 1, Hp, Wp, device=x.device)
-    for top in _starts(Hp, window, stride):
-        for left in _starts(Wp, window, stride):
+    for top in window_starts(Hp, window, stride):
+        for left in window_starts(Wp, window, stride):
             out = model(xp[:, :, top:top + window, left:left + window])  # (B, C, window, window)
             if total is None:
                 total = torch.zeros(B, num_classes or out.shape[1], Hp, Wp, device=x.device)

@@ -14,7 +14,9 @@ threshold with how it was chosen: above every good --val image, at --false-alarm
 the threshold), with --maps maps/<index>_<name>.png (every map on one colour scale, 0 to twice the threshold)
 and maps/<index>_<name>.npy (the raw patch scores), and, where the images sit in folders and some folder is
 named good, metrics.json: image AUROC of good against the rest, and pixel AUROC and AUPRO (to 30% FPR) where
-each defective image has its mask beside it (<name>.mask.npy, as scripts/anomaly_parts.py writes them).
+each defective image has its mask beside it (<name>.mask.npy, as scripts/anomaly_parts.py writes them). score
+--tile N reads images larger than the model's input at their own scale in overlapping N x N tiles, one stitched
+map per image (vit/eval/anomaly_tiles.py).
 
 With the bank in <checkpoint>/anomaly/, predict.py adds the score and verdict to its rows (and with --cam the heat
 map), demo.py shows them, and export.py writes anomaly/ beside model.onnx for predict.py --onnx (docs/few-labels.md).
@@ -29,7 +31,7 @@ from pathlib import Path
 # the options one mode reads and the other does not (their help says 'fit:' or 'score:')
 FIT_ONLY = ("good", "val", "val_defects", "method", "ratio", "max_bank", "layers", "neighbourhood", "false_alarm_rate",
             "seed", "steps", "force")
-SCORE_ONLY = ("images", "out", "maps")
+SCORE_ONLY = ("images", "out", "maps", "tile")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--force", action="store_true", help="fit: replace a detector already in the folder")
     ap.add_argument("--out", default="anomaly-scores", help="score: output folder")
     ap.add_argument("--maps", action="store_true", help="score: also write each image's heat map")
+    ap.add_argument("--tile", type=int, default=None,
+                    help="score: read each image at its own scale in overlapping N x N tiles (N: the model's input "
+                         "size, or one it takes), maps stitched (wide strips; vit/eval/anomaly_tiles.py)")
     ap.add_argument("--batch-size", type=int, default=32, help="images per batch")
     return ap
 
@@ -240,7 +245,10 @@ def _score(args, model, cfg, files, bank_dir) -> int:
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
-    scores, maps, ok = det.score_files(model, dataset, args.batch_size)
+    if args.tile:
+        scores, maps, ok, pictures = _score_tiled(args, model, cfg, det, paths)
+    else:
+        scores, maps, ok = det.score_files(model, dataset, args.batch_size)
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -253,7 +261,8 @@ def _score(args, model, cfg, files, bank_dir) -> int:
         row = {"path": str(p), "score": f"{s:.6f}" if good else "", "verdict": verdict}
         if args.maps and good:
             png = out / "maps" / f"{i:06d}_{p.stem}.png"
-            seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
+            seen = pictures[i] if args.tile else to_display(as_picture(dataset[i][0], cfg.model.patch_size),
+                                                             cfg.aug.mean, cfg.aug.std)
             plot_attention_map(png, seen, maps[i], f"{p.name}: score {s:.3f} {verdict}", scale)
             np.save(png.with_suffix(".npy"), np.asarray(maps[i], np.float32), allow_pickle=False)
             row["map"] = str(png)
@@ -273,3 +282,33 @@ def _score(args, model, cfg, files, bank_dir) -> int:
         print(f"image AUROC {auc:.4f}{pixel} (folders named good against the rest)")
     print(printable(f"wrote {out}/scores.csv" + (f" and {out}/maps/" if args.maps else "")))
     return 0
+
+
+def _score_tiled(args, model, cfg, det, paths):
+    """--tile: (scores (N,), maps (H_i, W_i) per image, readable (N,), the images as drawn) of each file read at
+    its own scale and scored in tiles (vit/eval/anomaly_tiles.py); an unreadable file scores nan."""
+    import numpy as np
+    import torch
+
+    from vit.config import ConfigError
+    from vit.data.decode import BadImageError, decode_image
+    from vit.eval.anomaly_tiles import check_tile, tiled_score
+
+    if cfg.data.naflex is not None or cfg.model.in_chans != 3:
+        raise ConfigError("--tile cuts RGB images into square tiles, and this model reads "
+                          + ("NaFlex patches of each image whole" if cfg.data.naflex is not None else
+                             f"{cfg.model.in_chans}-channel images") + "; leave --tile out.")
+    aug = cfg.aug.resolved()
+    mean, std = torch.tensor(aug.mean)[:, None, None], torch.tensor(aug.std)[:, None, None]
+    scores, maps, ok, pictures = [], [], [], []
+    for p in paths:
+        try:
+            image = decode_image(p)
+        except (BadImageError, ValueError, OSError):
+            scores.append(np.nan), maps.append(None), ok.append(False), pictures.append(None)
+            continue
+        check_tile(args.tile, *image.shape[:2], f"image {p}")
+        x = (torch.from_numpy(image.copy()).permute(2, 0, 1).float() / 255 - mean) / std  # (3, H, W)
+        s, m = tiled_score(det, model, x, args.tile, args.batch_size)
+        scores.append(s), maps.append(m), ok.append(True), pictures.append(image)
+    return np.array(scores, np.float64), maps, np.array(ok), pictures
