@@ -260,3 +260,35 @@ def test_the_torch_free_scorer_applies_anomalydinos_distance_and_top_share():
     np.testing.assert_allclose(scores, np.sort(want, 1)[:, ::-1][:, :4].mean(1), atol=1e-6)  # ceil(0.2 x 16) = 4
     assert top_mean(torch.from_numpy(want), 0.2).numpy() == pytest.approx(scores, abs=1e-6)
     assert PatchCore(torch.from_numpy(bank), (0,), normalize=True, top_share=0.2).top_share == 0.2
+
+
+def test_predict_reads_a_dinomaly_detector_beside_the_checkpoint(parts, tmp_path):
+    """predict.py with a Dinomaly model in <checkpoint>/anomaly/: each row's anomaly score is the detector's own
+    score of the same file, the verdict its threshold's, and --cam draws its map."""
+    import csv
+    import shutil
+
+    from helpers import run_script
+
+    from vit.data.transforms import build_transform
+    from vit.eval.dinomaly import Dinomaly, find_detector, save_dinomaly
+    from vit.eval.inference import ImageFiles
+    from vit.models.checkpoint import load_checkpoint
+
+    ck = tmp_path / "ck"
+    shutil.copytree(parts / "ck", ck)
+    torch.manual_seed(0)
+    det = Dinomaly(32, 2, (0, 1), threshold=0.02)
+    save_dinomaly(ck / "anomaly", det)
+    assert isinstance(find_detector(ck), Dinomaly)
+    paths = sorted((parts / "test").rglob("*.png"))
+    model, cfg, *_ = load_checkpoint(ck)
+    want, _, _ = det.score_files(model.eval(), ImageFiles(paths, build_transform(cfg.aug, 32, train=False)))
+    r = run_script("predict.py", "--checkpoint", str(ck), *map(str, paths), "--out", str(tmp_path / "out"), "--cam")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {row["path"]: row for row in csv.DictReader((tmp_path / "out" / "predictions.csv").open())}
+    for p, s in zip(paths, want):
+        row = rows[str(p)]
+        assert float(row["anomaly_score"]) == pytest.approx(float(s), abs=1e-5)
+        assert row["verdict"] == ("defect" if float(s) >= 0.02 else "good")
+    assert len(list((tmp_path / "out" / "cam").glob("*anomaly*.png"))) == len(paths)

@@ -38,8 +38,8 @@ from .anomaly import score_files, top_mean
 from .anomaly_settings import SETTINGS_FILE, check_threshold, read_settings
 from .inference import ImageFiles
 
-__all__ = ["DINOMALY_FILE", "dinomaly_layers", "NoisyBottleneck", "Dinomaly", "hard_mining_loss", "fit_dinomaly",
-           "save_dinomaly", "load_dinomaly"]
+__all__ = ["DINOMALY_FILE", "load_detector", "find_detector", "dinomaly_layers", "NoisyBottleneck", "Dinomaly",
+           "hard_mining_loss", "fit_dinomaly", "save_dinomaly", "load_dinomaly"]
 
 DINOMALY_FILE = "dinomaly.safetensors"
 
@@ -222,3 +222,22 @@ def load_dinomaly(folder: str | Path) -> Dinomaly:
         raise ValueError(f"{folder / DINOMALY_FILE} holds NaN or infinite weights; {redo}.")
     return det.eval()
 
+
+def load_detector(folder: str | Path):
+    """What anomaly.py fit wrote into `folder`: a PatchCore / AnomalyDINO bank or a Dinomaly model (by its
+    patchcore.json's method); a missing or broken folder is the loaders' one sentence."""
+    from .anomaly import load_patchcore
+
+    settings = Path(folder) / SETTINGS_FILE
+    if settings.is_file() and read_settings(settings, "fit it again with anomaly.py fit")["method"] == "dinomaly":
+        return load_dinomaly(folder)
+    return load_patchcore(folder)
+
+
+def find_detector(checkpoint: str | Path | None):
+    """The detector anomaly.py fit saved into `checkpoint`/anomaly/ (any method), or None when there is none."""
+    from .anomaly import ANOMALY_DIR
+
+    if checkpoint is None or not (Path(checkpoint) / ANOMALY_DIR).is_dir():
+        return None
+    return load_detector(Path(checkpoint) / ANOMALY_DIR)

@@ -193,19 +193,6 @@ def _fit(args, model, files, bank_dir) -> int:
     return 0
 
 
-def load_detector(bank_dir: Path):
-    """The PatchCore / AnomalyDINO bank or the Dinomaly model that anomaly.py fit wrote into `bank_dir`."""
-    from vit.eval.anomaly import load_patchcore
-    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
-
-    settings = bank_dir / SETTINGS_FILE
-    if settings.is_file() and read_settings(settings, "fit it again with anomaly.py fit")["method"] == "dinomaly":
-        from vit.eval.dinomaly import load_dinomaly
-
-        return load_dinomaly(bank_dir)
-    return load_patchcore(bank_dir)
-
-
 def _pixel_metrics(paths, maps, ok) -> dict:
     """Pixel AUROC and AUPRO where every image outside a folder named good has its mask (<name>.mask.npy) beside
     it (a good image's pixels are all good); {} otherwise."""
@@ -237,6 +224,7 @@ def _score(args, model, cfg, files, bank_dir) -> int:
 
     from vit.data.naflex import as_picture
     from vit.eval.anomaly_metrics import auroc
+    from vit.eval.dinomaly import load_detector
     from vit.eval.plots import plot_attention_map, to_display
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable

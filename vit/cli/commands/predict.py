@@ -153,7 +153,7 @@ def _predict(args, overrides) -> int:
     from vit.cli.runtime import make_accelerator, resolve_workers
     from vit.data import DataError
     from vit.deploy.predict import multilabel_threshold, predict_images
-    from vit.eval.anomaly import find_patchcore
+    from vit.eval.dinomaly import find_detector
     from vit.explain.overlays import write_anomaly_maps, write_cams
     from vit.models.checkpoint import is_text_checkpoint
     from vit.utils.untrusted_text import printable
@@ -168,7 +168,7 @@ def _predict(args, overrides) -> int:
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, "predict.py")
     if note:
         print(note, file=sys.stderr)
-    patchcore = find_patchcore(args.checkpoint)  # <checkpoint>/anomaly/ from anomaly.py fit, else None
+    patchcore = find_detector(args.checkpoint)  # <checkpoint>/anomaly/ from anomaly.py fit (any method), else None
     workers = resolve_workers(cfg.data.num_workers) if args.num_workers is None else args.num_workers
     result = predict_images(model, cfg, classes, paths, args.topk, threshold, args.batch_size, workers, patchcore,
                             make_accelerator())
