@@ -195,6 +195,21 @@ def test_model_kwargs_reach_both_models_as_literals(capsys):
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--model-kwargs", "depth"])
     assert "expected KEY=VALUE" in capsys.readouterr().err
+    for kwargs, words in ((["num_kv_heads=1"], "timm's vit_tiny_patch16_224 does not build with them"),
+                          (["img_size=64"], "img_size is set by --img-size"),
+                          (["num_classes=10"], "num_classes is set by the benchmark's 1000-way head")):
+        assert bench.main(["--model", "vit_tiny_patch16_224", "--model-kwargs", "depth=1", *kwargs]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
+    bench = import_script("benchmark")
+    assert bench.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path)]) == 2
+    assert "is a folder; pass a file name" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert bench.main(["--model", "vit_tiny_patch16_224", "--out", str(tmp_path / "file" / "b.json")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
 
 
 def test_benchmark_onnxruntime_without_the_extra(monkeypatch, capsys):

@@ -94,12 +94,12 @@ def bench_model(model: str, device: torch.device, batch_size: int = 32, img_size
 
 
 def bench_scaling(model: str, device: torch.device, sizes: list[int], precision: str = "fp32",
-                  compile: bool = False, repeats: int = 2) -> list[dict]:
+                  compile: bool = False, repeats: int = 2, model_kwargs: dict | None = None) -> list[dict]:
     """Activation memory and fwd+bwd time as the token count grows (batch 1), one row per image size."""
     rows = []
     for size in sizes:
         torch.manual_seed(0)
-        sides = build_sides(model, size, device, precision, compile)
+        sides = build_sides(model, size, device, precision, compile, model_kwargs)
         x = torch.randn(1, 3, size, size, device=device)
         y = torch.zeros(1, dtype=torch.long, device=device)
         row = {"img_size": size, "tokens": sides[0].model.num_prefix_tokens + sides[0].model.patch_embed.num_patches}

@@ -16,7 +16,7 @@ __all__ = ["bench_onnxruntime", "format_onnxruntime_report"]
 
 
 def bench_onnxruntime(model: str, batch_size: int = 32, img_size: int = 224, warmup: int = 2, repeats: int = 5,
-                      iters: int = 1) -> dict:
+                      iters: int = 1, model_kwargs: dict | None = None) -> dict:
     """Images/s of `model` (random weights) in PyTorch eager and in ONNX Runtime, and the ratio
     onnxruntime/pytorch per paired repeat. Without the export extra: ValueError saying what to install."""
     import contextlib
@@ -30,7 +30,7 @@ def bench_onnxruntime(model: str, batch_size: int = 32, img_size: int = 224, war
     import onnxruntime as ort
 
     torch.manual_seed(0)
-    net = create_model(model, img_size=img_size).eval()
+    net = create_model(model, **dict(model_kwargs or {}, img_size=img_size)).eval()
     x = torch.randn(batch_size, 3, img_size, img_size)
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")

@@ -58,6 +58,55 @@ def model_kwarg(text: str) -> tuple[str, object]:
         return key, value
 
 
+def check_model_kwargs(args) -> str | None:
+    """Why --model-kwargs cannot be used as given (a key another flag owns, an option ours or timm's model does not
+    take: both are built on the meta device), or None."""
+    import torch
+
+    kw = dict(args.model_kwargs)
+    owned = {"img_size": "--img-size", "num_classes": "the benchmark's 1000-way head"}
+    taken = [k for k in owned if k in kw]
+    if taken:
+        return (f"--model-kwargs {taken[0]} is set by {owned[taken[0]]}; remove it from --model-kwargs"
+                + (" and pass --img-size." if taken[0] == "img_size" else "."))
+    if not kw:
+        return None
+    import timm
+
+    from vit.models.build import create_model
+
+    for who, build in (("ours", lambda: create_model(args.model, **kw)),
+                       ("timm's", lambda: timm.create_model(args.model, pretrained=False, **kw))):
+        try:
+            with torch.device("meta"):
+                build()
+        except (TypeError, ValueError, AssertionError, RuntimeError) as e:
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            return f"--model-kwargs: {who} {args.model} does not build with them ({first})"
+    return None
+
+
+def check_out_file(out: str) -> str | None:
+    """Why --out could not be written (a folder, or no writable folder above it), or None; before the run."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(out)
+    if path.is_dir():
+        return f"--out {out} is a folder; pass a file name such as {path / 'bench.json'}."
+    existing = path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    try:  # a real write (root passes os.access on a folder such as /proc that takes no file)
+        fd, probe = tempfile.mkstemp(prefix=".vit-write-test-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"--out {out} cannot be written ({existing}: {e.strerror}); pass another path."
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from vit.cli.help import HelpFormatter
 
@@ -199,11 +248,12 @@ def run_modes(args, device: torch.device) -> dict:
                                **timing))
     if args.scaling:
         res["scaling"] = bench_scaling(args.model, device, args.scaling, args.precision, args.compile,
-                                       args.scaling_repeats)
+                                       args.scaling_repeats, dict(args.model_kwargs))
     if args.data:
         res["data"] = bench_data(args.data_images, args.data_repeats, args.data_large)
     if args.runtime == "onnxruntime":
-        res["onnxruntime"] = bench_onnxruntime(args.model, args.batch_size, args.img_size, iters=args.iters, **timing)
+        res["onnxruntime"] = bench_onnxruntime(args.model, args.batch_size, args.img_size, iters=args.iters,
+                                               model_kwargs=dict(args.model_kwargs), **timing)
     return res
 
 
@@ -220,15 +270,12 @@ def main(argv=None) -> int:
     if args.model.split(".")[0] not in list_models():  # a tag (vit_base_patch16_clip_224.openai) names its arch
         print(f"error: unknown model {args.model!r}; known: {', '.join(list_models())}", file=sys.stderr)
         return 2
-    if args.model_kwargs:  # a misspelled option: one sentence before any model is built for real
-        from vit.models.build import create_model
-
-        try:
-            with torch.device("meta"):
-                create_model(args.model, **dict(args.model_kwargs))
-        except (TypeError, ValueError) as e:
-            print(f"error: --model-kwargs: {e}", file=sys.stderr)
-            return 2
+    error = check_model_kwargs(args)  # one sentence before any model is built for real
+    if error is None and args.out:
+        error = check_out_file(args.out)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         res = run_modes(args, device)
     except (ValueError, FileNotFoundError) as e:
