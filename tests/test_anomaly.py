@@ -438,9 +438,19 @@ def test_score_with_tiles_writes_each_strips_map_at_its_own_size(anomaly_checkpo
     rows = list(csv.DictReader((out / "scores.csv").open()))
     assert [np.load(Path(r["map"]).with_suffix(".npy")).shape for r in rows] == [(32, 72), (32, 96)]
     assert all(r["verdict"] in ("good", "defect") for r in rows)
-    r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out",
-                   str(out), "--tile", "48")
-    assert r.returncode == 2 and "--tile 48 does not fit image" in r.stderr and "0.png" in r.stderr
+    (tmp_path / "low" / "good").mkdir(parents=True)  # 24 pixels high: no 32-pixel tile fits
+    Image.fromarray(inspection_part(rng, 32, "weave", None)[0][:24]).save(tmp_path / "low" / "good" / "low.png")
+    r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "low"), "--out",
+                   str(out), "--tile", "32")
+    assert r.returncode == 2 and "--tile 32 does not fit image" in r.stderr and "low.png" in r.stderr
     r = run_script("anomaly.py", "fit", "--checkpoint", str(tmp / "ck"), "--good", str(tmp_path / "strips"),
                    "--tile", "32", "--bank", str(tmp_path / "b"))
     assert r.returncode == 2 and "anomaly.py fit does not read --tile" in r.stderr
+    assert "note: the threshold was chosen on whole images" in run_script(
+        "anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out", str(out),
+        "--tile", "32").stderr
+    for tile in ("0", "7", "16"):  # not the fixed-size model's input size: one sentence, never untiled scoring
+        r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out",
+                       str(out), "--tile", tile)
+        assert r.returncode == 2 and f"--tile {tile} is not a tile this model takes: use its input size, 32" \
+            in r.stderr, r.stderr

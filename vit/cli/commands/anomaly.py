@@ -233,7 +233,7 @@ def _score(args, model, cfg, files, bank_dir) -> int:
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
-    if args.tile:
+    if args.tile is not None:
         scores, maps, ok, pictures = _score_tiled(args, model, cfg, det, paths)
     else:
         scores, maps, ok = det.score_files(model, dataset, args.batch_size)
@@ -249,7 +249,7 @@ def _score(args, model, cfg, files, bank_dir) -> int:
         row = {"path": str(p), "score": f"{s:.6f}" if good else "", "verdict": verdict}
         if args.maps and good:
             png = out / "maps" / f"{i:06d}_{p.stem}.png"
-            seen = pictures[i] if args.tile else to_display(as_picture(dataset[i][0], cfg.model.patch_size),
+            seen = pictures[i] if args.tile is not None else to_display(as_picture(dataset[i][0], cfg.model.patch_size),
                                                              cfg.aug.mean, cfg.aug.std)
             plot_attention_map(png, seen, maps[i], f"{p.name}: score {s:.3f} {verdict}", scale)
             np.save(png.with_suffix(".npy"), np.asarray(maps[i], np.float32), allow_pickle=False)
@@ -286,6 +286,14 @@ def _score_tiled(args, model, cfg, det, paths):
         raise ConfigError("--tile cuts RGB images into square tiles, and this model reads "
                           + ("NaFlex patches of each image whole" if cfg.data.naflex is not None else
                              f"{cfg.model.in_chans}-channel images") + "; leave --tile out.")
+    size, step = cfg.model.img_size, model.patch_embed.token_step[0]
+    if args.tile < 1 or args.tile % step or (args.tile != size and not getattr(model, "dynamic_img_size", False)):
+        takes = (f"a multiple of {step} pixels" if getattr(model, "dynamic_img_size", False) else
+                 f"its input size, {size} (it was built for one size)")
+        raise ConfigError(f"--tile {args.tile} is not a tile this model takes: use {takes}, e.g. --tile {size}.")
+    if det.threshold is not None:
+        print("note: the threshold was chosen on whole images; a tiled image's score is its worst tile's, so long "
+              "images flag more often: choose it again on tiled good images if false alarms rise.", file=sys.stderr)
     aug = cfg.aug.resolved()
     mean, std = torch.tensor(aug.mean)[:, None, None], torch.tensor(aug.std)[:, None, None]
     scores, maps, ok, pictures = [], [], [], []
