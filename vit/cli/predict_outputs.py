@@ -93,8 +93,11 @@ def segmenter_folder(onnx: str) -> tuple[Path, str] | None:
 
     p = Path(onnx)
     folder, file = (p, SEGMENTER_ONNX) if p.is_dir() else (p.parent, p.name)
-    ours = file in (SEGMENTER_ONNX, SEGMENTER_INT8)
-    return (folder, file) if ours and (folder / SEG_SETTINGS).is_file() and (folder / file).is_file() else None
+    if file not in (SEGMENTER_ONNX, SEGMENTER_INT8) or not (folder / file).is_file():
+        return None
+    # a segmenter's file by name is read as one (OnnxSegmenter says when segmentation.json is missing or bad);
+    # a folder counts as one when it has both
+    return (folder, file) if not p.is_dir() or (folder / SEG_SETTINGS).is_file() else None
 
 
 def _main_onnx_segmenter(args, folder: Path, file: str) -> int:

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils.atomic import atomic_write_text
 from .session import open_session
 
-__all__ = ["SEGMENTER_ONNX", "SEGMENTER_INT8", "SEG_SETTINGS", "window_starts", "export_segmenter", "OnnxSegmenter"]
+__all__ = ["SEGMENTER_ONNX", "SEGMENTER_INT8", "SEG_SETTINGS", "window_starts", "export_segmenter", "settings_problem",
+           "OnnxSegmenter"]
 
 SEGMENTER_ONNX, SEGMENTER_INT8, SEG_SETTINGS = "segmenter.onnx", "segmenter.int8.onnx", "segmentation.json"
 
@@ -52,7 +54,7 @@ def export_segmenter(model, out_dir: str | Path, cfg, classes: list[str], batche
     program.save(str(out / SEGMENTER_ONNX))
     settings = dict(img_size=cfg.model.img_size, mean=list(cfg.aug.mean), std=list(cfg.aug.std), classes=classes,
                     window=cfg.seg.window or cfg.model.img_size, output="logits (B, C, S, S); class = argmax over C")
-    (out / SEG_SETTINGS).write_text(json.dumps(settings, indent=1))
+    atomic_write_text(out / SEG_SETTINGS, json.dumps(settings, indent=1))
     session = open_session(out / SEGMENTER_ONNX)
     worst, differ = 0.0, 0
     for x in batches:
@@ -67,17 +69,57 @@ def export_segmenter(model, out_dir: str | Path, cfg, classes: list[str], batche
     return {"max_abs_logit_diff": worst, "pixels_differing": differ}
 
 
+def settings_problem(s) -> str | None:
+    """What is wrong with a segmentation.json's values (one phrase), or None."""
+    if not isinstance(s, dict):
+        return f"expected a JSON object, got {type(s).__name__}"
+    missing = [k for k in ("img_size", "mean", "std", "classes", "window") if k not in s]
+    if missing:
+        return f"the key {missing[0]!r} is missing"
+    size = s["img_size"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        return f"img_size must be a positive integer, got {size!r}"
+    if s["window"] != size:
+        return f"window must be the input size {size} (the exported model takes no other), got {s['window']!r}"
+    for key in ("mean", "std"):
+        v = s[key]
+        if not (isinstance(v, list) and len(v) == 3 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                           and np.isfinite(x) for x in v)):
+            return f"{key} must be a list of 3 finite numbers (RGB), got {v!r}"
+    if min(s["std"]) <= 0:
+        return f"std must be positive, got {s['std']!r}"
+    c = s["classes"]
+    if not (isinstance(c, list) and c and all(isinstance(x, str) and x for x in c) and len(set(c)) == len(c)):
+        return f"classes must be a list of distinct, non-empty names, got {c!r}"
+    return None
+
+
 class OnnxSegmenter:
     """An exported segmenter (module docstring): `segment(image)` -> (H, W) int64 classes. `file`: segmenter.onnx
     or its INT8 form, segmenter.int8.onnx (export.py --quantize int8)."""
 
     def __init__(self, folder: str | Path, file: str = SEGMENTER_ONNX) -> None:
         folder = Path(folder)
-        self.settings = json.loads((folder / SEG_SETTINGS).read_text())
+        path, redo = folder / SEG_SETTINGS, "export the segmenter again with export.py"
+        if not path.is_file():
+            raise ValueError(f"{folder} has no {SEG_SETTINGS} beside {file}; {redo}.")
+        try:
+            self.settings = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"{path} is not readable JSON ({str(e).splitlines()[0]}); {redo}.") from None
+        problem = settings_problem(self.settings)
+        if problem:
+            raise ValueError(f"{path}: {problem}; {redo}.")
         self.session = open_session(folder / file)
         self.size, self.classes = int(self.settings["img_size"]), list(self.settings["classes"])
         self.mean = np.asarray(self.settings["mean"], np.float32)[:, None, None]
         self.std = np.asarray(self.settings["std"], np.float32)[:, None, None]
+        side = self.session.get_inputs()[0].shape[2:]  # (S, S): the export fixes the size, the batch is dynamic
+        if all(isinstance(d, int) for d in side) and list(side) != [self.size, self.size]:
+            raise ValueError(f"{path} says img_size {self.size}, and {file} takes {side[0]}x{side[1]} images; {redo}.")
+        channels = self.logits(np.zeros((1, len(self.mean), self.size, self.size), np.float32)).shape[1]
+        if channels != len(self.classes):
+            raise ValueError(f"{path} names {len(self.classes)} classes, and {file} scores {channels}; {redo}.")
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """(1, 3, S, S) float32 normalised -> (1, C, S, S)."""
