@@ -212,9 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--epochs", type=int, default=400, help="student epochs, alone and distilled")
     ap.add_argument("--teacher-epochs", type=int, default=30)
     ap.add_argument("--kind", choices=("logit", "feature", "token"), default="logit")
-    ap.add_argument("--distill", nargs="*", default=["temperature=4"], metavar="KEY=VALUE",
-                    help="more distill.* settings of the distilled student (default: temperature=4; e.g. "
-                         "temperature=2 task_weight=0.5)")
+    ap.add_argument("--distill", nargs="*", default=None, metavar="KEY=VALUE",
+                    help="more distill.* settings of the distilled student (default: temperature=4, none for "
+                         "--kind feature, which reads no temperature; e.g. temperature=2 task_weight=0.5)")
     return ap
 
 
@@ -228,6 +228,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--epochs and --teacher-epochs must be at least 1")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         ap.error(f"--seeds {args.seeds}: give distinct seeds >= 0")
+    if args.distill is None:
+        args.distill = [] if args.kind == "feature" else ["temperature=4"]
     if any("=" not in a or "." in a.split("=")[0] or a.startswith("-") for a in args.distill):
         ap.error(f"--distill takes distill.* settings as KEY=VALUE (temperature=4), got {args.distill}")
     return args

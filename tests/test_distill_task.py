@@ -199,3 +199,23 @@ def test_bf16_autocast_on_a_cpu_keeps_the_losses_and_gradients_of_float32(tmp_pa
     cos = F.cosine_similarity(g_half, g_full, dim=0)
     assert cos > 0.99
     assert task.teacher.model.patch_embed.proj.weight.dtype == torch.float32  # the teacher's weights untouched
+
+
+def test_a_student_with_a_distillation_token_saves_a_folder_timm_loads(tmp_path):
+    """model.dist_token=true on a plain ViT name: config.json names timm's VisionTransformerDistilled (a DeiT
+    distilled architecture, sizes in model_args), so timm loads the folder strictly and gives our logits (the
+    mean of the two heads)."""
+    import timm
+
+    cfg = load_config(None, [*STUDENT, "--model.dist_token=true"])
+    torch.manual_seed(0)
+    model = perturb(build_model(cfg, 3)).eval()
+    save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b", "c"])
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'ck'}", pretrained=True).eval()
+    assert type(theirs).__name__ == "VisionTransformerDistilled"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x), model(x), atol=1e-5, rtol=1e-5)
+    ours, *_ = load_checkpoint(tmp_path / "ck")  # and we read it back
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(x), model(x), atol=1e-6, rtol=0)

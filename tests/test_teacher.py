@@ -130,6 +130,14 @@ def test_a_teacher_that_does_not_build_is_one_sentence(tmp_path):
         with pytest.raises(ValueError) as err:
             build_teacher(source, IN_MEAN, IN_STD)
         assert source in _one_sentence(err)
+    run = tmp_path / "run"  # a run folder, its weights file, a path that is not there: each named for what it is
+    _checkpoint(run / "best")
+    for source, words in ((run, f"is a run folder; name one of its checkpoints, {run / 'best'}"),
+                          (run / "best" / "model.safetensors", "is a file; name the checkpoint folder"),
+                          (tmp_path / "nope", "does not exist; name a train.py checkpoint folder")):
+        with pytest.raises(ValueError, match=words) as err:
+            build_teacher(str(source), IN_MEAN, IN_STD)
+        _one_sentence(err)
 
 
 def test_mismatches_and_bad_settings_are_one_sentence_before_a_step(tmp_path):
@@ -140,7 +148,7 @@ def test_mismatches_and_bad_settings_are_one_sentence_before_a_step(tmp_path):
         with pytest.raises(ValueError) as err:
             Distiller(student, teacher, nn.CrossEntropyLoss(), kind=kind)
         msg = _one_sentence(err)
-        assert "7 classes" in msg and "has 5" in msg and "distill.kind=feature" in msg
+        assert "has 7 outputs where the student has 5 classes" in msg and "distill.kind=feature" in msg
     Distiller(student, teacher, nn.CrossEntropyLoss(), kind="feature")  # another class set: features still match
     same = build_teacher(_checkpoint(tmp_path / "ck5", classes=5), IN_MEAN, IN_STD)
     with pytest.raises(ValueError, match="distillation token") as err:

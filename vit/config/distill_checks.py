@@ -48,6 +48,12 @@ def distill_weights(task_weight: float | None, distill_weight: float | None) -> 
     if weights == (0.0, 0.0):
         raise ConfigError("config keys 'distill.task_weight' and 'distill.distill_weight' are both 0, so the loss is "
                           "0 and nothing trains; give one of them a positive weight.")
+    if weights[1] == 0.0:
+        how = "distill.distill_weight is 0" if distill_weight is not None else \
+            "distill.task_weight 1 alone leaves distillation 1 - 1 = 0 (the complementary mode)"
+        raise ConfigError(f"config key 'distill.{'distill_weight' if distill_weight is not None else 'task_weight'}'"
+                          f": {how}, so the teacher teaches nothing; give distillation a positive weight or remove "
+                          "distill.teacher.")
     return weights
 
 
@@ -79,6 +85,14 @@ def validate_distill(cfg: Config) -> None:
                           "local-dir:/folder, a run's best/) or set it to null.")
     check_distill_settings(d.kind, d.temperature, d.task_weight, d.distill_weight, d.token_mode, d.feature_loss,
                            d.features)
+    soft = d.kind == "logit" or (d.kind == "token" and d.token_mode == "soft")
+    readers = {"temperature": (soft, "logit kd and soft token kd"), "token_mode": (d.kind == "token", "token kd"),
+               "feature_loss": (d.kind == "feature", "feature kd"), "features": (d.kind == "feature", "feature kd")}
+    for key, (read, by) in readers.items():
+        if not read and getattr(d, key) != getattr(default, key):
+            raise ConfigError(f"config key 'distill.{key}' is read by {by} only, and this run distils with "
+                              f"distill.kind={d.kind}" + (" (hard)" if d.kind == "token" and key == "temperature"
+                                                          else "") + "; remove it or change the kind.")
     if cfg.data.dataset in ("captions", "text_csv"):
         what = "a CLIP model" if cfg.data.dataset == "captions" else "a text model"
         raise ConfigError(f"config key 'distill.teacher' distils an image classifier, and data.dataset="

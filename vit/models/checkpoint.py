@@ -99,6 +99,10 @@ def save_checkpoint(folder: str | Path, model: torch.nn.Module, cfg: Config, cla
         atomic_write_text(tmp / "meta.json", json.dumps(meta or {}, indent=1))
         # timm's hub format beside ours: timm.create_model("local-dir:<folder>", pretrained=True) rebuilds the model
         arch = (getattr(model, "pretrained_cfg", None) or {}).get("architecture") or split_tag(cfg.model.name)
+        if getattr(model, "head_dist", None) is not None and not architecture_defaults(arch).get("dist_token"):
+            # a distillation token on a plain ViT name (model.dist_token=true): timm builds that only as its
+            # VisionTransformerDistilled, so name a DeiT distilled variant and let model_args set the sizes
+            arch = "deit_tiny_distilled_patch16_224"
         aug = cfg.aug  # resolved above: what the pipeline used
         data = dict(mean=aug.mean, std=aug.std, crop_pct=aug.eval_crop_pct, interpolation=aug.interpolation)
         timm = timm_config(model, arch, classes, data, architecture_defaults(arch))

@@ -108,9 +108,9 @@ class Distiller:
         ours, theirs = getattr(student, "num_classes", None), teacher.num_classes
         if kind != "feature" and ours != theirs:
             raise ValueError(f"{kind} distillation compares class scores, and the teacher {teacher.name} has "
-                             f"{theirs} classes where the student has {ours}; give a teacher trained on the "
-                             "student's classes, or use distill.kind=feature, which matches features and takes "
-                             "any class set.")
+                             f"{theirs} outputs where the student has {ours} classes; give a teacher trained on the "
+                             "student's classes (a CLIP or SigLIP image tower's outputs are its embedding, not "
+                             "classes), or use distill.kind=feature, which matches features and takes any class set.")
         if kind == "token":
             if getattr(student, "head_dist", None) is None:
                 raise ValueError("token distillation trains DeiT's distillation token, and the student has none; "

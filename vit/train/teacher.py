@@ -50,7 +50,8 @@ class Teacher(nn.Module):
         if len(mean) != len(student_mean) or len(std) != len(mean) or len(student_std) != len(student_mean):
             raise ValueError(f"{name} takes {len(mean)}-channel images (mean {list(mean)}) and the student "
                              f"{len(student_mean)}-channel ones (mean {list(student_mean)}); distil between models "
-                             "with the same input channels.")
+                             f"with the same input channels (model.in_chans={len(mean)} reads grey images as "
+                             f"{len(mean)} channels).")
         self.model, self.name = model.eval().requires_grad_(False), name
         m_t, s_t = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
         m_s, s_s = torch.tensor(student_mean, dtype=torch.float64), torch.tensor(student_std, dtype=torch.float64)
@@ -115,6 +116,25 @@ class Teacher(nn.Module):
         return x[:, self.model.num_prefix_tokens:] if patch else self.model.forward_head(x, pre_logits=True)
 
 
+def _check_teacher_path(name: str) -> None:
+    """One sentence for a teacher named by a path that cannot be one: missing, a file, or a run folder whose
+    checkpoints are below it."""
+    import os
+
+    p = Path(name).expanduser()
+    where = "name a train.py checkpoint folder (a run's best/ or last/), a timm tag, hf-hub:org/repo or local-dir:"
+    if (os.sep in name or name.startswith((".", "~"))) and ":" not in name.split(os.sep)[0] and not p.exists():
+        raise ValueError(f"distill.teacher {name!r} does not exist; {where}.")
+    if p.is_file():
+        raise ValueError(f"distill.teacher {name!r} is a file; name the checkpoint folder that holds it with its "
+                         f"config.json ({p.parent}).")
+    if p.is_dir() and not (p / "config.json").is_file():
+        inside = [s for s in ("best", "last") if (p / s / "config.json").is_file()]
+        if inside:
+            raise ValueError(f"distill.teacher {name!r} is a run folder; name one of its checkpoints, "
+                             f"{p / inside[0]}.")
+
+
 def build_teacher(source: str | Path | nn.Module, student_mean: Sequence[float], student_std: Sequence[float],
                   mean: Sequence[float] | None = None, std: Sequence[float] | None = None,
                   cache_dir: str | Path | None = None) -> Teacher:
@@ -129,6 +149,7 @@ def build_teacher(source: str | Path | nn.Module, student_mean: Sequence[float],
         model, name = source, f"the teacher ({type(source).__name__})"
     else:
         name = str(source)
+        _check_teacher_path(name)
         spec = f"local-dir:{Path(name).resolve()}" if Path(name).is_dir() else name
         try:
             model = create_model(spec, pretrained=True, cache_dir=cache_dir)
