@@ -327,3 +327,15 @@ def test_a_contrastive_run_resumes_exactly_and_reloads_by_name(tmp_path):
         torch.testing.assert_close(model.encode_image(x), trained.encode_image(x), atol=1e-6, rtol=0)
         torch.testing.assert_close(model.encode_text(ids), trained.encode_text(ids), atol=1e-6, rtol=0)
     assert model.logit_bias.item() == trained.logit_bias.item() != -10.0  # learned, and kept
+
+
+def test_a_model_open_clips_layout_cannot_hold_is_refused_before_training(tmp_path):
+    """A captions run on a plain ViT name resized (vit_tiny at width 32: not the timm model open_clip would name)
+    could train but never save; it stops before the first step in one sentence, with no checkpoint expected."""
+    data = make_image_folder(tmp_path / "data", n_train=4, n_val=2, size=32)
+    r = run_script("train.py", "--data.dataset=captions", f"--data.root={data}", "--model.img_size=32",
+                   "--model.patch_size=8", "--model.embed_dim=32", "--model.depth=2", "--model.num_heads=2",
+                   "--data.batch_size=4", "--data.num_workers=0", "--run.epochs=1", "--contrastive.text_width=16",
+                   "--contrastive.text_heads=2", f"--run.output_dir={tmp_path / 'runs'}", "--run.name=c")
+    assert r.returncode == 2 and "which open_clip's repository layout cannot hold" in r.stderr, r.stderr[-2000:]
+    assert "step 1/" not in r.stdout and not (tmp_path / "runs" / "c" / "metrics.csv").exists()

@@ -36,6 +36,16 @@ class ContrastiveTask(Task):
 
     select_by = "top1"  # retrieval top-1, saved as val_acc1
 
+    @classmethod
+    def from_config(cls, cfg, classes, train_ds=None, model=None) -> ContrastiveTask:
+        """The task; with the model, first the check its checkpoints will need: a model open_clip's repository
+        layout cannot hold is refused now, in one sentence, not after the training it would lose."""
+        if model is not None:
+            from ...models.clip_save import open_clip_config, open_clip_state_dict_of
+
+            open_clip_state_dict_of(model, open_clip_config(model))
+        return cls(cfg, classes)
+
     def loss(self, run, images: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         with run.accelerator.autocast():
             image, text, scale, *bias = run.model(images, ids)
