@@ -67,6 +67,9 @@ def test_the_monitor_scores_as_scikit_learn_k_nn(tmp_path):
 def test_a_folder_that_cannot_serve_is_one_sentence(tmp_path):
     with pytest.raises(DataError, match="does not exist; point it at a few labelled images"):
         KnnMonitor(_cfg(tmp_path / "nope"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="is a file, not a folder"):
+        KnnMonitor(_cfg(tmp_path / "file"))
     root = make_image_folder(tmp_path / "few", classes=("a", "b"))
     (root / "val" / "b").rename(root / "val" / "z")
     with pytest.raises(DataError, match="give both the same class folders"):

@@ -28,7 +28,8 @@ class KnnMonitor:
     def __init__(self, cfg) -> None:
         root = Path(cfg.pretrain.knn_root)
         if not root.is_dir():
-            raise DataError(f"pretrain.knn_root {root} does not exist; point it at a few labelled images in "
+            what = "is a file, not a folder" if root.exists() else "does not exist"
+            raise DataError(f"pretrain.knn_root {root} {what}; point it at a few labelled images in "
                             "train/<class>/ and val/<class>/ folders, or set it to null.")
         self.classes = folder_classes(root, "train")
         if folder_classes(root, "val") != self.classes:
