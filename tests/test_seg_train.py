@@ -49,7 +49,7 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
                    "--seg.head=dpt", "--seg.dpt_width=8", "--seg.missing_masks=background", "--seg.loss=ce+dice",
                    "--seg.classes=[background, square, disc]", "--optim.class_weights=auto")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "val mIoU" in r.stdout
+    assert "val mIoU" in r.stdout and "best val mIoU" in r.stdout  # never "top-1" for a segmenter's score
     from vit.data.segmentation import build_seg_datasets
     from vit.models.checkpoint import load_checkpoint
     from vit.models.segmenter import Segmenter

@@ -45,8 +45,13 @@ def rank_best(best: list, score: float, epoch: int, higher_is_better: bool = Tru
 def describe_best(cfg, best: list, task=None) -> str:
     """'best val macro F1 81.25% at epoch 7' for the first of `best` ([[score, epoch]]), ranked by `task`'s
     select_by (None: the config's task)."""
+    from .tasks.registry import task_class, task_name
+
     score, epoch = best[0]
-    _, name, higher = SELECT_BY[select_by(cfg, task)]
+    chosen = select_by(cfg, task)
+    _, name, higher = SELECT_BY[chosen]
+    if chosen == "top1":  # what the task records as val_acc1 (a segmenter's mIoU, CLIP's retrieval top-1)
+        name = (task if task is not None else task_class(task_name(cfg))).top1_name
     return f"best val {name} {100 * score:.2f}% at epoch {epoch}" if higher else \
         f"best val {name} {score:.4f} at epoch {epoch}"
 

@@ -53,6 +53,7 @@ class Task:
 
     select_by: ClassVar[str] = "top1"  # run.select_by when the config leaves it unset
     bypasses_wrapper: ClassVar[bool] = False  # the loop averages gradients across processes itself (above)
+    top1_name: ClassVar[str] = "top-1"  # what this task records as val_acc1, in the run's last line
 
     def __init__(self, cfg, classes: list[str]) -> None:
         self.cfg, self.classes = cfg, classes

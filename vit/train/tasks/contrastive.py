@@ -35,6 +35,7 @@ class ContrastiveTask(Task):
     """A CLIP / SigLIP model on (images (n, 3, S, S), caption ids (n, L)) batches."""
 
     select_by = "top1"  # retrieval top-1, saved as val_acc1
+    top1_name = "retrieval top-1"
 
     @classmethod
     def from_config(cls, cfg, classes, train_ds=None, model=None) -> ContrastiveTask:

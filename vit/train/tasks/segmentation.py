@@ -49,6 +49,7 @@ class SegmentationTask(Task):
     """Per-pixel classes. `loss`: one of SEG_LOSSES; `class_weights`: (C,) for the cross-entropy or None."""
 
     select_by = "top1"  # mIoU, recorded as val_acc1
+    top1_name = "mIoU"
 
     def __init__(self, cfg, classes: list[str], loss: str = "ce", class_weights: torch.Tensor | None = None) -> None:
         super().__init__(cfg, classes)
