@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from vit.deploy.predictions import write_rows
@@ -45,6 +46,21 @@ def summary(rows: list[dict], what: str, seconds: float, n: int, skipped: list, 
           f"{len(skipped)}" + (f" (reasons in {dest}/skipped.csv)" if skipped else ""))
 
 
+@contextmanager
+def _locked_inputs(args):
+    """(image paths, skipped) of args.images while args.out is locked for this run: no image given, an unwritable
+    --out or no image file found is one sentence first."""
+    if not args.images:
+        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
+    check_writable(args.out)
+    with OutputLock(args.out):
+        paths, skipped = collect_images(args.images)
+        if not paths:
+            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
+                             "or a .txt list of paths.")
+        yield paths, skipped
+
+
 def main_onnx(args) -> int:
     """--onnx: vit.deploy.predictions.predict_onnx_images, the same files as main(); no torch imported."""
     from vit.deploy.onnx_predict import OnnxClassifier
@@ -62,14 +78,7 @@ def main_onnx(args) -> int:
         return _main_onnx_segmenter(args, *segmenter_folder(args.onnx))
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
     check_threshold(args.threshold, clf.threshold is not None)
-    if not args.images:
-        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
-    check_writable(args.out)
-    with OutputLock(args.out):
-        paths, skipped = collect_images(args.images)
-        if not paths:
-            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
-                             "or a .txt list of paths.")
+    with _locked_inputs(args) as (paths, skipped):
         result = predict_onnx_images(args.onnx, paths, args.batch_size or 32, args.topk, args.threshold, clf)
         note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
                          "export again with --aug.eval_crop_pct=1.0")
@@ -110,14 +119,7 @@ def _main_onnx_segmenter(args, folder: Path, file: str) -> int:
         raise ValueError(f"--threshold reads the scores of whole images, and {folder} is a segmenter (a class per "
                          "pixel); drop it.")
     seg = OnnxSegmenter(folder, file)
-    if not args.images:
-        raise ValueError("no images given; pass image files, folders, globs or a .txt list of paths.")
-    check_writable(args.out)
-    with OutputLock(args.out):
-        paths, skipped = collect_images(args.images)
-        if not paths:
-            raise ValueError(f"no image files found in {' '.join(args.images)}; pass image files, folders, globs "
-                             "or a .txt list of paths.")
+    with _locked_inputs(args) as (paths, skipped):
         rows, bad = write_seg_outputs(seg.segment, seg.classes, paths, Path(args.out))
     if not rows:
         raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
