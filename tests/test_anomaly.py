@@ -3,6 +3,7 @@ brute-force k-center greedy, AUROC against scikit-learn; the generated inspectio
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -443,12 +444,22 @@ def test_score_with_tiles_writes_each_strips_map_at_its_own_size(anomaly_checkpo
     r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "low"), "--out",
                    str(out), "--tile", "32")
     assert r.returncode == 2 and "--tile 32 does not fit image" in r.stderr and "low.png" in r.stderr
-    r = run_script("anomaly.py", "fit", "--checkpoint", str(tmp / "ck"), "--good", str(tmp_path / "strips"),
-                   "--tile", "32", "--bank", str(tmp_path / "b"))
-    assert r.returncode == 2 and "anomaly.py fit does not read --tile" in r.stderr
-    assert "note: the threshold was chosen on whole images" in run_script(
+    assert "note: the detector and its threshold were fitted on whole images" in run_script(
         "anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out", str(out),
         "--tile", "32").stderr
+    # fit --tile: the bank holds the tiles' patches (2 strips: 4 + 5 tiles of 16 patches, half kept), the
+    # threshold comes from the tiled validation strips, and score tiles by default as the detector was fitted
+    r = run_script("anomaly.py", "fit", "--checkpoint", str(tmp / "ck"), "--good", str(tmp_path / "strips"),
+                   "--val", str(tmp_path / "strips"), "--tile", "32", "--bank", str(tmp_path / "b"), "--ratio", "0.5")
+    assert r.returncode == 0, r.stderr[-2000:]
+    settings = json.loads((tmp_path / "b" / "patchcore.json").read_text())
+    assert settings["tile"] == 32 and settings["bank_size"] == (4 + 5) * 16 // 2
+    r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), "--bank", str(tmp_path / "b"),
+                   str(tmp_path / "strips"), "--out", str(tmp_path / "o2"), "--maps")
+    assert r.returncode == 0 and "note:" not in r.stderr, r.stderr[-2000:]
+    rows = list(csv.DictReader((tmp_path / "o2" / "scores.csv").open()))
+    assert [np.load(Path(r["map"]).with_suffix(".npy")).shape for r in rows] == [(32, 72), (32, 96)]
+    assert [r["verdict"] for r in rows] == ["good", "good"]  # its own validation strips: under the threshold
     for tile in ("0", "7", "16"):  # not the fixed-size model's input size: one sentence, never untiled scoring
         r = run_script("anomaly.py", "score", "--checkpoint", str(tmp / "ck"), str(tmp_path / "strips"), "--out",
                        str(out), "--tile", tile)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .segmentation import window_starts
 
-__all__ = ["check_tile", "tiled_score"]
+__all__ = ["check_tile", "tile_boxes", "normalised", "TileFiles", "tiled_score"]
 
 
 def check_tile(tile: int, height: int, width: int, what: str = "the image") -> None:
@@ -29,14 +29,52 @@ def check_tile(tile: int, height: int, width: int, what: str = "the image") -> N
                          "image resized to the model's input.")
 
 
+def tile_boxes(height: int, width: int, tile: int, stride: int | None = None) -> list[tuple[int, int]]:
+    """(top, left) of every tile of an image, row by row (module docstring)."""
+    stride = stride or max(1, tile // 2)
+    return [(t, left) for t in window_starts(height, tile, stride) for left in window_starts(width, tile, stride)]
+
+
+def normalised(image: np.ndarray, mean, std) -> torch.Tensor:
+    """An RGB uint8 (H, W, 3) image -> (3, H, W) float32, (x / 255 - mean) / std per channel."""
+    m, s = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+    return (torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255 - m) / s
+
+
+class TileFiles(torch.utils.data.Dataset):
+    """Every tile of each readable image (read at its own scale, normalised) as one item (tile (3, N, N), 1,
+    index), as vit.eval.inference.ImageFiles yields whole images: what `anomaly.py fit --tile` builds a bank or
+    trains Dinomaly on. Unreadable files give no tile; an image a tile does not fit is one sentence."""
+
+    naflex, collate = False, None
+
+    def __init__(self, paths, tile: int, mean, std) -> None:
+        from ..data.decode import BadImageError, decode_image
+
+        self.tiles, self.shape = [], (3, tile, tile)
+        for p in paths:
+            try:
+                image = decode_image(p)
+            except (BadImageError, ValueError, OSError):
+                continue
+            check_tile(tile, *image.shape[:2], f"image {p}")
+            x = normalised(image, mean, std)
+            self.tiles += [x[:, t:t + tile, left:left + tile] for t, left in tile_boxes(*x.shape[1:], tile)]
+
+    def __len__(self) -> int:
+        return len(self.tiles)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, int]:
+        return self.tiles[i], 1, i
+
+
 @torch.no_grad()
 def tiled_score(detector, model, image: torch.Tensor, tile: int, batch_size: int = 32,
                 stride: int | None = None) -> tuple[float, np.ndarray]:
     """(score, map (H, W) float64) of one normalised image (C, H, W) scored in tiles (module docstring)."""
     _, H, W = image.shape
     check_tile(tile, H, W)
-    stride = stride or max(1, tile // 2)
-    boxes = [(t, left) for t in window_starts(H, tile, stride) for left in window_starts(W, tile, stride)]
+    boxes = tile_boxes(H, W, tile, stride)
     total, count = torch.zeros(H, W, dtype=torch.float64), torch.zeros(H, W, dtype=torch.float64)
     worst = -float("inf")
     for i in range(0, len(boxes), batch_size):

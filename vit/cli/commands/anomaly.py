@@ -14,9 +14,10 @@ threshold with how it was chosen: above every good --val image, at --false-alarm
 the threshold), with --maps maps/<index>_<name>.png (every map on one colour scale, 0 to twice the threshold)
 and maps/<index>_<name>.npy (the raw patch scores), and, where the images sit in folders and some folder is
 named good, metrics.json: image AUROC of good against the rest, and pixel AUROC and AUPRO (to 30% FPR) where
-each defective image has its mask beside it (<name>.mask.npy, as scripts/anomaly_parts.py writes them). score
---tile N reads images larger than the model's input at their own scale in overlapping N x N tiles, one stitched
-map per image (vit/eval/anomaly_tiles.py).
+each defective image has its mask beside it (<name>.mask.npy, as scripts/anomaly_parts.py writes them). --tile N
+reads images larger than the model's input at their own scale in overlapping N x N tiles: fit learns the tiles
+and chooses the threshold on tiled validation images, score (by default with the fitted tile) stitches one map per
+image (vit/eval/anomaly_tiles.py).
 
 With the bank in <checkpoint>/anomaly/, predict.py adds the score and verdict to its rows (and with --cam the heat
 map), demo.py shows them, and export.py writes anomaly/ beside model.onnx for predict.py --onnx (docs/few-labels.md).
@@ -31,7 +32,7 @@ from pathlib import Path
 # the options one mode reads and the other does not (their help says 'fit:' or 'score:')
 FIT_ONLY = ("good", "val", "val_defects", "method", "ratio", "max_bank", "layers", "neighbourhood", "false_alarm_rate",
             "seed", "steps", "force")
-SCORE_ONLY = ("images", "out", "maps", "tile")
+SCORE_ONLY = ("images", "out", "maps")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default="anomaly-scores", help="score: output folder")
     ap.add_argument("--maps", action="store_true", help="score: also write each image's heat map")
     ap.add_argument("--tile", type=int, default=None,
-                    help="score: read each image at its own scale in overlapping N x N tiles (N: the model's input "
-                         "size, or one it takes), maps stitched (wide strips; vit/eval/anomaly_tiles.py)")
+                    help="read each image at its own scale in overlapping N x N tiles (N: the model's input size, or "
+                         "one it takes): fit builds the detector and threshold on tiles, score stitches one map per "
+                         "image (default: the tile the detector was fitted with; vit/eval/anomaly_tiles.py)")
     ap.add_argument("--batch-size", type=int, default=32, help="images per batch")
     return ap
 
@@ -127,9 +129,25 @@ def main(argv=None) -> int:
     def files(paths):
         return ImageFiles(paths, transform, cfg.model.in_chans)
 
+    if args.tile is not None:
+        _check_tile_option(args.tile, cfg, model)
     if args.mode == "fit":
-        return _fit(args, model, files, bank_dir)
+        return _fit(args, model, cfg, files, bank_dir)
     return _score(args, model, cfg, files, bank_dir)
+
+
+def _check_tile_option(tile: int, cfg, model) -> None:
+    """--tile must be an RGB square the model takes: its input size, or a patch multiple with dynamic_img_size."""
+    from vit.config import ConfigError
+
+    if cfg.data.naflex is not None or cfg.model.in_chans != 3:
+        raise ConfigError("--tile cuts RGB images into square tiles, and this model reads "
+                          + ("NaFlex patches of each image whole" if cfg.data.naflex is not None else
+                             f"{cfg.model.in_chans}-channel images") + "; leave --tile out.")
+    size, step, dynamic = cfg.model.img_size, model.patch_embed.token_step[0], getattr(model, "dynamic_img_size", False)
+    if tile < 1 or tile % step or (tile != size and not dynamic):
+        takes = f"a multiple of {step} pixels" if dynamic else f"its input size, {size} (it was built for one size)"
+        raise ConfigError(f"--tile {tile} is not a tile this model takes: use {takes}, e.g. --tile {size}.")
 
 
 def _check_mode_options(args) -> None:
@@ -151,7 +169,7 @@ def _check_mode_options(args) -> None:
                           f"{'score' if args.mode == 'fit' else 'fit'} does); remove it.")
 
 
-def _fit(args, model, files, bank_dir) -> int:
+def _fit(args, model, cfg, files, bank_dir) -> int:
     """anomaly.py fit: the detector of good images (and, with --val, its threshold) saved into `bank_dir`."""
     import time
 
@@ -163,7 +181,12 @@ def _fit(args, model, files, bank_dir) -> int:
     good = _files(args.good, "--good")
     layers = tuple(args.layers) if args.layers else None
     extra = {"backbone": args.checkpoint or args.model, "good": args.good, "val": args.val,
-             "val_defects": args.val_defects, "good_images": len(good)}
+             "val_defects": args.val_defects, "good_images": len(good), "tile": args.tile}
+    if args.tile is not None:  # the detector learns tiles at the images' own scale, as score will read them
+        from vit.eval.anomaly_tiles import TileFiles
+
+        aug = cfg.aug.resolved()
+        files = lambda paths: TileFiles(paths, args.tile, aug.mean, aug.std)  # noqa: E731
     if args.method == "dinomaly":
         from vit.eval.dinomaly import fit_dinomaly, save_dinomaly
 
@@ -179,9 +202,13 @@ def _fit(args, model, files, bank_dir) -> int:
         what = f"bank of {len(det.bank)} patch features, neighbourhood {det.neighbourhood}"
     extra["fit_seconds"] = round(time.perf_counter() - t0, 3)
     if args.val:
-        g = det.score_files(model, files(_files(args.val, "--val")), args.batch_size)[0]
-        d = det.score_files(model, files(_files(args.val_defects, "--val-defects")), args.batch_size)[0] \
-            if args.val_defects else None
+        def scores(paths):  # whole validation images, tiled as score will tile them
+            if args.tile is None:
+                return det.score_files(model, files(paths), args.batch_size)[0]
+            return _score_tiled(args, model, cfg, det, paths)[0]
+
+        g = scores(_files(args.val, "--val"))
+        d = scores(_files(args.val_defects, "--val-defects")) if args.val_defects else None
         choice = choose_threshold(g, d, args.false_alarm_rate)
         det.threshold, extra["threshold_choice"] = choice.value, choice.record()
         if choice.note:
@@ -224,12 +251,20 @@ def _score(args, model, cfg, files, bank_dir) -> int:
 
     from vit.data.naflex import as_picture
     from vit.eval.anomaly_metrics import auroc
+    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
     from vit.eval.dinomaly import load_detector
     from vit.eval.plots import plot_attention_map, to_display
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable
 
     det = load_detector(bank_dir)
+    fitted = read_settings(bank_dir / SETTINGS_FILE, "fit it again with anomaly.py fit").get("tile")
+    if args.tile is None and fitted is not None:  # a detector of tiles scores tiles
+        args.tile = int(fitted)
+        _check_tile_option(args.tile, cfg, model)
+    if args.tile is not None and fitted is None and det.threshold is not None:
+        print("note: the detector and its threshold were fitted on whole images; a tiled image's score is its worst "
+              "tile's, so long images flag more often: fit with --tile too.", file=sys.stderr)
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
@@ -276,26 +311,11 @@ def _score_tiled(args, model, cfg, det, paths):
     """--tile: (scores (N,), maps (H_i, W_i) per image, readable (N,), the images as drawn) of each file read at
     its own scale and scored in tiles (vit/eval/anomaly_tiles.py); an unreadable file scores nan."""
     import numpy as np
-    import torch
 
-    from vit.config import ConfigError
     from vit.data.decode import BadImageError, decode_image
-    from vit.eval.anomaly_tiles import check_tile, tiled_score
+    from vit.eval.anomaly_tiles import check_tile, normalised, tiled_score
 
-    if cfg.data.naflex is not None or cfg.model.in_chans != 3:
-        raise ConfigError("--tile cuts RGB images into square tiles, and this model reads "
-                          + ("NaFlex patches of each image whole" if cfg.data.naflex is not None else
-                             f"{cfg.model.in_chans}-channel images") + "; leave --tile out.")
-    size, step = cfg.model.img_size, model.patch_embed.token_step[0]
-    if args.tile < 1 or args.tile % step or (args.tile != size and not getattr(model, "dynamic_img_size", False)):
-        takes = (f"a multiple of {step} pixels" if getattr(model, "dynamic_img_size", False) else
-                 f"its input size, {size} (it was built for one size)")
-        raise ConfigError(f"--tile {args.tile} is not a tile this model takes: use {takes}, e.g. --tile {size}.")
-    if det.threshold is not None:
-        print("note: the threshold was chosen on whole images; a tiled image's score is its worst tile's, so long "
-              "images flag more often: choose it again on tiled good images if false alarms rise.", file=sys.stderr)
     aug = cfg.aug.resolved()
-    mean, std = torch.tensor(aug.mean)[:, None, None], torch.tensor(aug.std)[:, None, None]
     scores, maps, ok, pictures = [], [], [], []
     for p in paths:
         try:
@@ -304,7 +324,6 @@ def _score_tiled(args, model, cfg, det, paths):
             scores.append(np.nan), maps.append(None), ok.append(False), pictures.append(None)
             continue
         check_tile(args.tile, *image.shape[:2], f"image {p}")
-        x = (torch.from_numpy(image.copy()).permute(2, 0, 1).float() / 255 - mean) / std  # (3, H, W)
-        s, m = tiled_score(det, model, x, args.tile, args.batch_size)
+        s, m = tiled_score(det, model, normalised(image, aug.mean, aug.std), args.tile, args.batch_size)
         scores.append(s), maps.append(m), ok.append(True), pictures.append(image)
     return np.array(scores, np.float64), maps, np.array(ok), pictures
