@@ -251,20 +251,11 @@ def _score(args, model, cfg, files, bank_dir) -> int:
 
     from vit.data.naflex import as_picture
     from vit.eval.anomaly_metrics import auroc
-    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
-    from vit.eval.dinomaly import load_detector
     from vit.eval.plots import plot_attention_map, to_display
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable
 
-    det = load_detector(bank_dir)
-    fitted = read_settings(bank_dir / SETTINGS_FILE, "fit it again with anomaly.py fit").get("tile")
-    if args.tile is None and fitted is not None:  # a detector of tiles scores tiles
-        args.tile = int(fitted)
-        _check_tile_option(args.tile, cfg, model)
-    if args.tile is not None and fitted is None and det.threshold is not None:
-        print("note: the detector and its threshold were fitted on whole images; a tiled image's score is its worst "
-              "tile's, so long images flag more often: fit with --tile too.", file=sys.stderr)
+    det = _detector_and_tile(args, model, cfg, bank_dir)
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
@@ -305,6 +296,23 @@ def _score(args, model, cfg, files, bank_dir) -> int:
         print(f"image AUROC {auc:.4f}{pixel} (folders named good against the rest)")
     print(printable(f"wrote {out}/scores.csv" + (f" and {out}/maps/" if args.maps else "")))
     return 0
+
+
+def _detector_and_tile(args, model, cfg, bank_dir: Path):
+    """The fitted detector; args.tile set to the tile it was fitted with when none is given (a detector of tiles
+    scores tiles), and a note when a whole-image detector is scored in tiles."""
+    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
+    from vit.eval.dinomaly import load_detector
+
+    det = load_detector(bank_dir)
+    fitted = read_settings(bank_dir / SETTINGS_FILE, "fit it again with anomaly.py fit").get("tile")
+    if args.tile is None and fitted is not None:
+        args.tile = int(fitted)
+        _check_tile_option(args.tile, cfg, model)
+    if args.tile is not None and fitted is None and det.threshold is not None:
+        print("note: the detector and its threshold were fitted on whole images; a tiled image's score is its worst "
+              "tile's, so long images flag more often: fit with --tile too.", file=sys.stderr)
+    return det
 
 
 def _score_tiled(args, model, cfg, det, paths):
