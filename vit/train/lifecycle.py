@@ -67,6 +67,9 @@ def finish(run: Run) -> None:
     if run.accelerator.is_main_process and metrics.is_file():
         plot_curves(metrics, run.run_dir / "curves.png")
     log_artifacts(run.accelerator, run.run_dir)  # before end_training closes the MLflow run
+    # every rank here before any closes the process group: a rank leaving while the main one still saves tore
+    # gloo's threads down under it (std::terminate, SIGABRT, the run killed; seen in CI's two-process tests)
+    run.accelerator.wait_for_everyone()
     run.accelerator.end_training()
     if run.accelerator.is_main_process and run.state.best:
         run.console.print(f"{describe_best(run.cfg, run.state.best, run.task)}; checkpoint {run.run_dir / 'best'}")
