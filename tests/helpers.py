@@ -220,3 +220,15 @@ def pixel_model(out_channels: int):
             return self.conv(x)
 
     return PixelModel()
+
+
+def end_gloo_worker() -> None:
+    """The end of a spawned gloo worker that finished its work: the process group closed, then out without the
+    interpreter's teardown, where gloo's still-joinable threads have aborted a rank (std::terminate: SIGABRT) in CI,
+    as predict.py's processes leave (vit/cli/commands/predict.py). A worker that fails raises instead."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from helpers import end_gloo_worker
 from torch import nn
 
 from vit.train.contrastive import clip_loss, siglip_loss
@@ -91,8 +92,10 @@ def _worker(rank, world, init_file, out_file):
         if rank == 0:
             torch.save(results, out_file)
         dist.barrier()  # no process leaves while another still talks to it
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    end_gloo_worker()
 
 
 def test_ring_on_one_process_is_the_gathered_loss():

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import perturb
+from helpers import end_gloo_worker, perturb
 
 from vit.config import load_config
 from vit.models import create_model
@@ -121,8 +121,10 @@ def _worker(rank, world, root, out_file):
         if rank == 0:
             torch.save(results, out_file)
         dist.barrier()
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    end_gloo_worker()
 
 
 def test_two_processes_take_the_first_steps_of_one_with_the_whole_batch(tmp_path, monkeypatch):
