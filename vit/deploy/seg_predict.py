@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..eval.segmentation import sliding_logits
+from ..eval.segmentation import normalised, sliding_logits
 from .seg_outputs import class_palette, write_seg_outputs
 
 __all__ = ["class_palette", "segment_image", "predict_seg_images"]
@@ -24,8 +24,7 @@ __all__ = ["class_palette", "segment_image", "predict_seg_images"]
 @torch.no_grad()
 def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None) -> np.ndarray:
     """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows)."""
-    x = torch.from_numpy(np.array(image)).permute(2, 0, 1)[None].float() / 255.0  # a writable copy
-    x = (x - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]  # (1, 3, H, W)
+    x = normalised(image, mean, std)[None]  # (1, 3, H, W)
     H, W = image.shape[:2]
     if max(H, W) > img_size:
         logits = sliding_logits(model, x, window or img_size)

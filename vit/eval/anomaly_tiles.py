@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .segmentation import window_starts
+from .segmentation import normalised, window_starts
 
 __all__ = ["check_tile", "tile_boxes", "normalised", "TileFiles", "tiled_score"]
 
@@ -33,12 +33,6 @@ def tile_boxes(height: int, width: int, tile: int, stride: int | None = None) ->
     """(top, left) of every tile of an image, row by row (module docstring)."""
     stride = stride or max(1, tile // 2)
     return [(t, left) for t in window_starts(height, tile, stride) for left in window_starts(width, tile, stride)]
-
-
-def normalised(image: np.ndarray, mean, std) -> torch.Tensor:
-    """An RGB uint8 (H, W, 3) image -> (3, H, W) float32, (x / 255 - mean) / std per channel."""
-    m, s = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
-    return (torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255 - m) / s
 
 
 class TileFiles(torch.utils.data.Dataset):

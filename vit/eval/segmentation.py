@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["confusion", "seg_scores", "pixel_auroc", "window_starts", "sliding_logits", "predict_masks",
+__all__ = ["confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts", "sliding_logits", "predict_masks",
            "evaluate_segmentation"]
 
 IGNORE_INDEX = 255
@@ -55,6 +55,12 @@ def pixel_auroc(scores: np.ndarray, positive: np.ndarray) -> float:
         raise ValueError("a pixel AUROC needs both positive and negative pixels.")
     ranks = rankdata(s)
     return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def normalised(image: np.ndarray, mean, std) -> torch.Tensor:
+    """An RGB uint8 (H, W, 3) image -> (3, H, W) float32, (x / 255 - mean) / std per channel."""
+    m, s = torch.tensor(mean)[:, None, None], torch.tensor(std)[:, None, None]
+    return (torch.from_numpy(np.array(image)).permute(2, 0, 1).float() / 255 - m) / s
 
 
 def window_starts(size: int, window: int, stride: int) -> list[int]:
