@@ -331,15 +331,17 @@ PAGE = """<!doctype html>
 <script>
 const status = document.getElementById("status");
 const labels = document.getElementById("labels"), explain = document.getElementById("explain");
-let last = null;
+let last = null, asked = 0;
 async function classify(file, which) {
   last = file;
+  const mine = ++asked;  // answers may come back out of order: only the newest request's is drawn
   status.textContent = "classifying " + file.name + " ...";
   document.getElementById("input").src = URL.createObjectURL(file);
   const query = labels ? "?labels=" + encodeURIComponent(labels.value) + "&explain=" + encodeURIComponent(which || "")
                        : "";
   const r = await fetch("/predict" + query, {method: "POST", body: file, headers: {"X-Filename": file.name}});
   const answer = await r.json();
+  if (mine !== asked) return;
   const list = document.getElementById("top5");
   list.replaceChildren();
   if (!r.ok) { status.textContent = answer.error; document.getElementById("overlay").removeAttribute("src"); return; }
