@@ -36,7 +36,8 @@ from ..utils.atomic import atomic_write_bytes, atomic_write_text
 from .anomaly_settings import SETTINGS_FILE, check_threshold, read_settings
 from .inference import ImageFiles, batch_of
 
-__all__ = ["middle_layers", "patch_features", "PatchFeatures", "random_projection", "k_center_greedy", "coreset",
+__all__ = ["middle_layers", "backbone_layers", "feature_grid", "patch_features", "PatchFeatures", "random_projection",
+           "k_center_greedy", "coreset",
            "nearest_distance", "PatchCore", "fit_patchcore", "save_patchcore", "load_patchcore", "find_patchcore",
            "top_mean", "score_files", "BANK_FILE", "ANOMALY_DIR", "METHODS"]
 
@@ -45,6 +46,19 @@ ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes the bank and 
 # the nearest-neighbour methods by name: fit_patchcore's keywords for each (Dinomaly, trained, is vit.eval.dinomaly)
 METHODS = {"patchcore": dict(ratio=0.1, neighbourhood=3, normalize=False, top_share=0.0),
            "anomalydino": dict(ratio=1.0, neighbourhood=1, normalize=True, top_share=0.01)}
+
+
+def backbone_layers(model) -> tuple[int, ...]:
+    """The blocks a detector reads by default: a ViT's `middle_layers`, a CNN's two levels before the last
+    (vit.models.cnn_backbone: a ResNet's layer2 and layer3)."""
+    default = getattr(model, "default_layers", None)
+    return default() if default is not None else middle_layers(len(model.blocks))
+
+
+def feature_grid(model, size: tuple[int, int], layers: tuple[int, ...]) -> tuple[int, int]:
+    """The (h, w) grid of the patch features of `layers` for an image of `size` pixels: a ViT's patch grid, a CNN's
+    first level's."""
+    return model.grid_size(size, layers[0]) if hasattr(model, "default_layers") else model.grid_size(size)
 
 
 def middle_layers(depth: int) -> tuple[int, ...]:
@@ -59,6 +73,8 @@ def _pooled(maps: list[torch.Tensor], k: int) -> torch.Tensor:
     fewer (noisier) neighbours, which on a small grid would put good images' worst patch on the border. The layers
     concatenated along channels -> (B, h*w, L*D)."""
     maps = [F.avg_pool2d(m.float(), k, stride=1, padding=k // 2, count_include_pad=True) for m in maps]
+    grid = maps[0].shape[-2:]  # a CNN's deeper stages are coarser: brought to the first's grid (PatchCore, anomalib)
+    maps = [m if m.shape[-2:] == grid else F.interpolate(m, size=grid, mode="bilinear") for m in maps]
     return torch.cat(maps, dim=1).flatten(2).transpose(1, 2)
 
 
@@ -185,7 +201,7 @@ class PatchCore:
             return torch.stack([top_mean(m.flatten(), self.top_share) for m in maps]), maps
         B, P = feats.shape[:2]
         patch = patch.reshape(B, P)
-        h, w = model.grid_size(tuple(x.shape[-2:]))
+        h, w = feature_grid(model, tuple(x.shape[-2:]), self.layers)
         return top_mean(patch, self.top_share), patch.reshape(B, h, w)
 
     def score_files(self, model, dataset: ImageFiles, batch_size: int = 32) -> tuple[np.ndarray, np.ndarray | list,
@@ -230,7 +246,7 @@ def fit_patchcore(model, dataset: ImageFiles, layers: tuple[int, ...] | None = N
     if not 0 <= top_share <= 1:
         raise ValueError(f"the share of patches an image's score averages must be in [0, 1], got {top_share}.")
     model.eval()
-    layers = tuple(layers) if layers is not None else middle_layers(len(model.blocks))
+    layers = tuple(layers) if layers is not None else backbone_layers(model)
     feats = []
     for start in tqdm(range(0, len(dataset), batch_size), desc=f"{method}: good images", unit="batch", leave=False,
                       disable=not progress):

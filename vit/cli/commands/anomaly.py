@@ -92,7 +92,7 @@ def _files(specs: list[str], what: str) -> list[Path]:
 def main(argv=None) -> int:
     from pathlib import Path
 
-    from vit.cli.args import load_model, parse_command
+    from vit.cli.args import parse_command
     from vit.cli.images import crop_note
     from vit.cli.outputs import check_writable
     from vit.config import ConfigError
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     if args.mode == "score" and not args.images:
         raise ConfigError("anomaly.py score needs images to score.")
     check_writable(bank_dir if args.mode == "fit" else args.out)
-    model, cfg, _ = load_model(args, overrides)
+    model, cfg = _backbone(args, overrides)
     transform = image_transform(cfg, train=False)  # data.naflex: each image whole, on its own grid of patches
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, f"anomaly.py {args.mode}")
     if note:
@@ -134,6 +134,27 @@ def main(argv=None) -> int:
     if args.mode == "fit":
         return _fit(args, model, cfg, files, bank_dir)
     return _score(args, model, cfg, files, bank_dir)
+
+
+def _backbone(args, overrides):
+    """(model, config) of --model: one of ours through load_model, or a timm CNN (ResNet, wide_resnet50_2, ...)
+    through timm's features_only (vit.models.cnn_backbone) with --weights or timm's weights by name."""
+    from vit.cli.args import load_model
+    from vit.config import ConfigError, apply_overrides, from_dict
+    from vit.data.resolve import resolve_data_config
+    from vit.models.cnn_backbone import is_cnn_name, load_cnn_backbone
+
+    if not is_cnn_name(args.model):
+        return load_model(args, overrides)[:2]
+    if args.mode == "fit" and args.method == "dinomaly":
+        raise ConfigError(f"Dinomaly rebuilds a ViT's patch tokens with Transformer blocks, and {args.model} is a CNN; "
+                          "use --method patchcore or anomalydino with it, or a ViT backbone for Dinomaly.")
+    model, lines = load_cnn_backbone(args.model, args.weights, not args.weights, args.img_size)
+    for line in lines:
+        print(line)
+    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": model.patch_embed.img_size[0]}},
+                                    overrides))
+    return model, resolve_data_config(cfg, model.pretrained_cfg, model.in_chans)
 
 
 def _check_tile_option(tile: int, cfg, model) -> None:
@@ -180,7 +201,7 @@ def _fit(args, model, cfg, files, bank_dir) -> int:
     t0 = time.perf_counter()
     good = _files(args.good, "--good")
     layers = tuple(args.layers) if args.layers else None
-    extra = {"backbone": args.checkpoint or args.model, "good": args.good, "val": args.val,
+    extra = {"backbone": args.checkpoint or args.model, "weights": args.weights, "good": args.good, "val": args.val,
              "val_defects": args.val_defects, "good_images": len(good), "tile": args.tile}
     if args.tile is not None:  # the detector learns tiles at the images' own scale, as score will read them
         from vit.eval.anomaly_tiles import TileFiles
