@@ -66,6 +66,88 @@ def train_backbone(out: Path) -> Path:
     return out / "backbone" / "best"
 
 
+def train_cnn(out: Path, name: str, epochs: int = 10) -> tuple[Path, float]:
+    """A timm CNN (`name`, 4 classes) trained from scratch here to tell the four surfaces apart, on the surface parts
+    train_backbone uses (hflips, AdamW 1e-3 with a cosine decay, batches of 32): (its weights file, held-out top-1).
+    timm's train.py would do the same; this toolkit's train.py builds ViTs."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    from vit.cli.images import collect_images
+    from vit.data.synthetic import PART_KINDS
+    from vit.eval.inference import ImageFiles
+
+    data, path = out / "surfaces", out / f"{name}.safetensors"
+    if not (data / "val").is_dir():
+        write_parts(data / "train", 100, {k: 60 for k in PART_KINDS}, False)
+        write_parts(data / "val", 101, {k: 15 for k in PART_KINDS}, False)
+
+    def tensors(split):
+        files = ImageFiles(collect_images([str(data / split)])[0], cnn_transform())
+        return torch.stack([files[i][0] for i in range(len(files))]), torch.tensor(
+            [PART_KINDS.index(p.parent.name) for p in files.paths])
+
+    (x, y), (xv, yv) = tensors("train"), tensors("val")
+    torch.manual_seed(0)
+    net = timm.create_model(name, num_classes=len(PART_KINDS))
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.05)
+    steps = epochs * -(-len(x) // 32)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, total_steps=steps, pct_start=0.1)
+    for _ in range(epochs):
+        net.train()
+        for idx in torch.randperm(len(x)).split(32):
+            flip = torch.rand(len(idx)) < 0.5
+            xb = torch.where(flip[:, None, None, None], x[idx].flip(-1), x[idx])
+            loss = torch.nn.functional.cross_entropy(net(xb), y[idx])
+            opt.zero_grad(), loss.backward(), opt.step(), sched.step()
+    net.eval()
+    with torch.no_grad():
+        top1 = float((net(xv).argmax(1) == yv).float().mean())
+    save_file(net.state_dict(), str(path))
+    return path, top1
+
+
+def cnn_transform():
+    """ImageNet's mean and std, the whole image (timm's CNN preprocessing without the crop)."""
+    from vit.config.schema import AugConfig
+    from vit.data.transforms import build_transform
+
+    return build_transform(AugConfig(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], eval_crop_pct=1.0,
+                                     interpolation="bicubic"), SIZE, train=False)
+
+
+class AnomalibPatchCore:
+    """anomalib's PatchcoreModel (2.7.0: layer2 + layer3, 3x3 average, coreset of `ratio` by its KCenterGreedy, image
+    score reweighted by the bank's 9 nearest neighbours, map upsampled and Gaussian-blurred) on the same CNN weights,
+    behind the detector interface run_seed reads (score, score_files, threshold)."""
+
+    def __init__(self, backbone, name: str, train, ratio: float = 0.1, batch_size: int = 32) -> None:
+        import torch
+        from anomalib.models.image.patchcore.torch_model import PatchcoreModel
+
+        self.model = PatchcoreModel(layers=["layer2", "layer3"], backbone=name, pre_trained=False)
+        self.model.feature_extractor.feature_extractor.load_state_dict(backbone.body.state_dict(), strict=False)
+        self.model.train()
+        for start in range(0, len(train), batch_size):
+            self.model(torch.stack([train[i][0] for i in range(start, min(start + batch_size, len(train)))]))
+        self.model.subsample_embedding(ratio)
+        self.model.eval()
+        self.threshold = None
+
+    def score(self, _model, x):
+        import torch
+
+        with torch.no_grad():
+            out = self.model(x)
+        return out.pred_score.flatten(), out.anomaly_map[:, 0]
+
+    def score_files(self, model, files, batch_size: int = 32):
+        from vit.eval.anomaly import score_files
+
+        return score_files(self, model, files, batch_size)
+
+
 def make_seed_data(out: Path, seed: int, good: int) -> Path:
     """out/seed<k>/: train/good (`good` parts), val/good (40), val_defects/<defect> (5 each: the F1 threshold's
     images) and test/ (60 good, 20 of each defect), with each defect's mask beside it (<i>.mask.npy)."""
@@ -88,6 +170,8 @@ def fit_method(model, train, method: str, seed: int, neighbourhood: int, steps: 
 
     if method == "dinomaly":
         return fit_dinomaly(model, train, steps=steps, seed=seed)
+    if method == "anomalib-patchcore":
+        return AnomalibPatchCore(model, model.name, train)
     kw = dict(METHODS[method])
     kw["neighbourhood"] = neighbourhood if method == "patchcore" else kw["neighbourhood"]
     return fit_patchcore(model, train, seed=seed, method=method, **kw)
@@ -140,7 +224,8 @@ def run_seed(model, transform, out: Path, seed: int, method: str, neighbourhood:
     for m, mask, bad in zip(maps, masks, defective):
         if bad:
             r, c = np.unravel_index(int(m.argmax()), m.shape)
-            hits.append(bool(mask[r * PATCH:(r + 1) * PATCH, c * PATCH:(c + 1) * PATCH].any()))
+            step = SIZE // m.shape[0]  # a patch, a CNN level's stride, or a pixel (anomalib's full-size map)
+            hits.append(bool(mask[r * step:(r + 1) * step, c * step:(c + 1) * step].any()))
     return {"seed": seed, "method": method, "shots": shots or len(train), "neighbourhood": neighbourhood,
             "auroc": auroc(scores, defective), "pixel_auroc": pixel_auroc(full, masks), "aupro": aupro(full, masks),
             "threshold": det.threshold, "recall": float((scores[defective] >= det.threshold).mean()),
@@ -151,9 +236,11 @@ def run_seed(model, transform, out: Path, seed: int, method: str, neighbourhood:
 
 
 def label(r: dict) -> str:
-    if r["method"] == "patchcore":
-        return f"patchcore {r['neighbourhood']}x{r['neighbourhood']}"
-    return f"anomalydino, {r['shots']} good" if r["method"] == "anomalydino" else "dinomaly"
+    if r["method"] in ("patchcore", "anomalib-patchcore"):
+        name = f"{r['method']} {r['neighbourhood']}x{r['neighbourhood']}"
+    else:
+        name = f"anomalydino, {r['shots']} good" if r["method"] == "anomalydino" else "dinomaly"
+    return name + (f" on {r['cnn']}" if r.get("cnn") else "")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--good", type=int, default=TRAIN_GOOD, help="good parts in the bank (before the coreset)")
     ap.add_argument("--methods", nargs="+", default=["patchcore", "anomalydino", "dinomaly"],
-                    choices=["patchcore", "anomalydino", "dinomaly"])
+                    choices=["patchcore", "anomalydino", "dinomaly", "anomalib-patchcore"])
     ap.add_argument("--neighbourhoods", type=int, nargs="+", default=[3],
                     help="PatchCore's 3x3 feature averaging, and none (1), compared")
     ap.add_argument("--shots", type=int, nargs="+", default=[1, 2, 4, 8],
@@ -171,7 +258,33 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=1000, help="Dinomaly's training steps (batches of 16)")
     ap.add_argument("--backbone", default=None, help="a checkpoint folder to use instead of the surface classifier "
                     "trained here (e.g. a train.py --pretrain.method=dino run's last/ on good parts)")
+    ap.add_argument("--cnn", default=None, metavar="NAME",
+                    help="a timm CNN (resnet18, wide_resnet50_2) trained here on the surfaces as the backbone instead "
+                         "(vit.models.cnn_backbone); --methods anomalib-patchcore runs anomalib's PatchCore on it")
+    ap.add_argument("--cnn-epochs", type=int, default=10, help="--cnn: its training epochs")
     return ap
+
+
+def load_backbone(args, out: Path):
+    """(model in eval mode, its evaluation transform, its checkpoint or weights, its training record): --cnn's timm
+    CNN trained here, or --backbone's checkpoint, or the surface ViT trained here."""
+    if args.cnn:
+        from vit.models.cnn_backbone import load_cnn_backbone
+
+        weights, top1 = train_cnn(out, args.cnn, args.cnn_epochs)
+        model, _ = load_cnn_backbone(args.cnn, weights=weights, img_size=SIZE)
+        print(f"backbone: {args.cnn}, surface top-1 {100 * top1:.1f}% on held-out good parts")
+        return model, cnn_transform(), weights, {"val_acc1": top1}
+    from vit.data.transforms import build_transform
+    from vit.models.checkpoint import load_checkpoint
+
+    ckpt = Path(args.backbone) if args.backbone else out / "backbone" / "best"
+    if not ckpt.is_dir():
+        ckpt = train_backbone(out)
+    model, cfg, _, meta = load_checkpoint(ckpt)
+    print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts" if "val_acc1" in meta else
+          f"backbone: {ckpt} ({cfg.pretrain.method or 'supervised'}, no labels)")
+    return model.eval(), build_transform(cfg.aug, SIZE, train=False), ckpt, meta
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,27 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.good < 1 or any(n < 1 or n % 2 == 0 for n in args.neighbourhoods):  # before minutes of training
         ap.error(f"--good must be at least 1 part and every --neighbourhoods an odd number (3, or 1 for none), got "
                  f"{args.good} and {' '.join(map(str, args.neighbourhoods))}")
+    if "anomalib-patchcore" in args.methods and not args.cnn:
+        ap.error("--methods anomalib-patchcore runs on a CNN backbone: pass --cnn resnet18 (or another timm CNN)")
     out = Path(args.out)
-    ckpt = Path(args.backbone) if args.backbone else out / "backbone" / "best"
-    if not ckpt.is_dir():
-        ckpt = train_backbone(out)
-
-    from vit.data.transforms import build_transform
-    from vit.models.checkpoint import load_checkpoint
-
-    model, cfg, _, meta = load_checkpoint(ckpt)
-    model.eval()
-    print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts" if "val_acc1" in meta else
-          f"backbone: {ckpt} ({cfg.pretrain.method or 'supervised'}, no labels)")
-    transform = build_transform(cfg.aug, SIZE, train=False)
+    model, transform, ckpt, meta = load_backbone(args, out)
     runs = [("patchcore", n, None) for n in args.neighbourhoods] * ("patchcore" in args.methods)
     runs += [("anomalydino", 1, k or None) for k in args.shots] * ("anomalydino" in args.methods)
     runs += [("dinomaly", 1, None)] * ("dinomaly" in args.methods)
+    runs += [("anomalib-patchcore", 3, None)] * ("anomalib-patchcore" in args.methods)
     rows = []
     for s in args.seeds:  # one seed at a time: its parts are made once and every method sees the same images
         for method, n, shots in runs:
             rows.append(r := run_seed(model, transform, out, s, method, n, args.repeats, args.good, shots,
-                                      args.steps))
+                                      args.steps) | {"backbone": str(ckpt), "cnn": args.cnn})
             print(f"{label(r)} seed {r['seed']}: image AUROC {r['auroc']:.4f}  pixel AUROC {r['pixel_auroc']:.4f}  "
                   f"AUPRO {r['aupro']:.4f}  recall {r['recall']:.2f} ({r['false_alarms']}/{r['good_test']} false "
                   f"alarms at the F1 threshold)  hottest patch on the defect {100 * r['peak_on_defect']:.0f}%  fit "

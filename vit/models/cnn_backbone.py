@@ -62,6 +62,10 @@ class CnnBackbone(nn.Module):
         self._levels = list(layers) if layers else None
         self._grids: dict[tuple, tuple[int, int]] = {}
 
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Every level's maps (timm's features_only forward)."""
+        return self.body(x)
+
     @property
     def depth(self) -> int:
         """The number of levels forward_intermediates can return."""
