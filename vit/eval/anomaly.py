@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ..layers.naflex import grid_sizes
 from ..utils.atomic import atomic_write_bytes, atomic_write_text
-from .anomaly_settings import SETTINGS_FILE, check_threshold, read_settings
+from .anomaly_settings import ANOMALY_DIR, SETTINGS_FILE, check_threshold, detector_folder, read_settings
 from .inference import ImageFiles, batch_of
 
 __all__ = ["middle_layers", "backbone_layers", "feature_grid", "patch_features", "PatchFeatures", "random_projection",
@@ -42,7 +42,6 @@ __all__ = ["middle_layers", "backbone_layers", "feature_grid", "patch_features",
            "top_mean", "score_files", "BANK_FILE", "ANOMALY_DIR", "METHODS"]
 
 BANK_FILE = "bank.safetensors"  # beside SETTINGS_FILE, patchcore.json (vit.eval.anomaly_settings)
-ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes the bank and predict.py and demo.py look for it
 # the nearest-neighbour methods by name: fit_patchcore's keywords for each (Dinomaly, trained, is vit.eval.dinomaly)
 METHODS = {"patchcore": dict(ratio=0.1, neighbourhood=3, normalize=False, top_share=0.0),
            "anomalydino": dict(ratio=1.0, neighbourhood=1, normalize=True, top_share=0.01)}
@@ -305,9 +304,9 @@ def load_patchcore(folder: str | Path) -> PatchCore:
                      settings["normalize"], settings["top_share"], settings["method"])
 
 
-def find_patchcore(checkpoint: str | Path | None) -> PatchCore | None:
-    """The PatchCore that anomaly.py fit saved into `checkpoint`/anomaly/, or None when there is none (a plain
-    classifier checkpoint); a folder that is there but broken is load_patchcore's one sentence."""
-    if checkpoint is None or not (Path(checkpoint) / ANOMALY_DIR).is_dir():
-        return None
-    return load_patchcore(Path(checkpoint) / ANOMALY_DIR)
+def find_patchcore(checkpoint: str | Path | None, name: str | None = None) -> PatchCore | None:
+    """The PatchCore that anomaly.py fit saved into `checkpoint`/anomaly/ (or anomaly/<name>/, `detector_folder`),
+    or None when there is none (a plain classifier checkpoint); a folder that is there but broken is
+    load_patchcore's one sentence."""
+    folder = detector_folder(checkpoint, name)
+    return None if folder is None else load_patchcore(folder)

@@ -17,9 +17,11 @@ import json
 import math
 from pathlib import Path
 
-__all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "METHOD_NAMES", "check_threshold", "read_settings"]
+__all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "METHOD_NAMES", "ANOMALY_DIR", "check_threshold", "read_settings",
+           "detector_folder", "detector_names", "check_detector_name"]
 
 SETTINGS_FILE = "patchcore.json"
+ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes a detector, and predict.py and demo.py look for it
 METHOD_NAMES = ("patchcore", "anomalydino", "dinomaly")  # anomaly.py fit --method
 MAX_SETTINGS_BYTES = 1 << 20  # a settings file is a few hundred bytes; anything larger is not one
 
@@ -73,3 +75,41 @@ def read_settings(path: str | Path, redo: str) -> dict:
     if grid is not None and not (isinstance(grid, list) and len(grid) == 2 and all(_whole(g, 1) for g in grid)):
         raise ValueError(f"{path} has grid {grid!r}, not [rows, columns] of whole numbers >= 1; {redo}.")
     return settings
+
+
+def check_detector_name(name: str) -> str:
+    """A detector's name (anomaly.py fit --detector): one plain folder name, kept under <checkpoint>/anomaly/."""
+    if not name or name in (".", "..") or name.startswith(".") or any(
+            not (c.isalnum() or c in "-_.") for c in name) or len(name) > 100:
+        raise ValueError(f"--detector {name!r:.60} is not a detector name: use letters, digits, '-', '_' and '.' "
+                         "(not first), e.g. --detector screws.")
+    return name
+
+
+def detector_names(checkpoint: str | Path) -> list[str]:
+    """The named detectors beside a checkpoint: the folders of <checkpoint>/anomaly/ that hold a settings file."""
+    folder = Path(checkpoint) / ANOMALY_DIR
+    return sorted(p.name for p in folder.iterdir() if (p / SETTINGS_FILE).is_file()) if folder.is_dir() else []
+
+
+def detector_folder(checkpoint: str | Path | None, name: str | None = None) -> Path | None:
+    """The folder of a checkpoint's detector: <checkpoint>/anomaly/ (anomaly.py fit without --detector), or
+    <checkpoint>/anomaly/<name>/, one of several fitted beside the same backbone (one per part type). None when the
+    checkpoint has no detector and none is named; ValueError (one sentence) for a name it does not hold, or for no
+    name where it holds only named ones."""
+    if checkpoint is None:
+        return None
+    root = Path(checkpoint) / ANOMALY_DIR
+    names = detector_names(checkpoint)
+    if name is not None:
+        if (root / check_detector_name(name) / SETTINGS_FILE).is_file():
+            return root / name
+        held = f"it holds {', '.join(names)}" if names else "it holds no named detector"
+        raise ValueError(f"{checkpoint} has no detector {name!r} ({held}); fit it with anomaly.py fit --detector "
+                         f"{name}.")
+    if (root / SETTINGS_FILE).is_file() or not root.is_dir():
+        return root if root.is_dir() else None
+    if names:
+        raise ValueError(f"{checkpoint} holds {len(names)} named detectors ({', '.join(names)}); choose one with "
+                         f"--detector NAME.")
+    return root  # an anomaly/ folder with no settings file: the loader says what is missing

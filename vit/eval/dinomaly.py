@@ -234,10 +234,10 @@ def load_detector(folder: str | Path):
     return load_patchcore(folder)
 
 
-def find_detector(checkpoint: str | Path | None):
-    """The detector anomaly.py fit saved into `checkpoint`/anomaly/ (any method), or None when there is none."""
-    from .anomaly import ANOMALY_DIR
+def find_detector(checkpoint: str | Path | None, name: str | None = None):
+    """The detector anomaly.py fit saved into `checkpoint`/anomaly/ or anomaly/<name>/ (any method;
+    vit.eval.anomaly_settings.detector_folder), or None when there is none."""
+    from .anomaly_settings import detector_folder
 
-    if checkpoint is None or not (Path(checkpoint) / ANOMALY_DIR).is_dir():
-        return None
-    return load_detector(Path(checkpoint) / ANOMALY_DIR)
+    folder = detector_folder(checkpoint, name)
+    return None if folder is None else load_detector(folder)

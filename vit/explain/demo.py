@@ -62,7 +62,7 @@ class Demo:
 
     typed_labels = False  # its classes are the checkpoint's
 
-    def __init__(self, checkpoint: str | Path, top: int = 5) -> None:
+    def __init__(self, checkpoint: str | Path, top: int = 5, detector: str | None = None) -> None:
         self.folder = Path(checkpoint).resolve()
         self.model, self.cfg, self.classes, self.meta = load_checkpoint(checkpoint)
         # data.naflex: each image at its own aspect ratio, patchified (a square tensor was the square path's input,
@@ -71,7 +71,7 @@ class Demo:
         self.naflex_patch = self.cfg.model.patch_size if self.cfg.data.naflex is not None else None
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
-        self.patchcore = find_patchcore(self.folder)  # None: a plain classifier
+        self.patchcore = find_patchcore(self.folder, detector)  # None: a plain classifier
         self.lock = threading.Lock()
 
     def predict(self, data: bytes, name: str = "the upload") -> dict:

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-defects", nargs="+", default=None,
                     help="fit: defective validation images: the threshold is then the F1-optimal one")
     ap.add_argument("--bank", default=None, help="the bank folder (default: <checkpoint>/anomaly)")
+    ap.add_argument("--detector", metavar="NAME", default=None,
+                    help="one of several detectors beside --checkpoint (one per part type): "
+                         "<checkpoint>/anomaly/NAME/, which predict.py and demo.py take by the same --detector NAME")
     ap.add_argument("--ratio", type=float, default=None,
                     help="fit: the share of good patches the coreset keeps (patchcore 0.1, anomalydino 1)")
     ap.add_argument("--max-bank", type=int, default=None,
@@ -90,8 +93,6 @@ def _files(specs: list[str], what: str) -> list[Path]:
 
 
 def main(argv=None) -> int:
-    from pathlib import Path
-
     from vit.cli.args import parse_command
     from vit.cli.images import crop_note
     from vit.cli.outputs import check_writable
@@ -106,9 +107,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--false-alarm-rate must be a share strictly between 0 and 1 (0.01: one good image in 100 "
                           f"flagged), got {args.false_alarm_rate}; leave it out to set the threshold above every good "
                           "--val image.")
-    bank_dir = Path(args.bank) if args.bank else Path(args.checkpoint) / "anomaly" if args.checkpoint else None
-    if bank_dir is None:
-        raise ConfigError("with --model, pass --bank FOLDER: where the bank is written and read.")
+    bank_dir = _bank_dir(args)
     _check_mode_options(args)
     if args.mode == "fit" and (bank_dir / SETTINGS_FILE).is_file() and not args.force:
         raise ConfigError(f"{bank_dir} already holds a fitted detector; pass --force to replace it, or --bank another "
@@ -134,6 +133,30 @@ def main(argv=None) -> int:
     if args.mode == "fit":
         return _fit(args, model, cfg, files, bank_dir)
     return _score(args, model, cfg, files, bank_dir)
+
+
+def _bank_dir(args) -> Path:
+    """Where the detector is written (fit) or read (score): --bank, or <checkpoint>/anomaly/[--detector/]."""
+    from vit.config import ConfigError
+    from vit.eval.anomaly_settings import ANOMALY_DIR, check_detector_name, detector_folder
+
+    if args.detector is not None and not args.checkpoint:
+        raise ConfigError("--detector names a folder under <checkpoint>/anomaly/: pass --checkpoint, or --bank FOLDER "
+                          "with --model.")
+    if args.bank and args.detector is not None:
+        raise ConfigError("--bank is the detector's folder and --detector names one under <checkpoint>/anomaly/; "
+                          "pass one of them.")
+    if args.bank:
+        return Path(args.bank)
+    if not args.checkpoint:
+        raise ConfigError("with --model, pass --bank FOLDER: where the bank is written and read.")
+    try:
+        if args.mode == "fit":
+            root = Path(args.checkpoint) / ANOMALY_DIR
+            return root / check_detector_name(args.detector) if args.detector is not None else root
+        return detector_folder(args.checkpoint, args.detector) or Path(args.checkpoint) / ANOMALY_DIR
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _backbone(args, overrides):

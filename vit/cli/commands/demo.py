@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "or local-dir:/folder), classifying against labels typed on the page")
     ap.add_argument("--labels", default="a photo of a cat, a photo of a dog",
                     help="--clip: the labels the page starts with, separated by commas")
+    ap.add_argument("--detector", metavar="NAME", default=None,
+                    help="--checkpoint: which of its anomaly detectors scores uploads (<checkpoint>/anomaly/NAME/; "
+                         "default: <checkpoint>/anomaly/ itself)")
     ap.add_argument("--port", type=int, default=7860, help="port to listen on (0: any free one)")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on; 0.0.0.0 shows the page to the whole network")
@@ -41,7 +44,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}.")
-    demo = ClipDemo(args.clip, args.labels) if args.clip else Demo(args.checkpoint)
+    if args.detector and args.clip:
+        raise ConfigError("--detector names an anomaly detector of a --checkpoint; a --clip page has none.")
+    demo = ClipDemo(args.clip, args.labels) if args.clip else Demo(args.checkpoint, detector=args.detector)
     try:
         server = make_server(demo, args.host, args.port)
     except OSError as e:  # a port in use or not ours to take; an address this machine does not have or resolve

@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multi-label checkpoints: the probability from which a class is predicted (default: the one "
                          "training chose on its validation split)")
     ap.add_argument("--cam", action="store_true", help="also write each image's attention-rollout overlay")
+    ap.add_argument("--detector", metavar="NAME", default=None,
+                    help="--checkpoint: which of its anomaly detectors scores the images (<checkpoint>/anomaly/NAME/, "
+                         "anomaly.py fit --detector NAME; default: <checkpoint>/anomaly/ itself)")
     ap.add_argument("--out", default="predictions", help="output folder")
     return ap
 
@@ -116,6 +119,9 @@ def main(argv=None) -> int:
     from vit.cli.outputs import OutputLock, check_writable
 
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.detector is not None and not args.checkpoint:
+        raise ValueError("--detector names one of a --checkpoint's anomaly detectors (<checkpoint>/anomaly/NAME/); "
+                         "an --onnx export carries the one it was exported with.")
     if args.onnx:
         from vit.cli.predict_outputs import main_onnx
 
@@ -168,7 +174,7 @@ def _predict(args, overrides) -> int:
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, "predict.py")
     if note:
         print(note, file=sys.stderr)
-    patchcore = find_detector(args.checkpoint)  # <checkpoint>/anomaly/ from anomaly.py fit (any method), else None
+    patchcore = find_detector(args.checkpoint, args.detector)  # <checkpoint>/anomaly/[NAME/] (any method), or None
     workers = resolve_workers(cfg.data.num_workers) if args.num_workers is None else args.num_workers
     result = predict_images(model, cfg, classes, paths, args.topk, threshold, args.batch_size, workers, patchcore,
                             make_accelerator())
