@@ -521,6 +521,24 @@ def test_an_anomaly_checkpoint_adds_the_score_verdict_and_map(anomaly_checkpoint
     assert "anomaly" not in Demo(checkpoint).predict(image.read_bytes())  # a plain classifier: no anomaly part
 
 
+def test_a_dinomaly_detector_scores_uploads_as_its_own_scores(checkpoint, image, tmp_path):
+    """A Dinomaly model in <checkpoint>/anomaly/: the demo's score and map are the detector's own."""
+    from vit.data.transforms import build_transform
+    from vit.eval.dinomaly import Dinomaly, save_dinomaly
+    from vit.explain.demo import Demo
+    from vit.models.checkpoint import load_checkpoint
+
+    folder = tmp_path / "best"
+    shutil.copytree(checkpoint, folder)
+    torch.manual_seed(0)
+    save_dinomaly(folder / "anomaly", det := Dinomaly(32, 2, (0, 1), threshold=0.05))
+    answer = Demo(folder).predict(image.read_bytes(), image.name)["anomaly"]
+    model, cfg, _, _ = load_checkpoint(folder)
+    score, heat = det.score(model.eval(), build_transform(cfg.aug, 32, train=False).load(image)[None])
+    assert answer["score"] == pytest.approx(float(score[0]), rel=1e-5) and answer["threshold"] == 0.05
+    check_overlay(decode_overlay(answer["overlay"]), heat[0].numpy())
+
+
 @pytest.mark.slow
 def test_the_page_shows_the_anomaly_map_and_verdict_of_an_anomaly_checkpoint(anomaly_checkpoint, image, tmp_path):
     from selenium.webdriver.common.by import By

@@ -1,6 +1,8 @@
 """A local demo page: drop an image, see the model's top-5 (top-K for K < 5 classes) and where it looked
-(attention rollout); for an anomaly checkpoint (anomaly.py fit wrote <checkpoint>/anomaly/) also its anomaly
-score, verdict and heat map (PatchCore's patch distances, `vit.eval.anomaly`), drawn as the rollout overlay is.
+(attention rollout); for an anomaly checkpoint (anomaly.py fit wrote <checkpoint>/anomaly/, or anomaly/NAME/ for
+demo.py --detector NAME) also its anomaly score, verdict and heat map (any of the methods: PatchCore's or
+AnomalyDINO's patch distances, `vit.eval.anomaly`, or Dinomaly's reconstruction error), drawn as the rollout
+overlay is.
 
 One HTML page of our own (no JavaScript library, no Gradio) served by the standard library's http.server:
 the page POSTs the chosen file's bytes to /predict with fetch(); the answer is JSON with the top-5 classes and
@@ -44,7 +46,7 @@ from ..data.datasets import image_transform
 from ..data.decode import BadImageError
 from ..data.naflex import as_picture, collate_naflex
 from ..data.transforms import build_transform
-from ..eval.anomaly import find_patchcore
+from ..eval.dinomaly import find_detector
 from ..eval.plots import overlay_image, to_display
 from ..models.checkpoint import load_checkpoint
 from .rollout import attention_maps
@@ -71,7 +73,7 @@ class Demo:
         self.naflex_patch = self.cfg.model.patch_size if self.cfg.data.naflex is not None else None
         self.top = min(top, len(self.classes))
         self.multi_label = bool(self.cfg.data.labels_file)  # trained on label sets: a sigmoid per class, as predict.py
-        self.patchcore = find_patchcore(self.folder, detector)  # None: a plain classifier
+        self.patchcore = find_detector(self.folder, detector)  # any method of anomaly.py; None: a plain classifier
         self.lock = threading.Lock()
 
     def predict(self, data: bytes, name: str = "the upload") -> dict:
