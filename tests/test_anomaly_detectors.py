@@ -107,3 +107,27 @@ def test_a_detector_name_that_is_not_there_or_not_a_name_is_one_sentence(two_par
     assert not (tmp_path / "p").exists()
     with pytest.raises(ValueError, match=r"^--detector names one of a --checkpoint's anomaly detectors"):
         import_script("predict").main(["--onnx", str(tmp_path / "model.onnx"), "--detector", "weave", "x.png"])
+
+
+def test_a_detector_fitted_on_tiles_is_refused_where_images_are_read_whole(two_parts, tmp_path):
+    """predict.py, the demo and export read each image whole; a detector of tiles (anomaly.py fit --tile) would be
+    judged by a threshold of tiles there, so it is one sentence instead of silently wrong verdicts."""
+    import json
+    import shutil
+
+    from vit.eval.anomaly import find_patchcore
+    from vit.eval.dinomaly import find_detector
+    from vit.explain.demo import Demo
+
+    ck = tmp_path / "ck"
+    shutil.copytree(two_parts / "ck", ck, ignore=shutil.ignore_patterns("anomaly"))
+    from helpers import import_script
+
+    assert import_script("anomaly").main(["fit", "--checkpoint", str(ck), "--good", str(two_parts / "weave" / "good"),
+                                          "--ratio", "0.5", "--tile", "32"]) == 0
+    assert json.loads((ck / "anomaly" / "patchcore.json").read_text())["tile"] == 32
+    for read in (find_detector, find_patchcore, Demo):
+        with pytest.raises(ValueError, match=r"was fitted on 32 x 32 tiles of images at their own scale, and this "
+                                             r"reads each image whole, where its threshold does not hold; score with "
+                                             r"anomaly\.py score"):
+            read(ck)

@@ -33,7 +33,14 @@ import torch.nn.functional as F
 
 from ..layers.naflex import grid_sizes
 from ..utils.atomic import atomic_write_bytes, atomic_write_text
-from .anomaly_settings import ANOMALY_DIR, SETTINGS_FILE, check_threshold, detector_folder, read_settings
+from .anomaly_settings import (
+    ANOMALY_DIR,
+    SETTINGS_FILE,
+    check_threshold,
+    check_whole_images,
+    detector_folder,
+    read_settings,
+)
 from .inference import ImageFiles, batch_of
 
 __all__ = ["middle_layers", "backbone_layers", "feature_grid", "patch_features", "PatchFeatures", "random_projection",
@@ -309,4 +316,4 @@ def find_patchcore(checkpoint: str | Path | None, name: str | None = None) -> Pa
     or None when there is none (a plain classifier checkpoint); a folder that is there but broken is
     load_patchcore's one sentence."""
     folder = detector_folder(checkpoint, name)
-    return None if folder is None else load_patchcore(folder)
+    return None if folder is None else load_patchcore(check_whole_images(folder))

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 __all__ = ["SETTINGS_FILE", "MAX_SETTINGS_BYTES", "METHOD_NAMES", "ANOMALY_DIR", "check_threshold", "read_settings",
-           "detector_folder", "detector_names", "check_detector_name"]
+           "detector_folder", "detector_names", "check_detector_name", "check_whole_images"]
 
 SETTINGS_FILE = "patchcore.json"
 ANOMALY_DIR = "anomaly"  # <checkpoint>/anomaly/: where fit writes a detector, and predict.py and demo.py look for it
@@ -113,3 +113,17 @@ def detector_folder(checkpoint: str | Path | None, name: str | None = None) -> P
         raise ValueError(f"{checkpoint} holds {len(names)} named detectors ({', '.join(names)}); choose one with "
                          f"--detector NAME.")
     return root  # an anomaly/ folder with no settings file: the loader says what is missing
+
+
+def check_whole_images(folder: Path) -> Path:
+    """`folder`, when its detector scores whole images: one fitted with --tile (its bank, model and threshold are of
+    tiles at the images' own scale) is a ValueError of one sentence, as predict.py, demo.py and export.py read every
+    image whole and its threshold would not hold for them."""
+    if not (folder / SETTINGS_FILE).is_file():  # nothing fitted there: the loader says what is missing
+        return folder
+    tile = read_settings(folder / SETTINGS_FILE, "rebuild it with anomaly.py fit").get("tile")
+    if tile is not None:
+        raise ValueError(f"the detector in {folder} was fitted on {tile} x {tile} tiles of images at their own scale, "
+                         "and this reads each image whole, where its threshold does not hold; score with anomaly.py "
+                         "score (which tiles as fitted), or fit a detector without --tile.")
+    return folder

@@ -237,7 +237,7 @@ def load_detector(folder: str | Path):
 def find_detector(checkpoint: str | Path | None, name: str | None = None):
     """The detector anomaly.py fit saved into `checkpoint`/anomaly/ or anomaly/<name>/ (any method;
     vit.eval.anomaly_settings.detector_folder), or None when there is none."""
-    from .anomaly_settings import detector_folder
+    from .anomaly_settings import check_whole_images, detector_folder
 
     folder = detector_folder(checkpoint, name)
-    return None if folder is None else load_detector(folder)
+    return None if folder is None else load_detector(check_whole_images(folder))
