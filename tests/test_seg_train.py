@@ -4,6 +4,7 @@ reloads to the same logits; the seg: section's refusals; the task's losses again
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,6 +76,7 @@ def test_train_py_segmentation_run_saves_backbone_and_head(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert len(list((tmp_path / "pred" / "masks").glob("*.png"))) == 3
     assert "area_pct_square" in (tmp_path / "pred" / "segmentation.csv").read_text()
+    _demo_shows_predict_pys_masks(out / "seg" / "best", tmp_path / "pred")
     pytest.importorskip("onnxruntime")
     r = run_script("export.py", "--checkpoint", str(out / "seg" / "best"), "--format", "onnx", "--out",
                    str(tmp_path / "onnx"), "--quantize", "int8", "--int8-method", "dynamic", "--max-drop", "100")
@@ -145,3 +147,32 @@ def test_losses_against_formulas():
     assert both == pytest.approx(want_ce.item() + 1 - dice.mean().item(), rel=1e-6)
     with pytest.raises(ValueError, match="unknown segmentation loss"):
         seg_loss(logits, target, "focal")
+
+
+def _demo_shows_predict_pys_masks(checkpoint, pred):
+    """demo.py's page for a segmentation checkpoint: each class's share and the tinted picture of an upload are
+    predict.py's areas and overlay of the same file (the picture enlarged by whole pixels)."""
+    import base64
+    import csv
+    import io
+
+    from vit.cli.commands.demo import _is_segmentation
+    from vit.explain.demo import make_server
+    from vit.explain.seg_demo import SegDemo
+
+    assert _is_segmentation(str(checkpoint))
+    demo = SegDemo(checkpoint)
+    rows = list(csv.DictReader((pred / "segmentation.csv").open()))
+    for row in rows:
+        answer = demo.predict(Path(row["path"]).read_bytes(), row["path"])
+        shares = {t["label"]: 100 * t["prob"] for t in answer["top"]}
+        assert shares == pytest.approx({c: float(row[f"area_pct_{c}"]) for c in ("square", "disc")}, abs=1e-3)
+        picture = np.array(Image.open(io.BytesIO(base64.b64decode(answer["overlay"].split(",", 1)[1]))))
+        k = picture.shape[1] // 32
+        assert k >= 7 and answer["size"] == [32 * k, 32 * k]
+        want = np.array(Image.open(pred / "overlays" / Path(row["mask"]).name))
+        np.testing.assert_array_equal(picture[::k, ::k], want)
+    server = make_server(demo, "127.0.0.1", 0)
+    server.server_close()
+    assert b"share of the image" in server.RequestHandlerClass.page and b"classes, tinted" in \
+        server.RequestHandlerClass.page

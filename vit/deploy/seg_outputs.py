@@ -11,17 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from ..data.decode import BadImageError, decode_image
+from ..data.mask_colours import class_palette, tint_mask
 from ..utils.atomic import atomic_write_bytes, atomic_write_csv
 
 __all__ = ["class_palette", "write_seg_outputs"]
-
-
-def class_palette(n: int) -> np.ndarray:
-    """(n, 3) uint8 colours: black for class 0 (background), then well-separated hues."""
-    import colorsys
-
-    hues = [colorsys.hsv_to_rgb((0.61803 * i) % 1.0, 0.85, 1.0) for i in range(max(n - 1, 0))]
-    return np.array([(0, 0, 0), *[tuple(int(255 * c) for c in h) for h in hues]], np.uint8)[:n]
 
 
 def _png(array: np.ndarray, palette: np.ndarray | None = None) -> bytes:
@@ -53,9 +46,7 @@ def write_seg_outputs(segment: Callable[[np.ndarray], np.ndarray], classes: list
         mask = np.asarray(segment(image)).astype(np.uint8)
         name = f"{i:04d}_{Path(path).stem}.png"
         atomic_write_bytes(out_dir / "masks" / name, _png(mask, palette))
-        tint = palette[mask].astype(np.float64)
-        blend = np.where(mask[..., None] > 0, (1 - alpha) * image + alpha * tint, image)
-        atomic_write_bytes(out_dir / "overlays" / name, _png(np.clip(blend, 0, 255).astype(np.uint8)))
+        atomic_write_bytes(out_dir / "overlays" / name, _png(tint_mask(image, mask, palette, alpha)))
         counts = np.bincount(mask.ravel(), minlength=len(classes))
         row = {"path": str(path), "mask": f"masks/{name}", "width": image.shape[1], "height": image.shape[0]}
         for c, name_c in enumerate(classes[1:], start=1):

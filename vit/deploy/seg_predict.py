@@ -12,26 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
-from ..eval.segmentation import normalised, sliding_logits
+from ..eval.segmentation import segment_image
 from .seg_outputs import class_palette, write_seg_outputs
 
 __all__ = ["class_palette", "segment_image", "predict_seg_images"]
-
-
-@torch.no_grad()
-def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None) -> np.ndarray:
-    """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows)."""
-    x = normalised(image, mean, std)[None]  # (1, 3, H, W)
-    H, W = image.shape[:2]
-    if max(H, W) > img_size:
-        logits = sliding_logits(model, x, window or img_size)
-    else:
-        small = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
-        logits = F.interpolate(model(small), size=(H, W), mode="bilinear", align_corners=False)
-    return logits.argmax(1)[0]
 
 
 def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_dir: Path,

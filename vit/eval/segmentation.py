@@ -1,6 +1,6 @@
 """Segmentation metrics and inference: the confusion over classes (pixels of the ignore index left out), and from it
 per-class IoU, mIoU, Dice and pixel accuracy; the pixel AUROC of a class's probability; sliding-window logits for
-images larger than the model's input.
+images larger than the model's input, and one image's classes by them (`segment_image`: predict.py and the demo).
 
 With C[t, p] the number of pixels of true class t predicted p:
     IoU_c = C[c, c] / (sum_p C[c, p] + sum_t C[t, c] - C[c, c])
@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts", "sliding_logits", "predict_masks",
-           "evaluate_segmentation"]
+__all__ = ["segment_image", "confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts", "sliding_logits",
+           "predict_masks", "evaluate_segmentation"]
 
 IGNORE_INDEX = 255
 
@@ -148,3 +148,16 @@ def _eval_transform(cfg):
     from ..data.segmentation import seg_transform
 
     return seg_transform(cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)
+
+
+@torch.no_grad()
+def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None) -> np.ndarray:
+    """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows)."""
+    x = normalised(image, mean, std)[None]  # (1, 3, H, W)
+    H, W = image.shape[:2]
+    if max(H, W) > img_size:
+        logits = sliding_logits(model, x, window or img_size)
+    else:
+        small = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+        logits = F.interpolate(model(small), size=(H, W), mode="bilinear", align_corners=False)
+    return logits.argmax(1)[0]

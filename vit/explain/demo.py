@@ -63,6 +63,7 @@ class Demo:
     """A checkpoint ready to classify uploaded image bytes: top-5 and the rollout overlay."""
 
     typed_labels = False  # its classes are the checkpoint's
+    caption = "attention rollout"
 
     def __init__(self, checkpoint: str | Path, top: int = 5, detector: str | None = None) -> None:
         self.folder = Path(checkpoint).resolve()
@@ -139,6 +140,7 @@ class ClipDemo:
     `labels`: the label set the page starts with."""
 
     typed_labels = True
+    caption = "attention rollout"
 
     def __init__(self, name: str, labels: str = "", top: int = 5) -> None:
         from ..config import AugConfig
@@ -275,8 +277,9 @@ def make_server(demo: Demo | ClipDemo, host: str = "127.0.0.1", port: int = 7860
     seconds a socket may wait for the next bytes of a request (or for the client to take the answer)."""
     typed = getattr(demo, "typed_labels", False)
     box = LABELS.replace("{{LABELS}}", _escape(demo.labels).replace('"', "&quot;")) if typed else ""
-    page = PAGE.replace("{{TITLE}}", _escape(demo.title())).replace("{{TOP}}", str(demo.top)) \
-        .replace("{{LABELBOX}}", box).encode()
+    page = PAGE.replace("{{TITLE}}", _escape(demo.title())) \
+        .replace("{{LABELBOX}}", box).replace("{{CAPTION}}", demo.caption) \
+        .replace("{{HEADING}}", getattr(demo, "heading", f"top-{demo.top}")).encode()
 
     handler = type("Handler", (_Handler,), dict(demo=demo, page=page, typed=typed, timeout=timeout))
     return _Server((host, port), handler)
@@ -326,9 +329,9 @@ PAGE = """<!doctype html>
 {{LABELBOX}}<div id="status"></div>
 <div class="row">
  <figure><img id="input" alt="your image"><figcaption>your image</figcaption></figure>
- <figure><img id="overlay" alt="attention rollout overlay"><figcaption>attention rollout</figcaption></figure>
+ <figure><img id="overlay" alt="attention rollout overlay"><figcaption>{{CAPTION}}</figcaption></figure>
  <figure id="anomaly-fig" hidden><img id="anomaly" alt="anomaly map"><figcaption id="verdict"></figcaption></figure>
- <div id="result"><b>top-{{TOP}}</b><ol id="top5"></ol></div>
+ <div id="result"><b>{{HEADING}}</b><ol id="top5"></ol></div>
 </div>
 <script>
 const status = document.getElementById("status");

@@ -46,7 +46,17 @@ def main(argv=None) -> int:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}.")
     if args.detector and args.clip:
         raise ConfigError("--detector names an anomaly detector of a --checkpoint; a --clip page has none.")
-    demo = ClipDemo(args.clip, args.labels) if args.clip else Demo(args.checkpoint, detector=args.detector)
+    if args.clip:
+        demo = ClipDemo(args.clip, args.labels)
+    elif _is_segmentation(args.checkpoint):
+        from vit.explain.seg_demo import SegDemo
+
+        if args.detector:
+            raise ConfigError("--detector names an anomaly detector; a segmentation checkpoint's page shows its "
+                              "classes' masks.")
+        demo = SegDemo(args.checkpoint)
+    else:
+        demo = Demo(args.checkpoint, detector=args.detector)
     try:
         server = make_server(demo, args.host, args.port)
     except OSError as e:  # a port in use or not ours to take; an address this machine does not have or resolve
@@ -65,3 +75,17 @@ def main(argv=None) -> int:
 def interrupt_note() -> str:
     """What Ctrl-C leaves (vit.cli.runtime.run_cli says it in one line)."""
     return "the demo stopped; nothing was written"
+
+
+def _is_segmentation(checkpoint: str) -> bool:
+    """Whether the checkpoint's config.yaml says data.dataset=segmentation (anything unreadable: no, and the
+    classifier's loader says what is wrong)."""
+    from pathlib import Path
+
+    from vit.config import read_yaml
+
+    try:
+        data = read_yaml(Path(checkpoint) / "config.yaml").get("data") or {}
+    except Exception:  # noqa: BLE001 (the loader reports it)
+        return False
+    return isinstance(data, dict) and data.get("dataset") == "segmentation"
