@@ -5,6 +5,7 @@ and refused in one sentence past it, and a missing package, model.xml or model.b
 
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -50,6 +51,16 @@ def ov_export(tmp_path_factory):
     return tmp, imgs
 
 
+def _openvino_only(exp, dest):
+    """The files a device that runs OpenVINO alone receives: model.xml/.bin, preprocessing.json and, for an anomaly
+    checkpoint, anomaly/ without features.onnx; so a predictor that read an ONNX file would fail there."""
+    for f in [exp / n for n in ("model.xml", "model.bin", "preprocessing.json")] + [
+            f for f in (exp / "anomaly").glob("*") if f.suffix != ".onnx"]:
+        (dest / f.relative_to(exp)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest / f.relative_to(exp))
+    return dest
+
+
 def _images(exp, imgs) -> np.ndarray:
     """The readable test images through the export's reference preprocessing: (N, 3, 32, 32) float32."""
     pre = ReferencePreprocessing.from_dict(read_preprocessing(exp / "preprocessing.json"))
@@ -83,7 +94,8 @@ def test_predict_openvino_without_torch_writes_the_onnx_rows(ov_export, tmp_path
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(NO_TORCH)
-    r = run_script("predict.py", "--openvino", str(tmp / "exp"), str(imgs), "--out", str(tmp_path / "ov"), "--topk",
+    ov_only = _openvino_only(tmp / "exp", tmp_path / "ov_only")
+    r = run_script("predict.py", "--openvino", str(ov_only), str(imgs), "--out", str(tmp_path / "ov"), "--topk",
                    "10", env={"PYTHONPATH": f"{shim}:{ROOT}"})
     assert r.returncode == 0, r.stderr
     assert "OpenVINO" in r.stdout
@@ -182,7 +194,7 @@ def test_anomaly_features_and_scores_on_openvino_equal_onnx_runtime_and_pytorch(
     s_ov, s_ort = ov.score(x.numpy())[0], ort.score(x.numpy())[0]
     assert np.abs(s_ov - ref.double().numpy()).max() <= 1e-4 and np.abs(s_ov - s_ort).max() <= 1e-4
     predict = import_script("predict")
-    for flag, src in (("--onnx", exp / "model.onnx"), ("--openvino", exp)):
+    for flag, src in (("--onnx", exp / "model.onnx"), ("--openvino", _openvino_only(exp, tmp_path / "ov_only"))):
         assert predict.run_onnx([flag, str(src), str(tmp / "test"), "--out", str(tmp_path / flag)]) == 0
     a, b = _rows(tmp_path / "--onnx" / "predictions.csv"), _rows(tmp_path / "--openvino" / "predictions.csv")
     assert len(a) == 6 and [r["verdict"] for r in a] == [r["verdict"] for r in b]
