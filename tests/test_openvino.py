@@ -1,7 +1,8 @@
 """export.py --format openvino and predict.py --openvino (vit/deploy/openvino_ir.py, openvino_int8.py): the IR's
 logits against ONNX Runtime's and PyTorch's on the same images (1e-4), the anomaly feature model and scores too,
-predict.py --openvino's rows (torch not importable) against --onnx's, NNCF INT8 within its budget (recomputed here)
-and refused in one sentence past it, and a missing package, model.xml or model.bin as one sentence."""
+predict.py --openvino's rows (torch and onnxruntime not importable) against --onnx's, NNCF INT8 within its budget
+(recomputed here) and refused in one sentence past it, and a missing package, model.xml or model.bin as one
+sentence."""
 
 import importlib.util
 import json
@@ -93,7 +94,9 @@ def test_predict_openvino_without_torch_writes_the_onnx_rows(ov_export, tmp_path
                              "--topk", "10"]) == 0
     shim = tmp_path / "shim"
     shim.mkdir()
-    (shim / "sitecustomize.py").write_text(NO_TORCH)
+    no_ort = NO_TORCH.replace('"yaml")', '"yaml", "onnxruntime", "onnx", "nncf")')  # OpenVINO alone
+    assert no_ort != NO_TORCH
+    (shim / "sitecustomize.py").write_text(no_ort)
     ov_only = _openvino_only(tmp / "exp", tmp_path / "ov_only")
     r = run_script("predict.py", "--openvino", str(ov_only), str(imgs), "--out", str(tmp_path / "ov"), "--topk",
                    "10", env={"PYTHONPATH": f"{shim}:{ROOT}"})
