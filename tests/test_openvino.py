@@ -17,6 +17,7 @@ from test_anomaly import anomaly_checkpoint  # noqa: F401 (the anomaly export te
 from test_onnx_predict import NO_TORCH, TINY, _rows
 
 from vit.config import load_config
+from vit.deploy.export_folder import Int8Request, quantized_openvino
 from vit.deploy.int8 import LabelledImages
 from vit.deploy.onnx_anomaly import OnnxPatchCore
 from vit.deploy.openvino_int8 import OpenVinoModel, openvino_speed, quantize_openvino
@@ -154,6 +155,14 @@ def test_nncf_int8_over_a_tiny_budget_is_one_sentence_and_no_loadable_file(ov_ex
     assert "\n" not in msg and msg.startswith("NNCF INT8 loses ") and msg.endswith("over the budget of 0.")
     assert not (tmp_path / "model.int8.xml").exists() and (tmp_path / "model.int8.xml.rejected").is_file()
     assert (tmp_path / "model.int8.bin.rejected").is_file()
+    # export.py's step (vit.deploy.export_folder): the same refusal names what to do and moves the attempt into --out
+    staging, out = tmp_path / "staging", tmp_path / "out"
+    staging.mkdir(), out.mkdir()
+    with pytest.raises(QuantizeError) as e:
+        quantized_openvino(Int8Request(max_drop=0.0), model, data, "top1", {"onnx": exp / "model.onnx", "openvino":
+                           exp / "model.xml"}, staging, out, None, print)
+    assert "\n" not in str(e.value) and str(e.value).endswith("raise --max-drop or keep the fp32 model.xml.")
+    assert sorted(p.name for p in out.iterdir()) == ["model.int8.bin.rejected", "model.int8.xml.rejected"]
 
 
 def test_a_missing_package_model_xml_or_bin_is_one_sentence(ov_export, tmp_path, capsys, monkeypatch):
