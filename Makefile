@@ -13,7 +13,7 @@ XDIST := $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadfile)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export,wds,hf,track,peft]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,export,openvino,wds,hf,track,peft]'
 	touch $(STAMP)
 
 setup: $(STAMP)

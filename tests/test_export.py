@@ -45,7 +45,7 @@ def test_export_script_default_digits_checkpoint_every_format(tmp_path, capsys):
     assert _load_script("export.py").main(["--checkpoint", str(tmp_path / "ck"), "--format", "all", "--out",
                                             str(out)]) == 0
     stdout = capsys.readouterr().out
-    assert stdout.count(": ok") == 3 and "digits validation split" in stdout
+    assert stdout.count(": ok") == len(FORMATS) and "digits validation split" in stdout
     pre = json.loads((out / "preprocessing.json").read_text())
     assert pre["input_size"] == [1, 64, 64] and pre["interpolation"] == "bicubic" and pre["crop_pct"] == 1.0
     assert pre["mean"] == [0.5] and pre["label_names"] == [str(i) for i in range(10)]

@@ -30,6 +30,8 @@ def add_model_source(ap: argparse.ArgumentParser, img_size_help: str = "input si
                      "local-dir:/folder): its weights by name, or with --weights those of a file")
     if onnx:
         src.add_argument("--onnx", help="a model.onnx written by export.py (preprocessing.json beside it); no torch")
+        src.add_argument("--openvino", metavar="PATH", help="a model.xml written by export.py --format openvino, or "
+                         "its folder: the same rows as --onnx, on OpenVINO's CPU runtime; no torch")
     if clip:
         src.add_argument("--clip", metavar="NAME", help="a CLIP / SigLIP model (hf-hub:org/repo, local-dir:/folder) "
                          "classifying zero-shot into --classes")
@@ -54,8 +56,8 @@ def add_zero_shot_inputs(ap: argparse.ArgumentParser, classes_note: str = "") ->
 
 def check_model_source(args: argparse.Namespace) -> None:
     """One sentence (ValueError) for --pretrained, --weights or --img-size without --model; sets
-    args.pretrained for a --model without --weights. An --onnx file is checked by the ONNX predictor."""
-    if getattr(args, "onnx", None) or getattr(args, "clip", None):
+    args.pretrained for a --model without --weights. An --onnx (--openvino) file is checked by the ONNX predictor."""
+    if getattr(args, "onnx", None) or getattr(args, "openvino", None) or getattr(args, "clip", None):
         return
     if args.checkpoint:
         given = [f"--{k.replace('_', '-')}" for k in ("pretrained", "weights", "img_size") if getattr(args, k, None)]

@@ -16,7 +16,7 @@ from vit.utils.untrusted_text import printable
 from .images import collect_images, crop_note
 from .outputs import OutputLock, check_writable, new_staging, publish
 
-__all__ = ["OWNED", "write_outputs", "summary", "main_onnx", "segmenter_folder"]
+__all__ = ["OWNED", "write_outputs", "summary", "main_onnx", "openvino_model", "segmenter_folder"]
 
 # what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
 OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
@@ -61,16 +61,33 @@ def _locked_inputs(args):
         yield paths, skipped
 
 
+def openvino_model(path: str) -> Path:
+    """--openvino's model.xml: the path itself, or model.xml in the folder it names; one sentence otherwise."""
+    from vit.deploy.openvino_ir import OPENVINO_FILE, require_openvino
+
+    p = Path(path)
+    xml = p / OPENVINO_FILE if p.is_dir() else p
+    if not xml.is_file() or xml.suffix != ".xml":
+        where = f"{p} has no {OPENVINO_FILE}" if p.is_dir() else f"{p} is not an OpenVINO model.xml"
+        raise ValueError(f"{where}; export one with export.py --format openvino, or pass its model.xml.")
+    require_openvino("predict.py --openvino")
+    return xml
+
+
 def main_onnx(args) -> int:
-    """--onnx: vit.deploy.predictions.predict_onnx_images, the same files as main(); no torch imported."""
+    """--onnx (ONNX Runtime) or --openvino (OpenVINO's CPU runtime): vit.deploy.predictions.predict_onnx_images, the
+    same files as main(); no torch imported."""
     from vit.deploy.onnx_predict import OnnxClassifier
     from vit.deploy.predictions import check_threshold, predict_onnx_images
 
+    flag = "--openvino" if getattr(args, "openvino", None) else "--onnx"
     unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
                    if getattr(args, k)]
     if unsupported:
-        raise ValueError(f"{unsupported[0]} does not apply to --onnx (the export fixes model and preprocessing); "
+        raise ValueError(f"{unsupported[0]} does not apply to {flag} (the export fixes model and preprocessing); "
                          "drop it, or use --checkpoint.")
+    if flag == "--openvino":
+        args.onnx = str(openvino_model(args.openvino))  # the same predictor; the file's suffix picks the runtime
     for name in ("topk", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
@@ -80,7 +97,7 @@ def main_onnx(args) -> int:
     check_threshold(args.threshold, clf.threshold is not None)
     with _locked_inputs(args) as (paths, skipped):
         result = predict_onnx_images(args.onnx, paths, args.batch_size or 32, args.topk, args.threshold, clf)
-        note = crop_note(clf.preprocess.size / clf.preprocess.resize, "predict.py --onnx",
+        note = crop_note(clf.preprocess.size / clf.preprocess.resize, f"predict.py {flag}",
                          "export again with --aug.eval_crop_pct=1.0")
         if note:  # once the run is on: a refusal stays one line
             print(note, file=sys.stderr)
@@ -90,7 +107,7 @@ def main_onnx(args) -> int:
         if written is None:
             raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                              f"{dest}/skipped.csv.")
-    summary(result.rows, "ONNX Runtime", result.seconds, len(paths), skipped, dest)
+    summary(result.rows, clf.runtime, result.seconds, len(paths), skipped, dest)
     print(printable(f"wrote {written}"))
     return 0
 

@@ -1,5 +1,5 @@
-"""Ship a classifier to a runtime without this code: ONNX, TorchScript or a `torch.export` program, each
-checked against the PyTorch model right after it is written.
+"""Ship a classifier to a runtime without this code: ONNX, OpenVINO IR, TorchScript or a `torch.export` program,
+each checked against the PyTorch model right after it is written.
 
     wrapper = ExportableClassifier(model)                  # images (B, 3, H, W) -> logits (B, num_classes)
     path = export_model(wrapper, "onnx", out_dir, example, dynamic_img_size=True)
@@ -13,8 +13,10 @@ patch grid against the configured grid; an exporter would freeze that choice at 
 `ExportableClassifier` always resamples (bicubic, antialiased, as `resample_abs_pos_embed`; at the configured
 size the resampling is the identity). ONNX goes through PyTorch's
 current exporter (`torch.onnx.export(..., dynamo=True)`) at opset 23, whose `Attention` operator carries
-`F.scaled_dot_product_attention` as one node. TorchScript is traced (`torch.jit.trace`): scripting the model
-would compile the attention layer's error messages, which TorchScript's compiler does not accept.
+`F.scaled_dot_product_attention` as one node; OpenVINO IR is that ONNX file converted (vit/deploy/openvino_ir.py:
+fp32 weights, run with f32 precision), the node becoming OpenVINO's ScaledDotProductAttention. TorchScript is
+traced (`torch.jit.trace`): scripting the model would compile the attention layer's error messages, which
+TorchScript's compiler does not accept.
 
 A NaFlex model (vit.layers.naflex) goes through `ExportableNaFlexClassifier`: inputs `patches` (B, N, P*P*C),
 `patch_coord` (B, N, 2) and `patch_valid` (B, N), batch and sequence length both dynamic. Its positions are
@@ -38,13 +40,15 @@ from torch import nn
 from ..layers import key_padding_mask
 from ..models.vision_transformer import VisionTransformer
 from ..utils.atomic import atomic_write_text
+from .openvino_ir import FEATURES_XML, convert_onnx, require_openvino
 from .session import open_session
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "ExportableNaFlexClassifier", "export_model",
            "load_exported", "verify", "preprocessing", "write_preprocessing", "require_onnx", "fingerprint",
-           "export_patchcore"]
+           "export_patchcore", "check_patchcore"]
 
-FORMATS = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "exported-program": "model.pt2"}
+FORMATS = {"onnx": "model.onnx", "openvino": "model.xml", "torchscript": "model.torchscript.pt",
+           "exported-program": "model.pt2"}  # openvino: model.xml with its weights in model.bin
 ONNX_OPSET = 23  # the first opset with an Attention operator (SDPA as one node)
 
 
@@ -160,16 +164,23 @@ def export_model(wrapper: ExportableClassifier | ExportableNaFlexClassifier, fmt
             example = example.repeat(2, 1, 1, 1)
         args, names = (example,), ["x"]
     with torch.no_grad():
-        if fmt == "onnx":
+        if fmt in ("onnx", "openvino"):  # OpenVINO IR: the ONNX file converted
             require_onnx()
+            if fmt == "openvino":
+                require_openvino()
             program = torch.onnx.export(wrapper, args, dynamo=True, dynamic_shapes=dynamic,
                                         input_names=names, output_names=["logits"], opset_version=ONNX_OPSET,
                                         verbose=False)
-            program.save(str(tmp))
+            program.save(str(tmp.with_suffix(".onnx")))
         elif fmt == "torchscript":
             torch.jit.save(torch.jit.trace(wrapper, args, check_trace=False), str(tmp))
         else:
             torch.export.save(torch.export.export(wrapper, args, dynamic_shapes=dynamic), str(tmp))
+    if fmt == "openvino":
+        try:
+            return convert_onnx(tmp.with_suffix(".onnx"), path)  # written atomically, model.bin first
+        finally:
+            tmp.with_suffix(".onnx").unlink(missing_ok=True)
     tmp.replace(path)
     return path
 
@@ -191,8 +202,8 @@ def load_exported(path: str | Path, fmt: str):
     """The exported file as a function: float32 images (B, C, H, W) tensor -> logits tensor, on the CPU; for a
     NaFlex model, a batch dict -> logits."""
     path = str(path)
-    if fmt == "onnx":
-        require_onnx()
+    if fmt in ("onnx", "openvino"):  # a .xml opens on OpenVINO's CPU runtime (vit/deploy/session.py)
+        require_onnx() if fmt == "onnx" else require_openvino()
         session = open_session(path)
         name = session.get_inputs()[0].name
 
@@ -308,12 +319,13 @@ def write_preprocessing(out_dir: str | Path, info: dict) -> Path:
 
 @torch.no_grad()
 def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches: list[torch.Tensor],
-                     preprocessing_json: str | Path, atol: float = 1e-4) -> dict:
+                     preprocessing_json: str | Path, atol: float = 1e-4, openvino: bool = False) -> dict:
     """An anomaly checkpoint's PatchCore (`vit.eval.anomaly`) for the torch-free predictor, in `out_dir`:
     features.onnx, a separate model from images to the patch features the bank holds (B, h*w, F), whose first
     output is that; bank.npy, the bank as a plain float32 array; patchcore.json, its settings with the grid. The
     scores of vit/deploy/onnx_anomaly.py on `batches` (read with `preprocessing_json`, the classifier's) must
-    equal PatchCore.score's within `atol`, else ExportError. -> the check's numbers."""
+    equal PatchCore.score's within `atol`, else ExportError. `openvino`: also features.xml (its OpenVINO IR), checked
+    the same way. -> {"onnx": the check's numbers, "openvino": its}."""
     import numpy as np
 
     from ..eval.anomaly import PatchFeatures
@@ -336,17 +348,30 @@ def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches:
                     bank_size=len(pc.bank), output="patch_features (B, h*w, F); score = the mean of the top_share "
                     "highest patches' distances to their nearest bank row (the highest when 0)")
     atomic_write_text(out_dir / SETTINGS, json.dumps(settings, indent=1))
-    onnx = OnnxPatchCore(out_dir, preprocessing_json)
+    res = {"onnx": check_patchcore(OnnxPatchCore(out_dir, preprocessing_json), model, pc, batches, atol)}
+    if openvino:  # features.xml, the same feature model converted, checked the same way on OpenVINO
+        convert_onnx(out_dir / FEATURES_ONNX, out_dir / FEATURES_XML)
+        scorer = OnnxPatchCore(out_dir, preprocessing_json, features=FEATURES_XML)
+        res["openvino"] = check_patchcore(scorer, model, pc, batches, atol)
+    return res
+
+
+@torch.no_grad()
+def check_patchcore(scorer, model: VisionTransformer, pc, batches: list[torch.Tensor], atol: float = 1e-4) -> dict:
+    """The exported scorer's (vit.deploy.onnx_anomaly.OnnxPatchCore's) scores on `batches` against
+    PatchCore.score's: ExportError past `atol`, else the check's numbers."""
+    import numpy as np
+
     worst, n = 0.0, 0
     for x in batches:
         if tuple(x.shape[-2:]) != tuple(batches[0].shape[-2:]):
             continue  # the bank's grid is the checkpoint's: other sizes are the classifier's check only
         ref, _ = pc.score(model, x)
-        got, _ = onnx.score(x.numpy())
+        got, _ = scorer.score(x.numpy())
         if not (np.isfinite(got).all() and torch.isfinite(ref).all()):
             raise ExportError("the anomaly scores are not finite (NaN or inf); the bank or the model is broken.")
         worst, n = max(worst, float(np.abs(got - ref.double().numpy()).max())), n + len(x)
     if worst > atol:
-        raise ExportError(f"the exported anomaly scorer differs from PyTorch's by {worst:.2e} (> {atol:g}); it must "
-                          "not be used.")
-    return dict(max_abs_score_diff=worst, images=n, atol=atol, file=str(out_dir / FEATURES_ONNX))
+        raise ExportError(f"the exported anomaly scorer ({scorer.features.name}) differs from PyTorch's by "
+                          f"{worst:.2e} (> {atol:g}); it must not be used.")
+    return dict(max_abs_score_diff=worst, images=n, atol=atol, file=str(scorer.features))

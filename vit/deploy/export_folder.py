@@ -1,5 +1,6 @@
 """An export folder: each format written and checked against the eager model, then moved in with its sidecars
-(preprocessing.json, verification.json), all or nothing; what export.py writes.
+(preprocessing.json, verification.json), all or nothing; what export.py writes. OpenVINO IR (model.xml + model.bin)
+is the verified model.onnx converted, and with INT8 asked also model.int8.xml by NNCF (vit/deploy/openvino_int8.py).
 
     model, cfg, classes, _ = load_model_and_config(checkpoint="runs/default/best")   # vit/eval/inference.py
     report = export_folder(model, cfg, classes, Path("exported"), ["onnx"], checkpoint="runs/default/best")
@@ -32,8 +33,16 @@ from ..eval.anomaly import ANOMALY_DIR, find_patchcore
 from ..eval.inference import ImageFiles
 from ..eval.multilabel import decision_threshold
 from ..utils.atomic import atomic_write_text
-from .export import ExportableClassifier, export_patchcore, fingerprint, preprocessing, write_preprocessing
+from .export import (
+    FORMATS,
+    ExportableClassifier,
+    export_patchcore,
+    fingerprint,
+    preprocessing,
+    write_preprocessing,
+)
 from .int8 import INT8_FILE, budget_metric, labelled_images, samples
+from .openvino_ir import OPENVINO_INT8_FILE, convert_onnx, weights_of
 
 __all__ = ["Int8Request", "export_folder", "verification_images"]
 
@@ -77,21 +86,20 @@ def previous_results(out: Path, model_id: str, exported: list[str], log: Callabl
     """Entries of an earlier verification.json that still hold: formats not exported now whose file is there
     and was verified for this same model. A file left by another model is renamed <name>.stale, since the new
     preprocessing.json would no longer describe it."""
-    from .export import FORMATS
-
     try:
         old = json.loads((out / "verification.json").read_text())
     except (OSError, ValueError):
         old = {}
     kept = {}
-    for fmt, name in {**FORMATS, "int8": INT8_FILE}.items():
+    for fmt, name in {**FORMATS, "int8": INT8_FILE, "openvino_int8": OPENVINO_INT8_FILE}.items():
         if fmt in exported or not (out / name).is_file():
             continue
         entry = old.get("results", {}).get(fmt) if isinstance(old, dict) else None
         if isinstance(entry, dict) and entry.get("model_fingerprint") == model_id:
             kept[fmt] = entry
         else:
-            (out / name).replace(out / f"{name}.stale")
+            for f in _files(out / name):
+                f.replace(f.with_name(f"{f.name}.stale"))
             log(f"{out / name} was made from another model: renamed {name}.stale")
     return kept
 
@@ -105,13 +113,18 @@ def export_verified(fmt: str, model, wrapper, x, batches, staging: Path, out: Pa
     t0 = time.perf_counter()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # the exporters' chatter
         warnings.simplefilter("ignore")
-        path = export_model(wrapper, fmt, staging, x)
+        onnx = staging / FORMATS["onnx"]
+        if fmt == "openvino" and onnx.is_file():  # the ONNX file just verified, converted
+            path = convert_onnx(onnx, staging / FORMATS["openvino"])
+        else:
+            path = export_model(wrapper, fmt, staging, x)
     seconds = time.perf_counter() - t0
     try:
         check = verify(model, load_exported(path, fmt), batches)
     except ExportError as e:
         rejected = out / f"{path.name}.rejected"
-        path.replace(rejected)
+        for f in _files(path):
+            f.replace(out / f"{f.name}.rejected")
         raise ExportError(f"{e} Nothing in {out} was replaced; the file is kept as {rejected}.") from None
     log(f"{fmt:<17} {out / path.name}  ({seconds:.1f} s)  max |p - p_torch| = {check['max_abs_prob_diff']:.1e} "
         f"(<= {check['atol']:g}), same top-1 on all {check['images']} rows: ok")
@@ -149,6 +162,45 @@ def quantized(req: Int8Request, model, data, metric: str, fp32: Path, staging: P
         + (f" (CPU time: {sp['cpu_int8_over_eager_fp32']['median']:.2f}x, "
            f"{sp['cpu_int8_over_ort_fp32']['median']:.2f}x)" if "cpu_int8_over_eager_fp32" in sp else ""))
     return res
+
+
+def quantized_openvino(req: Int8Request, model, data, metric: str, staged: dict, staging: Path, out: Path,
+                       checkpoint, log: Callable[[str], None]) -> dict:
+    """model.int8.xml in `staging` by NNCF within the same budget (vit/deploy/openvino_int8.py), timed beside ONNX
+    Runtime's fp32 and INT8 files, and one line of its numbers; QuantizeError (exit 2) over the budget, the attempt
+    kept as model.int8.xml.rejected (and .bin) in `out`."""
+    from ..eval.multilabel import saved_threshold
+    from .int8 import describe_change
+    from .openvino_int8 import quantize_openvino
+    from .quantize import QuantizeError
+
+    dst = staging / OPENVINO_INT8_FILE
+    ort = {"fp32": staged["onnx"], **({"int8": staged["int8"]} if "int8" in staged else {})}
+    try:
+        res = quantize_openvino(staged["openvino"], dst, model, data, metric, req.max_drop,
+                                saved_threshold(checkpoint) or 0.5, req.threads, ort, log)
+    except QuantizeError as e:
+        for f in _files(dst):
+            rejected = f.with_name(f"{f.name}.rejected")
+            if rejected.is_file():
+                rejected.replace(out / rejected.name)
+        raise QuantizeError(f"{e} Nothing in {out} was replaced (the attempt is {out / OPENVINO_INT8_FILE}.rejected);"
+                            " raise --max-drop or keep the fp32 model.xml.") from None
+    res["file"] = str(out / OPENVINO_INT8_FILE)
+    sp = res["speed"]
+    log("openvino int8     "
+        + describe_change(metric, res[f"{metric}_fp32"], res[f"{metric}_int8"], req.max_drop, res["images"])
+        + f", agrees with PyTorch on {100 * res['agreement_with_torch']:.1f}% of the images; "
+        f"{res['bytes_fp32'] / 2**20:.1f} -> {res['bytes_int8'] / 2**20:.1f} MiB; batch 1, {req.threads} thread(s): "
+        f"{sp['ov_int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32"
+        + (f", {sp['ov_int8_over_ort_int8']['median']:.2f}x ONNX Runtime INT8" if "ov_int8_over_ort_int8" in sp
+           else "") + f" (OpenVINO fp32: {sp['ov_fp32_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32)")
+    return res
+
+
+def _files(path: Path) -> list[Path]:
+    """A model's files: an IR's .bin, then its .xml (the order they are moved in); any other file alone."""
+    return [weights_of(path), path] if path.suffix == ".xml" else [path]
 
 
 def _check_model(model, cfg, token_reduction: str | None) -> None:
@@ -192,16 +244,23 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
             staged[fmt], results[fmt] = export_verified(fmt, model, wrapper, x, batches, staging, out, model_id, log)
         if int8 is not None:
             results["int8"] = quantized(int8, model, data, metric, staged["onnx"], staging, out, checkpoint, log)
-            results["int8"]["model_fingerprint"] = model_id
             staged["int8"] = staging / INT8_FILE
+            if "openvino" in staged:
+                results["openvino_int8"] = quantized_openvino(int8, model, data, metric, staged, staging, out,
+                                                              checkpoint, log)
+                staged["openvino_int8"] = staging / OPENVINO_INT8_FILE
         info = preprocessing(model, cfg.aug, classes, threshold=decision_threshold(cfg, checkpoint))
         anomaly = find_patchcore(checkpoint) if "onnx" in formats else None
         if anomaly is not None:  # an anomaly checkpoint: its feature model and bank for predict.py --onnx
-            results["anomaly"] = export_patchcore(model, anomaly, staging / ANOMALY_DIR, batches,
-                                                  write_preprocessing(staging, info))
-            results["anomaly"]["model_fingerprint"] = model_id
-            log(f"anomaly           {out / ANOMALY_DIR}/  max |score - score_torch| = "
-                f"{results['anomaly']['max_abs_score_diff']:.1e} (<= {results['anomaly']['atol']:g}): ok")
+            checks = export_patchcore(model, anomaly, staging / ANOMALY_DIR, batches,
+                                      write_preprocessing(staging, info), openvino="openvino" in formats)
+            for runtime, check in checks.items():  # verification.json: anomaly, anomaly_openvino
+                results["anomaly" + ("" if runtime == "onnx" else f"_{runtime}")] = check
+                log(f"anomaly {runtime:<9} {check['file']}  max |score - score_torch| = "
+                    f"{check['max_abs_score_diff']:.1e} (<= {check['atol']:g}): ok")
+        for key in ("int8", "openvino_int8", "anomaly", "anomaly_openvino"):
+            if key in results:
+                results[key]["model_fingerprint"] = model_id
         results = {**previous_results(out, model_id, list(results), log), **results}
         _move_in(staged, staging, out, anomaly is not None)
         write_preprocessing(out, info)
@@ -217,7 +276,8 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
 def _move_in(staged: dict, staging: Path, out: Path, anomaly: bool) -> None:
     """The verified files from `staging` to their names in `out` (an anomaly/ folder replaced whole)."""
     for path in staged.values():
-        path.replace(out / path.name)
+        for f in _files(path):  # an IR's .bin before its .xml
+            f.replace(out / f.name)
     if anomaly:
         shutil.rmtree(out / ANOMALY_DIR, ignore_errors=True)
         (staging / ANOMALY_DIR).replace(out / ANOMALY_DIR)

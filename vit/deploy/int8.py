@@ -26,7 +26,7 @@ from ..eval.inference import ImageFiles
 from .quantize import METRICS, QuantizeError, probabilities, quantize_within_budget, signed_points, speed_ratios
 
 __all__ = ["INT8_FILE", "LabelledImages", "samples", "labelled_images", "budget_metric", "describe_change",
-           "resolution_warning", "choose_method", "quantize_int8"]
+           "resolution_warning", "choose_method", "torch_probabilities", "quantize_int8"]
 
 INT8_FILE = "model.int8.onnx"
 
@@ -138,6 +138,14 @@ def choose_method(candidates: dict[str, dict], speeds: dict[str, dict]) -> str:
     return max(candidates, key=lambda m: speeds[m][key]["median"])
 
 
+def torch_probabilities(model: torch.nn.Module, x: np.ndarray, metric: str) -> np.ndarray:
+    """The PyTorch model's probabilities on `x` (N, C, H, W), 64 images a batch, as `metric` reads them (softmax,
+    sigmoids, or per pixel): what the INT8 files' agreement is counted against."""
+    with torch.no_grad():
+        logits = torch.cat([model(torch.from_numpy(x[i:i + 64])) for i in range(0, len(x), 64)])
+    return probabilities(logits.numpy(), metric)
+
+
 def quantize_int8(fp32: str | Path, dst: str | Path, model: torch.nn.Module, data: LabelledImages,
                   methods: tuple[str, ...] = ("dynamic", "static"), metric: str = "top1", max_drop: float = 0.5,
                   threshold: float = 0.5, threads: int = 1, log=print) -> dict:
@@ -145,9 +153,7 @@ def quantize_int8(fp32: str | Path, dst: str | Path, model: torch.nn.Module, dat
     `methods` that keeps it; returns the numbers verification.json records. QuantizeError when none keeps it,
     the best attempt left at <dst>.rejected. `model`: the PyTorch model, for agreement and speed."""
     fp32, dst = Path(fp32), Path(dst)
-    with torch.no_grad():  # (N, C) the PyTorch model's probabilities, 64 images a batch
-        logits = torch.cat([model(torch.from_numpy(data.x[i:i + 64])) for i in range(0, len(data.x), 64)])
-    p_torch = probabilities(logits.numpy(), metric)
+    p_torch = torch_probabilities(model, data.x, metric)
     log(f"INT8 ({', '.join(methods)}): {METRICS[metric]} on {data.source}, budget: lose at most {max_drop:g} pt")
     warning = resolution_warning(metric, max_drop, len(data.x))
     if warning:

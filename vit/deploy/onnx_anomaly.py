@@ -10,7 +10,9 @@ export.py writes the folder beside model.onnx when the checkpoint holds a bank (
 blocks' tokens, neighbourhood-averaged: `vit.eval.anomaly.PatchFeatures`); bank.npy, the coreset (K, F) float32,
 read with allow_pickle=False (a plain array, never a pickle); patchcore.json, the threshold and grid. The score is
 vit.eval.anomaly's: s = max_p min_m ||f_p - m||_2. Images are read by the preprocessing.json one folder up, as
-onnx_predict does. Imports numpy, Pillow, OpenCV and onnxruntime only.
+onnx_predict does. `features="features.xml"` scores with the OpenVINO IR export.py --format openvino writes beside
+features.onnx (vit/deploy/openvino_ir.py), on OpenVINO's CPU runtime. Imports numpy, Pillow, OpenCV and
+onnxruntime (or openvino) only.
 """
 
 from __future__ import annotations
@@ -45,11 +47,12 @@ def nearest_distance(queries: np.ndarray, bank: np.ndarray, chunk: int = 1024) -
 
 
 class OnnxPatchCore:
-    def __init__(self, folder: str | Path, preprocessing: str | Path | None = None, threads: int = 0) -> None:
+    def __init__(self, folder: str | Path, preprocessing: str | Path | None = None, threads: int = 0,
+                 features: str = FEATURES_ONNX) -> None:
         folder = Path(folder)
-        redo = "export the checkpoint again with export.py"
-        for name in (FEATURES_ONNX, BANK_NPY, SETTINGS):
-            regular_file(folder / name, f"{folder} needs {FEATURES_ONNX}, {BANK_NPY} and {SETTINGS}: {redo}")
+        redo = "export the checkpoint again with export.py" + (" --format openvino" * features.endswith(".xml"))
+        for name in (features, BANK_NPY, SETTINGS):
+            regular_file(folder / name, f"{folder} needs {features}, {BANK_NPY} and {SETTINGS}: {redo}")
         pre = Path(preprocessing) if preprocessing else folder.parent / "preprocessing.json"
         try:
             info = read_preprocessing(pre)
@@ -72,23 +75,26 @@ class OnnxPatchCore:
             raise ValueError(f"{folder / BANK_NPY} is not a finite, non-empty (K, F) float32 bank; {redo}.")
         self.threshold, self.grid = settings["threshold"], tuple(settings["grid"])
         self.normalize, self.top_share = settings["normalize"], settings["top_share"]  # AnomalyDINO's, see below
+        self.features = folder / features
         try:
-            self.session = open_session(folder / FEATURES_ONNX, threads)
-        except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
-            raise ValueError(f"ONNX Runtime cannot load {folder / FEATURES_ONNX}: {str(e).splitlines()[0]}") from None
+            self.session = open_session(self.features, threads)
+        except Exception as e:  # onnxruntime's own errors (not a model, truncated file); OpenVINO's are one already
+            if self.features.suffix == ".xml":
+                raise
+            raise ValueError(f"ONNX Runtime cannot load {self.features}: {str(e).splitlines()[0]}") from None
         self.input = self.session.get_inputs()[0].name
         self.folder = folder
         dims = self.session.get_outputs()[0].shape  # (batch, h*w, F); symbolic where dynamic
         for dim, want, what in ((1, math.prod(self.grid), "patches"), (2, self.bank.shape[1], "features")):
             if len(dims) != 3 or isinstance(dims[dim], int) and dims[dim] != want:
-                raise ValueError(f"{folder / FEATURES_ONNX} gives outputs {dims}, but the bank and grid need {want} "
+                raise ValueError(f"{self.features} gives outputs {dims}, but the bank and grid need {want} "
                                  f"{what} in dimension {dim}; {redo}.")
 
     def score(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Preprocessed images (B, C, S, S) float32 -> (image scores (B,), patch score maps (B, h, w))."""
         feats = self.session.run(None, {self.input: x})[0]  # (B, h*w, F)
         if feats.ndim != 3 or feats.shape[2] != self.bank.shape[1] or feats.shape[1] != math.prod(self.grid):
-            raise ValueError(f"{self.folder / FEATURES_ONNX} gives features {feats.shape}, but the bank holds "
+            raise ValueError(f"{self.features} gives features {feats.shape}, but the bank holds "
                              f"{self.bank.shape[1]}-vectors on a {self.grid} grid; export the checkpoint again.")
         patch = nearest_distance(feats.reshape(-1, feats.shape[2]), self.bank).reshape(len(x), -1)
         patch = patch**2 / 2 if self.normalize else patch  # unit features (normalised in the ONNX): 1 - cos

@@ -1,6 +1,6 @@
 """Classify images with an exported model and nothing of PyTorch: ONNX Runtime and the reference preprocessing.
 
-    clf = OnnxClassifier("exported/model.onnx")            # preprocessing.json beside it
+    clf = OnnxClassifier("exported/model.onnx")            # preprocessing.json beside it (model.xml: OpenVINO)
     probs, ok, reasons = clf.predict(paths, batch_size=32)  # (N, C) float32; rows of unreadable files are NaN
     clf.threshold                                           # None: softmax; a multi-label model: sigmoids, >= it
 
@@ -8,8 +8,10 @@ The label names, input size, mean, std, every preprocessing step and the problem
 preprocessing.json that export.py writes next to the model (vit/deploy/preprocess.py reads and checks it):
 `problem_type` "single_label_classification" (softmax; also a file without the key) or
 "multi_label_classification" (a sigmoid per class and `threshold`, the one training chose), Hugging Face's names.
-Imports numpy, Pillow, OpenCV and onnxruntime only (no torch, PyYAML or vit.config): `predict.py --onnx` runs
-where only those four are installed.
+The same class runs export.py's OpenVINO IR (model.xml, `--format openvino`) on OpenVINO's CPU runtime: the file's
+suffix picks the runtime (vit/deploy/session.py), everything else is shared.
+Imports numpy, Pillow, OpenCV and onnxruntime (or openvino) only (no torch, PyYAML or vit.config): `predict.py
+--onnx` runs where only those four are installed.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import cv2
 import numpy as np
 
 from ..data.decode import BadImageError
+from .openvino_ir import require_openvino
 from .preprocess import ReferencePreprocessing, read_preprocessing
-from .session import open_session
+from .session import open_session, runtime_name
 
 __all__ = ["OnnxClassifier", "softmax", "sigmoid", "PROBLEM_TYPES", "load_batches", "regular_file"]
 
@@ -98,20 +101,25 @@ def regular_file(path: Path, what: str) -> None:
 
 class OnnxClassifier:
     def __init__(self, model: str | Path, preprocessing: str | Path | None = None, threads: int = 0) -> None:
-        import onnxruntime  # noqa: F401 (not installed: the ImportError says so here, not as a load error below)
-
         model = Path(model)
+        if model.suffix == ".xml":
+            require_openvino("predict.py --openvino")
+        else:
+            import onnxruntime  # noqa: F401 (not installed: the ImportError says so here, not as a load error below)
         pre = Path(preprocessing) if preprocessing else model.parent / "preprocessing.json"
-        regular_file(model, "pass the model.onnx export.py wrote")
+        regular_file(model, f"pass the {'model.xml' if model.suffix == '.xml' else 'model.onnx'} export.py wrote")
         self.info = read_preprocessing(pre)
         try:
             self.preprocess = ReferencePreprocessing.from_dict(self.info)
             self.classes, self.problem_type, self.threshold = _heads(self.info)
         except ValueError as e:
             raise ValueError(f"{pre}: {e}; export the model again.") from None
+        self.runtime = runtime_name(model)
         try:
             self.session = open_session(model, threads)
-        except Exception as e:  # onnxruntime's own errors (not a model, truncated file)
+        except Exception as e:  # onnxruntime's own errors (not a model, truncated file); OpenVINO's are one already
+            if model.suffix == ".xml":
+                raise
             raise ValueError(f"ONNX Runtime cannot load {model}: {str(e).splitlines()[0]}") from None
         self.model, self.pre = model, pre
         x, logits = self.session.get_inputs()[0], self.session.get_outputs()[0]
@@ -147,8 +155,8 @@ class OnnxClassifier:
         """Preprocessed images (B, C, S, S) float32 -> probabilities (B, num_classes) float32."""
         try:
             logits = self.session.run(None, {self.input: x})[0]
-        except Exception as e:  # onnxruntime's errors carry a C++ trace: its first line says what
-            raise ValueError(f"ONNX Runtime cannot run {self.model.name} on input {tuple(x.shape)}: "
+        except Exception as e:  # the runtimes' errors carry a C++ trace: its first line says what
+            raise ValueError(f"{self.runtime} cannot run {self.model.name} on input {tuple(x.shape)}: "
                              f"{str(e).strip().splitlines()[0][:300]}") from None
         if logits.ndim != 2:
             raise ValueError(f"{self.model.name} gives outputs of shape {logits.shape}, not (N, classes); export "

@@ -102,13 +102,16 @@ def predict_onnx_images(onnx: str | Path, paths: list[Path], batch_size: int = 3
                         threshold: float | None = None, clf=None) -> Predictions:
     """Rows for `paths` from an export.py model.onnx with ONNX Runtime and its preprocessing.json (a multi-label
     export: its sigmoids and the labels at `threshold`, else its own); an anomaly/ folder beside the model adds
-    each row's anomaly score and verdict. `clf`: the OnnxClassifier of `onnx`, when the caller opened it."""
-    from .onnx_anomaly import OnnxPatchCore
+    each row's anomaly score and verdict. `clf`: the OnnxClassifier of `onnx`, when the caller opened it. A model.xml
+    (export.py --format openvino) runs both on OpenVINO instead (anomaly/features.xml)."""
+    from .onnx_anomaly import FEATURES_ONNX, OnnxPatchCore
     from .onnx_predict import OnnxClassifier
+    from .openvino_ir import FEATURES_XML
 
     clf = clf or OnnxClassifier(onnx)
     folder = Path(onnx).parent / "anomaly"  # export.py's copy of an anomaly checkpoint's bank, if any
-    patchcore = OnnxPatchCore(folder) if folder.is_dir() else None
+    features = FEATURES_XML if Path(onnx).suffix == ".xml" else FEATURES_ONNX
+    patchcore = OnnxPatchCore(folder, features=features) if folder.is_dir() else None
     check_threshold(threshold, clf.threshold is not None)
     threshold = threshold if threshold is not None else clf.threshold  # None: single-label (softmax)
     t0 = time.perf_counter()

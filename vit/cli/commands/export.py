@@ -1,6 +1,8 @@
-"""Export a classifier to ONNX, TorchScript or a torch.export program, checked against PyTorch on real images.
+"""Export a classifier to ONNX, OpenVINO IR, TorchScript or a torch.export program, checked against PyTorch on real
+images.
 
     python export.py --checkpoint runs/default/best --format onnx --out exported/
+    python export.py --checkpoint runs/default/best --format openvino --quantize int8 --out exported/
     python export.py --checkpoint runs/x/best --format onnx torchscript exported-program
     python export.py --model vit_base_patch16_224 --weights vit_b16.safetensors --dynamic-img-size \\
         --format onnx --images val_photos/
@@ -12,7 +14,11 @@ command fails (exit 2). The images are the checkpoint's own validation split, or
 preprocessing.json (input size, mean, std, interpolation, crop_pct, label names: what a runtime needs) and
 verification.json (the check's numbers). The batch dimension is dynamic; height and width too with
 dynamic_img_size (multiples of the pixels per token: the patch size, a hybrid's stem stride times it). ONNX needs
-the export extra: pip install -e '.[export]'. A segmentation checkpoint exports to ONNX alone: segmenter.onnx and
+the export extra: pip install -e '.[export]'. --format openvino also writes the verified ONNX file converted to
+OpenVINO IR (model.xml + model.bin, fp32), checked the same way on OpenVINO's CPU runtime (an anomaly checkpoint's
+feature model too: anomaly/features.xml), for predict.py --openvino; with --quantize int8 also model.int8.xml,
+NNCF's post-training INT8 within the same --max-drop budget; it needs the openvino extra: pip install -e
+'.[openvino]'. A segmentation checkpoint exports to ONNX alone: segmenter.onnx and
 segmentation.json (docs/segmentation.md), and with --quantize int8 segmenter.int8.onnx within an mIoU budget.
 """
 
@@ -23,7 +29,7 @@ import sys
 from pathlib import Path
 
 # vit.deploy.export.FORMATS's keys (tests check they agree), named here so that --help needs no torch
-EXPORT_FORMATS = ("onnx", "torchscript", "exported-program")
+EXPORT_FORMATS = ("onnx", "openvino", "torchscript", "exported-program")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--images", nargs="*", default=None,
                     help="images to verify on (default: the checkpoint's validation split)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
-    q = ap.add_argument_group("INT8 (ONNX Runtime; docs in vit/deploy/quantize.py)")
+    q = ap.add_argument_group("INT8 (ONNX Runtime, and NNCF for OpenVINO; docs in vit/deploy/quantize.py and "
+                              "openvino_int8.py)")
     q.add_argument("--quantize", choices=("int8",), default=None,
-                   help="also write model.int8.onnx, quantized within --max-drop (implies --format onnx)")
+                   help="also write model.int8.onnx (and with --format openvino model.int8.xml by NNCF), each "
+                        "within --max-drop (implies --format onnx)")
     q.add_argument("--int8-method", choices=("auto", "dynamic", "static"), default="auto",
                    help="dynamic: weights only; static: QDQ with activations calibrated on training images; "
                         "auto: both, the faster one that keeps the budget")
@@ -71,8 +79,8 @@ def parse_args(argv):
     args, overrides = parse_command(build_parser(), argv, "export.py", ("aug.",),
                                     ("img_size", "calibration_images", "threads"))
     args.format = list(FORMATS) if "all" in args.format else list(dict.fromkeys(args.format))
-    if args.quantize and "onnx" not in args.format:
-        args.format.insert(0, "onnx")  # INT8 is made from the verified fp32 ONNX file
+    if (args.quantize or "openvino" in args.format) and "onnx" not in args.format:
+        args.format.insert(0, "onnx")  # INT8 and OpenVINO IR are made from the verified fp32 ONNX file
     if not 0 <= args.max_drop <= 100 or args.max_drop != args.max_drop:
         raise ConfigError(f"--max-drop is in points of the metric, between 0 and 100; got {args.max_drop}.")
     if args.quantize and not (args.checkpoint or args.eval_images):
@@ -89,6 +97,7 @@ def main(argv=None) -> int:
     from vit.cli.outputs import check_writable
     from vit.deploy.export import require_onnx
     from vit.deploy.export_folder import Int8Request, export_folder
+    from vit.deploy.openvino_ir import require_openvino
     from vit.eval.inference import label_names
 
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
@@ -97,6 +106,8 @@ def main(argv=None) -> int:
     check_writable(out, "the --out folder", "pass --out with a writable folder")  # before any slow work
     if "onnx" in args.format:
         require_onnx()
+    if "openvino" in args.format:
+        require_openvino("export.py --format openvino")
     model, cfg, classes = load_model(args, overrides)
     if cfg.data.dataset == "segmentation":
         return _export_segmenter(args, model, cfg, classes, out)

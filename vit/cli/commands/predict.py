@@ -5,6 +5,7 @@
     python predict.py --checkpoint runs/x/best photos/ --format jsonl --cam --out preds/
     accelerate launch --multi_gpu --num_processes 2 predict.py --checkpoint ... photos/  # one row per image
     python predict.py --onnx exported/model.onnx photos/        # ONNX Runtime, no PyTorch needed (see below)
+    python predict.py --openvino exported/ photos/              # its OpenVINO IR (model.xml), no PyTorch either
 
 IMAGES are files, folders (searched recursively), globs, or text files (.txt, .lst) listing paths one a line.
 A text checkpoint (train.py with data.dataset text_csv) labels sentences instead: its inputs are text files, one
@@ -25,7 +26,9 @@ on its export (segmenter.onnx, or its folder) writes the same files.
 --onnx runs a file export.py wrote with ONNX Runtime and the reference preprocessing (vit/deploy/preprocess.py,
 from the preprocessing.json beside the model) and writes the same files (a multi-label export: its sigmoids and
 the labels at its threshold); it never imports torch, timm, accelerate or PyYAML, so it runs where only numpy,
-Pillow, OpenCV and onnxruntime are installed (docs/predict-export.md).
+Pillow, OpenCV and onnxruntime are installed (docs/predict-export.md). --openvino runs the OpenVINO IR export.py
+--format openvino wrote (model.xml, or its folder; an anomaly/features.xml beside) on OpenVINO's CPU runtime, the
+same predictor with openvino in place of onnxruntime.
 """
 
 from __future__ import annotations
@@ -94,7 +97,8 @@ def run_onnx(argv: list[str]) -> int:
     try:
         args, rest = build_parser().parse_known_args(argv)
         if rest:
-            raise ValueError(f"--onnx takes no config overrides ({rest[0]}): the export's preprocessing.json "
+            raise ValueError(f"--onnx and --openvino take no config overrides ({rest[0]}): the export's "
+                             "preprocessing.json "
                              "fixes the preprocessing.")
         from vit.cli.predict_outputs import main_onnx  # torch-free
 
@@ -121,8 +125,8 @@ def main(argv=None) -> int:
     args, overrides = parse_args(sys.argv[1:] if argv is None else argv)
     if args.detector is not None and not args.checkpoint:
         raise ValueError("--detector names one of a --checkpoint's anomaly detectors (<checkpoint>/anomaly/NAME/); "
-                         "an --onnx export carries the one it was exported with.")
-    if args.onnx:
+                         "an --onnx or --openvino export carries the one it was exported with.")
+    if args.onnx or args.openvino:
         from vit.cli.predict_outputs import main_onnx
 
         return main_onnx(args)
@@ -226,7 +230,7 @@ def run(argv: list[str]) -> int:
     from vit.cli.help import exit_if_help
 
     exit_if_help(build_parser, argv)
-    if any(a == "--onnx" or a.startswith("--onnx=") for a in argv):  # before torch is imported
+    if any(a in ("--onnx", "--openvino") or a.startswith(("--onnx=", "--openvino=")) for a in argv):  # before torch
         return run_onnx(argv)
     from vit.cli.runtime import run_cli
 
