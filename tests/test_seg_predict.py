@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from helpers import pixel_model
 from PIL import Image
 
-from vit.deploy.seg_predict import class_palette, predict_seg_images
+from vit.data.mask_colours import class_palette
+from vit.deploy.seg_predict import predict_seg_images
 
 
 def _cfg(size=16):

@@ -7,7 +7,8 @@ keywords in `vit_options`, the architectures by timm's names in `variants`, the 
 model API (`vit_api`) and weight fitting (`vision_weights`), CLIP and SigLIP (`clip`; train.py's in `clip_build`;
 open_clip's layout in `clip_save`), model checkpoint folders (`checkpoint`) and the README.md model card each of
 them carries (`model_card`), the masked
-autoencoder's masking, decoder and loss (`mae`), and a backbone with a segmentation head (`segmenter`)."""
+autoencoder's masking, decoder and loss (`mae`), a backbone with a segmentation head (`segmenter`), and a timm CNN
+read as the anomaly methods read a ViT (`cnn_backbone`)."""
 
 from .build import (
     build_model,
