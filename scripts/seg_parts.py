@@ -137,7 +137,8 @@ def pixel_rows(probs, masks, anomaly_maps) -> dict:
     return out
 
 
-def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int) -> list[dict]:
+def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int,
+             heads: tuple[str, ...] = ("linear", "dpt")) -> list[dict]:
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -168,7 +169,7 @@ def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int) -> l
     maps = F.interpolate(torch.from_numpy(maps)[:, None], size=(SIZE, SIZE), mode="bilinear",
                          align_corners=False)[:, 0].numpy()
     rows = []
-    for head in ("linear", "dpt"):
+    for head in heads:
         t0 = time.perf_counter()
         model = train_head(backbone, head, train_ds, steps, seed)
         res = predict_masks(model, test_loader, len(CLASSES), keep_probs=True)
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=300, help="training batches of 8 per head")
     ap.add_argument("--train", type=int, default=200, help="training parts (a quarter good, a quarter per defect)")
+    ap.add_argument("--heads", nargs="+", default=["linear", "dpt"], choices=["linear", "dpt"],
+                    help="the heads trained and compared")
     return ap
 
 
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts", flush=True)
     rows = []
     for seed in args.seeds:
-        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train):
+        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train, tuple(args.heads)):
             rows.append(r)
             iou = "  ".join(f"{k} {100 * v:.1f}" for k, v in r["iou"].items())
             auc = "  ".join(f"{k} {v['seg']:.3f}/{v['patchcore']:.3f}" for k, v in r["pixel_auroc"].items())
