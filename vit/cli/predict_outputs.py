@@ -92,14 +92,14 @@ def main_onnx(args) -> int:
     for name in ("topk", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    if args.cam and not (Path(args.onnx).parent / ANOMALY_DIR).is_dir():  # before anything is loaded
+        raise ValueError(f"--cam with {flag} draws an anomaly export's heat maps, and {args.onnx} has no "
+                         f"{ANOMALY_DIR}/ beside it (attention rollout needs PyTorch); drop --cam, or use "
+                         "--checkpoint.")
     if segmenter_folder(args.onnx) is not None:  # export.py's segmenter.onnx (or its folder): masks, not labels
         return _main_onnx_segmenter(args, *segmenter_folder(args.onnx))
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
     check_threshold(args.threshold, clf.threshold is not None)
-    if args.cam and not (Path(args.onnx).parent / ANOMALY_DIR).is_dir():
-        raise ValueError(f"--cam with {flag} draws an anomaly export's heat maps, and {args.onnx} has no "
-                         f"{ANOMALY_DIR}/ beside it (attention rollout needs PyTorch); drop --cam, or use "
-                         "--checkpoint.")
     with _locked_inputs(args) as (paths, skipped):
         result = predict_onnx_images(args.onnx, paths, args.batch_size or 32, args.topk, args.threshold, clf)
         note = crop_note(clf.preprocess.size / clf.preprocess.resize, f"predict.py {flag}",
