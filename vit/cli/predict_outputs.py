@@ -10,13 +10,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vit.deploy.predictions import write_rows
+from vit.eval.anomaly_settings import ANOMALY_DIR
 from vit.utils.atomic import atomic_write_csv
 from vit.utils.untrusted_text import printable
 
 from .images import collect_images, crop_note
 from .outputs import OutputLock, check_writable, new_staging, publish
 
-__all__ = ["OWNED", "write_outputs", "summary", "main_onnx", "openvino_model", "segmenter_folder"]
+__all__ = ["OWNED", "write_outputs", "summary", "main_onnx", "openvino_model", "segmenter_folder", "anomaly_pictures"]
 
 # what a run writes into --out, all of it replaced by the next run (no stale --format or cam/ beside the new)
 OWNED = ("predictions.csv", "predictions.json", "predictions.jsonl", "skipped.csv", "cam")
@@ -81,7 +82,7 @@ def main_onnx(args) -> int:
     from vit.deploy.predictions import check_threshold, predict_onnx_images
 
     flag = "--openvino" if getattr(args, "openvino", None) else "--onnx"
-    unsupported = [f"--{k.replace('_', '-')}" for k in ("cam", "weights", "pretrained", "img_size", "num_workers")
+    unsupported = [f"--{k.replace('_', '-')}" for k in ("weights", "pretrained", "img_size", "num_workers")
                    if getattr(args, k)]
     if unsupported:
         raise ValueError(f"{unsupported[0]} does not apply to {flag} (the export fixes model and preprocessing); "
@@ -91,6 +92,10 @@ def main_onnx(args) -> int:
     for name in ("topk", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    if args.cam and not (Path(args.onnx).parent / ANOMALY_DIR).is_dir():  # before anything is loaded
+        raise ValueError(f"--cam with {flag} draws an anomaly export's heat maps, and {args.onnx} has no "
+                         f"{ANOMALY_DIR}/ beside it (attention rollout needs PyTorch); drop --cam, or use "
+                         "--checkpoint.")
     if segmenter_folder(args.onnx) is not None:  # export.py's segmenter.onnx (or its folder): masks, not labels
         return _main_onnx_segmenter(args, *segmenter_folder(args.onnx))
     clf = OnnxClassifier(args.onnx)  # the model and its preprocessing.json first: cheap, and the likelier mistake
@@ -103,13 +108,30 @@ def main_onnx(args) -> int:
             print(note, file=sys.stderr)
         skipped += result.skipped
         dest = Path(args.out)
-        written = write_outputs(dest, args.format, result.rows, skipped)
+        maps = anomaly_pictures(result, paths, dest) if args.cam else None
+        written = write_outputs(dest, args.format, result.rows, skipped, maps)
         if written is None:
             raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                              f"{dest}/skipped.csv.")
     summary(result.rows, clf.runtime, result.seconds, len(paths), skipped, dest)
-    print(printable(f"wrote {written}"))
+    print(printable(f"wrote {written}" + (f" and {dest}/cam/" if maps else "")))
     return 0
+
+
+def anomaly_pictures(result, paths: list[Path], dest: Path) -> Callable[[Path], None]:
+    """--cam for the torch-free predictor: write_outputs' `extra` drawing each readable image's anomaly map as
+    predict.py --checkpoint draws it (vit.eval.plots.plot_anomaly_maps: 0 to twice the detector's threshold), over
+    the image as the export's preprocessing gives it; no torch."""
+    from vit.eval.plots import plot_anomaly_maps, to_display
+
+    det = result.detector
+    pre = det.preprocess
+
+    def seen(i: int):
+        return to_display(pre.load(paths[i]), pre.mean, pre.std)
+
+    return lambda staging: plot_anomaly_maps(seen, result.rows, result.good, result.anomaly_maps, staging, dest,
+                                             det.threshold)
 
 
 def segmenter_folder(onnx: str) -> tuple[Path, str] | None:

@@ -45,7 +45,7 @@ from .session import open_session
 
 __all__ = ["FORMATS", "ExportError", "ExportableClassifier", "ExportableNaFlexClassifier", "export_model",
            "load_exported", "verify", "preprocessing", "write_preprocessing", "require_onnx", "fingerprint",
-           "export_patchcore", "check_patchcore"]
+           "export_patchcore", "check_patchcore", "dynamic_shapes", "ONNX_OPSET"]
 
 FORMATS = {"onnx": "model.onnx", "openvino": "model.xml", "torchscript": "model.torchscript.pt",
            "exported-program": "model.pt2"}  # openvino: model.xml with its weights in model.bin
@@ -131,7 +131,7 @@ class ExportableNaFlexClassifier(nn.Module):
         return self.model(batch, attn_mask=mask)
 
 
-def _dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
+def dynamic_shapes(model: VisionTransformer, dynamic_img_size: bool) -> dict:
     dims = {0: torch.export.Dim("batch", min=1, max=65536)}
     if dynamic_img_size:  # sides as whole numbers of tokens, so the exporter knows they tile exactly (a hybrid's
         # token is its stem's stride times the patch size)
@@ -159,7 +159,7 @@ def export_model(wrapper: ExportableClassifier | ExportableNaFlexClassifier, fmt
             raise ExportError("a resnetv2 stem's 'same' padding is computed with math.ceil of the input size, which "
                               "a torch.export program cannot save at dynamic sizes; export onnx or torchscript, or "
                               "build the model without dynamic_img_size.")
-        dynamic = _dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
+        dynamic = dynamic_shapes(wrapper.model, wrapper.model.dynamic_img_size)
         if example.shape[0] < 2:  # exporters treat a size-1 dimension as the constant 1: trace a batch of two
             example = example.repeat(2, 1, 1, 1)
         args, names = (example,), ["x"]
@@ -336,7 +336,7 @@ def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches:
     out_dir.mkdir(parents=True, exist_ok=True)
     features = PatchFeatures(ExportableClassifier(model).model, pc.layers, pc.neighbourhood, pc.normalize).eval()
     example = batches[0] if len(batches[0]) > 1 else batches[0].repeat(2, 1, 1, 1)  # size 1 would be frozen
-    dynamic = _dynamic_shapes(features.model, features.model.dynamic_img_size)
+    dynamic = dynamic_shapes(features.model, features.model.dynamic_img_size)
     program = torch.onnx.export(features, (example,), dynamo=True, dynamic_shapes=dynamic, input_names=["x"],
                                 output_names=["patch_features"], opset_version=ONNX_OPSET, verbose=False)
     program.save(str(out_dir / FEATURES_ONNX))
@@ -358,20 +358,22 @@ def export_patchcore(model: VisionTransformer, pc, out_dir: str | Path, batches:
 
 @torch.no_grad()
 def check_patchcore(scorer, model: VisionTransformer, pc, batches: list[torch.Tensor], atol: float = 1e-4) -> dict:
-    """The exported scorer's (vit.deploy.onnx_anomaly.OnnxPatchCore's) scores on `batches` against
-    PatchCore.score's: ExportError past `atol`, else the check's numbers."""
+    """The exported scorer's (vit.deploy.onnx_anomaly's OnnxPatchCore or OnnxDinomaly) image scores and patch maps
+    on `batches` against the PyTorch detector's `score` (PatchCore's, Dinomaly's): ExportError past `atol`, else the
+    check's numbers."""
     import numpy as np
 
-    worst, n = 0.0, 0
+    worst, worst_map, n = 0.0, 0.0, 0
     for x in batches:
         if tuple(x.shape[-2:]) != tuple(batches[0].shape[-2:]):
-            continue  # the bank's grid is the checkpoint's: other sizes are the classifier's check only
-        ref, _ = pc.score(model, x)
-        got, _ = scorer.score(x.numpy())
+            continue  # the detector's grid is the checkpoint's: other sizes are the classifier's check only
+        ref, ref_map = pc.score(model, x)
+        got, got_map = scorer.score(x.numpy())
         if not (np.isfinite(got).all() and torch.isfinite(ref).all()):
-            raise ExportError("the anomaly scores are not finite (NaN or inf); the bank or the model is broken.")
+            raise ExportError("the anomaly scores are not finite (NaN or inf); the detector or the model is broken.")
         worst, n = max(worst, float(np.abs(got - ref.double().numpy()).max())), n + len(x)
-    if worst > atol:
+        worst_map = max(worst_map, float(np.abs(got_map - ref_map.double().numpy()).max()))
+    if max(worst, worst_map) > atol:
         raise ExportError(f"the exported anomaly scorer ({scorer.features.name}) differs from PyTorch's by "
-                          f"{worst:.2e} (> {atol:g}); it must not be used.")
-    return dict(max_abs_score_diff=worst, images=n, atol=atol, file=str(scorer.features))
+                          f"{max(worst, worst_map):.2e} (> {atol:g}); it must not be used.")
+    return dict(max_abs_score_diff=worst, max_abs_map_diff=worst_map, images=n, atol=atol, file=str(scorer.features))

@@ -29,14 +29,13 @@ from ..config import ConfigError
 from ..data import DataError, build_datasets
 from ..data.synthetic import photo_like
 from ..data.transforms import build_transform
-from ..eval.anomaly import ANOMALY_DIR, find_patchcore
+from ..eval.anomaly_settings import ANOMALY_DIR, detector_folder
 from ..eval.inference import ImageFiles
 from ..eval.multilabel import decision_threshold
 from ..utils.atomic import atomic_write_text
 from .export import (
     FORMATS,
     ExportableClassifier,
-    export_patchcore,
     fingerprint,
     preprocessing,
     write_preprocessing,
@@ -44,7 +43,7 @@ from .export import (
 from .int8 import INT8_FILE, budget_metric, labelled_images, samples
 from .openvino_ir import OPENVINO_INT8_FILE, convert_onnx, weights_of
 
-__all__ = ["Int8Request", "export_folder", "verification_images"]
+__all__ = ["Int8Request", "export_folder", "verification_images", "exported_detector"]
 
 
 @dataclass(frozen=True)
@@ -198,6 +197,48 @@ def quantized_openvino(req: Int8Request, model, data, metric: str, staged: dict,
     return res
 
 
+def exported_detector(model, folder: Path, staging: Path, batches, preprocessing_json: Path, openvino: bool,
+                      int8: Int8Request | None, out: Path, log: Callable[[str], None]) -> dict:
+    """The checkpoint's detector in `folder` (any method) exported into `staging`/anomaly/ and checked
+    (vit/deploy/anomaly_export.py), with `int8` also its INT8 model within the budget (vit/deploy/anomaly_int8.py):
+    their verification.json entries (anomaly, anomaly_openvino, anomaly_int8), one line each. QuantizeError (exit 2)
+    over the budget, the last attempt kept in `out` as anomaly-<file>.rejected and nothing else there replaced."""
+    from ..eval.anomaly_settings import SETTINGS_FILE, check_whole_images, read_settings
+    from ..eval.dinomaly import load_detector
+    from .anomaly_export import export_detector
+    from .anomaly_int8 import describe_detector_change, detector_images, quantize_detector
+    from .onnx_anomaly import open_detector
+    from .quantize import QuantizeError
+
+    det = load_detector(check_whole_images(folder))
+    results = {}
+    for runtime, check in export_detector(model, det, staging / ANOMALY_DIR, batches, preprocessing_json,
+                                          openvino).items():  # verification.json: anomaly, anomaly_openvino
+        check["file"] = str(out / ANOMALY_DIR / Path(check["file"]).name)  # where it will be, not the staging copy
+        results["anomaly" + ("" if runtime == "onnx" else f"_{runtime}")] = check
+        log(f"anomaly {runtime:<9} {check['file']}  max |score - score_torch| = {check['max_abs_score_diff']:.1e}, "
+            f"map {check['max_abs_map_diff']:.1e} (<= {check['atol']:g}): ok")
+    if int8 is None:
+        return results
+    where = staging / ANOMALY_DIR
+    data = detector_images(read_settings(folder / SETTINGS_FILE, "fit it again with anomaly.py fit"),
+                           open_detector(where).preprocess, int8.calibration_images)
+    methods = ("dynamic", "static") if int8.method == "auto" else (int8.method,)
+    try:
+        res = quantize_detector(where, data, methods, int8.max_drop, int8.threads, log)
+    except QuantizeError as e:
+        for f in where.glob("*.rejected"):
+            f.replace(out / f"{ANOMALY_DIR}-{f.name}")
+        raise QuantizeError(f"{e} Nothing in {out} was replaced (the last attempt is kept as {out}/{ANOMALY_DIR}-"
+                            "<file>.rejected); raise --max-drop or export without --quantize.") from None
+    res["file"] = str(out / ANOMALY_DIR / Path(res["file"]).name)
+    log(f"anomaly int8 ({res['method']}) " + describe_detector_change(res) + f", {len(res['float_groups'])} layer "
+        f"group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> {res['bytes_int8'] / 2**20:.1f} MiB; batch 1, "
+        f"{int8.threads} thread(s): {res['speed']['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32")
+    results["anomaly_int8"] = res
+    return results
+
+
 def _files(path: Path) -> list[Path]:
     """A model's files: an IR's .bin, then its .xml (the order they are moved in); any other file alone."""
     return [weights_of(path), path] if path.suffix == ".xml" else [path]
@@ -250,15 +291,11 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
                                                               checkpoint, log)
                 staged["openvino_int8"] = staging / OPENVINO_INT8_FILE
         info = preprocessing(model, cfg.aug, classes, threshold=decision_threshold(cfg, checkpoint))
-        anomaly = find_patchcore(checkpoint) if "onnx" in formats else None
-        if anomaly is not None:  # an anomaly checkpoint: its feature model and bank for predict.py --onnx
-            checks = export_patchcore(model, anomaly, staging / ANOMALY_DIR, batches,
-                                      write_preprocessing(staging, info), openvino="openvino" in formats)
-            for runtime, check in checks.items():  # verification.json: anomaly, anomaly_openvino
-                results["anomaly" + ("" if runtime == "onnx" else f"_{runtime}")] = check
-                log(f"anomaly {runtime:<9} {check['file']}  max |score - score_torch| = "
-                    f"{check['max_abs_score_diff']:.1e} (<= {check['atol']:g}): ok")
-        for key in ("int8", "openvino_int8", "anomaly", "anomaly_openvino"):
+        anomaly = detector_folder(checkpoint) if "onnx" in formats else None
+        if anomaly is not None:  # an anomaly checkpoint: its detector for predict.py --onnx (and its INT8)
+            results.update(exported_detector(model, anomaly, staging, batches, write_preprocessing(staging, info),
+                                             "openvino" in formats, int8, out, log))
+        for key in ("int8", "openvino_int8", "anomaly", "anomaly_openvino", "anomaly_int8"):
             if key in results:
                 results[key]["model_fingerprint"] = model_id
         results = {**previous_results(out, model_id, list(results), log), **results}

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ANOMALY_KEYS", "Predictions", "rows_for", "add_anomaly", "write_rows", "check_threshold",
-           "predict_onnx_images"]
+           "detector_runtime", "predict_onnx_images"]
 
 ANOMALY_KEYS = ("anomaly_score", "verdict", "cam", "anomaly_map")  # what a row may add after the top-k
 
@@ -34,7 +34,8 @@ class Predictions:
     threshold: float | None = None  # multi-label: the probability from which a class is predicted
     good: list[int] = field(default_factory=list)  # the readable inputs' indices, in the order of `rows`
     dataset: object = None  # vit.eval.inference.ImageFiles (torch predictor only)
-    anomaly_maps: object = None  # PatchCore's (N, h, w) patch scores of every input, when the model has a bank
+    anomaly_maps: object = None  # the detector's (N, h, w) patch scores of every input, when the model has one
+    detector: object = None  # the torch-free predictor's detector (vit.deploy.onnx_anomaly), for its threshold
     num_processes: int = 1
 
 
@@ -98,20 +99,41 @@ def check_threshold(threshold: float | None, multi_label: bool) -> None:
                          "one class per image: use --topk.")
 
 
+def detector_runtime(onnx: str | Path) -> tuple[Path, str]:
+    """(the anomaly/ folder beside an export.py model file, the runtime its detector runs on, as
+    vit.deploy.onnx_anomaly.detector_file names them): a model.xml's detector on OpenVINO (features.xml), a
+    model.int8.onnx's on its INT8 file (features.int8.onnx; the fp32 one when the export has none), else fp32 ONNX."""
+    from .onnx_anomaly import SETTINGS, detector_file
+
+    onnx = Path(onnx)
+    folder = onnx.parent / "anomaly"
+    if onnx.suffix == ".xml":
+        return folder, "openvino"
+    if onnx.name.endswith(".int8.onnx") and (folder / SETTINGS).is_file():
+        from ..eval.anomaly_settings import read_settings
+
+        method = read_settings(folder / SETTINGS, "export the checkpoint again with export.py")["method"]
+        if (folder / detector_file(method, "int8")).is_file():
+            return folder, "int8"
+    return folder, "onnx"
+
+
 def predict_onnx_images(onnx: str | Path, paths: list[Path], batch_size: int = 32, topk: int = 5,
                         threshold: float | None = None, clf=None) -> Predictions:
     """Rows for `paths` from an export.py model.onnx with ONNX Runtime and its preprocessing.json (a multi-label
     export: its sigmoids and the labels at `threshold`, else its own); an anomaly/ folder beside the model adds
-    each row's anomaly score and verdict. `clf`: the OnnxClassifier of `onnx`, when the caller opened it. A model.xml
-    (export.py --format openvino) runs both on OpenVINO instead (anomaly/features.xml)."""
-    from .onnx_anomaly import FEATURES_ONNX, OnnxPatchCore
+    each row's anomaly score and verdict (any method: vit.deploy.onnx_anomaly.open_detector), and the result its
+    maps and detector (`anomaly_maps`, `detector`). `clf`: the OnnxClassifier of `onnx`, when the caller opened it. A
+    model.xml (export.py --format openvino) runs both on OpenVINO instead, a model.int8.onnx both in INT8
+    (`detector_runtime`)."""
+    import numpy as np
+
+    from .onnx_anomaly import open_detector
     from .onnx_predict import OnnxClassifier
-    from .openvino_ir import FEATURES_XML
 
     clf = clf or OnnxClassifier(onnx)
-    folder = Path(onnx).parent / "anomaly"  # export.py's copy of an anomaly checkpoint's bank, if any
-    features = FEATURES_XML if Path(onnx).suffix == ".xml" else FEATURES_ONNX
-    patchcore = OnnxPatchCore(folder, features=features) if folder.is_dir() else None
+    folder, runtime = detector_runtime(onnx)  # export.py's copy of an anomaly checkpoint's detector, if any
+    detector = open_detector(folder, runtime=runtime) if folder.is_dir() else None
     check_threshold(threshold, clf.threshold is not None)
     threshold = threshold if threshold is not None else clf.threshold  # None: single-label (softmax)
     t0 = time.perf_counter()
@@ -119,7 +141,13 @@ def predict_onnx_images(onnx: str | Path, paths: list[Path], batch_size: int = 3
     seconds = time.perf_counter() - t0
     skipped = [(str(p), r) for p, r, good in zip(paths, reasons, ok) if not good]
     readable = [p for p, good in zip(paths, ok) if good]
+    good = [i for i, flag in enumerate(ok) if flag]
     rows = rows_for(readable, probs[ok], clf.classes, topk, threshold) if readable else []
-    if patchcore is not None and readable:
-        add_anomaly(rows, patchcore.predict(readable, batch_size)[0], patchcore.threshold)
-    return Predictions(rows, skipped, seconds, threshold, [i for i, good in enumerate(ok) if good])
+    result = Predictions(rows, skipped, seconds, threshold, good)
+    if detector is not None and readable:
+        scores, maps, _, _ = detector.predict(readable, batch_size)
+        add_anomaly(rows, scores, detector.threshold)
+        result.anomaly_maps = np.full((len(paths), *detector.grid), np.nan)  # indexed as the inputs, as torch's
+        result.anomaly_maps[good] = maps
+        result.detector = detector
+    return result

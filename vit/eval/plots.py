@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["plot_curves", "plot_confusion", "plot_reliability", "save_figure", "plot_attention_map", "to_display",
+           "plot_anomaly_maps",
            "curves_figure", "reliability_figure", "attention_figure", "reliability_bars", "scaled_heat",
            "overlay_image", "confusion_figure", "plot_mistakes", "mistakes_figure", "plot_reconstructions",
            "reconstructions_figure"]
@@ -186,8 +187,8 @@ def reliability_figure(bins: list, ece: float) -> Figure:
 
 
 def to_display(x, mean, std) -> np.ndarray:
-    """A normalized (C, H, W) tensor back to what the model saw, as (H, W, C) floats in [0, 1] for display."""
-    img = (x.permute(1, 2, 0).numpy() * np.array(std) + np.array(mean)).clip(0, 1)
+    """A normalized (C, H, W) tensor or array back to what the model saw, as (H, W, C) floats in [0, 1] for display."""
+    img = (np.asarray(x).transpose(1, 2, 0) * np.array(std) + np.array(mean)).clip(0, 1)
     return img.repeat(3, axis=2) if img.shape[2] == 1 else img  # grey (model.in_chans=1) shown as RGB
 
 
@@ -195,6 +196,24 @@ def plot_attention_map(path: Path, image: np.ndarray, grid_map: np.ndarray, titl
                        scale: tuple[float, float] | None = None) -> None:
     """The attention picture of one image as a PNG (see attention_figure)."""
     save_figure(attention_figure(image, grid_map, title, scale), path, dpi=100)
+
+
+def plot_anomaly_maps(seen, rows: list[dict], good: list[int], maps, out: Path, final: Path | None = None,
+                      threshold: float | None = None) -> None:
+    """Each readable image's anomaly heat map drawn as the rollout pictures are, into `out`/cam/<i>_<name>_anomaly.png,
+    every map on one colour scale: 0 to twice `threshold` (the threshold the middle colour), or without one 0 to the
+    highest patch score of them all. `good`: the readable inputs' indices, in the order of `rows`; `maps[i]`: input
+    i's patch scores (h, w); `seen(i)`: what the model saw of it, (H, W, 3) in [0, 1]. Each row's `anomaly_map` names
+    its picture as it will be in `final` (the folder `out` is moved to). NumPy and matplotlib only: the PyTorch
+    predictor and the torch-free one draw with it."""
+    top = max((float(maps[i].max()) for i in good), default=1.0)
+    scale = (0.0, 2 * threshold) if threshold else (0.0, top)
+    for i, row in zip(good, rows):
+        path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}_anomaly.png"
+        title = (f"{Path(row['path']).name}: anomaly score {row['anomaly_score']:.3f} {row['verdict']}  |  "
+                 "patch anomaly scores")
+        plot_attention_map(path, seen(i), maps[i], title, scale)
+        row["anomaly_map"] = str((final or out) / path.relative_to(out))
 
 
 def scaled_heat(grid_map: np.ndarray, size: tuple[int, int], scale: tuple[float, float] | None = None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..data.naflex import as_picture
 from ..eval.inference import ImageFiles, batch_of
-from ..eval.plots import plot_attention_map, to_display
+from ..eval.plots import plot_anomaly_maps, plot_attention_map, to_display
 from .rollout import attention_maps
 
 __all__ = ["write_cams", "write_anomaly_maps"]
@@ -35,16 +35,9 @@ def write_cams(model, dataset: ImageFiles, rows: list[dict], good: list[int], cf
 
 def write_anomaly_maps(dataset: ImageFiles, rows: list[dict], good: list[int], maps, cfg, out: Path,
                        final: Path | None = None, threshold: float | None = None) -> None:
-    """Each readable image's anomaly heat map (`maps`: the patch scores of every input, (h, w) each) drawn as
-    write_cams draws rollout, into `out`/cam/, every map on one colour scale: 0 to twice `threshold` (the
-    threshold the middle colour), or without one 0 to the highest patch score of them all; each row's
-    `anomaly_map` names it as it will be in `final`."""
-    top = max((float(maps[i].max()) for i in good), default=1.0)
-    scale = (0.0, 2 * threshold) if threshold else (0.0, top)
-    for i, row in zip(good, rows):
-        path = out / "cam" / f"{i:06d}_{Path(row['path']).stem}_anomaly.png"
-        title = (f"{Path(row['path']).name}: anomaly score {row['anomaly_score']:.3f} {row['verdict']}  |  "
-                 "distance to the good patches")
-        seen = to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
-        plot_attention_map(path, seen, maps[i], title, scale)
-        row["anomaly_map"] = str((final or out) / path.relative_to(out))
+    """Each readable image's anomaly heat map (`maps`: the patch scores of every input, (h, w) each) drawn over what
+    the model saw of it by vit.eval.plots.plot_anomaly_maps (0 to twice `threshold`), into `out`/cam/."""
+    def seen(i: int):
+        return to_display(as_picture(dataset[i][0], cfg.model.patch_size), cfg.aug.mean, cfg.aug.std)
+
+    plot_anomaly_maps(seen, rows, good, maps, out, final, threshold)
