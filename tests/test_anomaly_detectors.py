@@ -131,3 +131,33 @@ def test_a_detector_fitted_on_tiles_is_refused_where_images_are_read_whole(two_p
                                              r"reads each image whole, where its threshold does not hold; score with "
                                              r"anomaly\.py score"):
             read(ck)
+
+
+@pytest.mark.slow
+def test_export_takes_a_named_detector_and_the_onnx_rows_score_as_its_bank(two_parts, tmp_path):
+    """export.py --detector NAME puts that detector in the export's anomaly/: predict.py --onnx scores with it."""
+    from helpers import import_script
+
+    from vit.data.transforms import build_transform
+    from vit.eval.anomaly import load_patchcore
+    from vit.models.checkpoint import load_checkpoint
+
+    pytest.importorskip("onnxruntime")
+    ck = two_parts / "ck"
+    if not (ck / "anomaly" / "knurl").is_dir():
+        import_script("anomaly").main(["fit", "--checkpoint", str(ck), "--detector", "knurl", "--good",
+                                       str(two_parts / "knurl" / "good")])
+    export = import_script("export").main
+    with pytest.raises(ValueError, match=r"has no detector 'nuts'"):
+        export(["--checkpoint", str(ck), "--detector", "nuts", "--format", "onnx", "--out", str(tmp_path / "x")])
+    assert export(["--checkpoint", str(ck), "--detector", "knurl", "--format", "onnx", "--out",
+                   str(tmp_path / "exp"), "--images", str(two_parts / "knurl" / "good")]) == 0
+    test = two_parts / "knurl" / "test"
+    assert import_script("predict").main(["--onnx", str(tmp_path / "exp" / "model.onnx"), str(test), "--out",
+                                          str(tmp_path / "rows")]) == 0
+    rows = list(csv.DictReader((tmp_path / "rows" / "predictions.csv").open()))
+    model, cfg, _, _ = load_checkpoint(ck)
+    transform = build_transform(cfg.aug, 32, train=False)
+    want, _ = load_patchcore(ck / "anomaly" / "knurl").score(model, torch.stack([transform.load(r["path"])
+                                                                                for r in rows]))
+    np.testing.assert_allclose([float(r["anomaly_score"]) for r in rows], want.numpy(), rtol=1e-4, atol=1e-5)

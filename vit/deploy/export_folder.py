@@ -259,12 +259,15 @@ def _check_model(model, cfg, token_reduction: str | None) -> None:
 
 def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str], *, paths: list[Path] | None = None,
                   checkpoint: str | Path | None = None, token_reduction: str | None = None,
-                  int8: Int8Request | None = None, log: Callable[[str], None] = print) -> dict:
+                  int8: Int8Request | None = None, detector: str | None = None,
+                  log: Callable[[str], None] = print) -> dict:
     """`model` exported to `out` in each of `formats` (vit.deploy.export.FORMATS' keys; "onnx" first when `int8`
     asks for model.int8.onnx too), each checked on verification_images' batches, then moved in with
     preprocessing.json and verification.json, whose dict is returned; an anomaly `checkpoint` adds its feature
-    model and bank (anomaly/). `log` gets one line per file."""
+    model and bank (anomaly/; `detector`: which of its named detectors, anomaly/<detector>/). `log` gets one line
+    per file."""
     _check_model(model, cfg, token_reduction)
+    anomaly = detector_folder(checkpoint, detector) if "onnx" in formats else None  # a bad name before slow work
     size = cfg.model.img_size
     if int8 is not None:  # every input checked before the exports' slow work
         metric = budget_metric(cfg, int8.metric)
@@ -291,7 +294,6 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
                                                               checkpoint, log)
                 staged["openvino_int8"] = staging / OPENVINO_INT8_FILE
         info = preprocessing(model, cfg.aug, classes, threshold=decision_threshold(cfg, checkpoint))
-        anomaly = detector_folder(checkpoint) if "onnx" in formats else None
         if anomaly is not None:  # an anomaly checkpoint: its detector for predict.py --onnx (and its INT8)
             results.update(exported_detector(model, anomaly, staging, batches, write_preprocessing(staging, info),
                                              "openvino" in formats, int8, out, log))

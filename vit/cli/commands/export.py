@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--images", nargs="*", default=None,
                     help="images to verify on (default: the checkpoint's validation split)")
     ap.add_argument("--out", default=None, help="output folder (default: <checkpoint>/export or runs/export-<model>)")
+    ap.add_argument("--detector", metavar="NAME", default=None,
+                    help="--checkpoint: which of its anomaly detectors goes into anomaly/ (<checkpoint>/anomaly/NAME/, "
+                         "anomaly.py fit --detector NAME; default: <checkpoint>/anomaly/ itself)")
     q = ap.add_argument_group("INT8 (ONNX Runtime, and NNCF for OpenVINO; docs in vit/deploy/quantize.py and "
                               "openvino_int8.py)")
     q.add_argument("--quantize", choices=("int8",), default=None,
@@ -104,6 +107,13 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else (Path(args.checkpoint) / "export" if args.checkpoint
                                            else Path("runs") / f"export-{args.model}")
     check_writable(out, "the --out folder", "pass --out with a writable folder")  # before any slow work
+    if args.detector is not None:  # a name the checkpoint does not hold is one sentence before the model loads
+        from vit.eval.anomaly_settings import detector_folder
+
+        if not args.checkpoint:
+            raise ValueError("--detector names one of a --checkpoint's anomaly detectors (<checkpoint>/anomaly/NAME/);"
+                             " pass --checkpoint.")
+        detector_folder(args.checkpoint, args.detector)
     if "onnx" in args.format:
         require_onnx()
     if "openvino" in args.format:
@@ -116,7 +126,7 @@ def main(argv=None) -> int:
                        args.threads) if args.quantize else None
     paths = collect_images(args.images)[0] if args.images else None
     export_folder(model, cfg, classes, out, args.format, paths=paths, checkpoint=args.checkpoint,
-                  token_reduction=args.token_reduction, int8=int8)
+                  token_reduction=args.token_reduction, int8=int8, detector=args.detector)
     return 0
 
 
