@@ -128,7 +128,8 @@ def test_command_fits_and_scores_with_a_timm_cnn(resnet, tmp_path):
 
 @pytest.mark.parametrize("extra, match", [
     (["--method", "dinomaly"], r"^Dinomaly rebuilds a ViT's patch tokens .* and resnet18 is a CNN; use --method "),
-    (["--layers", "7"], r"^resnet18 has levels 0 to 4 \(feature_info\) and reads whole image tensors; got levels "),
+    (["--layers", "7"], r"^--layers 7 is not one of the backbone's 5 blocks \(levels for a CNN\); use 0 to 4, or -1 "),
+    (["--img-size", "16"], r"^--img-size 16 is smaller than resnet18's coarsest stride \(32 pixels\)"),
 ])
 def test_what_a_cnn_cannot_do_is_one_sentence(resnet, tmp_path, extra, match):
     from helpers import import_script
@@ -146,11 +147,65 @@ def test_what_a_cnn_cannot_do_is_one_sentence(resnet, tmp_path, extra, match):
 
 def test_weights_of_another_architecture_are_one_sentence(resnet, tmp_path):
     _, path = resnet
-    with pytest.raises(ConfigError, match=r"is not a resnet34 weights file: \d+ of the backbone's tensors are "
-                                          r"missing \(.*\); pass the weights of this architecture\.$"):
+    with pytest.raises(ConfigError, match=r"is not a resnet34 weights file: 96 of its tensors are missing "
+                                          r"\(layer1\.2\.conv1\.weight, .*\); pass the weights of this "
+                                          r"architecture\.$"):
         load_cnn_backbone("resnet34", weights=path)
+    import timm
+    from safetensors.torch import save_file
+
+    other = path.with_name("r34.safetensors")
+    save_file(timm.create_model("resnet34", num_classes=4).state_dict(), str(other))
+    with pytest.raises(ConfigError, match=r"is not a resnet18 weights file: it has 96 tensors resnet18 does not "):
+        load_cnn_backbone("resnet18", weights=other)  # its first blocks would load, the rest dropped silently
     with pytest.raises(ConfigError, match=r"^--model resnet18 \(a timm CNN\) needs --weights FILE"):
         load_cnn_backbone("resnet18")
     model = CnnBackbone("resnet18")
     with pytest.raises(ValueError, match="gives its levels' maps only"):
         model.forward_intermediates(torch.zeros(1, 3, 32, 32), [2], output_fmt="NLC")
+
+
+def test_a_timm_file_with_flattened_module_names_loads_as_timm_reads_it(tmp_path):
+    """ConvNeXt's features_only model names its stem stem_0 (timm flattens it): the file saved from the full model
+    loads, and the levels equal the full model's forward_intermediates."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    net = timm.create_model("convnext_atto", num_classes=3).eval()
+    save_file(net.state_dict(), str(tmp_path / "c.safetensors"))
+    model, _ = load_cnn_backbone("convnext_atto", weights=tmp_path / "c.safetensors", img_size=64)
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        want = net.forward_intermediates(x, indices=[1, 2], intermediates_only=True)
+        got = model.forward_intermediates(x, [1, 2])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_score_refuses_a_bank_fitted_on_other_weights_of_the_same_width(resnet, tmp_path):
+    """Two ResNet-18 weight files give features of the same width: the bank records its backbone's fingerprint and
+    score refuses the other one (its distances would be noise), while the fitted one scores; --layers -1 is saved
+    as the level it names."""
+    import timm
+    from helpers import import_script
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    _, path = resnet
+    torch.manual_seed(5)
+    other = tmp_path / "other.safetensors"
+    save_file(timm.create_model("resnet18", num_classes=4).state_dict(), str(other))
+    (tmp_path / "good").mkdir()
+    Image.fromarray(inspection_part(np.random.default_rng(0), 64)[0]).save(tmp_path / "good" / "a.png")
+    anomaly = import_script("anomaly").main
+    bank = ["--bank", str(tmp_path / "bank"), "--img-size", "64"]
+    assert anomaly(["fit", "--model", "resnet18", "--weights", str(path), *bank, "--good", str(tmp_path / "good"),
+                    "--layers", "2", "-1"]) == 0
+    assert json.loads((tmp_path / "bank" / "patchcore.json").read_text())["layers"] == [2, 4]
+    with pytest.raises(ConfigError, match=r"^the detector in .*bank was fitted on another backbone \(resnet18 with "
+                                          r".*r18\.safetensors\), whose features this one's do not match; "):
+        anomaly(["score", str(tmp_path / "good"), "--model", "resnet18", "--weights", str(other), *bank, "--out",
+                 str(tmp_path / "o")])
+    assert anomaly(["score", str(tmp_path / "good"), "--model", "resnet18", "--weights", str(path), *bank, "--out",
+                    str(tmp_path / "o")]) == 0

@@ -92,7 +92,7 @@ def test_a_detector_name_that_is_not_there_or_not_a_name_is_one_sentence(two_par
                                          r"fit --detector nuts\.$"):
         detector_folder(ck, "nuts")
     for bad in ("../weave", ".hidden", "a/b", ""):
-        with pytest.raises(ValueError, match=r"is not a detector name: use letters, digits"):
+        with pytest.raises(ValueError, match=r"is not a detector name: use up to 100 letters, digits"):
             detector_folder(ck, bad)
     assert detector_folder(tmp_path) is None  # a plain classifier checkpoint: no detector, no error
     anomaly = import_script("anomaly").main
@@ -153,7 +153,7 @@ def test_export_takes_a_named_detector_and_the_onnx_rows_score_as_its_bank(two_p
     assert export(["--checkpoint", str(ck), "--detector", "knurl", "--format", "onnx", "--out",
                    str(tmp_path / "exp"), "--images", str(two_parts / "knurl" / "good")]) == 0
     test = two_parts / "knurl" / "test"
-    assert import_script("predict").main(["--onnx", str(tmp_path / "exp" / "model.onnx"), str(test), "--out",
+    assert import_script("predict").main(["--onnx", str(tmp_path / "exp"), str(test), "--out",  # the folder
                                           str(tmp_path / "rows")]) == 0
     rows = list(csv.DictReader((tmp_path / "rows" / "predictions.csv").open()))
     model, cfg, _, _ = load_checkpoint(ck)

@@ -89,6 +89,8 @@ def main_onnx(args) -> int:
                          "drop it, or use --checkpoint.")
     if flag == "--openvino":
         args.onnx = str(openvino_model(args.openvino))  # the same predictor; the file's suffix picks the runtime
+    elif Path(args.onnx).is_dir() and segmenter_folder(args.onnx) is None and (Path(args.onnx) / "model.onnx").exists():
+        args.onnx = str(Path(args.onnx) / "model.onnx")  # the export's folder, as --openvino takes it
     for name in ("topk", "batch_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")

@@ -259,7 +259,7 @@ def fingerprint(model: nn.Module) -> str:
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-dim too (BN counts)
     return h.hexdigest()
 
 

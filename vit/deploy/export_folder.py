@@ -29,7 +29,7 @@ from ..config import ConfigError
 from ..data import DataError, build_datasets
 from ..data.synthetic import photo_like
 from ..data.transforms import build_transform
-from ..eval.anomaly_settings import ANOMALY_DIR, detector_folder
+from ..eval.anomaly_settings import ANOMALY_DIR, SETTINGS_FILE, check_whole_images, detector_folder
 from ..eval.inference import ImageFiles
 from ..eval.multilabel import decision_threshold
 from ..utils.atomic import atomic_write_text
@@ -268,6 +268,8 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
     per file."""
     _check_model(model, cfg, token_reduction)
     anomaly = detector_folder(checkpoint, detector) if "onnx" in formats else None  # a bad name before slow work
+    if anomaly is not None and (anomaly / SETTINGS_FILE).is_file():
+        check_whole_images(anomaly)  # a detector of tiles, too
     size = cfg.model.img_size
     if int8 is not None:  # every input checked before the exports' slow work
         metric = budget_metric(cfg, int8.metric)

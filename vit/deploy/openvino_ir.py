@@ -107,4 +107,6 @@ def open_openvino(xml: str | Path, threads: int = 0) -> OpenVinoSession:
     except ValueError:
         raise
     except Exception as e:  # OpenVINO's own errors (not an IR, truncated weights)
-        raise ValueError(f"OpenVINO cannot load {xml}: {str(e).strip().splitlines()[0][:300]}") from None
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]  # OpenVINO's cause is on the last
+        raise ValueError(f"OpenVINO cannot load {xml} ({(lines[-1] if lines else type(e).__name__)[:300]}); export "
+                         "it again with export.py --format openvino.") from None

@@ -81,8 +81,8 @@ def check_detector_name(name: str) -> str:
     """A detector's name (anomaly.py fit --detector): one plain folder name, kept under <checkpoint>/anomaly/."""
     if not name or name in (".", "..") or name.startswith(".") or any(
             not (c.isalnum() or c in "-_.") for c in name) or len(name) > 100:
-        raise ValueError(f"--detector {name!r:.60} is not a detector name: use letters, digits, '-', '_' and '.' "
-                         "(not first), e.g. --detector screws.")
+        raise ValueError(f"--detector {name!r:.60} is not a detector name: use up to 100 letters, digits, '-', '_' "
+                         "and '.' (not first), e.g. --detector screws.")
     return name
 
 

@@ -344,12 +344,21 @@ async function classify(file, which) {
   document.getElementById("input").src = URL.createObjectURL(file);
   const query = labels ? "?labels=" + encodeURIComponent(labels.value) + "&explain=" + encodeURIComponent(which || "")
                        : "";
-  const r = await fetch("/predict" + query, {method: "POST", body: file, headers: {"X-Filename": file.name}});
-  const answer = await r.json();
+  let r, answer;
+  try {
+    r = await fetch("/predict" + query, {method: "POST", body: file, headers: {"X-Filename": file.name}});
+    answer = await r.json();
+  } catch (e) {  // the server stopped, or answered something that is not our JSON
+    r = {ok: false}; answer = {error: "no answer from the demo server (is demo.py still running?); reload the page."};
+  }
   if (mine !== asked) return;
-  const list = document.getElementById("top5");
+  const list = document.getElementById("top5"), fig = document.getElementById("anomaly-fig");
   list.replaceChildren();
-  if (!r.ok) { status.textContent = answer.error; document.getElementById("overlay").removeAttribute("src"); return; }
+  if (!r.ok) {  // nothing of the previous image stays beside the sentence
+    status.textContent = answer.error; document.getElementById("overlay").removeAttribute("src");
+    if (fig) fig.hidden = true;
+    return;
+  }
   for (const t of answer.top) {
     const li = document.createElement("li");
     const label = document.createElement("span"); label.className = "label"; label.textContent = t.label;
@@ -362,7 +371,7 @@ async function classify(file, which) {
   if (explain) {  // the labels the rollout can be shown for, the one shown selected
     explain.replaceChildren(...answer.labels.map(l => new Option(l, l, false, l === answer.explained)));
   }
-  const a = answer.anomaly, fig = document.getElementById("anomaly-fig");
+  const a = answer.anomaly;
   if (fig) fig.hidden = !a;
   if (a) {
     document.getElementById("anomaly").src = a.overlay;

@@ -12,6 +12,7 @@ grid for an input size).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,12 +45,20 @@ class CnnBackbone(nn.Module):
 
     dynamic_img_size = True
 
-    def __init__(self, name: str, img_size: int | None = None, pretrained: bool = False, in_chans: int = 3) -> None:
+    def __init__(self, name: str, img_size: int | None = None, pretrained: bool = False, in_chans: int = 3,
+                 weights: str | Path | None = None) -> None:
         super().__init__()
         import timm
 
         self.name = name
-        self.body = timm.create_model(name, pretrained=pretrained, features_only=True, in_chans=in_chans)
+        overlay = {"pretrained_cfg_overlay": {"file": str(weights)}} if weights else {}
+        builder = logging.getLogger("timm.models._builder")  # its note on the classifier's keys a feature model drops
+        level, _ = builder.level, builder.setLevel(logging.ERROR)
+        try:
+            self.body = timm.create_model(name, pretrained=pretrained, features_only=True, in_chans=in_chans,
+                                          **overlay)
+        finally:
+            builder.setLevel(level)
         self.feature_info = self.body.feature_info
         self.in_chans = in_chans
         self.pretrained_cfg = dict(getattr(self.body, "pretrained_cfg", None) or {})
@@ -113,30 +122,51 @@ class CnnBackbone(nn.Module):
         return self._grids[key]
 
 
-def load_cnn_backbone(name: str, weights: str | Path | None = None, pretrained: bool = False,
-                      img_size: int | None = None) -> tuple[CnnBackbone, list[str]]:
-    """(the backbone in eval mode, lines saying what loaded): `weights`, a timm weights file of `name` (its classifier
-    dropped), or `pretrained`, timm's weights by name from the hub cache."""
+def _check_weights(name: str, weights: str | Path) -> None:
+    """One sentence unless the file holds `name`'s weights: every tensor of timm's full model of `name` but its
+    classifier, each of its shape, and nothing else (a ResNet-34 file read as ResNet-18 would load its first blocks
+    and drop the rest without a word)."""
+    import timm
+
     from ..hub.weights import read_state_dict
 
+    state = read_state_dict(weights)
+    with torch.device("meta"):
+        full = timm.create_model(name)
+    head = (full.pretrained_cfg or {}).get("classifier") or ""
+    heads = tuple(h + "." for h in ([head] if isinstance(head, str) else head) if h)
+    own = {k: v.shape for k, v in full.state_dict().items() if not k.startswith(heads)}
+    missing = [k for k in own if k not in state]
+    extra = [k for k in state if k not in own and not k.startswith(heads)]
+    wrong = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k])]
+    if missing or extra or wrong:
+        said = (f"{len(missing)} of its tensors are missing ({', '.join(missing[:3])} ...)" if missing else
+                f"it has {len(extra)} tensors {name} does not ({', '.join(extra[:3])} ...)" if extra else
+                f"{wrong[0]} is {tuple(state[wrong[0]].shape)}, {name}'s {tuple(own[wrong[0]])}")
+        raise ConfigError(f"{weights} is not a {name} weights file: {said}; pass the weights of this architecture.")
+
+
+def load_cnn_backbone(name: str, weights: str | Path | None = None, pretrained: bool = False,
+                      img_size: int | None = None) -> tuple[CnnBackbone, list[str]]:
+    """(the backbone in eval mode, lines saying what loaded): `weights`, a timm weights file of `name` (checked whole,
+    its classifier dropped; timm's features_only model reads it as it reads its own files, names flattened), or
+    `pretrained`, timm's weights by name from the hub cache."""
     if not (weights or pretrained):
         raise ConfigError(f"--model {name} (a timm CNN) needs --weights FILE (its timm weights) or --pretrained "
                           "(timm's weights by name from the hub cache).")
-    model = CnnBackbone(name, img_size, pretrained=pretrained and not weights)
-    lines = [f"{name}: timm's {'features_only model' if weights else 'weights by name'}, levels "
-             f"{model.depth} (strides {model.feature_info.reduction()})"]
     if weights:
-        state = read_state_dict(weights)
-        own = model.body.state_dict()
-        missing = [k for k in own if k not in state]
-        if missing:
-            raise ConfigError(f"{weights} is not a {name} weights file: {len(missing)} of the backbone's tensors are "
-                              f"missing ({', '.join(missing[:3])} ...); pass the weights of this architecture.")
-        wrong = [k for k in own if state[k].shape != own[k].shape]
-        if wrong:
-            k = wrong[0]
-            raise ConfigError(f"{weights} does not fit {name}: {k} is {tuple(state[k].shape)}, the model's "
-                              f"{tuple(own[k].shape)}; pass the weights of this architecture.")
-        model.body.load_state_dict({k: state[k] for k in own})
-        lines[0] += f", weights from {weights}"
+        _check_weights(name, weights)
+    try:
+        model = CnnBackbone(name, img_size, pretrained=True, weights=weights)
+    except ConfigError:
+        raise
+    except Exception as e:  # the hub unreachable, the weights not cached, a file timm cannot read
+        raise ConfigError(f"timm could not load {name}'s weights ({str(e).strip().splitlines()[0][:160]}); pass "
+                          "--weights FILE, a timm weights file of it, or run once online to cache them.") from None
+    step = model.patch_embed.token_step[0]
+    if model.patch_embed.img_size[0] < step:
+        raise ConfigError(f"--img-size {model.patch_embed.img_size[0]} is smaller than {name}'s coarsest stride "
+                          f"({step} pixels), which would leave no feature map; use at least {step}.")
+    lines = [f"{name}: timm's features_only model, levels {model.depth} (strides {model.feature_info.reduction()}), "
+             + (f"weights from {weights}" if weights else "timm's weights by name")]
     return model.eval(), lines

@@ -93,6 +93,7 @@ def _files(specs: list[str], what: str) -> list[Path]:
 
 
 def main(argv=None) -> int:
+    from vit.cli.anomaly_inputs import bank_dir_of, check_tile_option, load_backbone
     from vit.cli.args import parse_command
     from vit.cli.images import crop_note
     from vit.cli.outputs import check_writable
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
         raise ConfigError(f"--false-alarm-rate must be a share strictly between 0 and 1 (0.01: one good image in 100 "
                           f"flagged), got {args.false_alarm_rate}; leave it out to set the threshold above every good "
                           "--val image.")
-    bank_dir = _bank_dir(args)
+    bank_dir = bank_dir_of(args)
     _check_mode_options(args)
     if args.mode == "fit" and (bank_dir / SETTINGS_FILE).is_file() and not args.force:
         raise ConfigError(f"{bank_dir} already holds a fitted detector; pass --force to replace it, or --bank another "
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     if args.mode == "score" and not args.images:
         raise ConfigError("anomaly.py score needs images to score.")
     check_writable(bank_dir if args.mode == "fit" else args.out)
-    model, cfg = _backbone(args, overrides)
+    model, cfg = load_backbone(args, overrides)
     transform = image_transform(cfg, train=False)  # data.naflex: each image whole, on its own grid of patches
     note = None if cfg.data.naflex else crop_note(cfg.aug.resolved().eval_crop_pct, f"anomaly.py {args.mode}")
     if note:
@@ -129,69 +130,10 @@ def main(argv=None) -> int:
         return ImageFiles(paths, transform, cfg.model.in_chans)
 
     if args.tile is not None:
-        _check_tile_option(args.tile, cfg, model)
+        check_tile_option(args.tile, cfg, model)
     if args.mode == "fit":
         return _fit(args, model, cfg, files, bank_dir)
     return _score(args, model, cfg, files, bank_dir)
-
-
-def _bank_dir(args) -> Path:
-    """Where the detector is written (fit) or read (score): --bank, or <checkpoint>/anomaly/[--detector/]."""
-    from vit.config import ConfigError
-    from vit.eval.anomaly_settings import ANOMALY_DIR, check_detector_name, detector_folder
-
-    if args.detector is not None and not args.checkpoint:
-        raise ConfigError("--detector names a folder under <checkpoint>/anomaly/: pass --checkpoint, or --bank FOLDER "
-                          "with --model.")
-    if args.bank and args.detector is not None:
-        raise ConfigError("--bank is the detector's folder and --detector names one under <checkpoint>/anomaly/; "
-                          "pass one of them.")
-    if args.bank:
-        return Path(args.bank)
-    if not args.checkpoint:
-        raise ConfigError("with --model, pass --bank FOLDER: where the bank is written and read.")
-    try:
-        if args.mode == "fit":
-            root = Path(args.checkpoint) / ANOMALY_DIR
-            return root / check_detector_name(args.detector) if args.detector is not None else root
-        return detector_folder(args.checkpoint, args.detector) or Path(args.checkpoint) / ANOMALY_DIR
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def _backbone(args, overrides):
-    """(model, config) of --model: one of ours through load_model, or a timm CNN (ResNet, wide_resnet50_2, ...)
-    through timm's features_only (vit.models.cnn_backbone) with --weights or timm's weights by name."""
-    from vit.cli.args import load_model
-    from vit.config import ConfigError, apply_overrides, from_dict
-    from vit.data.resolve import resolve_data_config
-    from vit.models.cnn_backbone import is_cnn_name, load_cnn_backbone
-
-    if not is_cnn_name(args.model):
-        return load_model(args, overrides)[:2]
-    if args.mode == "fit" and args.method == "dinomaly":
-        raise ConfigError(f"Dinomaly rebuilds a ViT's patch tokens with Transformer blocks, and {args.model} is a CNN; "
-                          "use --method patchcore or anomalydino with it, or a ViT backbone for Dinomaly.")
-    model, lines = load_cnn_backbone(args.model, args.weights, not args.weights, args.img_size)
-    for line in lines:
-        print(line)
-    cfg = from_dict(apply_overrides({"model": {"name": args.model, "img_size": model.patch_embed.img_size[0]}},
-                                    overrides))
-    return model, resolve_data_config(cfg, model.pretrained_cfg, model.in_chans)
-
-
-def _check_tile_option(tile: int, cfg, model) -> None:
-    """--tile must be an RGB square the model takes: its input size, or a patch multiple with dynamic_img_size."""
-    from vit.config import ConfigError
-
-    if cfg.data.naflex is not None or cfg.model.in_chans != 3:
-        raise ConfigError("--tile cuts RGB images into square tiles, and this model reads "
-                          + ("NaFlex patches of each image whole" if cfg.data.naflex is not None else
-                             f"{cfg.model.in_chans}-channel images") + "; leave --tile out.")
-    size, step, dynamic = cfg.model.img_size, model.patch_embed.token_step[0], getattr(model, "dynamic_img_size", False)
-    if tile < 1 or tile % step or (tile != size and not dynamic):
-        takes = f"a multiple of {step} pixels" if dynamic else f"its input size, {size} (it was built for one size)"
-        raise ConfigError(f"--tile {tile} is not a tile this model takes: use {takes}, e.g. --tile {size}.")
 
 
 def _check_mode_options(args) -> None:
@@ -217,14 +159,22 @@ def _fit(args, model, cfg, files, bank_dir) -> int:
     """anomaly.py fit: the detector of good images (and, with --val, its threshold) saved into `bank_dir`."""
     import time
 
+    from vit.config import ConfigError
+    from vit.deploy.export import fingerprint
     from vit.eval.anomaly import METHODS, fit_patchcore, save_patchcore
     from vit.eval.anomaly_threshold import choose_threshold
     from vit.utils.untrusted_text import printable
 
     t0 = time.perf_counter()
     good = _files(args.good, "--good")
-    layers = tuple(args.layers) if args.layers else None
-    extra = {"backbone": args.checkpoint or args.model, "weights": args.weights, "good": args.good, "val": args.val,
+    depth = model.depth if hasattr(model, "default_layers") else len(model.blocks)
+    bad = [i for i in args.layers or () if not -depth <= i < depth]
+    if bad:
+        raise ConfigError(f"--layers {bad[0]} is not one of the backbone's {depth} blocks (levels for a CNN); use 0 to "
+                          f"{depth - 1}, or -1 for the last.")
+    layers = tuple(i % depth for i in args.layers) if args.layers else None  # saved as read back: 0..depth-1
+    extra = {"backbone": args.checkpoint or args.model, "weights": args.weights,
+             "backbone_fingerprint": fingerprint(model), "good": args.good, "val": args.val,
              "val_defects": args.val_defects, "good_images": len(good), "tile": args.tile}
     if args.tile is not None:  # the detector learns tiles at the images' own scale, as score will read them
         from vit.eval.anomaly_tiles import TileFiles
@@ -259,7 +209,8 @@ def _fit(args, model, cfg, files, bank_dir) -> int:
             print(choice.note, file=sys.stderr)
     save(bank_dir, det, extra)
     thr = f", threshold {det.threshold:.4f}" if det.threshold is not None else " (no --val: no threshold)"
-    print(printable(f"{args.method}: {what} from {len(good)} good image(s), blocks {list(det.layers)}{thr}, "
+    blocks = "levels" if hasattr(model, "default_layers") else "blocks"  # a CNN's features_only levels
+    print(printable(f"{args.method}: {what} from {len(good)} good image(s), {blocks} {list(det.layers)}{thr}, "
                     f"{time.perf_counter() - t0:.1f} s; wrote {bank_dir}"))
     return 0
 
@@ -287,6 +238,7 @@ def _pixel_metrics(paths, maps, ok) -> dict:
 
 
 def _score(args, model, cfg, files, bank_dir) -> int:
+    from vit.cli.anomaly_inputs import detector_and_tile
     """anomaly.py score: scores.csv (and maps/, and metrics.json when good and defect folders are both there)."""
     import json
     import time
@@ -299,7 +251,7 @@ def _score(args, model, cfg, files, bank_dir) -> int:
     from vit.utils.atomic import atomic_write_csv, atomic_write_text
     from vit.utils.untrusted_text import printable
 
-    det = _detector_and_tile(args, model, cfg, bank_dir)
+    det = detector_and_tile(args, model, cfg, bank_dir)
     paths = _files(args.images, "IMAGES")
     dataset = files(paths)
     t0 = time.perf_counter()
@@ -340,23 +292,6 @@ def _score(args, model, cfg, files, bank_dir) -> int:
         print(f"image AUROC {auc:.4f}{pixel} (folders named good against the rest)")
     print(printable(f"wrote {out}/scores.csv" + (f" and {out}/maps/" if args.maps else "")))
     return 0
-
-
-def _detector_and_tile(args, model, cfg, bank_dir: Path):
-    """The fitted detector; args.tile set to the tile it was fitted with when none is given (a detector of tiles
-    scores tiles), and a note when a whole-image detector is scored in tiles."""
-    from vit.eval.anomaly_settings import SETTINGS_FILE, read_settings
-    from vit.eval.dinomaly import load_detector
-
-    det = load_detector(bank_dir)
-    fitted = read_settings(bank_dir / SETTINGS_FILE, "fit it again with anomaly.py fit").get("tile")
-    if args.tile is None and fitted is not None:
-        args.tile = int(fitted)
-        _check_tile_option(args.tile, cfg, model)
-    if args.tile is not None and fitted is None and det.threshold is not None:
-        print("note: the detector and its threshold were fitted on whole images; a tiled image's score is its worst "
-              "tile's, so long images flag more often: fit with --tile too.", file=sys.stderr)
-    return det
 
 
 def _score_tiled(args, model, cfg, det, paths):
