@@ -146,9 +146,15 @@ def test_predict_draws_rollout_and_anomaly_maps_on_each_images_own_grid(naflex_c
     pc = fit_patchcore(model, ImageFiles(sorted((tmp / "parts" / "good").glob("*.png")), transform), ratio=0.5)
     pc.threshold = 1.0
     save_patchcore(ck / "anomaly", pc)
+    import vit.eval.plots as plots
+
     drawn = {}
-    monkeypatch.setattr(overlays, "plot_attention_map", lambda path, image, grid_map, title, *scale: drawn.__setitem__(
-        Path(path).name, (image.shape, np.asarray(grid_map))))
+
+    def draw(path, image, grid_map, title, *scale):
+        drawn[Path(path).name] = (image.shape, np.asarray(grid_map))
+
+    monkeypatch.setattr(overlays, "plot_attention_map", draw)  # the rollout pictures
+    monkeypatch.setattr(plots, "plot_attention_map", draw)  # the anomaly maps (vit.eval.plots.plot_anomaly_maps)
     assert import_script("predict").main(["--checkpoint", str(ck), str(tmp / "parts"), "--out", str(tmp_path / "p"),
                                           "--cam", "--batch-size", "3"]) == 0
     rows = list(csv.DictReader((tmp_path / "p" / "predictions.csv").open()))
