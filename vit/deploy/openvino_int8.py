@@ -28,7 +28,7 @@ from .int8 import LabelledImages, torch_probabilities
 from .openvino_ir import ir_bytes, open_openvino, require_openvino, weights_of
 from .quantize import METRICS, OnnxModel, QuantizeError, decisions, probabilities, score, within_budget
 
-__all__ = ["OpenVinoModel", "nncf_quantize", "quantize_openvino", "openvino_speed"]
+__all__ = ["OpenVinoModel", "nncf_quantize", "quantize_here", "quantize_openvino", "openvino_speed"]
 
 
 class OpenVinoModel:
@@ -47,31 +47,60 @@ class OpenVinoModel:
 
 def nncf_quantize(fp32: str | Path, dst: str | Path, calib: np.ndarray) -> Path:
     """`fp32` (an IR) quantized by NNCF on `calib` (M, C, H, W), 8 images a batch, saved at `dst` (+ .bin) under
-    temporary names first. NNCF's progress bars and notes are kept off the terminal; its failures are one sentence."""
-    require_openvino("OpenVINO INT8")
-    try:
-        import nncf
-    except ImportError:
-        raise QuantizeError("OpenVINO INT8 needs the nncf package, which is not installed; run pip install -e "
-                            "'.[openvino]' (or pip install nncf).") from None
-    import openvino as ov
+    temporary names first. NNCF runs in a child process (`quantize_here`): with torch installed it imports
+    nncf.torch, which wraps torch's operators for the rest of the process, and a torch export or an OpenVINO session
+    after it in the same process could crash (a segmentation fault in the test suite). Its progress bars and notes
+    stay off the terminal; its failures are one sentence."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
 
+    require_openvino("OpenVINO INT8")
+    if importlib.util.find_spec("nncf") is None:
+        raise QuantizeError("OpenVINO INT8 needs the nncf package, which is not installed; run pip install -e "
+                            "'.[openvino]' (or pip install nncf).")
     if not len(calib):
         raise QuantizeError("OpenVINO INT8 needs calibration images; pass some (--calibration-images).")
-    nncf.set_log_level(logging.ERROR)
-    batches = [np.ascontiguousarray(calib[i:i + 8], dtype=np.float32) for i in range(0, len(calib), 8)]
     dst = Path(dst)
-    tmp = dst.with_name(f".tmp-{dst.name}")
+    tmp, data = dst.with_name(f".tmp-{dst.name}"), dst.with_name(f".tmp-{dst.stem}-calibration.npy")
+    np.save(data, np.ascontiguousarray(calib, dtype=np.float32), allow_pickle=False)
+    root = str(Path(__file__).resolve().parents[2])  # the child imports this package from where the parent did
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    code = "import sys; from vit.deploy.openvino_int8 import quantize_here; sys.exit(quantize_here(*sys.argv[1:]))"
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            q = nncf.quantize(ov.Core().read_model(str(fp32)), nncf.Dataset(batches), subset_size=len(calib),
-                              preset=nncf.QuantizationPreset.MIXED, model_type=nncf.ModelType.TRANSFORMER)
-    except Exception as e:  # NNCF's own failures (an unsupported graph)
-        raise QuantizeError(f"NNCF could not quantize {fp32}: {str(e).strip().splitlines()[0][:300]}") from None
-    ov.save_model(q, str(tmp), compress_to_fp16=False)
+        r = subprocess.run([sys.executable, "-c", code, str(fp32), str(tmp), str(data)], capture_output=True,
+                           text=True, env=env)
+    finally:
+        data.unlink(missing_ok=True)
+    if r.returncode != 0:
+        said = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        raise QuantizeError(f"NNCF could not quantize {fp32}: {(said[-1] if said else f'exit {r.returncode}')[:300]}")
     weights_of(tmp).replace(weights_of(dst))
     tmp.replace(dst)
     return dst
+
+
+def quantize_here(fp32: str, out: str, calibration: str) -> int:
+    """nncf_quantize's child: the IR at `fp32` quantized on the images in the .npy file `calibration`, saved at
+    `out`; 0, or 2 with the reason as the last line of stderr."""
+    import sys
+
+    import nncf
+    import openvino as ov
+
+    nncf.set_log_level(logging.ERROR)
+    calib = np.load(calibration, allow_pickle=False)
+    batches = [calib[i:i + 8] for i in range(0, len(calib), 8)]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            q = nncf.quantize(ov.Core().read_model(fp32), nncf.Dataset(batches), subset_size=len(calib),
+                              preset=nncf.QuantizationPreset.MIXED, model_type=nncf.ModelType.TRANSFORMER)
+    except Exception as e:  # NNCF's own failures (an unsupported graph)
+        print(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, file=sys.stderr)
+        return 2
+    ov.save_model(q, out, compress_to_fp16=False)
+    return 0
 
 
 def quantize_openvino(fp32: str | Path, dst: str | Path, model, data: LabelledImages, metric: str = "top1",

@@ -67,15 +67,27 @@ class _Port:
         self.shape = [d.get_length() if d.is_static else None for d in port.get_partial_shape()]
 
 
+def shared_core():
+    """One openvino.Core for the process: every session compiles through it (a Core per session loads the CPU
+    plugin again each time, and their teardown beside ONNX Runtime and torch crashed the test suite)."""
+    global _CORE
+    if _CORE is None:
+        import openvino as ov
+
+        _CORE = ov.Core()
+    return _CORE
+
+
+_CORE = None
+
+
 class OpenVinoSession:
     """An IR compiled for OpenVINO's CPU plugin, called as an `onnxruntime.InferenceSession` is:
     get_inputs(), get_outputs(), run(None, {name: array}) -> [arrays in output order]."""
 
     def __init__(self, xml: str | Path, threads: int = 0) -> None:
         require_openvino()
-        import openvino as ov
-
-        core = ov.Core()
+        core = shared_core()
         config = {"INFERENCE_PRECISION_HINT": "f32"}  # not the bf16 default of AMX CPUs: see the module docstring
         if threads:
             config["INFERENCE_NUM_THREADS"] = int(threads)
