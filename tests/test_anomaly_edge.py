@@ -197,6 +197,88 @@ def test_a_zero_budget_on_verdicts_int8_breaks_is_one_sentence_and_no_loadable_f
     assert OnnxPatchCore(folder).predict(val)[0].shape == (8,)  # the fp32 export is untouched
 
 
+@pytest.mark.slow
+def test_predict_onnx_rows_and_maps_for_a_dinomaly_export_equal_the_checkpoints_without_torch(edge, tmp_path):
+    from helpers import import_script, run_script
+    from test_onnx_predict import NO_TORCH
+
+    tmp, *_ = edge
+    exp = tmp_path / "exp"
+    assert import_script("export").main(["--checkpoint", str(tmp / "dino"), "--out", str(exp), "--images",
+                                         str(tmp / "test")]) == 0
+    check = json.loads((exp / "verification.json").read_text())["results"]["anomaly"]
+    assert check["max_abs_score_diff"] <= 1e-4 and check["file"] == str(exp / "anomaly" / "dinomaly.onnx")
+    assert import_script("predict").main(["--checkpoint", str(tmp / "dino"), str(tmp / "test"), "--out",
+                                          str(tmp_path / "torch"), "--cam"]) == 0
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(NO_TORCH)
+    r = run_script("predict.py", "--onnx", str(exp / "model.onnx"), str(tmp / "test"), "--out",
+                   str(tmp_path / "onnx"), "--cam", env={"PYTHONPATH": f"{shim}:{ROOT}"})
+    assert r.returncode == 0, r.stderr
+    a = list(csv.DictReader((tmp_path / "torch" / "predictions.csv").open()))
+    b = list(csv.DictReader((tmp_path / "onnx" / "predictions.csv").open()))
+    assert len(a) == len(b) == 6 and {r["verdict"] for r in a} == {"good", "defect"}
+    for ra, rb in zip(a, b):
+        assert float(ra.pop("anomaly_score")) == pytest.approx(float(rb.pop("anomaly_score")), abs=1e-5)
+        for k in ("prob1", "prob2", "prob3", "prob4"):
+            assert float(ra.pop(k)) == pytest.approx(float(rb.pop(k)), abs=1e-5)
+        ma, mb = Path(ra.pop("anomaly_map")), Path(rb.pop("anomaly_map"))
+        assert ma.name == mb.name
+        pa, pb = np.asarray(Image.open(ma).convert("RGB")), np.asarray(Image.open(mb).convert("RGB"))
+        assert pa.shape == pb.shape and (pa == pb).all(-1).mean() > 0.99  # one picture, one colour scale
+        ra.pop("cam")  # attention rollout: the PyTorch path's alone
+        assert ra == rb  # path, classes, verdict
+
+
+@pytest.mark.slow
+def test_export_keeps_verdicts_without_defects_and_over_budget_leaves_the_out_folder_as_it_was(edge, tmp_path):
+    from helpers import run_script
+
+    from vit.eval.anomaly import fit_patchcore, save_patchcore
+    from vit.eval.inference import ImageFiles
+    from vit.models.checkpoint import save_checkpoint
+
+    tmp, model, cfg, _, _, t = edge
+    model = __import__("copy").deepcopy(model)
+    _plant_outliers(model)
+    save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b", "c", "d"])
+    pc = fit_patchcore(model, ImageFiles(sorted((tmp / "train").rglob("*.png")), t), ratio=0.5)
+    pc.threshold = float(pc.score(model, torch.stack([t.load(p) for p in (tmp / "val" / "good").glob("*")]))[0]
+                         .median())
+    save_patchcore(tmp_path / "ck" / "anomaly", pc, dict(good=[str(tmp / "train")], val=[str(tmp / "val")]))
+    shutil.copytree(tmp / "val", tmp_path / "eval" / "a")  # the classifier's INT8 needs labelled images
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "model.onnx").write_bytes(b"an earlier export")
+    r = run_script("export.py", "--checkpoint", str(tmp_path / "ck"), "--out", str(out), "--quantize", "int8",
+                   "--int8-method", "dynamic", "--max-drop", "100", "--eval-images", str(tmp_path / "eval"),
+                   "--images", str(tmp / "test"))
+    assert r.returncode == 0, r.stderr  # a budget of 100 points passes anything
+    rec = json.loads((out / "verification.json").read_text())["results"]["anomaly_int8"]
+    assert rec["metric"] == "verdict_agreement" and rec["images_defects"] == 0
+    assert "no defective validation images recorded" in r.stdout
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    from vit.deploy.export_folder import Int8Request, exported_detector  # the step export_folder runs in staging
+    from vit.deploy.quantize import QuantizeError
+
+    staging = out / ".staging-test"
+    staging.mkdir()
+    shutil.copy(out / "preprocessing.json", staging / "preprocessing.json")
+    x = torch.stack([t.load(p) for p in sorted((tmp / "test").rglob("*.png"))])
+    with pytest.raises(QuantizeError) as e:
+        exported_detector(model, tmp_path / "ck" / "anomaly", staging, [x], staging / "preprocessing.json", False,
+                          Int8Request(method="dynamic", max_drop=0.0), out, lambda s: None)
+    assert "over the budget of 0" in str(e.value) and f"Nothing in {out} was replaced" in str(e.value)
+    assert "\n" not in str(e.value)
+    shutil.rmtree(staging)  # as export_folder's finally does
+    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.name.endswith(".rejected")}
+    assert after == before and (out / "anomaly-features.int8.onnx.rejected").is_file()
+
+
+# Last in the file: in one process, a torch ONNX export after these NNCF runs (the Dinomaly predict test above)
+# ended in a segmentation fault here, and the whole file still exits with a segfault after all pass (not yet
+# understood; export.py --format openvino --quantize int8 itself ran NNCF then the detector's export fine).
 def test_nncf_int8_of_the_detectors_ir_keeps_the_budget_and_predict_openvino_int8_xml_scores_with_it(edge, tmp_path):
     """The detector's IR quantized by NNCF on the recorded good images: the record's image AUROC, fp32 and INT8, is
     scikit-learn's on the IR files' own scores; predict.py --openvino model.int8.xml scores with features.int8.xml
@@ -286,82 +368,3 @@ def test_a_zero_budget_on_the_detectors_nncf_int8_is_one_sentence_and_nothing_in
     assert sorted(p.name for p in out.iterdir()) == ["anomaly-features.int8.bin.rejected",
                                                      "anomaly-features.int8.xml.rejected", "model.xml"]
     assert (out / "model.xml").read_bytes() == b"an earlier export"
-
-
-@pytest.mark.slow
-def test_predict_onnx_rows_and_maps_for_a_dinomaly_export_equal_the_checkpoints_without_torch(edge, tmp_path):
-    from helpers import import_script, run_script
-    from test_onnx_predict import NO_TORCH
-
-    tmp, *_ = edge
-    exp = tmp_path / "exp"
-    assert import_script("export").main(["--checkpoint", str(tmp / "dino"), "--out", str(exp), "--images",
-                                         str(tmp / "test")]) == 0
-    check = json.loads((exp / "verification.json").read_text())["results"]["anomaly"]
-    assert check["max_abs_score_diff"] <= 1e-4 and check["file"] == str(exp / "anomaly" / "dinomaly.onnx")
-    assert import_script("predict").main(["--checkpoint", str(tmp / "dino"), str(tmp / "test"), "--out",
-                                          str(tmp_path / "torch"), "--cam"]) == 0
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "sitecustomize.py").write_text(NO_TORCH)
-    r = run_script("predict.py", "--onnx", str(exp / "model.onnx"), str(tmp / "test"), "--out",
-                   str(tmp_path / "onnx"), "--cam", env={"PYTHONPATH": f"{shim}:{ROOT}"})
-    assert r.returncode == 0, r.stderr
-    a = list(csv.DictReader((tmp_path / "torch" / "predictions.csv").open()))
-    b = list(csv.DictReader((tmp_path / "onnx" / "predictions.csv").open()))
-    assert len(a) == len(b) == 6 and {r["verdict"] for r in a} == {"good", "defect"}
-    for ra, rb in zip(a, b):
-        assert float(ra.pop("anomaly_score")) == pytest.approx(float(rb.pop("anomaly_score")), abs=1e-5)
-        for k in ("prob1", "prob2", "prob3", "prob4"):
-            assert float(ra.pop(k)) == pytest.approx(float(rb.pop(k)), abs=1e-5)
-        ma, mb = Path(ra.pop("anomaly_map")), Path(rb.pop("anomaly_map"))
-        assert ma.name == mb.name
-        pa, pb = np.asarray(Image.open(ma).convert("RGB")), np.asarray(Image.open(mb).convert("RGB"))
-        assert pa.shape == pb.shape and (pa == pb).all(-1).mean() > 0.99  # one picture, one colour scale
-        ra.pop("cam")  # attention rollout: the PyTorch path's alone
-        assert ra == rb  # path, classes, verdict
-
-
-@pytest.mark.slow
-def test_export_keeps_verdicts_without_defects_and_over_budget_leaves_the_out_folder_as_it_was(edge, tmp_path):
-    from helpers import run_script
-
-    from vit.eval.anomaly import fit_patchcore, save_patchcore
-    from vit.eval.inference import ImageFiles
-    from vit.models.checkpoint import save_checkpoint
-
-    tmp, model, cfg, _, _, t = edge
-    model = __import__("copy").deepcopy(model)
-    _plant_outliers(model)
-    save_checkpoint(tmp_path / "ck", model, cfg, ["a", "b", "c", "d"])
-    pc = fit_patchcore(model, ImageFiles(sorted((tmp / "train").rglob("*.png")), t), ratio=0.5)
-    pc.threshold = float(pc.score(model, torch.stack([t.load(p) for p in (tmp / "val" / "good").glob("*")]))[0]
-                         .median())
-    save_patchcore(tmp_path / "ck" / "anomaly", pc, dict(good=[str(tmp / "train")], val=[str(tmp / "val")]))
-    shutil.copytree(tmp / "val", tmp_path / "eval" / "a")  # the classifier's INT8 needs labelled images
-    out = tmp_path / "exp"
-    out.mkdir()
-    (out / "model.onnx").write_bytes(b"an earlier export")
-    r = run_script("export.py", "--checkpoint", str(tmp_path / "ck"), "--out", str(out), "--quantize", "int8",
-                   "--int8-method", "dynamic", "--max-drop", "100", "--eval-images", str(tmp_path / "eval"),
-                   "--images", str(tmp / "test"))
-    assert r.returncode == 0, r.stderr  # a budget of 100 points passes anything
-    rec = json.loads((out / "verification.json").read_text())["results"]["anomaly_int8"]
-    assert rec["metric"] == "verdict_agreement" and rec["images_defects"] == 0
-    assert "no defective validation images recorded" in r.stdout
-    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    from vit.deploy.export_folder import Int8Request, exported_detector  # the step export_folder runs in staging
-    from vit.deploy.quantize import QuantizeError
-
-    staging = out / ".staging-test"
-    staging.mkdir()
-    shutil.copy(out / "preprocessing.json", staging / "preprocessing.json")
-    x = torch.stack([t.load(p) for p in sorted((tmp / "test").rglob("*.png"))])
-    with pytest.raises(QuantizeError) as e:
-        exported_detector(model, tmp_path / "ck" / "anomaly", staging, [x], staging / "preprocessing.json", False,
-                          Int8Request(method="dynamic", max_drop=0.0), out, lambda s: None)
-    assert "over the budget of 0" in str(e.value) and f"Nothing in {out} was replaced" in str(e.value)
-    assert "\n" not in str(e.value)
-    shutil.rmtree(staging)  # as export_folder's finally does
-    after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.name.endswith(".rejected")}
-    assert after == before and (out / "anomaly-features.int8.onnx.rejected").is_file()
