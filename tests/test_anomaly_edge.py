@@ -87,13 +87,14 @@ def edge(tmp_path_factory):
     return tmp, model, cfg, det, pc, t
 
 
-def _export(model, cfg, det, folder: Path, batches) -> dict:
-    """The detector exported as export.py does it, into `folder`/anomaly/ with preprocessing.json beside."""
+def _export(model, cfg, det, folder: Path, batches, openvino: bool = False) -> dict:
+    """The detector exported as export.py does it, into `folder`/anomaly/ with preprocessing.json beside (and with
+    `openvino` its IR too)."""
     from vit.deploy.anomaly_export import export_detector
     from vit.deploy.export import preprocessing, write_preprocessing
 
     pre = write_preprocessing(folder, preprocessing(model, cfg.aug, ["a", "b", "c", "d"]))
-    return export_detector(model, det, folder / "anomaly", batches, pre)
+    return export_detector(model, det, folder / "anomaly", batches, pre, openvino)
 
 
 def test_dinomaly_onnx_scores_and_maps_equal_pytorch_and_the_score_is_the_maps_top_share(edge, tmp_path):
@@ -161,13 +162,10 @@ def test_int8_features_keep_the_auroc_budget_and_the_record_is_the_int8_files_ow
     assert detector_runtime(tmp_path / "model.int8.onnx") == (folder, "onnx")
 
 
-def test_a_zero_budget_on_verdicts_int8_breaks_is_one_sentence_and_no_loadable_file(edge, tmp_path):
-    """No defective images recorded: the budget is on the good images' verdicts, fp32's against INT8's; with a
-    threshold at the median good score, per-tensor INT8 of a model with an outlier channel in every layer flips
-    some of them, and a zero budget refuses it."""
-    from vit.deploy.anomaly_int8 import DetectorImages, quantize_detector
-    from vit.deploy.onnx_anomaly import OnnxPatchCore
-    from vit.deploy.quantize import QuantizeError
+def _outlier_export(edge, tmp_path: Path, openvino: bool = False):
+    """A PatchCore on the model with an outlier channel in every layer, its threshold at the median good validation
+    score, exported into `tmp_path`/anomaly/: (its DetectorImages without defects, the folder, the good images)."""
+    from vit.deploy.anomaly_int8 import DetectorImages
     from vit.eval.anomaly import fit_patchcore
     from vit.eval.inference import ImageFiles
 
@@ -178,9 +176,19 @@ def test_a_zero_budget_on_verdicts_int8_breaks_is_one_sentence_and_no_loadable_f
     val = sorted((tmp / "val").rglob("*.png"))
     xv = torch.stack([t.load(p) for p in val])
     pc.threshold = float(pc.score(model, xv)[0].median())
-    _export(model, cfg, pc, tmp_path, [xv])
-    folder = tmp_path / "anomaly"
-    data = DetectorImages(xv.numpy(), None, xv.numpy(), "8 good validation images")
+    _export(model, cfg, pc, tmp_path, [xv], openvino)
+    return DetectorImages(xv.numpy(), None, xv.numpy(), "8 good validation images"), tmp_path / "anomaly", val
+
+
+def test_a_zero_budget_on_verdicts_int8_breaks_is_one_sentence_and_no_loadable_file(edge, tmp_path):
+    """No defective images recorded: the budget is on the good images' verdicts, fp32's against INT8's; with a
+    threshold at the median good score, per-tensor INT8 of a model with an outlier channel in every layer flips
+    some of them, and a zero budget refuses it."""
+    from vit.deploy.anomaly_int8 import quantize_detector
+    from vit.deploy.onnx_anomaly import OnnxPatchCore
+    from vit.deploy.quantize import QuantizeError
+
+    data, folder, val = _outlier_export(edge, tmp_path)
     assert data.metric == "verdict_agreement"
     with pytest.raises(QuantizeError) as e:
         quantize_detector(folder, data, ("dynamic",), max_drop=0.0, log=lambda s: None)
@@ -266,3 +274,97 @@ def test_export_keeps_verdicts_without_defects_and_over_budget_leaves_the_out_fo
     shutil.rmtree(staging)  # as export_folder's finally does
     after = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file() and not p.name.endswith(".rejected")}
     assert after == before and (out / "anomaly-features.int8.onnx.rejected").is_file()
+
+
+# Last in the file: in one process, a torch ONNX export after these NNCF runs (the Dinomaly predict test above)
+# ended in a segmentation fault here, and the whole file still exits with a segfault after all pass (not yet
+# understood; export.py --format openvino --quantize int8 itself ran NNCF then the detector's export fine).
+def test_nncf_int8_of_the_detectors_ir_keeps_the_budget_and_predict_openvino_int8_xml_scores_with_it(edge, tmp_path):
+    """The detector's IR quantized by NNCF on the recorded good images: the record's image AUROC, fp32 and INT8, is
+    scikit-learn's on the IR files' own scores; predict.py --openvino model.int8.xml scores with features.int8.xml
+    (its rows equal that file's scores, which are not the fp32 IR's), and model.xml with the fp32 IR."""
+    pytest.importorskip("nncf")
+    from helpers import import_script
+
+    from vit.deploy.anomaly_int8 import detector_images, quantize_detector_openvino
+    from vit.deploy.export import ExportableClassifier, export_model
+    from vit.deploy.onnx_anomaly import open_detector
+    from vit.deploy.openvino_ir import convert_onnx
+    from vit.deploy.predictions import detector_runtime
+    from vit.eval.anomaly_settings import read_settings
+
+    tmp, model, cfg, _, pc, t = edge
+    x = torch.stack([t.load(p) for p in sorted((tmp / "test").rglob("*.png"))])
+    _export(model, cfg, pc, tmp_path, [x], openvino=True)
+    folder = tmp_path / "anomaly"
+    data = detector_images(read_settings(tmp / "pc" / "anomaly" / "patchcore.json", ""),
+                           open_detector(folder).preprocess)
+    lines = []
+    res = quantize_detector_openvino(folder, data, max_drop=5.0, log=lines.append)
+    assert "budget: lose at most 5 pt" in lines[0] and res["method"] == "nncf" and res["calibration_images"] == 6
+    assert sorted(p.name for p in folder.iterdir()) == ["bank.npy", "features.bin", "features.int8.bin",
+                                                        "features.int8.xml", "features.onnx", "features.xml",
+                                                        "patchcore.json"]  # no temporary file left behind
+    fp32, int8 = open_detector(folder, runtime="openvino"), open_detector(folder, runtime="openvino_int8")
+    assert int8.features.name == "features.int8.xml"
+    assert res["image_auroc_fp32"] == pytest.approx(_oracle_auroc(fp32, tmp), abs=1e-12)
+    assert res["image_auroc_int8"] == pytest.approx(_oracle_auroc(int8, tmp), abs=1e-12)
+    assert res["drop_points"] == pytest.approx(100 * (res["image_auroc_fp32"] - res["image_auroc_int8"]))
+    assert res["drop_points"] <= 5.0 and res["bytes_int8"] < res["bytes_fp32"] and res["speed"]["batch"] == 1
+    # the parts' AUROC is the same number on both files here: noise split in two, where it is not, keeps the check
+    # above from passing with fp32's scores in the INT8 record (0.378 -> 0.406, measured)
+    from sklearn.metrics import roc_auc_score
+
+    from vit.deploy.anomaly_int8 import DetectorImages
+
+    n = np.random.default_rng(0).normal(0, 1, (64, 3, 32, 32)).astype(np.float32)
+    noise = quantize_detector_openvino(folder, DetectorImages(n[:32], n[32:], data.calib, "noise"), 100.0,
+                                       log=lambda s: None)
+    int8 = open_detector(folder, runtime="openvino_int8")  # the file just written again
+    for key, det in (("image_auroc_fp32", fp32), ("image_auroc_int8", int8)):
+        assert noise[key] == pytest.approx(roc_auc_score([0] * 32 + [1] * 32, det.score(n)[0]), abs=1e-12)
+    assert noise["image_auroc_int8"] != pytest.approx(noise["image_auroc_fp32"], abs=1e-3)
+    val = sorted((tmp / "val").rglob("*.png"))
+    s_int8, s_fp32 = int8.predict(val)[0], fp32.predict(val)[0]
+    assert np.abs(s_int8 - s_fp32).max() > 1e-4  # another model: the comparison below can tell them apart
+    # the classifier's IR under the INT8 name: what is under test is which detector file predict.py picks
+    convert_onnx(export_model(ExportableClassifier(model), "onnx", tmp_path, x), tmp_path / "model.int8.xml")
+    assert detector_runtime(tmp_path / "model.int8.xml") == (folder, "openvino_int8")
+    assert detector_runtime(tmp_path / "model.xml") == (folder, "openvino")
+    assert import_script("predict").run_onnx(["--openvino", str(tmp_path / "model.int8.xml"), str(tmp / "val"),
+                                              "--out", str(tmp_path / "p")]) == 0
+    rows = {r["path"]: float(r["anomaly_score"]) for r in csv.DictReader((tmp_path / "p" / "predictions.csv").open())}
+    np.testing.assert_allclose([rows[str(p)] for p in val], s_int8, atol=2e-6)
+    (folder / "features.int8.xml").unlink()  # an export without the detector's INT8 IR: its fp32 IR
+    assert detector_runtime(tmp_path / "model.int8.xml") == (folder, "openvino")
+
+
+def test_a_zero_budget_on_the_detectors_nncf_int8_is_one_sentence_and_nothing_in_out_replaced(edge, tmp_path):
+    """export.py's step (vit.deploy.export_folder.detector_int8) with --format openvino: on noise images, far from
+    the parts it was calibrated on, the outlier model's NNCF INT8 IR moves scores by about 1 (half the verdicts
+    flip at the median threshold, measured), so a zero budget refuses it in one sentence, the attempt moved into
+    --out as anomaly-<file>.rejected beside an earlier export left as it was."""
+    pytest.importorskip("nncf")
+    from vit.deploy.anomaly_int8 import DetectorImages
+    from vit.deploy.export_folder import Int8Request, detector_int8
+    from vit.deploy.onnx_anomaly import open_detector
+    from vit.deploy.quantize import QuantizeError
+
+    calib, folder, _ = _outlier_export(edge, tmp_path, openvino=True)
+    x = np.random.default_rng(0).normal(0, 1, (64, 3, 32, 32)).astype(np.float32)
+    settings = json.loads((folder / "patchcore.json").read_text())
+    settings["threshold"] = float(np.median(open_detector(folder, runtime="openvino").score(x)[0]))
+    (folder / "patchcore.json").write_text(json.dumps(settings))
+    data = DetectorImages(x, None, calib.calib, "64 noise images")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.xml").write_bytes(b"an earlier export")
+    with pytest.raises(QuantizeError) as e:
+        detector_int8(folder, data, Int8Request(max_drop=0.0), out, True, lambda s: None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("NNCF INT8 of the anomaly model loses ") and "verdict agreement" in msg
+    assert "over the budget of 0." in msg and f"Nothing in {out} was replaced" in msg
+    assert not (folder / "features.int8.xml").exists() and not (folder / "features.int8.bin").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["anomaly-features.int8.bin.rejected",
+                                                     "anomaly-features.int8.xml.rejected", "model.xml"]
+    assert (out / "model.xml").read_bytes() == b"an earlier export"

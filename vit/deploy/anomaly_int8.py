@@ -15,6 +15,10 @@ classifier's: the same methods (dynamic; static QDQ), the same candidates (MatMu
 and the same fallback when the whole model loses too much (the most sensitive layer groups kept float, the fewest
 that keep the budget, `fewest_float_groups`; sensitivity: how far each group alone moves the scores). Of the
 methods that keep the budget the fastest at batch 1 against the fp32 file on ONNX Runtime is kept.
+
+With --format openvino the detector's IR (features.xml, dinomaly.xml) is quantized too, by NNCF on the same
+calibration images (`quantize_detector_openvino`, vit/deploy/openvino_int8.py's `nncf_quantize`), its number
+measured on OpenVINO against the fp32 IR within the same budget: NNCF's one attempt, taken or refused.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from .onnx_predict import load_batches
 from .quantize import QuantizeError, fewest_float_groups, prepare, quantize, signed_points, weight_groups, within_budget
 
 __all__ = ["DetectorImages", "BUDGETS", "spec_paths", "detector_images", "budget_value", "quantize_detector",
-           "describe_detector_change"]
+           "quantize_detector_openvino", "describe_detector_change"]
 
 BUDGETS = {"image_auroc": "image AUROC", "verdict_agreement": "verdict agreement with fp32"}
 
@@ -230,5 +234,45 @@ def quantize_detector(folder: str | Path, data: DetectorImages, methods: tuple[s
                evaluated_on=data.source, calibration_images=len(data.calib), rejected=failures,
                speed=speeds[chosen["file"].name], bytes_fp32=src.stat().st_size, bytes_int8=dst.stat().st_size,
                file=str(dst))
+    res["size_ratio"] = res["bytes_fp32"] / res["bytes_int8"]
+    return res
+
+
+def quantize_detector_openvino(folder: str | Path, data: DetectorImages, max_drop: float = 0.5, threads: int = 1,
+                               log=print) -> dict:
+    """The NNCF INT8 IR of the exported detector in `folder` (features.int8.xml or dinomaly.int8.xml, with its .bin,
+    beside the fp32 IR), calibrated on `data.calib`, kept only within `max_drop` points of `data.metric` against the
+    fp32 IR; -> quantize_detector's keys (method "nncf", no layer group kept float, speed against the fp32 ONNX
+    file). Over the budget: QuantizeError, one sentence, the attempt moved to <file>.rejected (and its .bin)."""
+    from .onnx_anomaly import detector_file
+    from .openvino_int8 import nncf_quantize
+    from .openvino_ir import ir_bytes, weights_of
+
+    folder = Path(folder)
+    det = open_detector(folder, runtime="openvino")
+    src, dst = det.features, folder / detector_file(det.method, "openvino_int8")
+    if data.defects is None and det.threshold is None:
+        raise QuantizeError("the detector has no threshold, so its verdicts cannot be kept; fit it with --val.")
+    reference = None if data.defects is not None else _scores(det, data.good) >= det.threshold
+    fp32 = budget_value(det, data, reference, det.threshold)
+    log(f"anomaly OpenVINO INT8 (NNCF): {BUDGETS[data.metric]} on {data.source}, budget: lose at most "
+        f"{max_drop:g} pt")
+    nncf_quantize(src, dst, data.calib)
+    value = budget_value(open_detector(folder, runtime="openvino_int8"), data, reference, det.threshold)
+    m, drop = data.metric, 100 * (fp32 - value)
+    if not within_budget(drop, max_drop):
+        for f in (weights_of(dst), dst):
+            f.replace(f.with_name(f"{f.name}.rejected"))
+        raise QuantizeError(f"NNCF INT8 of the anomaly model loses {drop:.2f} {BUDGETS[m]} points on {data.source} "
+                            f"({100 * fp32:.2f}% -> {100 * value:.2f}%), over the budget of {max_drop:g}.")
+    onnx = detector_file(det.method, "onnx")
+    speeds = _speed(folder, onnx, [src.name, dst.name], data.good[:1], threads) if (folder / onnx).is_file() else {}
+    res = dict(metric=m, **{f"{m}_fp32": fp32, f"{m}_int8": value}, drop_points=drop, max_drop=max_drop,
+               method="nncf", float_groups=[], layer_groups=None, images_good=len(data.good),
+               images_defects=0 if data.defects is None else len(data.defects), evaluated_on=data.source,
+               calibration_images=len(data.calib), rejected=[], bytes_fp32=ir_bytes(src), bytes_int8=ir_bytes(dst),
+               file=str(dst))
+    if speeds:  # the INT8 IR against the fp32 ONNX file, as the ONNX INT8 entry; OpenVINO fp32 beside it
+        res["speed"] = dict(speeds[dst.name], ov_fp32_over_ort_fp32=speeds[src.name]["int8_over_ort_fp32"])
     res["size_ratio"] = res["bytes_fp32"] / res["bytes_int8"]
     return res

@@ -43,7 +43,7 @@ from .export import (
 from .int8 import INT8_FILE, budget_metric, labelled_images, samples
 from .openvino_ir import OPENVINO_INT8_FILE, convert_onnx, weights_of
 
-__all__ = ["Int8Request", "export_folder", "verification_images", "exported_detector"]
+__all__ = ["Int8Request", "export_folder", "verification_images", "exported_detector", "detector_int8"]
 
 
 @dataclass(frozen=True)
@@ -200,15 +200,15 @@ def quantized_openvino(req: Int8Request, model, data, metric: str, staged: dict,
 def exported_detector(model, folder: Path, staging: Path, batches, preprocessing_json: Path, openvino: bool,
                       int8: Int8Request | None, out: Path, log: Callable[[str], None]) -> dict:
     """The checkpoint's detector in `folder` (any method) exported into `staging`/anomaly/ and checked
-    (vit/deploy/anomaly_export.py), with `int8` also its INT8 model within the budget (vit/deploy/anomaly_int8.py):
-    their verification.json entries (anomaly, anomaly_openvino, anomaly_int8), one line each. QuantizeError (exit 2)
-    over the budget, the last attempt kept in `out` as anomaly-<file>.rejected and nothing else there replaced."""
+    (vit/deploy/anomaly_export.py), with `int8` also its INT8 model within the budget (vit/deploy/anomaly_int8.py),
+    and with `openvino` too its NNCF INT8 IR within the same budget: their verification.json entries (anomaly,
+    anomaly_openvino, anomaly_int8, anomaly_openvino_int8), one line each. QuantizeError (exit 2) over the budget,
+    the last attempt kept in `out` as anomaly-<file>.rejected and nothing else there replaced."""
     from ..eval.anomaly_settings import SETTINGS_FILE, check_whole_images, read_settings
     from ..eval.dinomaly import load_detector
     from .anomaly_export import export_detector
-    from .anomaly_int8 import describe_detector_change, detector_images, quantize_detector
+    from .anomaly_int8 import detector_images
     from .onnx_anomaly import open_detector
-    from .quantize import QuantizeError
 
     det = load_detector(check_whole_images(folder))
     results = {}
@@ -223,20 +223,37 @@ def exported_detector(model, folder: Path, staging: Path, batches, preprocessing
     where = staging / ANOMALY_DIR
     data = detector_images(read_settings(folder / SETTINGS_FILE, "fit it again with anomaly.py fit"),
                            open_detector(where).preprocess, int8.calibration_images)
+    results["anomaly_int8"] = detector_int8(where, data, int8, out, False, log)
+    if openvino:
+        results["anomaly_openvino_int8"] = detector_int8(where, data, int8, out, True, log)
+    return results
+
+
+def detector_int8(where: Path, data, int8: Int8Request, out: Path, openvino: bool, log: Callable[[str], None]) -> dict:
+    """The staged detector's INT8 file in `where` (anomaly/ in staging): ONNX Runtime's (quantize_detector) or with
+    `openvino` NNCF's IR (quantize_detector_openvino), its record with the file's final path in `out`, and one line.
+    Over the budget: QuantizeError saying nothing in `out` was replaced, the attempt moved there as
+    anomaly-<file>.rejected."""
+    from .anomaly_int8 import describe_detector_change, quantize_detector, quantize_detector_openvino
+    from .quantize import QuantizeError
+
     methods = ("dynamic", "static") if int8.method == "auto" else (int8.method,)
     try:
-        res = quantize_detector(where, data, methods, int8.max_drop, int8.threads, log)
+        res = (quantize_detector_openvino(where, data, int8.max_drop, int8.threads, log) if openvino else
+               quantize_detector(where, data, methods, int8.max_drop, int8.threads, log))
     except QuantizeError as e:
         for f in where.glob("*.rejected"):
             f.replace(out / f"{ANOMALY_DIR}-{f.name}")
         raise QuantizeError(f"{e} Nothing in {out} was replaced (the last attempt is kept as {out}/{ANOMALY_DIR}-"
                             "<file>.rejected); raise --max-drop or export without --quantize.") from None
     res["file"] = str(out / ANOMALY_DIR / Path(res["file"]).name)
-    log(f"anomaly int8 ({res['method']}) " + describe_detector_change(res) + f", {len(res['float_groups'])} layer "
-        f"group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> {res['bytes_int8'] / 2**20:.1f} MiB; batch 1, "
-        f"{int8.threads} thread(s): {res['speed']['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32")
-    results["anomaly_int8"] = res
-    return results
+    speed = res.get("speed")
+    log(f"anomaly {'openvino int8' if openvino else 'int8'} ({res['method']}) " + describe_detector_change(res)
+        + f", {len(res['float_groups'])} layer group(s) kept float; {res['bytes_fp32'] / 2**20:.1f} -> "
+        f"{res['bytes_int8'] / 2**20:.1f} MiB" + (f"; batch 1, {int8.threads} thread(s): "
+                                                   f"{speed['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32"
+                                                   if speed else ""))
+    return res
 
 
 def _files(path: Path) -> list[Path]:
@@ -299,7 +316,7 @@ def export_folder(model, cfg, classes: list[str], out: Path, formats: list[str],
         if anomaly is not None:  # an anomaly checkpoint: its detector for predict.py --onnx (and its INT8)
             results.update(exported_detector(model, anomaly, staging, batches, write_preprocessing(staging, info),
                                              "openvino" in formats, int8, out, log))
-        for key in ("int8", "openvino_int8", "anomaly", "anomaly_openvino", "anomaly_int8"):
+        for key in ("int8", "openvino_int8", "anomaly", "anomaly_openvino", "anomaly_int8", "anomaly_openvino_int8"):
             if key in results:
                 results[key]["model_fingerprint"] = model_id
         results = {**previous_results(out, model_id, list(results), log), **results}

@@ -18,7 +18,8 @@ export.py writes the folder beside model.onnx when the checkpoint holds a detect
 
 `detector_file` names each method's model file per runtime: features.xml / dinomaly.xml, the OpenVINO IR export.py
 --format openvino writes (vit/deploy/openvino_ir.py), and features.int8.onnx / dinomaly.int8.onnx, the INT8 model
-export.py --quantize int8 writes within an AUROC budget (vit/deploy/anomaly_int8.py). Images are read by the
+export.py --quantize int8 writes within an AUROC budget (vit/deploy/anomaly_int8.py), with --format openvino also
+features.int8.xml / dinomaly.int8.xml by NNCF within the same budget. Images are read by the
 preprocessing.json one folder up, as onnx_predict does. Imports numpy, Pillow, OpenCV and onnxruntime (or openvino)
 only.
 """
@@ -40,14 +41,15 @@ __all__ = ["OnnxDetector", "OnnxPatchCore", "OnnxDinomaly", "open_detector", "de
            "top_share_mean", "FEATURES_ONNX", "DINOMALY_ONNX", "BANK_NPY", "RUNTIMES"]
 
 FEATURES_ONNX, DINOMALY_ONNX, BANK_NPY = "features.onnx", "dinomaly.onnx", "bank.npy"  # beside SETTINGS
-RUNTIMES = ("onnx", "openvino", "int8")  # detector_file's: fp32 ONNX, OpenVINO IR, INT8 ONNX
+RUNTIMES = ("onnx", "openvino", "int8", "openvino_int8")  # detector_file's: fp32 ONNX, OpenVINO IR, INT8 ONNX, INT8 IR
 
 
 def detector_file(method: str, runtime: str = "onnx") -> str:
     """The model file of an exported detector of `method` for `runtime` (RUNTIMES): features.onnx, features.xml,
-    features.int8.onnx for a nearest-neighbour bank; dinomaly.onnx, dinomaly.xml, dinomaly.int8.onnx for Dinomaly."""
+    features.int8.onnx, features.int8.xml for a nearest-neighbour bank; dinomaly.onnx, dinomaly.xml,
+    dinomaly.int8.onnx, dinomaly.int8.xml for Dinomaly."""
     stem = Path(DINOMALY_ONNX if method == "dinomaly" else FEATURES_ONNX).stem
-    return stem + {"onnx": ".onnx", "openvino": ".xml", "int8": ".int8.onnx"}[runtime]
+    return stem + {"onnx": ".onnx", "openvino": ".xml", "int8": ".int8.onnx", "openvino_int8": ".int8.xml"}[runtime]
 
 
 def nearest_distance(queries: np.ndarray, bank: np.ndarray, chunk: int = 1024) -> np.ndarray:

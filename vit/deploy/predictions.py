@@ -101,21 +101,27 @@ def check_threshold(threshold: float | None, multi_label: bool) -> None:
 
 def detector_runtime(onnx: str | Path) -> tuple[Path, str]:
     """(the anomaly/ folder beside an export.py model file, the runtime its detector runs on, as
-    vit.deploy.onnx_anomaly.detector_file names them): a model.xml's detector on OpenVINO (features.xml), a
-    model.int8.onnx's on its INT8 file (features.int8.onnx; the fp32 one when the export has none), else fp32 ONNX."""
-    from .onnx_anomaly import SETTINGS, detector_file
-
+    vit.deploy.onnx_anomaly.detector_file names them): a model.int8.xml's detector on its NNCF INT8 IR
+    (features.int8.xml), a model.xml's on OpenVINO (features.xml), a model.int8.onnx's on its INT8 file
+    (features.int8.onnx), else fp32 ONNX; an INT8 model whose export has no INT8 detector file gets the fp32 one."""
     onnx = Path(onnx)
     folder = onnx.parent / "anomaly"
-    if onnx.suffix == ".xml":
-        return folder, "openvino"
-    if onnx.name.endswith(".int8.onnx") and (folder / SETTINGS).is_file():
-        from ..eval.anomaly_settings import read_settings
+    fp32, int8 = ("openvino", "openvino_int8") if onnx.suffix == ".xml" else ("onnx", "int8")
+    if onnx.name.endswith(".int8" + onnx.suffix) and _detector_has(folder, int8):
+        return folder, int8
+    return folder, fp32
 
-        method = read_settings(folder / SETTINGS, "export the checkpoint again with export.py")["method"]
-        if (folder / detector_file(method, "int8")).is_file():
-            return folder, "int8"
-    return folder, "onnx"
+
+def _detector_has(folder: Path, runtime: str) -> bool:
+    """Whether `folder` holds an exported detector with its model file for `runtime` (detector_file's)."""
+    from .onnx_anomaly import SETTINGS, detector_file
+
+    if not (folder / SETTINGS).is_file():
+        return False
+    from ..eval.anomaly_settings import read_settings
+
+    method = read_settings(folder / SETTINGS, "export the checkpoint again with export.py")["method"]
+    return (folder / detector_file(method, runtime)).is_file()
 
 
 def predict_onnx_images(onnx: str | Path, paths: list[Path], batch_size: int = 32, topk: int = 5,
@@ -124,8 +130,8 @@ def predict_onnx_images(onnx: str | Path, paths: list[Path], batch_size: int = 3
     export: its sigmoids and the labels at `threshold`, else its own); an anomaly/ folder beside the model adds
     each row's anomaly score and verdict (any method: vit.deploy.onnx_anomaly.open_detector), and the result its
     maps and detector (`anomaly_maps`, `detector`). `clf`: the OnnxClassifier of `onnx`, when the caller opened it. A
-    model.xml (export.py --format openvino) runs both on OpenVINO instead, a model.int8.onnx both in INT8
-    (`detector_runtime`)."""
+    model.xml (export.py --format openvino) runs both on OpenVINO instead, a model.int8.onnx or model.int8.xml both
+    in INT8 (`detector_runtime`)."""
     import numpy as np
 
     from .onnx_anomaly import open_detector
