@@ -137,8 +137,10 @@ def test_nncf_int8_keeps_its_budget_and_its_numbers_are_the_files_own(ov_export,
         torch_top1 = model(torch.from_numpy(data.x)).argmax(-1).numpy()
     assert (logits.argmax(-1) == torch_top1).mean() == pytest.approx(res["agreement_with_torch"])
     assert 0 < np.abs(logits - OnnxModel(exp / "model.onnx")(data.x)).max() < 5  # INT8: changed, not broken
-    ops = {op.get_type_name() for op in q.compiled.get_runtime_model().get_ordered_ops()}
-    assert any("FakeQuantize" in o or "Quantize" in o for o in ops) or res["bytes_int8"] < 0.6 * res["bytes_fp32"]
+    import openvino as ov
+
+    ops = {op.get_type_name() for op in ov.Core().read_model(str(tmp_path / "model.int8.xml")).get_ordered_ops()}
+    assert "FakeQuantize" in ops  # NNCF's quantizers are in the file itself, whatever the plugin makes of them
 
 
 def test_nncf_int8_over_a_tiny_budget_is_one_sentence_and_no_loadable_file(ov_export, tmp_path):
