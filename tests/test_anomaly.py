@@ -416,7 +416,7 @@ def test_tiles_of_a_strip_are_stitched_and_its_score_is_the_worst_tile(anomaly_c
     assert m.shape == (32, 72) and count.min() == 1 and count.max() == 3
     np.testing.assert_allclose(m, total / count, atol=1e-6)
     assert s == pytest.approx(max(scores), abs=1e-6)
-    with pytest.raises(ValueError, match=r"--tile 40 does not fit the image of 72x32 pixels; .* shorter side \(32\)"):
+    with pytest.raises(ValueError, match=r"--tile 40 does not fit the image of 72x32 pixels \(.* shorter side, 32\); "):
         tiled_score(pc, model, strip, 40)
 
 

@@ -24,9 +24,9 @@ __all__ = ["check_tile", "tile_boxes", "normalised", "TileFiles", "tiled_score"]
 def check_tile(tile: int, height: int, width: int, what: str = "the image") -> None:
     """ValueError, one sentence, for a tile that does not fit inside the image."""
     if tile < 1 or tile > min(height, width):
-        raise ValueError(f"--tile {tile} does not fit {what} of {width}x{height} pixels; use a tile of at least 1 "
-                         f"and at most its shorter side ({min(height, width)}), or leave --tile out to score the "
-                         "image resized to the model's input.")
+        raise ValueError(f"--tile {tile} does not fit {what} of {width}x{height} pixels (a tile lies inside the image: "
+                         f"at most its shorter side, {min(height, width)}); leave images smaller than the tile out, "
+                         "or leave --tile out to score every image resized to the model's input.")
 
 
 def tile_boxes(height: int, width: int, tile: int, stride: int | None = None) -> list[tuple[int, int]]:
