@@ -144,9 +144,7 @@ def quantized(req: Int8Request, model, data, metric: str, fp32: Path, staging: P
         res = quantize_int8(fp32, staging / INT8_FILE, model, data, methods, metric, req.max_drop, threshold,
                             req.threads, log=log)
     except QuantizeError as e:
-        rejected = staging / f"{INT8_FILE}.rejected"
-        if rejected.is_file():
-            rejected.replace(out / rejected.name)
+        keep_rejected([staging / INT8_FILE], out)
         raise QuantizeError(f"{e} Nothing in {out} was replaced (the last attempt is {out / INT8_FILE}.rejected); "
                             "raise --max-drop or keep the fp32 model.onnx.") from None
     res["file"] = str(out / INT8_FILE)
@@ -179,10 +177,7 @@ def quantized_openvino(req: Int8Request, model, data, metric: str, staged: dict,
         res = quantize_openvino(staged["openvino"], dst, model, data, metric, req.max_drop,
                                 saved_threshold(checkpoint) or 0.5, req.threads, ort, log)
     except QuantizeError as e:
-        for f in _files(dst):
-            rejected = f.with_name(f"{f.name}.rejected")
-            if rejected.is_file():
-                rejected.replace(out / rejected.name)
+        keep_rejected(_files(dst), out)
         raise QuantizeError(f"{e} Nothing in {out} was replaced (the attempt is {out / OPENVINO_INT8_FILE}.rejected);"
                             " raise --max-drop or keep the fp32 model.xml.") from None
     res["file"] = str(out / OPENVINO_INT8_FILE)
@@ -254,6 +249,15 @@ def detector_int8(where: Path, data, int8: Int8Request, out: Path, openvino: boo
                                                    f"{speed['int8_over_ort_fp32']['median']:.2f}x ONNX Runtime fp32"
                                                    if speed else ""))
     return res
+
+
+def keep_rejected(files: list[Path], out: Path) -> None:
+    """An INT8 attempt over its budget left beside each of `files` as <name>.rejected, moved into `out` (the export's
+    folder, where the user looks; nothing else there is replaced)."""
+    for f in files:
+        rejected = f.with_name(f"{f.name}.rejected")
+        if rejected.is_file():
+            rejected.replace(out / rejected.name)
 
 
 def _files(path: Path) -> list[Path]:
