@@ -17,16 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from helpers import ROOT, import_script, run_script
+from helpers import ROOT, import_script, peaked_checkpoint, run_script
 from PIL import Image
 
 import vit
-from vit.config import AugConfig, load_config
+from vit.config import AugConfig
 from vit.deploy.export import preprocessing
 from vit.deploy.preprocess import ReferencePreprocessing
-from vit.models.build import build_model
-from vit.models.checkpoint import save_checkpoint
 
 TINY = ["--model.img_size=32", "--model.embed_dim=32", "--model.depth=1", "--model.num_heads=2",
         "--model.mlp_ratio=2", "--model.in_chans=3", "--aug.mean=[0.485,0.456,0.406]",
@@ -49,12 +46,7 @@ def _rows(path):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("onnx")
-    cfg = load_config(ROOT / "configs/default.yaml", TINY)
-    torch.manual_seed(0)
-    model = build_model(cfg, 10)
-    with torch.no_grad():
-        model.head.weight.mul_(30.0)  # peaked probabilities: a 1e-4 comparison then means something
-    save_checkpoint(tmp / "ck", model, cfg, [str(i) for i in range(10)])
+    peaked_checkpoint(tmp / "ck", TINY)  # peaked probabilities: a 1e-4 comparison then means something
     assert import_script("export").main(["--checkpoint", str(tmp / "ck"), "--out", str(tmp / "exp")]) == 0
     rng = np.random.default_rng(0)
     imgs = tmp / "imgs"

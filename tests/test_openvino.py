@@ -11,12 +11,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, import_script, run_script
+from helpers import ROOT, import_script, peaked_checkpoint, run_script
 from PIL import Image
 from test_anomaly import anomaly_checkpoint  # noqa: F401 (the anomaly export tests' fixture, shared)
 from test_onnx_predict import NO_TORCH, TINY, _rows
 
-from vit.config import load_config
 from vit.deploy.export_folder import Int8Request, quantized_openvino
 from vit.deploy.int8 import LabelledImages
 from vit.deploy.onnx_anomaly import OnnxPatchCore
@@ -25,8 +24,7 @@ from vit.deploy.openvino_ir import FEATURES_XML, OpenVinoSession
 from vit.deploy.preprocess import ReferencePreprocessing, read_preprocessing
 from vit.deploy.quantize import OnnxModel, QuantizeError
 from vit.deploy.session import open_session
-from vit.models.build import build_model
-from vit.models.checkpoint import load_checkpoint, save_checkpoint
+from vit.models.checkpoint import load_checkpoint
 
 pytest.importorskip("openvino")
 
@@ -36,12 +34,7 @@ def ov_export(tmp_path_factory):
     """A tiny 3-channel checkpoint (peaked head) exported with --format openvino, and photo-sized test images
     (one unreadable): (folder, images)."""
     tmp = tmp_path_factory.mktemp("openvino")
-    cfg = load_config(ROOT / "configs/default.yaml", TINY)
-    torch.manual_seed(0)
-    model = build_model(cfg, 10)
-    with torch.no_grad():
-        model.head.weight.mul_(30.0)  # peaked probabilities: a 1e-4 comparison then means something
-    save_checkpoint(tmp / "ck", model, cfg, [str(i) for i in range(10)])
+    peaked_checkpoint(tmp / "ck", TINY)  # peaked probabilities: a 1e-4 comparison then means something
     assert import_script("export").main(["--checkpoint", str(tmp / "ck"), "--format", "openvino",
                                          "--out", str(tmp / "exp")]) == 0
     rng = np.random.default_rng(0)

@@ -199,13 +199,13 @@ def exported_detector(model, folder: Path, staging: Path, batches, preprocessing
     and with `openvino` too its NNCF INT8 IR within the same budget: their verification.json entries (anomaly,
     anomaly_openvino, anomaly_int8, anomaly_openvino_int8), one line each. QuantizeError (exit 2) over the budget,
     the last attempt kept in `out` as anomaly-<file>.rejected and nothing else there replaced."""
-    from ..eval.anomaly_settings import SETTINGS_FILE, check_whole_images, read_settings
+    from ..eval.anomaly_settings import read_settings
     from ..eval.dinomaly import load_detector
     from .anomaly_export import export_detector
     from .anomaly_int8 import detector_images
     from .onnx_anomaly import open_detector
 
-    det = load_detector(check_whole_images(folder))
+    det = load_detector(folder)  # a detector of tiles was refused before the exports (export_folder)
     results = {}
     for runtime, check in export_detector(model, det, staging / ANOMALY_DIR, batches, preprocessing_json,
                                           openvino).items():  # verification.json: anomaly, anomaly_openvino
