@@ -84,7 +84,8 @@ def train_backbone(out: Path) -> Path:
     return out / "backbone" / "best"
 
 
-def train_head(backbone, head: str, train_ds, steps: int, seed: int, lr: float = 2e-3, backbone_lr: float = 5e-4):
+def train_head(backbone, head: str, train_ds, steps: int, seed: int, lr: float = 2e-3, backbone_lr: float = 5e-4,
+               dpt: dict | None = None):
     """A Segmenter on a copy of `backbone`, every weight trained for `steps` batches of 8 (AdamW, one-cycle; the
     new head at `lr`, the backbone at `backbone_lr`), cross-entropy weighted by the square root of the inverse
     pixel frequency (defects are 1-4% of the pixels) plus Dice."""
@@ -97,7 +98,7 @@ def train_head(backbone, head: str, train_ds, steps: int, seed: int, lr: float =
     from vit.train.tasks.segmentation import seg_loss
 
     torch.manual_seed(seed)
-    kw = DPT if head == "dpt" else {"blocks": 4}
+    kw = (dpt or DPT) if head == "dpt" else {"blocks": 4}
     model = create_segmenter(copy.deepcopy(backbone), len(CLASSES), head, **kw)
     weights = pixel_class_weights(train_ds).sqrt()
     groups = [{"params": model.backbone.parameters(), "lr": backbone_lr}, {"params": model.head.parameters(), "lr": lr}]
@@ -138,7 +139,7 @@ def pixel_rows(probs, masks, anomaly_maps) -> dict:
 
 
 def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int,
-             heads: tuple[str, ...] = ("linear", "dpt")) -> list[dict]:
+             heads: tuple[str, ...] = ("linear", "dpt"), dpt: dict | None = None) -> list[dict]:
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -171,7 +172,7 @@ def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int,
     rows = []
     for head in heads:
         t0 = time.perf_counter()
-        model = train_head(backbone, head, train_ds, steps, seed)
+        model = train_head(backbone, head, train_ds, steps, seed, dpt=dpt)
         res = predict_masks(model, test_loader, len(CLASSES), keep_probs=True)
         s = seg_scores(res["confusion"])
         rows.append({"seed": seed, "head": head, "miou": s["miou"], "iou": dict(zip(CLASSES, s["iou"])),
@@ -188,6 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--train", type=int, default=200, help="training parts (a quarter good, a quarter per defect)")
     ap.add_argument("--heads", nargs="+", default=["linear", "dpt"], choices=["linear", "dpt"],
                     help="the heads trained and compared")
+    ap.add_argument("--dpt-factors", type=float, nargs=4, default=list(DPT["factors"]),
+                    help="the DPT head's four resampling factors against the patch grid (4 2 1 0.5: the finest map "
+                         "at pixel level for patch 4)")
+    ap.add_argument("--results", default="results.json", help="the file written into --out")
     return ap
 
 
@@ -207,14 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backbone: surface top-1 {100 * meta['val_acc1']:.1f}% on held-out good parts", flush=True)
     rows = []
     for seed in args.seeds:
-        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train, tuple(args.heads)):
-            rows.append(r)
+        dpt = {**DPT, "factors": tuple(args.dpt_factors)}
+        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train, tuple(args.heads), dpt):
+            rows.append({**r, "dpt_factors": list(args.dpt_factors)} if r["head"] == "dpt" else r)
             iou = "  ".join(f"{k} {100 * v:.1f}" for k, v in r["iou"].items())
             auc = "  ".join(f"{k} {v['seg']:.3f}/{v['patchcore']:.3f}" for k, v in r["pixel_auroc"].items())
             print(f"seed {seed} {r['head']:6s} mIoU {100 * r['miou']:.1f}  IoU: {iou}  pixel AUROC head/PatchCore: "
                   f"{auc}  ({r['train_s']:.0f} s)", flush=True)
-        (out / "results.json").write_text(json.dumps({"rows": rows, "backbone_val_acc1": meta["val_acc1"]}, indent=1))
-    (out / "results.json").write_text(json.dumps({"rows": rows, "backbone_val_acc1": meta["val_acc1"]}, indent=1))
+        (out / args.results).write_text(json.dumps({"rows": rows, "backbone_val_acc1": meta["val_acc1"]}, indent=1))
     return 0
 
 

@@ -124,7 +124,7 @@ def _validate_contrastive(cfg: Config) -> None:
                           f"photo of a {{}}.'), got {c.template!r:.80}.")
 
 
-NAFLEX_DATASETS = ("imagefolder", "digits", "cifar10", "cifar100", "synthetic")  # image sizes known before reading
+NAFLEX_DATASETS = ("imagefolder", "digits", "cifar10", "cifar100", "synthetic", "segmentation")  # sizes known
 
 
 def _validate_naflex(cfg: Config) -> None:
@@ -133,8 +133,8 @@ def _validate_naflex(cfg: Config) -> None:
     if d.dataset not in NAFLEX_DATASETS or d.labels_file:
         raise ConfigError(f"config key 'data.naflex' needs every image's size before the epoch starts, which "
                           f"data.dataset={d.dataset!r}" + (" with data.labels_file" if d.labels_file else "") +
-                          f" does not give; use one of {', '.join(NAFLEX_DATASETS)} (single-label), or remove "
-                          "data.naflex.")
+                          f" does not give; use one of {', '.join(NAFLEX_DATASETS)} (single-label where labelled), "
+                          "or remove data.naflex.")
     if a.mixup or a.cutmix:
         raise ConfigError("config keys 'aug.mixup' and 'aug.cutmix' mix images of one size, and data.naflex gives "
                           "each image its own; set both to 0 or remove data.naflex.")

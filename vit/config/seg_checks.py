@@ -45,7 +45,6 @@ def validate_seg(cfg: Config) -> None:
     for key, bad, why in (("aug.mixup", cfg.aug.mixup > 0, "mixes labels, not masks"),
                           ("aug.cutmix", cfg.aug.cutmix > 0, "mixes labels, not masks"),
                           ("data.sampler", d.sampler != "shuffle", "balances images by one label each"),
-                          ("data.naflex", d.naflex is not None, "batches images of their own sizes"),
                           ("data.labels_file", bool(d.labels_file), "lists image labels"),
                           ("distill.teacher", cfg.distill.teacher is not None, "teaches image labels"),
                           ("model.freeze", cfg.model.freeze and cfg.optim.lora_rank > 0, "is set with LoRA")):

@@ -14,6 +14,11 @@ marks pixels no loss or metric counts. Every refusal is one sentence naming the 
 Augmentation (`seg_transform`, albumentations): geometric transforms (random resized crop, flips, rotation) move
 image and mask together, the mask with nearest interpolation and the ignore index where a rotation leaves a border;
 photometric ones (colour jitter) touch the image only.
+
+NaFlex (data.naflex): each image keeps its aspect ratio. `seg_transform(None, ...)` leaves the size alone (flips,
+rotation and jitter only), and the dataset then resizes the image to the largest patch grid the budget allows
+(vit.data.naflex.grid_for_budget) and cuts it into patches; a training mask is resized with it (nearest), an
+evaluation mask keeps the file's size, so metrics are counted on the pixels of the file (the logits are resized).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from .decode import IMG_EXTENSIONS, decode_image
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
            "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
-           "pixel_class_weights"]
+           "pixel_class_weights", "collate_naflex_seg", "fit_to_budget"]
 
 IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
 _MASK_MODES = ("L", "P", "I", "I;16", "1")
@@ -159,26 +164,28 @@ def check_mask(mask: np.ndarray, num_classes: int, path) -> np.ndarray:
     return mask
 
 
-def seg_transform(img_size: int, train: bool, mean, std, scale: tuple[float, float] = (0.5, 1.0),
+def seg_transform(img_size: int | None, train: bool, mean, std, scale: tuple[float, float] = (0.5, 1.0),
                   rotate: float = 15.0, jitter: float = 0.2, interpolation: int | None = None):
     """The albumentations pipeline of a split: train: random resized crop, horizontal and vertical flips, a
     rotation up to `rotate` degrees (border pixels: the ignore index in the mask), colour jitter (image only);
     eval: a resize. Always normalised by `mean`, `std` (0..1 scale). Masks use nearest interpolation;
-    `interpolation` (cv2 flag) sets the image's (bilinear by default)."""
+    `interpolation` (cv2 flag) sets the image's (bilinear by default). `img_size` None (NaFlex): no crop and no
+    resize, the image keeps its size (the dataset fits it to the patch budget)."""
     import albumentations as A
     import cv2
 
     interp = cv2.INTER_LINEAR if interpolation is None else interpolation
     size = (img_size, img_size)
     if train:
-        geometry = [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
-                                        mask_interpolation=cv2.INTER_NEAREST),
-                    A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5),
+        crop = [] if img_size is None else [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
+                                                                mask_interpolation=cv2.INTER_NEAREST)]
+        geometry = [*crop, A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5),
                     A.Affine(rotate=(-rotate, rotate), interpolation=interp, mask_interpolation=cv2.INTER_NEAREST,
                              border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE_INDEX, p=0.5 if rotate else 0)]
         photometric = [A.ColorJitter(jitter, jitter, jitter, 0.0, p=0.8 if jitter else 0.0)]
     else:
-        geometry = [A.Resize(*size, interpolation=interp, mask_interpolation=cv2.INTER_NEAREST)]
+        geometry = [] if img_size is None else [A.Resize(*size, interpolation=interp,
+                                                         mask_interpolation=cv2.INTER_NEAREST)]
         photometric = []
     norm = [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)] if mean is not None else []
     return A.Compose([*geometry, *photometric, *norm])
@@ -186,12 +193,16 @@ def seg_transform(img_size: int, train: bool, mean, std, scale: tuple[float, flo
 
 class SegmentationDataset(SeededDataset):
     """(image (3, S, S) float32, mask (S, S) int64) per pair; masks read and checked when first loaded.
-    `palette`: the class list when it came from the masks' palettes (`palette_classes`)."""
+    `palette`: the class list when it came from the masks' palettes (`palette_classes`). `naflex` (patch size,
+    max_num_patches, resize_mask): (a patchify dict, mask) per pair instead (module docstring), batched by
+    `collate`; `resize_mask` False keeps the mask at the file's size."""
 
     def __init__(self, pairs: list[SegPair], classes: list[str], transform, seed: int = 0,
-                 palette: list[str] | None = None) -> None:
+                 palette: list[str] | None = None, naflex: tuple[int, int, bool] | None = None) -> None:
         super().__init__(transform, classes, seed)
-        self.pairs, self.palette = pairs, palette
+        self.pairs, self.palette, self.naflex = pairs, palette, naflex
+        self.collate = collate_naflex_seg if naflex else None
+        self.samples = [(p.image, 0) for p in pairs]  # image paths, for NaFlex's sequence lengths
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -214,8 +225,45 @@ class SegmentationDataset(SeededDataset):
         image, mask = self.load(index)
         self.transform.set_random_seed(self.sample_seed(index))
         out = self.transform(image=image, mask=mask)
-        x = torch.from_numpy(np.ascontiguousarray(out["image"].transpose(2, 0, 1))).float()
-        return x, torch.from_numpy(np.ascontiguousarray(out["mask"])).long()
+        image, mask = out["image"], out["mask"]
+        if self.naflex:
+            image, mask = self._fit_budget(image, mask)
+        x = torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))).float()
+        y = torch.from_numpy(np.ascontiguousarray(mask)).long()
+        if self.naflex:
+            from .naflex import patchify
+
+            return patchify(x, self.naflex[0]), y
+        return x, y
+
+    def _fit_budget(self, image: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The image resized to its NaFlex grid's pixels (`fit_to_budget`), the mask with it (nearest) or kept."""
+        import cv2
+
+        patch, budget, resize_mask = self.naflex
+        image = fit_to_budget(image, patch, budget)
+        size = (image.shape[1], image.shape[0])
+        return image, (cv2.resize(mask, size, interpolation=cv2.INTER_NEAREST) if resize_mask else mask)
+
+
+def fit_to_budget(image: np.ndarray, patch: int, budget: int) -> np.ndarray:
+    """An (H, W, C) image resized (bilinear, OpenCV) to the pixels of the largest patch grid `budget` patches allow
+    at its aspect ratio (vit.data.naflex.grid_for_budget): what a NaFlex segmenter reads, in training, evaluation
+    and predict.py alike."""
+    import cv2
+
+    from .naflex import grid_for_budget
+
+    h, w = grid_for_budget(*image.shape[:2], patch, budget)
+    return cv2.resize(image, (w * patch, h * patch), interpolation=cv2.INTER_LINEAR)
+
+
+def collate_naflex_seg(batch: list[tuple]) -> tuple:
+    """[(patchify dict, mask (H_i, W_i)), ...] -> (the NaFlex batch dict padded to its longest image, the masks as a
+    list: each image has its own size)."""
+    from .naflex import collate_naflex
+
+    return collate_naflex([(sample, 0) for sample, _ in batch])[0], [mask for _, mask in batch]
 
 
 def _split(root: Path, split: str) -> Path:
@@ -248,8 +296,14 @@ def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes:
     if classes is None:
         classes, palette = seg_classes(seg, next(iter(pairs.values())))
     mean, std = aug.mean or [0.5] * 3, aug.std or [0.5] * 3
-    out = [SegmentationDataset(pairs[s], classes, seg_transform(cfg.model.img_size, s == "train", mean, std),
-                               cfg.run.seed, palette) if s in pairs else None for s in ("train", "val")]
+    nf = cfg.data.naflex
+    size = None if nf is not None else cfg.model.img_size
+
+    def naflex(split: str):
+        return None if nf is None else (cfg.model.patch_size, nf.max_num_patches, split == "train")
+
+    out = [SegmentationDataset(pairs[s], classes, seg_transform(size, s == "train", mean, std), cfg.run.seed,
+                               palette, naflex(s)) if s in pairs else None for s in ("train", "val")]
     return out[0], out[1], list(classes)
 
 

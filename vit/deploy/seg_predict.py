@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..eval.segmentation import segment_image
+from ..eval.segmentation import naflex_budget, segment_image
 from .seg_outputs import class_palette, write_seg_outputs
 
 __all__ = ["class_palette", "segment_image", "predict_seg_images"]
@@ -28,6 +28,6 @@ def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_di
     mean, std = cfg.aug.mean or [0.5] * 3, cfg.aug.std or [0.5] * 3
 
     def segment(image: np.ndarray) -> np.ndarray:
-        return segment_image(model, image, cfg.model.img_size, mean, std, cfg.seg.window).numpy()
+        return segment_image(model, image, cfg.model.img_size, mean, std, cfg.seg.window, naflex_budget(cfg)).numpy()
 
     return write_seg_outputs(segment, classes, paths, out_dir, alpha)

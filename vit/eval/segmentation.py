@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["segment_image", "confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts", "sliding_logits",
-           "predict_masks", "evaluate_segmentation"]
+           "predict_masks", "evaluate_segmentation", "flat_pixels", "naflex_budget"]
 
 IGNORE_INDEX = 255
 
@@ -93,6 +93,28 @@ def sliding_logits(model, x: torch.Tensor, window: int, stride: int | None = Non
     return (total / count)[:, :, :H, :W]
 
 
+def flat_pixels(logits: torch.Tensor | list[torch.Tensor], masks: torch.Tensor | list[torch.Tensor]) -> tuple[
+        torch.Tensor, torch.Tensor]:
+    """A NaFlex batch's per-image logits (C, h, w) and masks (H, W) -> every pixel in one (1, C, 1, N) and
+    (1, 1, N), each image's logits resized (bilinear) to its mask first; a loss or confusion over them counts each
+    pixel once, as over a batch of one size. Tensors (one size) pass through."""
+    if torch.is_tensor(logits):
+        return logits, masks
+    flat, targets = [], []
+    for lg, m in zip(logits, masks):
+        if lg.shape[-2:] != m.shape[-2:]:
+            lg = F.interpolate(lg[None], size=m.shape[-2:], mode="bilinear", align_corners=False)[0]
+        flat.append(lg.flatten(1))
+        targets.append(m.flatten())
+    return torch.cat(flat, 1)[None, :, None], torch.cat(targets)[None, None]
+
+
+def naflex_budget(cfg) -> tuple[int, int] | None:
+    """(patch size, max_num_patches) of a NaFlex segmentation config, None for one input size."""
+    nf = getattr(getattr(cfg, "data", None), "naflex", None)
+    return None if nf is None else (cfg.model.patch_size, nf.max_num_patches)
+
+
 @torch.no_grad()
 def predict_masks(model, loader, num_classes: int, window: int | None = None, keep_probs: bool = False) -> dict:
     """Over (images, masks) batches: the confusion, and with `keep_probs` the softmax probabilities (N, C, H, W)
@@ -101,7 +123,10 @@ def predict_masks(model, loader, num_classes: int, window: int | None = None, ke
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     probs, masks = [], []
     for x, y in loader:
-        logits = sliding_logits(model, x, window) if window and max(x.shape[-2:]) > window else model(x)
+        if isinstance(x, dict):  # NaFlex: every image at its own grid, scored on its mask's pixels
+            logits, y = flat_pixels(model(x), y)
+        else:
+            logits = sliding_logits(model, x, window) if window and max(x.shape[-2:]) > window else model(x)
         conf += confusion(logits.argmax(1), y, num_classes)
         if keep_probs:
             probs.append(logits.float().softmax(1).cpu())
@@ -129,7 +154,8 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ba
     train, val, _ = build_seg_datasets(cfg, (split,), classes)
     ds = val if split == "val" else train
     ds.transform = _eval_transform(cfg) if split == "train" else ds.transform  # no augmentation when scored
-    loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size)
+    loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
+                        collate_fn=ds.collate)
     window = cfg.seg.window if cfg.seg.window else None
     conf = predict_masks(model, loader, len(classes), window=window)["confusion"]
     s = seg_scores(conf)
@@ -147,15 +173,25 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ba
 def _eval_transform(cfg):
     from ..data.segmentation import seg_transform
 
-    return seg_transform(cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)
+    return seg_transform(None if cfg.data.naflex is not None else cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)
 
 
 @torch.no_grad()
-def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None) -> np.ndarray:
-    """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows)."""
+def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None,
+                  naflex: tuple[int, int] | None = None) -> np.ndarray:
+    """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows).
+    `naflex` (patch size, max_num_patches): a NaFlex model reads the image whole at its own aspect ratio, resized
+    to the largest grid the budget allows, and its logits are resized back."""
     x = normalised(image, mean, std)[None]  # (1, 3, H, W)
     H, W = image.shape[:2]
-    if max(H, W) > img_size:
+    if naflex is not None:
+        from ..data.naflex import collate_naflex, patchify
+        from ..data.segmentation import fit_to_budget
+
+        small = torch.from_numpy(fit_to_budget(x[0].permute(1, 2, 0).numpy(), *naflex)).permute(2, 0, 1)
+        logits = model(collate_naflex([(patchify(small.contiguous(), naflex[0]), 0)])[0])[0][None]
+        logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
+    elif max(H, W) > img_size:
         logits = sliding_logits(model, x, window or img_size)
     else:
         small = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)

@@ -16,7 +16,7 @@ from PIL import Image
 
 from ..data.decode import decode_bytes
 from ..data.mask_colours import class_palette, tint_mask
-from ..eval.segmentation import segment_image
+from ..eval.segmentation import naflex_budget, segment_image
 from ..models.checkpoint import load_checkpoint
 
 __all__ = ["SegDemo"]
@@ -46,7 +46,8 @@ class SegDemo:
         aug = self.cfg.aug
         with self.lock:
             mask = segment_image(self.model, image, self.cfg.model.img_size, aug.mean or [0.5] * 3,
-                                 aug.std or [0.5] * 3, self.cfg.seg.window).numpy().astype(np.intp)
+                                 aug.std or [0.5] * 3, self.cfg.seg.window,
+                                 naflex_budget(self.cfg)).numpy().astype(np.intp)
         share = np.bincount(mask.ravel(), minlength=len(self.classes)) / mask.size
         order = sorted(range(1, len(self.classes)), key=lambda c: -share[c])
         picture = Image.fromarray(tint_mask(image, mask, self.palette))

@@ -8,6 +8,11 @@ Which blocks feed the head (`seg_blocks`): the linear head takes the last block 
 four concatenated ("linear4"/ multi-layer, `blocks=4`), normalised by the backbone's final norm as DINOv2's
 `get_intermediate_layers(norm=True)`; DPT takes four blocks spread over the depth (a 12-block ViT: 2, 5, 8, 11,
 transformers' `backbone_out_indices`), before the final norm.
+
+A NaFlex backbone (data.naflex) takes a batch dict of patches with each image's own grid: the head runs on each
+image's grid alone and the model returns a list of logits (C, h_i P, w_i P), the pixels of that grid. Evaluation is
+the same per image as a batch of one; in training BatchNorm's statistics are each image's own (a padded batch of
+grids would put padding into them and into the border convolutions).
 """
 
 from __future__ import annotations
@@ -47,14 +52,30 @@ class Segmenter(nn.Module):
         """Per block in `indices`: (patch maps (B, D, h, w), prefix tokens (B, P, D) or None)."""
         out = self.backbone.forward_intermediates(x, indices=self.indices, return_prefix_tokens=True, norm=self.norm,
                                                   intermediates_only=True)
-        return [f if isinstance(f, tuple) else (f, None) for f in out]
+        out = [f if isinstance(f, tuple) else (f, None) for f in out]
+        if torch.is_tensor(x):  # a NaFlex backbone gives a list of grids even for images of one size: stacked
+            out = [(torch.stack(m) if isinstance(m, list) else m, prefix) for m, prefix in out]
+        return out
 
     def forward_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits at the head's own resolution (B, C, h', w')."""
         return self.head(self.features(x))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | dict) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(x, dict):
+            return self.forward_naflex(x)
         return F.interpolate(self.forward_head(x), size=x.shape[-2:], mode="bilinear", align_corners=False)
+
+    def forward_naflex(self, batch: dict) -> list[torch.Tensor]:
+        """A NaFlex batch -> per image its logits (C, h_i P, w_i P) over its own grid's pixels."""
+        feats = self.features(batch)  # per block: (B maps (D, h_i, w_i), prefix (B, P, D) or None)
+        ph, pw = self.backbone.patch_embed.patch_size
+        out = []
+        for i in range(len(batch["patches"])):
+            one = [(maps[i][None], None if prefix is None else prefix[i:i + 1]) for maps, prefix in feats]
+            h, w = one[0][0].shape[-2:]
+            out.append(F.interpolate(self.head(one), size=(h * ph, w * pw), mode="bilinear", align_corners=False)[0])
+        return out
 
 
 def create_segmenter(backbone: nn.Module, num_classes: int, head: str = "linear", blocks: int | None = None,

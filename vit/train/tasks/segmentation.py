@@ -1,4 +1,5 @@
-"""Semantic segmentation (a Segmenter on (images (B, 3, S, S), masks (B, S, S)) batches): per-pixel cross-entropy
+"""Semantic segmentation (a Segmenter on (images (B, 3, S, S), masks (B, S, S)) batches, or NaFlex batches with a
+list of masks, each image's pixels counted once: vit.eval.segmentation.flat_pixels): per-pixel cross-entropy
 with class weights, soft Dice, or their sum, pixels of the ignore index (255) left out of both; evaluated by mIoU,
 per-class IoU, mean Dice and pixel accuracy over the held-out pixels (vit/eval/segmentation.py), best/ chosen by
 mIoU (saved as val_acc1, so run.select_by "top1" ranks by it).
@@ -65,20 +66,22 @@ class SegmentationTask(Task):
         return cls(cfg, classes, cfg.seg.loss, weights)
 
     def loss(self, run, x, y) -> torch.Tensor:
+        from ...eval.segmentation import flat_pixels
+
         with run.accelerator.autocast():
-            logits = run.model(x)
+            logits, y = flat_pixels(run.model(x), y)  # NaFlex: per-image logits and masks, every pixel once
         return seg_loss(logits, y, self.loss_name, self.class_weights)
 
     @torch.no_grad()
     def evaluate(self, run, model: torch.nn.Module) -> Evaluation:
-        from ...eval.segmentation import confusion, seg_scores
+        from ...eval.segmentation import confusion, flat_pixels, seg_scores
 
         acc, n = run.accelerator, len(self.classes)
         model.eval()
         conf, losses = torch.zeros(n, n, dtype=torch.int64, device=acc.device), []
         for x, y in run.val_loader:
             with acc.autocast():
-                logits = model(x)
+                logits, y = flat_pixels(model(x), y)
             losses.append(seg_loss(logits, y, self.loss_name, self.class_weights).detach())
             conf += confusion(logits.argmax(1), y, n).to(acc.device)
         model.train()
