@@ -19,11 +19,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ["--pretrain.method=dino", "--data.dataset=digits", "--data.val_fraction=0.05", "--pretrain.out_dim=1024",
-          "--pretrain.hidden_dim=256", "--pretrain.bottleneck_dim=64", "--pretrain.local_crops=4",
-          "--pretrain.local_size=32", "--pretrain.koleo_weight=0.1", "--pretrain.momentum=0.996",
-          "--pretrain.teacher_temp=0.04", "--optim.lr=2.5e-4", "--optim.warmup_epochs=2", "--aug.label_smoothing=0",
+COMMON = ["--data.dataset=digits", "--data.val_fraction=0.05", "--optim.warmup_epochs=2", "--aug.label_smoothing=0",
           "--data.num_workers=0", "--run.num_threads=1"]
+RECIPES = {
+    "dino": ["--pretrain.method=dino", "--pretrain.out_dim=1024", "--pretrain.hidden_dim=256",
+             "--pretrain.bottleneck_dim=64", "--pretrain.local_crops=4", "--pretrain.local_size=32",
+             "--pretrain.koleo_weight=0.1", "--pretrain.momentum=0.996", "--pretrain.teacher_temp=0.04",
+             "--optim.lr=2.5e-4"],
+    "mae": ["--pretrain.method=mae", "--pretrain.mask_ratio=0.75", "--optim.lr=1e-3"],
+}
 
 
 def cpu_minutes() -> float:
@@ -36,6 +40,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="a scratch folder for the digits, the run and the table")
     ap.add_argument("--epochs", type=int, default=12, help="pretraining epochs on the 1,797 digit images")
+    ap.add_argument("--method", choices=sorted(RECIPES), default="dino", help="the pretraining recipe")
     ap.add_argument("--features", nargs="+", default=["pooled", "patches"], help="few_shot.py --features")
     ap.add_argument("--set", action="append", default=[], metavar="OVERRIDE",
                     help="a train.py override after the recipe's, repeatable: --set=--pretrain.ibot_weight=1")
@@ -46,9 +51,10 @@ def main() -> int:
 
     if not (out / "new" / "test").is_dir():
         write_digits(out)
-    ckpt = out / "dino" / "last"
+    ckpt = out / args.method / "last"
     if not ckpt.is_dir():
-        subprocess.run([sys.executable, str(ROOT / "train.py"), *RECIPE, f"--run.output_dir={out}", "--run.name=dino",
+        subprocess.run([sys.executable, str(ROOT / "train.py"), *RECIPES[args.method], *COMMON,
+                        f"--run.output_dir={out}", f"--run.name={args.method}",
                         f"--run.epochs={args.epochs}", f"--run.eval_every={max(1, args.epochs // 3)}", *args.set],
                        check=True, cwd=ROOT)
         print(f"pretraining: {cpu_minutes():.1f} CPU minutes")

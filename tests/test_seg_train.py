@@ -126,6 +126,8 @@ def test_seg_section_refusals():
         validate(load_config("configs/default.yaml", [*seg, "--seg.classes=[a, b]", "--seg.classes_file=c.txt"]))
     with pytest.raises(ConfigError, match="'seg.dpt_sizes' must list four positive widths"):
         validate_seg(load_config("configs/default.yaml", [*seg, "--seg.dpt_sizes=[8, 16]"]))
+    with pytest.raises(ConfigError, match="'seg.window' slides square windows"):
+        validate(load_config("configs/default.yaml", [*seg, "--seg.window=64", "--data.naflex={max_num_patches: 64}"]))
     validate(load_config("configs/default.yaml", [*seg, "--seg.head=dpt"]))  # a good one passes
 
 

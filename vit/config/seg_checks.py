@@ -42,6 +42,9 @@ def validate_seg(cfg: Config) -> None:
         if v is not None and v < 1:
             raise ConfigError(f"config key 'seg.{key}' must be at least 1, got {v}.")
     _check_dpt(s)
+    if s.window is not None and d.naflex is not None:
+        raise ConfigError("config key 'seg.window' slides square windows over a large image, and data.naflex reads "
+                          "each image whole at its own aspect ratio; remove one of them.")
     for key, bad, why in (("aug.mixup", cfg.aug.mixup > 0, "mixes labels, not masks"),
                           ("aug.cutmix", cfg.aug.cutmix > 0, "mixes labels, not masks"),
                           ("data.sampler", d.sampler != "shuffle", "balances images by one label each"),
