@@ -174,12 +174,14 @@ def image_size(path: str | Path) -> tuple[int, int] | None:
 
 def sequence_lengths(dataset, patch_size: int, max_num_patches: int) -> list[int]:
     """The number of patches of every sample, from the image sizes alone (no decoding): an in-memory dataset's
-    arrays (`images`, (N, H, W, 3)) or a folder dataset's files (`samples`, header sizes). An unreadable file
-    counts as a full sequence."""
+    arrays (`images`, (N, H, W, 3)) or a folder dataset's files (`samples`, or a segmentation dataset's `pairs`:
+    header sizes). An unreadable file counts as a full sequence."""
     if hasattr(dataset, "images"):
         sizes = [tuple(im.shape[:2]) for im in dataset.images]
     elif hasattr(dataset, "samples"):
         sizes = [image_size(path) for path, _ in dataset.samples]
+    elif hasattr(dataset, "pairs"):  # segmentation: image / mask pairs (vit/data/segmentation.py)
+        sizes = [image_size(pair.image) for pair in dataset.pairs]
     else:
         raise DataError(f"data.naflex batches by sequence length, which {type(dataset).__name__} cannot tell "
                         "before reading its images; use an image folder, digits, cifar or synthetic data.")

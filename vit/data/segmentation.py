@@ -202,7 +202,6 @@ class SegmentationDataset(SeededDataset):
         super().__init__(transform, classes, seed)
         self.pairs, self.palette, self.naflex = pairs, palette, naflex
         self.collate = collate_naflex_seg if naflex else None
-        self.samples = [(p.image, 0) for p in pairs]  # image paths, for NaFlex's sequence lengths
 
     def __len__(self) -> int:
         return len(self.pairs)
