@@ -47,6 +47,16 @@ def test_each_image_of_a_padded_batch_gets_the_logits_it_gets_alone(head, kw):
                                        atol=1e-5, rtol=1e-5)
 
 
+def test_the_linear_heads_batchnorm_trains_on_every_patch_of_the_batch():
+    """Training mode: the linear head is per patch, so a NaFlex batch of images of one size gives the logits of the
+    same images as one tensor batch (BatchNorm's batch statistics over all their patches, not per image)."""
+    model = _segmenter("linear", blocks=2).train()
+    images = torch.randn(3, 3, 16, 24)
+    with torch.no_grad():
+        naflex = model(collate_naflex([(patchify(x, 8), 0) for x in images])[0])
+        torch.testing.assert_close(torch.stack(naflex), model(images), atol=1e-5, rtol=1e-5)
+
+
 def test_loss_and_confusion_count_every_pixel_of_every_image_once():
     g = torch.Generator().manual_seed(0)
     logits = [torch.randn(3, 4, 6, generator=g), torch.randn(3, 8, 8, generator=g)]
@@ -142,19 +152,34 @@ def test_a_naflex_segmentation_run_evaluates_and_predicts_at_the_files_sizes(tmp
     assert r.returncode == 0, r.stderr[-2000:]
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["miou"] == pytest.approx(json.loads((ckpt / "meta.json").read_text())["val_acc1"], abs=1e-9)
-    r = run_script("predict.py", "--checkpoint", str(ckpt), str(data / "val" / "images"), "--out", str(tmp_path / "p"))
-    assert r.returncode == 0, r.stderr[-2000:]
-    conf = np.zeros((3, 3), np.int64)
-    for i in range(4):  # predict.py's masks, at each file's size, against the files' masks: evaluate.py's confusion
-        (mask,) = (tmp_path / "p" / "masks").glob(f"*_{i}.png")
-        pred, truth = np.array(Image.open(mask)), np.array(Image.open(data / "val" / "masks" / f"{i}.png"))
-        assert pred.shape == truth.shape
-        np.add.at(conf, (truth.ravel(), pred.ravel()), 1)
-    assert conf.tolist() == metrics["confusion"]
+    for split, n in (("val", 4), ("train", 9)):  # predict.py's masks, at each file's size, against the files' masks
+        out_eval, out_pred = tmp_path / f"eval-{split}", tmp_path / f"p-{split}"
+        if split == "train":  # scored as val is: on the mask files' pixels, not on the grid training resizes them to
+            r = run_script("evaluate.py", "--checkpoint", str(ckpt), "--split", "train", "--out", str(out_eval))
+            assert r.returncode == 0, r.stderr[-2000:]
+            metrics = json.loads((out_eval / "metrics.json").read_text())
+        images = tmp_path / f"images-{split}"
+        images.mkdir()
+        for p in (data / split / "images").iterdir():
+            (images / p.name).write_bytes(p.read_bytes())
+        (images / "broken.png").write_bytes(b"not a png")
+        (images / "readme.txt").write_text("not an image")
+        r = run_script("predict.py", "--checkpoint", str(ckpt), str(images), "--out", str(out_pred))
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"{n} image(s) segmented, 2 skipped" in r.stdout  # both listed in skipped.csv
+        assert len((out_pred / "skipped.csv").read_text().strip().splitlines()) == 3
+        conf = np.zeros((3, 3), np.int64)
+        for i in range(n):
+            (mask,) = (out_pred / "masks").glob(f"*_{i}.png")
+            pred, truth = np.array(Image.open(mask)), np.array(Image.open(data / split / "masks" / f"{i}.png"))
+            assert pred.shape == truth.shape
+            np.add.at(conf, (truth.ravel(), pred.ravel()), 1)
+        assert conf.tolist() == metrics["confusion"]
     from vit.explain.seg_demo import SegDemo
 
     demo = SegDemo(ckpt)  # the demo page's shares are predict.py's areas
-    for row in csv.DictReader((tmp_path / "p" / "segmentation.csv").open()):
+    assert "own aspect ratio (at most 16 patches)" in demo.title()
+    for row in csv.DictReader((tmp_path / "p-val" / "segmentation.csv").open()):
         shares = {t["label"]: 100 * t["prob"] for t in demo.predict(Path(row["path"]).read_bytes(), row["path"])["top"]}
         assert shares == pytest.approx({c: float(row[f"area_pct_{c}"]) for c in ("square", "disc")}, abs=1e-3)
     r = run_script("export.py", "--checkpoint", str(ckpt), "--format", "onnx", "--out", str(tmp_path / "onnx"))

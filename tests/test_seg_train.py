@@ -128,6 +128,8 @@ def test_seg_section_refusals():
         validate_seg(load_config("configs/default.yaml", [*seg, "--seg.dpt_sizes=[8, 16]"]))
     with pytest.raises(ConfigError, match="'seg.window' slides square windows"):
         validate(load_config("configs/default.yaml", [*seg, "--seg.window=64", "--data.naflex={max_num_patches: 64}"]))
+    with pytest.raises(ConfigError, match="'data.naflex.max_num_patches' is 3, which leaves"):
+        validate(load_config("configs/default.yaml", [*seg, "--data.naflex={max_num_patches: 3}"]))
     validate(load_config("configs/default.yaml", [*seg, "--seg.head=dpt"]))  # a good one passes
 
 

@@ -161,11 +161,11 @@ def _main_onnx_segmenter(args, folder: Path, file: str) -> int:
                          "pixel); drop it.")
     seg = OnnxSegmenter(folder, file)
     with _locked_inputs(args) as (paths, skipped):
-        rows, bad = write_seg_outputs(seg.segment, seg.classes, paths, Path(args.out))
+        rows, bad = write_seg_outputs(seg.segment, seg.classes, paths, Path(args.out), skipped=skipped)
     if not rows:
         raise ValueError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                          f"{args.out}/skipped.csv.")
-    print(f"{len(rows)} image(s) segmented with ONNX Runtime, {len(skipped) + len(bad)} skipped")
+    print(f"{len(rows)} image(s) segmented with ONNX Runtime, {len(bad)} skipped")
     for r in rows[:5]:
         areas = ", ".join(f"{c} {r[f'area_pct_{c}']:.2f}%" for c in seg.classes[1:])
         print(f"  {printable(r['path'])}: {printable(areas)}")

@@ -42,6 +42,10 @@ def validate_seg(cfg: Config) -> None:
         if v is not None and v < 1:
             raise ConfigError(f"config key 'seg.{key}' must be at least 1, got {v}.")
     _check_dpt(s)
+    if d.naflex is not None and d.naflex.max_num_patches < 4:
+        raise ConfigError(f"config key 'data.naflex.max_num_patches' is {d.naflex.max_num_patches}, which leaves a "
+                          "square image a single patch to segment (and the linear head's BatchNorm nothing to "
+                          "train on); give segmentation at least 4 (a 2x2 grid).")
     if s.window is not None and d.naflex is not None:
         raise ConfigError("config key 'seg.window' slides square windows over a large image, and data.naflex reads "
                           "each image whole at its own aspect ratio; remove one of them.")

@@ -74,8 +74,8 @@ def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
     for p in sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS):
         m = found.get(p.stem)
         if m is None and missing != "background":
-            raise DataError(f"image {p} has no mask {masks / (p.stem + '.png')}; add it, or set missing masks to "
-                            "mean all background (good parts).")
+            raise DataError(f"image {p} has no mask {masks / (p.stem + '.png')}; add it, or set "
+                            "seg.missing_masks=background to read a mask-less image as all background (good parts).")
         pairs.append(SegPair(p, m))
     if not pairs:
         raise DataError(f"{images} holds no images.")
@@ -98,8 +98,8 @@ def _csv_pairs(path: Path, missing: str) -> list[SegPair]:
         if mask is not None and not mask.is_file():
             raise DataError(f"{path} line {i}: mask {mask} does not exist.")
         if mask is None and missing != "background":
-            raise DataError(f"{path} line {i}: image {image} has no mask; give one, or set missing masks to mean "
-                            "all background (good parts).")
+            raise DataError(f"{path} line {i}: image {image} has no mask; give one, or set "
+                            "seg.missing_masks=background to read it as all background (good parts).")
         pairs.append(SegPair(image, mask))
     return pairs
 

@@ -5,7 +5,7 @@ tinted over the image) and a row of segmentation.csv with each class's area in p
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +31,14 @@ def _png(array: np.ndarray, palette: np.ndarray | None = None) -> bytes:
 
 
 def write_seg_outputs(segment: Callable[[np.ndarray], np.ndarray], classes: list[str], paths: list[Path],
-                      out_dir: Path, alpha: float = 0.5) -> tuple[list[dict], list[tuple[str, str]]]:
+                      out_dir: Path, alpha: float = 0.5, skipped: Sequence[tuple[str, str]] = ()) -> tuple[
+                          list[dict], list[tuple[str, str]]]:
     """`segment(image)`: an RGB uint8 (H, W, 3) image -> its (H, W) classes. Masks in out_dir/masks/, overlays in
     out_dir/overlays/ (named <index>_<stem>.png), segmentation.csv (skipped.csv for files that are not readable
-    images). Returns (rows, skipped: (path, why))."""
+    images, after `skipped`: the inputs refused before, e.g. not image files). Returns (rows, every skipped
+    (path, why))."""
     out_dir = Path(out_dir)
-    palette, rows, skipped = class_palette(len(classes)), [], []
+    palette, rows, skipped = class_palette(len(classes)), [], list(skipped)
     for i, path in enumerate(paths):
         try:
             image = decode_image(path)

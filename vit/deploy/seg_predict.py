@@ -19,8 +19,8 @@ from .seg_outputs import class_palette, write_seg_outputs
 __all__ = ["class_palette", "segment_image", "predict_seg_images"]
 
 
-def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_dir: Path,
-                       alpha: float = 0.5) -> tuple[list[dict], list[tuple[str, str]]]:
+def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_dir: Path, alpha: float = 0.5,
+                       skipped: list[tuple[str, str]] = ()) -> tuple[list[dict], list[tuple[str, str]]]:
     """Masks in out_dir/masks/, overlays in out_dir/overlays/ (named <index>_<stem>.png), and segmentation.csv:
     per image its size and, per class but the first, the area in pixels and in percent
     (vit/deploy/seg_outputs.py). Returns (rows, skipped: (path, why) for files that are not readable images)."""
@@ -30,4 +30,4 @@ def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_di
     def segment(image: np.ndarray) -> np.ndarray:
         return segment_image(model, image, cfg.model.img_size, mean, std, cfg.seg.window, naflex_budget(cfg)).numpy()
 
-    return write_seg_outputs(segment, classes, paths, out_dir, alpha)
+    return write_seg_outputs(segment, classes, paths, out_dir, alpha, skipped)

@@ -154,6 +154,8 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ba
     train, val, _ = build_seg_datasets(cfg, (split,), classes)
     ds = val if split == "val" else train
     ds.transform = _eval_transform(cfg) if split == "train" else ds.transform  # no augmentation when scored
+    if ds.naflex:  # scored on the mask files' own pixels, as the val split is (training resizes them)
+        ds.naflex = (*ds.naflex[:2], False)
     loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
                         collate_fn=ds.collate)
     window = cfg.seg.window if cfg.seg.window else None

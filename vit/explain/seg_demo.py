@@ -64,5 +64,8 @@ class SegDemo:
         m = self.model.backbone if hasattr(self.model, "backbone") else self.model
         miou = self.meta.get("miou")
         scored = f", val mIoU {100 * miou:.1f}%" if isinstance(miou, (int, float)) else ""
-        return (f"{self.folder.parent.name}/{self.folder.name}: segmentation, {self.cfg.model.img_size}px input, "
+        nf = self.cfg.data.naflex
+        size = (f"each image at its own aspect ratio (at most {nf.max_num_patches} patches)" if nf is not None else
+                f"{self.cfg.model.img_size}px input")
+        return (f"{self.folder.parent.name}/{self.folder.name}: segmentation, {size}, "
                 f"{type(m).__name__}: {len(self.classes)} classes{scored}")

@@ -10,9 +10,10 @@ four concatenated ("linear4"/ multi-layer, `blocks=4`), normalised by the backbo
 transformers' `backbone_out_indices`), before the final norm.
 
 A NaFlex backbone (data.naflex) takes a batch dict of patches with each image's own grid: the head runs on each
-image's grid alone and the model returns a list of logits (C, h_i P, w_i P), the pixels of that grid. Evaluation is
-the same per image as a batch of one; in training BatchNorm's statistics are each image's own (a padded batch of
-grids would put padding into them and into the border convolutions).
+image's grid and the model returns a list of logits (C, h_i P, w_i P), the pixels of that grid. The linear head is
+per patch, so it runs once on every image's patches in a row (BatchNorm's statistics over all of them, as over a
+batch of one size); DPT's convolutions run on each image's grid alone, so in training its BatchNorm sees one image
+at a time (a padded batch of grids would put padding into the statistics and the border convolutions).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers.seg_heads import SEG_HEADS, DPTHead
+from ..layers.seg_heads import SEG_HEADS, DPTHead, LinearSegHead
 
 __all__ = ["Segmenter", "create_segmenter", "seg_blocks", "build_segmenter", "is_segmentation"]
 
@@ -70,12 +71,16 @@ class Segmenter(nn.Module):
         """A NaFlex batch -> per image its logits (C, h_i P, w_i P) over its own grid's pixels."""
         feats = self.features(batch)  # per block: (B maps (D, h_i, w_i), prefix (B, P, D) or None)
         ph, pw = self.backbone.patch_embed.patch_size
-        out = []
-        for i in range(len(batch["patches"])):
-            one = [(maps[i][None], None if prefix is None else prefix[i:i + 1]) for maps, prefix in feats]
-            h, w = one[0][0].shape[-2:]
-            out.append(F.interpolate(self.head(one), size=(h * ph, w * pw), mode="bilinear", align_corners=False)[0])
-        return out
+        grids = [m.shape[-2:] for m in feats[0][0]]
+        if isinstance(self.head, LinearSegHead):  # per patch: every image's patches in one row, BatchNorm over all
+            row = [(torch.cat([m.flatten(1) for m in maps], 1)[None, :, None], None) for maps, _ in feats]
+            logits = self.head(row)[0, :, 0].split([h * w for h, w in grids], dim=1)
+            logits = [lg.reshape(-1, h, w) for lg, (h, w) in zip(logits, grids)]
+        else:
+            logits = [self.head([(maps[i][None], None if prefix is None else prefix[i:i + 1])
+                                 for maps, prefix in feats])[0] for i in range(len(grids))]
+        return [F.interpolate(lg[None], size=(h * ph, w * pw), mode="bilinear", align_corners=False)[0]
+                for lg, (h, w) in zip(logits, grids)]
 
 
 def create_segmenter(backbone: nn.Module, num_classes: int, head: str = "linear", blocks: int | None = None,

@@ -141,13 +141,13 @@ def _export_segmenter(args, model, cfg, classes, out: Path) -> int:
     from vit.data.segmentation import build_seg_datasets
     from vit.deploy.onnx_segment import export_segmenter
 
+    if cfg.data.naflex is not None:
+        raise ConfigError("a NaFlex segmentation checkpoint (data.naflex) has no export yet, ONNX or other (its graph "
+                          "would take each image's own patch grid); predict.py --checkpoint and demo.py read it.")
     if list(args.format) != ["onnx"] or args.eval_images or args.images or args.int8_metric not in (None, "miou"):
         raise ConfigError("a segmentation checkpoint exports to ONNX only (--format onnx), checked and, with "
                           "--quantize, measured by mIoU on its own validation split (no --images, --eval-images or "
                           "other --int8-metric).")
-    if cfg.data.naflex is not None:
-        raise ConfigError("a NaFlex segmentation checkpoint (data.naflex) has no ONNX export yet (its graph would take "
-                          "each image's own patch grid); predict.py --checkpoint and demo.py read it.")
     train, val, _ = build_seg_datasets(cfg, ("train", "val") if args.quantize else ("val",), classes)
     batch = torch.stack([val[i][0] for i in range(min(4, len(val)))])
     check = export_segmenter(model, out, cfg, classes, [batch])

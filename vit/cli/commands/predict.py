@@ -213,11 +213,11 @@ def _predict_segmentation(args, model, cfg, classes, paths, skipped) -> int:
     from vit.deploy.seg_predict import predict_seg_images
     from vit.utils.untrusted_text import printable
 
-    rows, bad = predict_seg_images(model, cfg, classes, paths, Path(args.out))
+    rows, bad = predict_seg_images(model, cfg, classes, paths, Path(args.out), skipped=skipped)
     if not rows:
         raise DataError(f"none of the {len(paths)} input file(s) could be read as an image; see "
                         f"{args.out}/skipped.csv.")
-    print(f"{len(rows)} image(s) segmented, {len(skipped) + len(bad)} skipped")
+    print(f"{len(rows)} image(s) segmented, {len(bad)} skipped")
     for r in rows[:5]:
         areas = ", ".join(f"{c} {r[f'area_pct_{c}']:.2f}%" for c in classes[1:])
         print(f"  {printable(r['path'])}: {printable(areas)}")
