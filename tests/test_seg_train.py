@@ -180,3 +180,21 @@ def _demo_shows_predict_pys_masks(checkpoint, pred):
     server.server_close()
     assert b"share of the image" in server.RequestHandlerClass.page and b"classes, tinted" in \
         server.RequestHandlerClass.page
+
+
+def test_an_evaluation_with_no_scored_pixel_says_why_its_miou_is_nan():
+    """Every held-out mask pixel is the ignore index: the line says so instead of a bare 'mIoU nan%'."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from vit.train.tasks.segmentation import SegmentationTask
+
+    acc = SimpleNamespace(autocast=contextlib.nullcontext, device=torch.device("cpu"), num_processes=1)
+    batches = [(torch.randn(2, 3, 8, 8), torch.full((2, 8, 8), 255))]
+    run = SimpleNamespace(accelerator=acc, val_loader=batches)
+    model = torch.nn.Conv2d(3, 3, 1)
+    task = SegmentationTask(load_config("configs/default.yaml"), ["bg", "a", "b"], "ce")
+    line = task.evaluate(run, model).line
+    assert "no val pixel is scored" in line and "the ignore index" in line
+    batches[0] = (batches[0][0], torch.zeros(2, 8, 8, dtype=torch.long))  # one scored class: no such words
+    assert "no val pixel" not in task.evaluate(run, model).line

@@ -91,6 +91,8 @@ class SegmentationTask(Task):
         per_class = "  ".join(f"{c} {100 * v:.1f}" for c, v in zip(self.classes, s["iou"]))
         line = (f"val loss {loss:.4f}  val mIoU {100 * s['miou']:.2f}%  pixel acc {100 * s['pixel_acc']:.2f}%  "
                 f"IoU: {per_class}")
+        if not s["pixels"]:  # every held-out pixel is the ignore index: nothing to score, said rather than a bare nan
+            line += f"  (no val pixel is scored: every mask pixel is {IGNORE_INDEX}, the ignore index)"
         meta = dict(val_acc1=s["miou"], val_loss=loss, n=s["pixels"], miou=s["miou"], iou=s["iou"], dice=s["dice"],
                     pixel_acc=s["pixel_acc"])
         return Evaluation(line, dict(val_loss=loss, val_acc1=s["miou"]), meta, outputs={"confusion": conf})
