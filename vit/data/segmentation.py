@@ -285,10 +285,12 @@ def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]
     return names, names
 
 
-def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None):
+def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None,
+                       augment: bool = True):
     """(train, val, class names) of data.dataset=segmentation: data.root/train and data.root/val as the folder
     layout (or train.csv / val.csv), transforms from model.img_size and aug.mean / aug.std. `classes` (a
-    checkpoint's) are used as given; a split left out of `splits` is None."""
+    checkpoint's) are used as given; a split left out of `splits` is None. `augment` False (scoring): the train
+    split read as val is, without augmentation and, with NaFlex, with its masks at the files' size."""
     root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
     pairs = {s: find_pairs(_split(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
     palette = None
@@ -298,11 +300,12 @@ def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes:
     nf = cfg.data.naflex
     size = None if nf is not None else cfg.model.img_size
 
-    def naflex(split: str):
-        return None if nf is None else (cfg.model.patch_size, nf.max_num_patches, split == "train")
+    def naflex(train: bool):
+        return None if nf is None else (cfg.model.patch_size, nf.max_num_patches, train)
 
-    out = [SegmentationDataset(pairs[s], classes, seg_transform(size, s == "train", mean, std), cfg.run.seed,
-                               palette, naflex(s)) if s in pairs else None for s in ("train", "val")]
+    train = {s: augment and s == "train" for s in ("train", "val")}
+    out = [SegmentationDataset(pairs[s], classes, seg_transform(size, train[s], mean, std), cfg.run.seed, palette,
+                               naflex(train[s])) if s in pairs else None for s in ("train", "val")]
     return out[0], out[1], list(classes)
 
 

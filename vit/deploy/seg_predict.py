@@ -9,6 +9,7 @@ wide is not shrunk away.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ __all__ = ["class_palette", "segment_image", "predict_seg_images"]
 
 
 def predict_seg_images(model, cfg, classes: list[str], paths: list[Path], out_dir: Path, alpha: float = 0.5,
-                       skipped: list[tuple[str, str]] = ()) -> tuple[list[dict], list[tuple[str, str]]]:
+                       skipped: Sequence[tuple[str, str]] = ()) -> tuple[list[dict], list[tuple[str, str]]]:
     """Masks in out_dir/masks/, overlays in out_dir/overlays/ (named <index>_<stem>.png), and segmentation.csv:
     per image its size and, per class but the first, the area in pixels and in percent
     (vit/deploy/seg_outputs.py). Returns (rows, skipped: (path, why) for files that are not readable images)."""

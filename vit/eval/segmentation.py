@@ -151,11 +151,8 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ba
 
     if split not in ("train", "val"):
         raise ValueError(f"a segmentation folder has the splits train and val, not {split!r}.")
-    train, val, _ = build_seg_datasets(cfg, (split,), classes)
+    train, val, _ = build_seg_datasets(cfg, (split,), classes, augment=False)  # either split scored as val is
     ds = val if split == "val" else train
-    ds.transform = _eval_transform(cfg) if split == "train" else ds.transform  # no augmentation when scored
-    if ds.naflex:  # scored on the mask files' own pixels, as the val split is (training resizes them)
-        ds.naflex = (*ds.naflex[:2], False)
     loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
                         collate_fn=ds.collate)
     window = cfg.seg.window if cfg.seg.window else None
@@ -170,12 +167,6 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ba
         rows = [{"class": c, "iou": i, "dice": d} for c, i, d in zip(classes, s["iou"], s["dice"])]
         atomic_write_csv(out / "per_class.csv", ["class", "iou", "dice"], rows)
     return metrics
-
-
-def _eval_transform(cfg):
-    from ..data.segmentation import seg_transform
-
-    return seg_transform(None if cfg.data.naflex is not None else cfg.model.img_size, False, cfg.aug.mean, cfg.aug.std)
 
 
 @torch.no_grad()
