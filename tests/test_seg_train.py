@@ -198,3 +198,27 @@ def test_an_evaluation_with_no_scored_pixel_says_why_its_miou_is_nan():
     assert "no val pixel is scored" in line and "the ignore index" in line
     batches[0] = (batches[0][0], torch.zeros(2, 8, 8, dtype=torch.long))  # one scored class: no such words
     assert "no val pixel" not in task.evaluate(run, model).line
+
+
+def test_int8_calibration_reads_training_images_as_evaluation_does(tmp_path, monkeypatch):
+    """export.py --quantize calibrates a segmenter's activations on training images without augmentation (random
+    crops, flips and jitter would calibrate ranges the exported model never sees)."""
+    from types import SimpleNamespace
+
+    import vit.deploy.onnx_segment as onnx_segment
+    from vit.cli.commands import export
+    from vit.data.segmentation import build_seg_datasets
+
+    data = _parts(tmp_path / "data")
+    cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={data}",
+                                               "--model.img_size=32", "--seg.missing_masks=background"])
+    seen = {}
+    monkeypatch.setattr(onnx_segment, "export_segmenter", lambda *a: {"max_abs_logit_diff": 0.0,
+                                                                      "pixels_differing": 0})
+    monkeypatch.setattr(export, "_quantize_segmenter", lambda args, model, train, val, out: seen.update(train=train))
+    args = SimpleNamespace(format=["onnx"], eval_images=None, images=None, int8_metric=None, quantize="int8")
+    export._export_segmenter(args, None, cfg, ["background", "square", "disc"], tmp_path / "out")
+    plain, _, _ = build_seg_datasets(cfg, ("train",), ["background", "square", "disc"], augment=False)
+    for i in range(len(plain)):
+        for k in (0, 1):  # image and mask as evaluation reads them
+            np.testing.assert_array_equal(seen["train"][i][k], plain[i][k])

@@ -134,7 +134,7 @@ def _export_segmenter(args, model, cfg, classes, out: Path) -> int:
     """A segmentation checkpoint: segmenter.onnx + segmentation.json, checked on up to 4 of its validation images
     (vit/deploy/onnx_segment.py; vit.deploy.onnx_segment.OnnxSegmenter reads them without torch); with --quantize
     int8 also segmenter.int8.onnx within --max-drop points of mIoU on the validation split (calibrated on training
-    images), its numbers added to segmentation.json."""
+    images as evaluation reads them), its numbers added to segmentation.json."""
     import torch
 
     from vit.config import ConfigError
@@ -148,7 +148,8 @@ def _export_segmenter(args, model, cfg, classes, out: Path) -> int:
         raise ConfigError("a segmentation checkpoint exports to ONNX only (--format onnx), checked and, with "
                           "--quantize, measured by mIoU on its own validation split (no --images, --eval-images or "
                           "other --int8-metric).")
-    train, val, _ = build_seg_datasets(cfg, ("train", "val") if args.quantize else ("val",), classes)
+    splits = ("train", "val") if args.quantize else ("val",)
+    train, val, _ = build_seg_datasets(cfg, splits, classes, augment=False)  # calibrated on unaugmented images
     batch = torch.stack([val[i][0] for i in range(min(4, len(val)))])
     check = export_segmenter(model, out, cfg, classes, [batch])
     print(f"wrote {out}/segmenter.onnx and segmentation.json: logits within {check['max_abs_logit_diff']:.1e} of "
