@@ -140,7 +140,8 @@ def pixel_rows(probs, masks, anomaly_maps) -> dict:
 
 
 def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int,
-             heads: tuple[str, ...] = ("linear", "dpt"), dpt: dict | None = None) -> list[dict]:
+             heads: tuple[str, ...] = ("linear", "dpt"), dpt: dict | None = None,
+             geometry: str = "resample") -> list[dict]:
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -159,7 +160,8 @@ def run_seed(backbone, cfg, out: Path, seed: int, steps: int, train_n: int,
         write_seg_parts(d / "test", 3000 + seed, 20, 15)
     mean, std = cfg.aug.mean, cfg.aug.std
     train_ds = SegmentationDataset(find_pairs(d / "train", missing="background"), CLASSES,
-                                   seg_transform(SIZE, True, mean, std, scale=(0.6, 1.0), rotate=20, jitter=0.1),
+                                   seg_transform(SIZE, True, mean, std, scale=(0.6, 1.0), rotate=20, jitter=0.1,
+                                                 geometry=geometry),
                                    seed=seed)
     test_ds = SegmentationDataset(find_pairs(d / "test", missing="background"), CLASSES,
                                   seg_transform(SIZE, False, mean, std))
@@ -193,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dpt-factors", type=float, nargs=4, default=list(DPT["factors"]),
                     help="the DPT head's four resampling factors against the patch grid (4 2 1 0.5: the finest map "
                          "at pixel level for patch 4)")
+    ap.add_argument("--geometry", default="resample", choices=["resample", "exact"],
+                    help="training geometry (seg.geometry): resample: crops resized, rotations; exact: flips, "
+                         "quarter turns and whole-pixel shifts, nothing resampled")
     ap.add_argument("--results", default="results.json", help="the file written into --out")
     return ap
 
@@ -214,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for seed in args.seeds:
         dpt = {**DPT, "factors": tuple(args.dpt_factors)}
-        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train, tuple(args.heads), dpt):
+        for r in run_seed(backbone, cfg, out, seed, args.steps, args.train, tuple(args.heads), dpt,
+                          args.geometry):
             rows.append({**r, "dpt_factors": list(args.dpt_factors)} if r["head"] == "dpt" else r)
             iou = "  ".join(f"{k} {100 * v:.1f}" for k, v in r["iou"].items())
             auc = "  ".join(f"{k} {v['seg']:.3f}/{v['patchcore']:.3f}" for k, v in r["pixel_auroc"].items())

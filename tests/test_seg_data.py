@@ -71,6 +71,50 @@ def test_geometry_happens_at_all():
     assert (t(image=image, mask=mask)["mask"] != mask).mean() > 0.2
 
 
+def _position_image(size: int) -> np.ndarray:
+    """Each pixel's own (row, column) in its red and green channels (blue 255 marks an image pixel)."""
+    yy, xx = np.mgrid[:size, :size]
+    return np.stack([yy, xx, np.full_like(yy, 255)], -1).astype(np.uint8)
+
+
+def _moves_whole_pixels(img: np.ndarray, m: np.ndarray, mask: np.ndarray) -> bool:
+    """True when every image pixel of `img` is an input pixel (read from its position code) whose 4 neighbours
+    are input pixels one step away, and the mask carries each pixel's own class: a flip, quarter turn or
+    whole-pixel shift, nothing interpolated."""
+    inside = img[..., 2] == 255
+    if not (m[~inside] == IGNORE_INDEX).all() or not (m[inside] == mask[img[inside, 0], img[inside, 1]]).all():
+        return False
+    pos = img[..., :2].astype(int)
+    down, right = (np.abs(pos[1:] - pos[:-1]).sum(-1), np.abs(pos[:, 1:] - pos[:, :-1]).sum(-1))
+    return bool((down[inside[1:] & inside[:-1]] == 1).all() and (right[inside[:, 1:] & inside[:, :-1]] == 1).all())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_geometry_moves_whole_pixels_only(seed):
+    """seg.geometry=exact (thin defects): flips, quarter turns and shifts, image and mask by the same whole pixels;
+    resample (the default) interpolates, so the same check fails for it."""
+    size = 48
+    image, mask = _position_image(size), _blocky(np.random.default_rng(seed))[1][:size, :size]
+    moved = 0
+    for geometry, expected in (("exact", True), ("resample", False)):
+        t = seg_transform(size, True, None, None, jitter=0.0, geometry=geometry)
+        t.set_random_seed(seed)
+        outs = [t(image=image, mask=mask) for _ in range(6)]
+        ok = [_moves_whole_pixels(o["image"], o["mask"], mask) for o in outs]
+        assert all(ok) if expected else not all(ok)
+        moved += sum((o["mask"] != mask).any() for o in outs) if expected else 0
+    assert moved >= 3  # exact moves pixels too: not an identity
+
+
+def test_geometry_none_and_a_bad_choice():
+    image, mask = _blocky(np.random.default_rng(2))
+    out = seg_transform(64, True, None, None, jitter=0.0, geometry="none")(image=image, mask=mask)
+    np.testing.assert_array_equal(out["mask"], mask)
+    np.testing.assert_array_equal(out["image"], image)
+    with pytest.raises(ValueError, match="seg.geometry is resample, exact or none, not 'crop'"):
+        seg_transform(64, True, None, None, geometry="crop")
+
+
 def test_photometric_touches_the_image_only():
     image, mask = _blocky(np.random.default_rng(1))
     t = seg_transform(64, True, None, None, scale=(1.0, 1.0), rotate=0, jitter=0.4)

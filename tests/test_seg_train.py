@@ -222,3 +222,23 @@ def test_int8_calibration_reads_training_images_as_evaluation_does(tmp_path, mon
     for i in range(len(plain)):
         for k in (0, 1):  # image and mask as evaluation reads them
             np.testing.assert_array_equal(seen["train"][i][k], plain[i][k])
+
+
+def test_seg_geometry_reaches_the_training_split_only(tmp_path):
+    from vit.data.segmentation import build_seg_datasets
+
+    data = _parts(tmp_path / "data")
+    steps = {}
+    for geometry in ("resample", "exact", "none"):
+        cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={data}",
+                                                   "--seg.missing_masks=background", f"--seg.geometry={geometry}"])
+        validate(cfg)
+        train, val, _ = build_seg_datasets(cfg, ("train", "val"), ["background", "square", "disc"])
+        steps[geometry] = [type(t).__name__ for t in train.transform.transforms]
+        assert [type(t).__name__ for t in val.transform.transforms] == ["Resize", "Normalize"]
+    assert "RandomResizedCrop" in steps["resample"] and "RandomRotate90" not in steps["resample"]
+    assert "RandomRotate90" in steps["exact"] and "RandomResizedCrop" not in steps["exact"]
+    assert steps["none"] == ["Resize", "ColorJitter", "Normalize"]
+    with pytest.raises(ConfigError, match="seg.geometry"):
+        validate(load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={data}",
+                                                      "--seg.geometry=crop"]))

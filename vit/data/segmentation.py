@@ -165,30 +165,48 @@ def check_mask(mask: np.ndarray, num_classes: int, path) -> np.ndarray:
 
 
 def seg_transform(img_size: int | None, train: bool, mean, std, scale: tuple[float, float] = (0.5, 1.0),
-                  rotate: float = 15.0, jitter: float = 0.2, interpolation: int | None = None):
-    """The albumentations pipeline of a split: train: random resized crop, horizontal and vertical flips, a
-    rotation up to `rotate` degrees (border pixels: the ignore index in the mask), colour jitter (image only);
-    eval: a resize. Always normalised by `mean`, `std` (0..1 scale). Masks use nearest interpolation;
-    `interpolation` (cv2 flag) sets the image's (bilinear by default). `img_size` None (NaFlex): no crop and no
-    resize, the image keeps its size (the dataset fits it to the patch budget)."""
+                  rotate: float = 15.0, jitter: float = 0.2, interpolation: int | None = None,
+                  geometry: str = "resample"):
+    """The albumentations pipeline of a split. Train: `geometry` (seg.geometry), then colour jitter (image only):
+    resample: a random resized crop (area `scale`), horizontal and vertical flips, a rotation up to `rotate`
+    degrees (border pixels: the ignore index in the mask); exact: whole pixels only (flips, quarter turns on a
+    square image, shifts up to an eighth of the side), so a defect one or two pixels wide keeps its edges in image
+    and mask alike; none: a resize only. Eval: a resize. Always normalised by `mean`, `std` (0..1 scale). Masks use
+    nearest interpolation; `interpolation` (cv2 flag) sets the image's (bilinear by default). `img_size` None
+    (NaFlex): no crop and no resize, the image keeps its size (the dataset fits it to the patch budget)."""
     import albumentations as A
     import cv2
 
     interp = cv2.INTER_LINEAR if interpolation is None else interpolation
-    size = (img_size, img_size)
-    if train:
-        crop = [] if img_size is None else [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
-                                                                mask_interpolation=cv2.INTER_NEAREST)]
-        geometry = [*crop, A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5),
-                    A.Affine(rotate=(-rotate, rotate), interpolation=interp, mask_interpolation=cv2.INTER_NEAREST,
-                             border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE_INDEX, p=0.5 if rotate else 0)]
-        photometric = [A.ColorJitter(jitter, jitter, jitter, 0.0, p=0.8 if jitter else 0.0)]
-    else:
-        geometry = [] if img_size is None else [A.Resize(*size, interpolation=interp,
-                                                         mask_interpolation=cv2.INTER_NEAREST)]
-        photometric = []
+    steps = _geometry(img_size, geometry if train else "none", scale, rotate, interp)
+    photometric = [A.ColorJitter(jitter, jitter, jitter, 0.0, p=0.8 if jitter else 0.0)] if train else []
     norm = [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)] if mean is not None else []
-    return A.Compose([*geometry, *photometric, *norm])
+    return A.Compose([*steps, *photometric, *norm])
+
+
+def _geometry(img_size: int | None, geometry: str, scale, rotate: float, interp: int) -> list:
+    """seg_transform's geometric steps, applied to image and mask together (masks: nearest)."""
+    import albumentations as A
+    import cv2
+
+    nearest, size = cv2.INTER_NEAREST, (img_size, img_size)
+    resize = [] if img_size is None else [A.Resize(*size, interpolation=interp, mask_interpolation=nearest)]
+    if geometry not in ("resample", "exact", "none"):
+        raise ValueError(f"seg.geometry is resample, exact or none, not {geometry!r}.")
+    if geometry == "none":
+        return resize
+    flips = [A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5)]
+    border = dict(border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE_INDEX)
+    if geometry == "exact":  # whole pixels only: a nearest shift moves image and mask by the same rounded offset
+        turns = [] if img_size is None else [A.RandomRotate90(p=0.5)]
+        shift = A.Affine(translate_percent=(-0.125, 0.125), interpolation=nearest, mask_interpolation=nearest,
+                         p=0.5, **border)
+        return [*resize, *flips, *turns, shift]
+    crop = [] if img_size is None else [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
+                                                            mask_interpolation=nearest)]
+    turn = A.Affine(rotate=(-rotate, rotate), interpolation=interp, mask_interpolation=nearest,
+                    p=0.5 if rotate else 0, **border)
+    return [*crop, *flips, turn]
 
 
 class SegmentationDataset(SeededDataset):
@@ -288,9 +306,10 @@ def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]
 def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None,
                        augment: bool = True):
     """(train, val, class names) of data.dataset=segmentation: data.root/train and data.root/val as the folder
-    layout (or train.csv / val.csv), transforms from model.img_size and aug.mean / aug.std. `classes` (a
-    checkpoint's) are used as given; a split left out of `splits` is None. `augment` False (scoring): the train
-    split read as val is, without augmentation and, with NaFlex, with its masks at the files' size."""
+    layout (or train.csv / val.csv), transforms from model.img_size, aug.mean / aug.std and seg.geometry.
+    `classes` (a checkpoint's) are used as given; a split left out of `splits` is None. `augment` False
+    (scoring): the train split read as val is, without augmentation and, with NaFlex, with its masks at the files'
+    size."""
     root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
     pairs = {s: find_pairs(_split(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
     palette = None
@@ -300,12 +319,13 @@ def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes:
     nf = cfg.data.naflex
     size = None if nf is not None else cfg.model.img_size
 
-    def naflex(train: bool):
-        return None if nf is None else (cfg.model.patch_size, nf.max_num_patches, train)
+    def build(s: str) -> SegmentationDataset:
+        train = augment and s == "train"
+        naflex = None if nf is None else (cfg.model.patch_size, nf.max_num_patches, train)
+        t = seg_transform(size, train, mean, std, geometry=seg.geometry)
+        return SegmentationDataset(pairs[s], classes, t, cfg.run.seed, palette, naflex)
 
-    train = {s: augment and s == "train" for s in ("train", "val")}
-    out = [SegmentationDataset(pairs[s], classes, seg_transform(size, train[s], mean, std), cfg.run.seed, palette,
-                               naflex(train[s])) if s in pairs else None for s in ("train", "val")]
+    out = [build(s) if s in pairs else None for s in ("train", "val")]
     return out[0], out[1], list(classes)
 
 
