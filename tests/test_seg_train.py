@@ -242,3 +242,19 @@ def test_seg_geometry_reaches_the_training_split_only(tmp_path):
     with pytest.raises(ConfigError, match="seg.geometry"):
         validate(load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={data}",
                                                       "--seg.geometry=crop"]))
+
+
+def test_a_bad_held_out_mask_is_refused_before_training(tmp_path):
+    """train.py builds its datasets with check_images: a val mask with a value outside the classes is named then,
+    not at the end of the first epoch."""
+    from vit.data import DataError, build_datasets
+
+    data = _parts(tmp_path / "data")
+    Image.fromarray(np.full((32, 32), 7, np.uint8)).save(data / "val" / "masks" / "1.png")
+    cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={data}",
+                                               "--model.img_size=32", "--seg.missing_masks=background",
+                                               "--seg.classes=[background, square, disc]"])
+    with pytest.raises(DataError, match=r"mask .*val/masks/1.png holds the values \[7\]"):
+        build_datasets(cfg)
+    train, val, _ = build_datasets(cfg, check_images=False)  # export's and evaluate's reads are unchanged
+    assert len(val) == 3

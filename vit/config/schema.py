@@ -384,10 +384,7 @@ class SegConfig:
     dpt_sizes: list[int] | None = None  # dpt: the four reassembled widths; null: embed_dim / 8, / 4, / 2, / 1
     dpt_factors: list[float] = field(default_factory=lambda: [4.0, 2.0, 1.0, 0.5])  # dpt: each map's resampling
     window: int | None = None  # evaluate / predict: sliding windows of this size over larger images; null: img_size
-    # training geometry, image and mask together (aug.*'s geometric keys are not read): resample: random resized
-    # crop (area 0.5-1), flips, rotations to 15 degrees; exact: flips, quarter turns, whole-pixel shifts, nothing
-    # resampled (defects 1-2 px wide; docs/segmentation.md); none: no geometric change
-    geometry: Literal["resample", "exact", "none"] = "resample"
+    geometry: Literal["resample", "exact", "none"] = "resample"  # train: crops+rotations | whole pixels only | none
 
 
 @dataclass

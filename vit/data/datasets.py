@@ -277,7 +277,10 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     if name == "segmentation":  # image / mask pairs (vit/data/segmentation.py)
         from .segmentation import build_seg_datasets
 
-        return build_seg_datasets(cfg, splits, classes)
+        train, val, classes = build_seg_datasets(cfg, splits, classes)
+        if check_images and val is not None:  # a bad held-out mask found now, not at the first evaluation
+            val.check()
+        return train, val, classes
     if name == "captions":  # image-caption pairs for a CLIP model (vit/data/captions.py)
         return _caption_datasets(cfg, check_images, t_train, t_val)
     if name == "imagefolder" and cfg.data.labels_file:  # multi-label: images and labels from a file

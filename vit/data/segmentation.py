@@ -236,6 +236,14 @@ class SegmentationDataset(SeededDataset):
                             f"{image.shape[1]}x{image.shape[0]}; masks must have their image's size.")
         return image, mask
 
+    def check(self) -> None:
+        """Read every pair with a mask once, as `load` does: a mask of another size than its image or with a value
+        outside the classes is refused (one sentence naming the file) before training, not at its first
+        evaluation."""
+        for i, pair in enumerate(self.pairs):
+            if pair.mask is not None:
+                self.load(i)
+
     def __getitem__(self, index: int):
         import torch
 
