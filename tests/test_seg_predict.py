@@ -67,3 +67,46 @@ def test_the_onnx_segmenter_path_imports_no_torch():
             "print(sorted(m for m in ('torch', 'timm', 'accelerate', 'yaml') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+
+
+def test_evaluate_scores_the_files_as_predict_writes_them(tmp_path):
+    """evaluate.py's confusion over a folder whose images are not the input size (a wide strip, a large and a small
+    square) is scikit-learn's over predict.py's mask PNGs against the mask files, pixel for pixel at the files'
+    size; --split names any folder the data has (test/), and a missing one is one sentence."""
+    import pytest
+    from sklearn.metrics import confusion_matrix
+
+    from vit.config import load_config
+    from vit.data import DataError
+    from vit.eval.segmentation import evaluate_segmentation
+
+    rng = np.random.default_rng(3)
+    root = tmp_path / "data"
+    (root / "test" / "images").mkdir(parents=True)
+    (root / "test" / "masks").mkdir()
+    for name, shape in (("strip", (16, 50)), ("large", (40, 40)), ("small", (12, 10))):
+        image = rng.integers(0, 255, (*shape, 3), dtype=np.uint8)
+        Image.fromarray(image).save(root / "test" / "images" / f"{name}.png")
+        mask = rng.integers(0, 3, shape).astype(np.uint8)
+        mask[0] = 255  # the ignore index: not scored
+        Image.fromarray(mask).save(root / "test" / "masks" / f"{name}.png")
+    cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={root}",
+                                               "--model.img_size=16", "--aug.mean=[0.5,0.5,0.5]",
+                                               "--aug.std=[0.25,0.25,0.25]"])
+    classes = ["background", "scratch", "dent"]
+    m = evaluate_segmentation(pixel_model(3), cfg, classes, "test", tmp_path / "eval")
+    paths = sorted((root / "test" / "images").iterdir())
+    predict_seg_images(pixel_model(3), _cfg(), classes, paths, tmp_path / "pred")
+    truth, pred = [], []
+    for i, p in enumerate(paths):
+        truth.append(np.array(Image.open(root / "test" / "masks" / p.name)).ravel())
+        pred.append(np.array(Image.open(tmp_path / "pred" / "masks" / f"{i:04d}_{p.stem}.png")).ravel())
+    truth, pred = np.concatenate(truth), np.concatenate(pred)
+    keep = truth != 255
+    want = confusion_matrix(truth[keep], pred[keep], labels=[0, 1, 2])
+    np.testing.assert_array_equal(np.array(m["confusion"]), want)
+    assert m["pixels"] == keep.sum() == 15 * 50 + 39 * 40 + 11 * 10 and m["images"] == 3  # the first rows ignored
+    with pytest.raises(DataError, match=r"--split holdout: .*holdout does not exist"):
+        evaluate_segmentation(pixel_model(3), cfg, classes, "holdout")
+    with pytest.raises(DataError, match=r"--data-dir: .*elsewhere does not exist"):
+        evaluate_segmentation(pixel_model(3), cfg, classes, folder=str(tmp_path / "elsewhere"))

@@ -35,7 +35,7 @@ from .decode import IMG_EXTENSIONS, decode_image
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
            "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
-           "pixel_class_weights", "collate_naflex_seg", "fit_to_budget"]
+           "pixel_class_weights", "collate_naflex_seg", "fit_to_budget", "split_source"]
 
 IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
 _MASK_MODES = ("L", "P", "I", "I;16", "1")
@@ -291,7 +291,7 @@ def collate_naflex_seg(batch: list[tuple]) -> tuple:
     return collate_naflex([(sample, 0) for sample, _ in batch])[0], [mask for _, mask in batch]
 
 
-def _split(root: Path, split: str) -> Path:
+def split_source(root: Path, split: str) -> Path:
     """root/<split>/ (images/ + masks/) or root/<split>.csv."""
     csv_file = root / f"{split}.csv"
     return csv_file if csv_file.is_file() and not (root / split).is_dir() else root / split
@@ -319,7 +319,7 @@ def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes:
     (scoring): the train split read as val is, without augmentation and, with NaFlex, with its masks at the files'
     size."""
     root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
-    pairs = {s: find_pairs(_split(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
+    pairs = {s: find_pairs(split_source(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
     palette = None
     if classes is None:
         classes, palette = seg_classes(seg, next(iter(pairs.values())))

@@ -11,6 +11,8 @@ With C[t, p] the number of pixels of true class t predicted p:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -137,30 +139,38 @@ def predict_masks(model, loader, num_classes: int, window: int | None = None, ke
     return out
 
 
-def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", batch_size: int | None = None,
-                          out_dir=None) -> dict:
-    """evaluate.py's metrics of a segmentation checkpoint on its config's `split` (train or val): mIoU, per-class
-    IoU and Dice, pixel accuracy, the confusion over classes; with `out_dir`, metrics.json and per_class.csv."""
+def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", out_dir=None,
+                          folder: str | None = None) -> dict:
+    """evaluate.py's metrics of a segmentation checkpoint: mIoU, per-class IoU and Dice, pixel accuracy, the
+    confusion over classes; with `out_dir`, metrics.json and per_class.csv. Scored: the config's `split` (data.root/
+    <split>/ or <split>.csv: train, val, test, ...) or `folder` (images/ + masks/, or a CSV of pairs). Each image is
+    segmented as predict.py segments it (`segment_image`: resized, in sliding windows or at its NaFlex grid) and
+    compared with its mask file at the file's own size; training's val mIoU compares at model.img_size, the same
+    number when the images are that size."""
     import json
-    from pathlib import Path
 
-    from torch.utils.data import DataLoader
-
-    from ..data.segmentation import build_seg_datasets
+    from ..data.segmentation import DataError, SegmentationDataset, find_pairs, split_source
     from ..utils.atomic import atomic_write_csv, atomic_write_text
 
-    if split not in ("train", "val"):
-        raise ValueError(f"a segmentation folder has the splits train and val, not {split!r}.")
-    train, val, _ = build_seg_datasets(cfg, (split,), classes, augment=False)  # either split scored as val is
-    ds = val if split == "val" else train
-    loader = DataLoader(ds, batch_size=batch_size or cfg.data.eval_batch_size or cfg.data.batch_size,
-                        collate_fn=ds.collate)
-    window = cfg.seg.window if cfg.seg.window else None
-    conf = predict_masks(model, loader, len(classes), window=window)["confusion"]
+    source = Path(folder) if folder is not None else split_source(Path(cfg.data.root), split)
+    if not source.exists():
+        where = "--data-dir" if folder is not None else f"--split {split}"
+        hint = "" if folder is not None else f" (data.root/{split}/ or data.root/{split}.csv)"
+        raise DataError(f"{where}: {source} does not exist; give a folder with images/ and masks/ or a CSV of "
+                        f"pairs{hint}.")
+    ds = SegmentationDataset(find_pairs(source, cfg.seg.missing_masks), classes, transform=None)
+    mean, std, n = cfg.aug.mean or [0.5] * 3, cfg.aug.std or [0.5] * 3, len(classes)
+    conf = torch.zeros(n, n, dtype=torch.int64)
+    model.eval()
+    with torch.no_grad():
+        for i in range(len(ds)):
+            image, mask = ds.load(i)
+            pred = segment_image(model, image, cfg.model.img_size, mean, std, cfg.seg.window, naflex_budget(cfg))
+            conf += confusion(pred, torch.from_numpy(mask).long(), n)
     s = seg_scores(conf)
     metrics = dict(miou=s["miou"], mdice=s["mdice"], pixel_acc=s["pixel_acc"], pixels=s["pixels"], images=len(ds),
                    classes=classes, iou=dict(zip(classes, s["iou"])), dice=dict(zip(classes, s["dice"])),
-                   confusion=conf.tolist(), split=split)
+                   confusion=conf.tolist(), split=split if folder is None else None, source=str(source))
     if out_dir is not None:
         out = Path(out_dir)
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "scored), train, or another the data has (an ImageFolder's root/<split>/<class>/*, e.g. "
                            "test; a labels file's split column; a shard or Hugging Face split)")
     data.add_argument("--data-dir", default=None, metavar="FOLDER",
-                      help="score this folder of <class>/ image folders instead (its class names must be the model's)")
+                      help="score this folder of <class>/ image folders instead (its class names must be the model's; "
+                           "a segmentation checkpoint: images/ + masks/, or a CSV of pairs)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
     ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
@@ -137,7 +138,8 @@ def _evaluate_segmentation(args, out_dir: Path, model, cfg, classes) -> int:
     from vit.eval.segmentation import evaluate_segmentation
     from vit.utils.untrusted_text import printable
 
-    m = evaluate_segmentation(model, cfg, classes, args.split, args.batch_size, out_dir)
+    m = evaluate_segmentation(model, cfg, classes, args.split, out_dir, folder=args.data_dir)
+    print(f"scoring {printable(m['source'])} as predict.py segments it, against the mask files at their own size")
     print(f"{m['images']} images, {m['pixels']} pixels scored: mIoU {100 * m['miou']:.2f}%   mean Dice "
           f"{100 * m['mdice']:.2f}%   pixel accuracy {100 * m['pixel_acc']:.2f}%\n")
     width = max(len("class"), *(len(printable(c)) for c in classes)) + 2
