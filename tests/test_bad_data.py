@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import TINY, make_image_folder, run_script
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -195,3 +196,31 @@ def test_a_split_without_one_usable_image_is_refused_before_training(tmp_path, s
     cfg = load_config(None, ["--data.dataset=imagefolder", f"--data.root={root}", *TINY])
     with pytest.raises(DataError, match=f"no usable image in {root / split}: all .* are unreadable"):
         build_datasets(cfg)
+
+
+class _Refusing(torch.utils.data.Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        raise DataError("mask /data/m.png holds the values [7]; fix the mask or the class list.")
+
+
+def test_an_error_raised_in_a_loader_worker_is_said_in_its_own_words(capsys):
+    """torch re-raises a worker's DataError with the worker's traceback as its message; run_cli prints the sentence
+    alone (exit 2), as when it is raised in the main process."""
+    from vit.cli.runtime import run_cli, worker_message
+
+    def main():
+        next(iter(torch.utils.data.DataLoader(_Refusing(), num_workers=1)))
+
+    with pytest.raises(DataError) as caught:
+        main()
+    assert "Original Traceback" in str(caught.value)  # what torch gives
+    assert worker_message(caught.value) == "mask /data/m.png holds the values [7]; fix the mask or the class list."
+    assert worker_message(ValueError("a plain one")) == "a plain one"
+    with pytest.raises(SystemExit) as code:
+        run_cli(main)
+    assert code.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: mask /data/m.png holds the values [7]; fix the mask or the class list.\n"

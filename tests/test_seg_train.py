@@ -244,9 +244,10 @@ def test_seg_geometry_reaches_the_training_split_only(tmp_path):
                                                       "--seg.geometry=crop"]))
 
 
-def test_a_bad_held_out_mask_is_refused_before_training(tmp_path):
+def test_bad_pairs_are_refused_before_training(tmp_path):
     """train.py builds its datasets with check_images: a val mask with a value outside the classes is named then,
-    not at the end of the first epoch."""
+    not at the end of the first epoch; an unreadable training image is refused or, with data.on_bad_image=skip,
+    its pair dropped and named."""
     from vit.data import DataError, build_datasets
 
     data = _parts(tmp_path / "data")
@@ -258,3 +259,10 @@ def test_a_bad_held_out_mask_is_refused_before_training(tmp_path):
         build_datasets(cfg)
     train, val, _ = build_datasets(cfg, check_images=False)  # export's and evaluate's reads are unchanged
     assert len(val) == 3
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "val" / "masks" / "1.png")
+    (data / "train" / "images" / "2.png").write_bytes(b"not a png")
+    train, val, _ = build_datasets(cfg)  # data.on_bad_image: skip by default
+    assert len(train) == 5 and len(train.bad) == 1 and "2.png" in train.bad[0] and not val.bad
+    cfg.data.on_bad_image = "error"
+    with pytest.raises(DataError, match=r"1 unreadable image\(s\) .*train/images/2.png.*data.on_bad_image=skip"):
+        build_datasets(cfg)

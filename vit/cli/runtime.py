@@ -32,7 +32,7 @@ from ..train.preemption import Preempted
 from ..utils.untrusted_text import printable
 
 __all__ = ["make_accelerator", "run_cli", "check_options", "apply_machine_defaults", "machine_cpus",
-           "resolve_workers", "resolve_threads", "resolve_precision", "single_process_note"]
+           "resolve_workers", "resolve_threads", "resolve_precision", "single_process_note", "worker_message"]
 
 
 def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = None) -> None:
@@ -43,7 +43,7 @@ def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = 
     try:
         code = main()
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        print(f"error: {printable(e, keep=chr(10))}", file=sys.stderr)  # a name's escapes shown, not obeyed
+        print(f"error: {printable(worker_message(e), keep=chr(10))}", file=sys.stderr)  # escapes shown, not obeyed
         code = 2
     except KeyboardInterrupt:
         note = interrupt_note() if interrupt_note is not None else "files already written are complete"
@@ -55,6 +55,20 @@ def run_cli(main: Callable[[], int], interrupt_note: Callable[[], str] | None = 
             print(f"terminated (SIGTERM); {note}.", file=sys.stderr)
         code = PREEMPTED_EXIT
     sys.exit(code)
+
+
+def worker_message(e: BaseException) -> str:
+    """An error's own message, also when a DataLoader worker raised it: torch re-raises it in the main process with
+    the worker's whole traceback as its message ("Caught DataError in DataLoader worker process 0. Original
+    Traceback ..."), where the user's one sentence is the part after the last "<module>.<class>: "."""
+    text = str(e)
+    if not (text.startswith("Caught ") and "\nOriginal Traceback" in text):
+        return text
+    for name in (f"{type(e).__module__}.{type(e).__qualname__}: ", f"{type(e).__qualname__}: "):
+        i = text.rfind("\n" + name)
+        if i >= 0:
+            return text[i + 1 + len(name):].strip()
+    return text.strip().splitlines()[-1]
 
 
 # DDP compares each gradient's strides with its bucket's, size-1 dimensions included. With one image per process,

@@ -278,8 +278,9 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
         from .segmentation import build_seg_datasets
 
         train, val, classes = build_seg_datasets(cfg, splits, classes)
-        if check_images and val is not None:  # a bad held-out mask found now, not at the first evaluation
-            val.check()
+        for ds in (train, val) if check_images else ():  # a bad mask or image found now, not in the first epoch
+            if ds is not None:
+                ds.check(cfg.data.on_bad_image)
         return train, val, classes
     if name == "captions":  # image-caption pairs for a CLIP model (vit/data/captions.py)
         return _caption_datasets(cfg, check_images, t_train, t_val)

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import DataError, SeededDataset
-from .decode import IMG_EXTENSIONS, decode_image
+from .decode import IMG_EXTENSIONS, BadImageError, decode_image
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
            "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
@@ -219,6 +219,7 @@ class SegmentationDataset(SeededDataset):
                  palette: list[str] | None = None, naflex: tuple[int, int, bool] | None = None) -> None:
         super().__init__(transform, classes, seed)
         self.pairs, self.palette, self.naflex = pairs, palette, naflex
+        self.bad: list[str] = []  # unreadable images `check` dropped
         self.collate = collate_naflex_seg if naflex else None
 
     def __len__(self) -> int:
@@ -236,13 +237,25 @@ class SegmentationDataset(SeededDataset):
                             f"{image.shape[1]}x{image.shape[0]}; masks must have their image's size.")
         return image, mask
 
-    def check(self) -> None:
-        """Read every pair with a mask once, as `load` does: a mask of another size than its image or with a value
-        outside the classes is refused (one sentence naming the file) before training, not at its first
-        evaluation."""
+    def check(self, on_bad_image: str = "error") -> list[str]:
+        """Read every pair once, as `load` does, before training: a mask of another size than its image or with a
+        value outside the classes is refused (one sentence naming the file); an unreadable image is refused
+        (`on_bad_image` error) or its pair dropped (skip) and named in `self.bad`."""
+        good, bad = [], []
         for i, pair in enumerate(self.pairs):
-            if pair.mask is not None:
+            try:
                 self.load(i)
+                good.append(pair)
+            except BadImageError as e:
+                bad.append(str(e))
+        if bad and on_bad_image == "error":
+            raise DataError(f"{len(bad)} unreadable image(s) among the segmentation pairs, first: {bad[0]}; remove "
+                            "them or set data.on_bad_image=skip.")
+        if bad and not good:
+            raise DataError(f"no usable image among the segmentation pairs: all {len(bad)} are unreadable (first: "
+                            f"{bad[0]}); fix or replace them.")
+        self.pairs, self.bad = good, bad
+        return bad
 
     def __getitem__(self, index: int):
         import torch
