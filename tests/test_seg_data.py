@@ -195,6 +195,17 @@ def test_bad_masks_are_one_sentence_naming_the_file(tmp_path):
         SegmentationDataset(find_pairs(tmp_path / "rgb"), ["bg", "x"], t)[0]
     with pytest.raises(DataError, match=r"does not exist; the folder layout is"):
         find_pairs(tmp_path / "nothing")
+    _write(tmp_path / "jpeg", ["a", "b"], {"a": np.zeros((16, 16))})  # b's mask saved as a JPEG
+    Image.fromarray(np.zeros((16, 16), np.uint8)).save(tmp_path / "jpeg" / "masks" / "b.jpg")
+    with pytest.raises(DataError, match=r"mask .*b\.jpg is not a PNG; save it as b\.png"):
+        find_pairs(tmp_path / "jpeg", missing="background")  # not read as a good part
+    _write(tmp_path / "orphan", ["a"], {"a": np.zeros((16, 16)), "a_mask": np.zeros((16, 16))})
+    with pytest.raises(DataError, match=r"mask .*a_mask\.png has no image .*images/a_mask\.<ext>"):
+        find_pairs(tmp_path / "orphan", missing="background")
+    (tmp_path / "orphan" / "masks" / "a_mask.png").unlink()
+    (tmp_path / "orphan" / "masks" / ".DS_Store").write_bytes(b"x")  # hidden and non-image files: passed over
+    (tmp_path / "orphan" / "masks" / "notes.txt").write_text("x")
+    assert len(find_pairs(tmp_path / "orphan")) == 1
 
 
 def test_seg_parts_script_writes_masks_of_their_own_classes(tmp_path):

@@ -266,3 +266,19 @@ def test_bad_pairs_are_refused_before_training(tmp_path):
     cfg.data.on_bad_image = "error"
     with pytest.raises(DataError, match=r"1 unreadable image\(s\) .*train/images/2.png.*data.on_bad_image=skip"):
         build_datasets(cfg)
+
+
+def test_the_model_line_describes_backbone_and_head():
+    """train.py's model line for a segmenter: the backbone as built (its patch, not the name's) and the head."""
+    from vit.models.segmenter import build_segmenter
+    from vit.train.console import describe_model
+
+    cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", "--data.root=/x", "--model.img_size=32",
+                                               "--model.patch_size=4", "--model.depth=4", "--seg.head=dpt",
+                                               "--seg.dpt_width=8"])
+    model = build_segmenter(cfg, 3)
+    head = sum(p.numel() for p in model.head.parameters()) / 1e6
+    line = describe_model(model, "vit_tiny_patch16_224")
+    assert "patch 4, 65 tokens (8x8 + 1)" in line and f"DPTHead {head:.2f}M params on blocks 0, 1, 2, 3" in line
+    total = sum(p.numel() for p in model.parameters()) / 1e6
+    assert line.endswith(f"; {total:.2f}M params")

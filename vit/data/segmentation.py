@@ -69,7 +69,7 @@ def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
         if not d.is_dir() and not (d == masks and missing == "background"):
             raise DataError(f"{d} does not exist; the folder layout is {root}/images/<stem>.<ext> with "
                             f"{root}/masks/<stem>.png.")
-    found = {p.stem: p for p in masks.glob("*.png")} if masks.is_dir() else {}
+    found = _mask_files(masks, {q.stem for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS})
     pairs = []
     for p in sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS):
         m = found.get(p.stem)
@@ -80,6 +80,23 @@ def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
     if not pairs:
         raise DataError(f"{images} holds no images.")
     return pairs
+
+
+def _mask_files(masks: Path, stems: set[str]) -> dict[str, Path]:
+    """{stem: masks/<stem>.png}. A mask saved as another image type, or one whose stem no image has, is refused: it
+    would otherwise be passed over and its image read as all background."""
+    found = {}
+    for m in sorted(masks.iterdir()) if masks.is_dir() else ():
+        if m.name.startswith(".") or m.suffix.lower() not in IMG_EXTENSIONS:
+            continue
+        if m.suffix.lower() != ".png":
+            raise DataError(f"mask {m} is not a PNG; save it as {m.with_suffix('.png').name} (an index or palette "
+                            "PNG: a lossy format changes class values).")
+        if m.stem not in stems:
+            raise DataError(f"mask {m} has no image {m.parent.parent / 'images'}/{m.stem}.<ext>; a mask is named "
+                            "after its image's stem: rename it or remove it.")
+        found[m.stem] = m
+    return found
 
 
 def _csv_pairs(path: Path, missing: str) -> list[SegPair]:

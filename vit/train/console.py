@@ -40,9 +40,16 @@ def quiet_libraries(is_main: bool) -> None:
 
 def describe_model(model: torch.nn.Module, name: str) -> str:
     """'vit_tiny_patch16_224 as built: 3 channels (RGB), width 128, depth 4, 4 heads, patch 16, 17 tokens (4x4 + 1),
-    0.63M params'; a CLIP model (vit.models.clip): its image tower so, then its text tower and shared width."""
+    0.63M params'; a CLIP model (vit.models.clip): its image tower so, then its text tower and shared width; a
+    segmenter: its backbone so, then its head."""
     params = sum(p.numel() for p in model.parameters())
     visual, text = getattr(model, "visual", None), getattr(model, "text", None)
+    backbone, head = getattr(model, "backbone", None), getattr(model, "head", None)
+    if isinstance(backbone, torch.nn.Module) and isinstance(head, torch.nn.Module):  # a Segmenter: both parts
+        head_params = sum(p.numel() for p in head.parameters())
+        return (f"{describe_model(backbone, name).removesuffix(' params')} params backbone; "
+                f"{type(head).__name__} {head_params / 1e6:.2f}M params on blocks "
+                f"{', '.join(str(i) for i in getattr(model, 'indices', []))}; {params / 1e6:.2f}M params")
     if visual is not None and text is not None:
         return (f"{describe_model(visual, name).removesuffix(' params')} params image tower; text tower width "
                 f"{text.embed_dim}, depth {len(text.blocks)}, context {text.max_len}; both projected to "
