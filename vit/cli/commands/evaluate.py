@@ -82,12 +82,13 @@ def main(argv=None) -> int:
     check_writable(out_dir)  # before the model loads or an image is read
     model, cfg, ckpt_classes = load_model(args, overrides)  # (a missing checkpoint: before its eval/)
     check_dataset_keys(cfg, list(overrides))  # e.g. --data.val_split=test for a folder: refused, not ignored
-    if cfg.data.dataset == "segmentation":  # a class per pixel: mIoU, per-class IoU and Dice (docs/segmentation.md)
-        return _evaluate_segmentation(args, out_dir, model, cfg, ckpt_classes)
     if args.threshold is not None and not cfg.data.labels_file:
+        per = "pixel" if cfg.data.dataset == "segmentation" else "image"
         raise ConfigError("--threshold is for multi-label models (trained with data.labels_file); this one picks "
-                          "one class per image.")
+                          f"one class per {per}.")
     with OutputLock(out_dir, hold=os.environ.get("RANK", "0") == "0"):  # one evaluation per --out at a time
+        if cfg.data.dataset == "segmentation":  # a class per pixel: mIoU, per-class IoU, Dice (docs/segmentation.md)
+            return _evaluate_segmentation(args, out_dir, model, cfg, ckpt_classes)
         return _evaluate(args, overrides, out_dir, model, cfg, ckpt_classes)
 
 
