@@ -220,3 +220,32 @@ def test_seg_parts_script_writes_masks_of_their_own_classes(tmp_path):
     ds = SegmentationDataset(pairs, script.CLASSES, seg_transform(script.SIZE, False, None, None))
     found = [set(np.unique(ds.load(i)[1]).tolist()) for i in range(len(ds))]
     assert found == [{0}, {0}, {0, 1}, {0, 2}, {0, 3}]  # scratch, dent, stain in DEFECTS' order
+
+
+def test_unreadable_masks_and_spreadsheet_csvs(tmp_path):
+    """A mask that is not an image, is empty or cut short is one sentence naming it; a CSV saved by a spreadsheet
+    (byte-order mark, spaces in the header) reads as any other, and a non-PNG mask there is refused as in folders."""
+    from vit.data.seg_pairs import split_source
+    from vit.data.segmentation import read_mask
+
+    _write(tmp_path / "f", ["a"], {"a": np.ones((16, 16))})
+    good = (tmp_path / "f" / "masks" / "a.png").read_bytes()
+    for name, data in (("garbage", b"not a png"), ("empty", b""), ("cut", good[: len(good) // 2])):
+        (tmp_path / f"{name}.png").write_bytes(data)
+        with pytest.raises(DataError, match=rf"mask .*{name}\.png cannot be read \(.*\); save it again as an index"):
+            read_mask(tmp_path / f"{name}.png", 2)
+    with pytest.raises(DataError, match=r"mask .*garbage\.png cannot be read"):
+        palette_classes(tmp_path / "garbage.png")
+    (tmp_path / "f" / "pairs.csv").write_text("\ufeffImage, Mask\n images/a.png , masks/a.png\n", encoding="utf-8")
+    pairs = find_pairs(tmp_path / "f" / "pairs.csv")
+    assert [(p.image.name, p.mask.name) for p in pairs] == [("a.png", "a.png")]
+    Image.fromarray(np.ones((16, 16), np.uint8)).save(tmp_path / "f" / "masks" / "a.bmp")
+    (tmp_path / "f" / "bmp.csv").write_text("image,mask\nimages/a.png,masks/a.bmp\n")
+    with pytest.raises(DataError, match=r"bmp\.csv line 2: mask .*a\.bmp is not a PNG; save it as PNG"):
+        find_pairs(tmp_path / "f" / "bmp.csv")
+    with pytest.raises(DataError, match=r"pairs\.txt is a file, not a CSV of pairs"):
+        (tmp_path / "pairs.txt").write_text("x")
+        find_pairs(tmp_path / "pairs.txt")
+    with pytest.raises(DataError, match=r"the val split is missing: .* has neither val/ .* nor val\.csv"):
+        split_source(tmp_path / "f", "val")
+    assert split_source(tmp_path, "f") == tmp_path / "f"

@@ -106,7 +106,7 @@ def test_evaluate_scores_the_files_as_predict_writes_them(tmp_path):
     want = confusion_matrix(truth[keep], pred[keep], labels=[0, 1, 2])
     np.testing.assert_array_equal(np.array(m["confusion"]), want)
     assert m["pixels"] == keep.sum() == 15 * 50 + 39 * 40 + 11 * 10 and m["images"] == 3  # the first rows ignored
-    with pytest.raises(DataError, match=r"--split holdout: .*holdout does not exist"):
+    with pytest.raises(DataError, match=r"the holdout split is missing: .* has neither holdout/ .* nor holdout.csv"):
         evaluate_segmentation(pixel_model(3), cfg, classes, "holdout")
     with pytest.raises(DataError, match=r"--data-dir: .*elsewhere does not exist"):
         evaluate_segmentation(pixel_model(3), cfg, classes, folder=str(tmp_path / "elsewhere"))

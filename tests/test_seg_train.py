@@ -282,3 +282,15 @@ def test_the_model_line_describes_backbone_and_head():
     assert "patch 4, 65 tokens (8x8 + 1)" in line and f"DPTHead {head:.2f}M params on blocks 0, 1, 2, 3" in line
     total = sum(p.numel() for p in model.parameters()) / 1e6
     assert line.endswith(f"; {total:.2f}M params")
+
+
+def test_evaluate_takes_the_seg_keys_its_messages_name():
+    """evaluate.py's refusal of a mask-less image names seg.missing_masks=background: it takes that key (and
+    seg.window), not the ones that would rebuild another model."""
+    from vit.cli.commands.evaluate import parse_args
+
+    _, overrides = parse_args(["--checkpoint", "x", "--seg.missing_masks=background", "--seg.window=64"])
+    assert overrides == {"seg.missing_masks": "background", "seg.window": 64}
+    with pytest.raises(ConfigError, match=r"takes only --data\.\* and --aug\.\* and --seg\.missing_masks and "
+                                          r"--seg\.window overrides, not --seg\.head"):
+        parse_args(["--checkpoint", "x", "--seg.head=dpt"])

@@ -82,7 +82,7 @@ def parse_command(parser: argparse.ArgumentParser, argv: list[str], script: str,
     found = parse_overrides(rest)
     bad = [k for k in found if not k.startswith(overrides)]
     if bad:
-        sections = " and ".join(f"--{s}*" for s in overrides)
+        sections = " and ".join(f"--{s}*" if s.endswith(".") else f"--{s}" for s in overrides)
         note = " (the preprocessing)" if overrides == ("aug.",) else ""
         raise ConfigError(f"{script} takes only {sections} overrides{note}, not --{bad[0]}.")
     check_options(args, counts, out=out)

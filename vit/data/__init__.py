@@ -4,8 +4,8 @@ decoding (`decode`), the augmentation pipelines (`transforms`), the datasets of 
 multi-label labels files in `multilabel`, sentences in `text`, image-caption pairs in `captions`), train.py's
 loaders (`loaders`), images at their own aspect ratio batched by token budget (`naflex`), unlabelled images and
 DINO's multi-crop for pretraining (`pretrain`), the config completed from the data (`resolve`)
-generated images (`synthetic`), image / mask pairs for segmentation (`segmentation`) and the colours a class mask is
-drawn in (`mask_colours`).
+generated images (`synthetic`), image / mask pairs for segmentation (`segmentation`; where they come from:
+`seg_pairs`) and the colours a class mask is drawn in (`mask_colours`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""

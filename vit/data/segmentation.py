@@ -1,10 +1,8 @@
 """Semantic segmentation data: image / mask pairs, their class list, and augmentation applied to both.
 
-Layouts (`find_pairs`):
-- folders: `<root>/images/<stem>.<ext>` beside `<root>/masks/<stem>.png` (same stems);
-- a CSV with the columns `image,mask` (paths relative to the CSV's folder; an empty mask cell is a mask-less image).
-An image without a mask is refused, unless `missing="background"`: then it is all background (class 0), the
-inspection-line case where good parts have no mask file.
+Layouts (`find_pairs`, vit/data/seg_pairs.py): `<root>/images/<stem>.<ext>` beside `<root>/masks/<stem>.png`, or a
+CSV with the columns `image,mask`. An image without a mask is refused, unless `missing="background"`: then it is all
+background (class 0), the inspection-line case where good parts have no mask file.
 
 A mask is an index PNG (mode L, I or 1: a pixel's value is its class) or a palette PNG (mode P: the value is the
 palette index, and the palette's colours, without index 255's and the black padding after the last colour,
@@ -23,15 +21,14 @@ evaluation mask keeps the file's size, so metrics are counted on the pixels of t
 
 from __future__ import annotations
 
-import csv
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .base import DataError, SeededDataset
-from .decode import IMG_EXTENSIONS, BadImageError, decode_image
+from .decode import BadImageError, decode_image
+from .seg_pairs import SegPair, find_pairs, split_source
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
            "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
@@ -39,13 +36,6 @@ __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_ma
 
 IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
 _MASK_MODES = ("L", "P", "I", "I;16", "1")
-
-
-@dataclass(frozen=True)
-class SegPair:
-    """One sample: an image file and its mask file (None: no mask, all background when that is allowed)."""
-    image: Path
-    mask: Path | None
 
 
 def read_class_names(path: str | Path) -> list[str]:
@@ -63,73 +53,6 @@ def read_class_names(path: str | Path) -> list[str]:
     return names
 
 
-def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
-    images, masks = root / "images", root / "masks"
-    for d in (images, masks):
-        if not d.is_dir() and not (d == masks and missing == "background"):
-            raise DataError(f"{d} does not exist; the folder layout is {root}/images/<stem>.<ext> with "
-                            f"{root}/masks/<stem>.png.")
-    found = _mask_files(masks, {q.stem for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS})
-    pairs = []
-    for p in sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS):
-        m = found.get(p.stem)
-        if m is None and missing != "background":
-            raise DataError(f"image {p} has no mask {masks / (p.stem + '.png')}; add it, or set "
-                            "seg.missing_masks=background to read a mask-less image as all background (good parts).")
-        pairs.append(SegPair(p, m))
-    if not pairs:
-        raise DataError(f"{images} holds no images.")
-    return pairs
-
-
-def _mask_files(masks: Path, stems: set[str]) -> dict[str, Path]:
-    """{stem: masks/<stem>.png}. A mask saved as another image type, or one whose stem no image has, is refused: it
-    would otherwise be passed over and its image read as all background."""
-    found = {}
-    for m in sorted(masks.iterdir()) if masks.is_dir() else ():
-        if m.name.startswith(".") or m.suffix.lower() not in IMG_EXTENSIONS:
-            continue
-        if m.suffix.lower() != ".png":
-            raise DataError(f"mask {m} is not a PNG; save it as {m.with_suffix('.png').name} (an index or palette "
-                            "PNG: a lossy format changes class values).")
-        if m.stem not in stems:
-            raise DataError(f"mask {m} has no image {m.parent.parent / 'images'}/{m.stem}.<ext>; a mask is named "
-                            "after its image's stem: rename it or remove it.")
-        found[m.stem] = m
-    return found
-
-
-def _csv_pairs(path: Path, missing: str) -> list[SegPair]:
-    if not path.is_file():
-        raise DataError(f"pairs file {path} does not exist; give a CSV with the columns image,mask.")
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or not {"image", "mask"} <= set(rows[0]):
-        raise DataError(f"pairs file {path} needs a header with the columns image,mask and at least one row.")
-    pairs = []
-    for i, row in enumerate(rows, start=2):
-        image = path.parent / row["image"]
-        mask = path.parent / row["mask"] if (row["mask"] or "").strip() else None
-        if not image.is_file():
-            raise DataError(f"{path} line {i}: image {image} does not exist.")
-        if mask is not None and not mask.is_file():
-            raise DataError(f"{path} line {i}: mask {mask} does not exist.")
-        if mask is None and missing != "background":
-            raise DataError(f"{path} line {i}: image {image} has no mask; give one, or set "
-                            "seg.missing_masks=background to read it as all background (good parts).")
-        pairs.append(SegPair(image, mask))
-    return pairs
-
-
-def find_pairs(root: str | Path, missing: str = "error") -> list[SegPair]:
-    """The pairs of a folder layout (`root` a folder with images/ and masks/) or a CSV (`root` a .csv file).
-    `missing`: "error" (every image needs a mask) or "background" (a missing mask is all background)."""
-    if missing not in ("error", "background"):
-        raise DataError(f"missing masks must be 'error' or 'background', not {missing!r}.")
-    root = Path(root)
-    return _csv_pairs(root, missing) if root.suffix.lower() == ".csv" else _folder_pairs(root, missing)
-
-
 def _palette(img) -> list[tuple[int, int, int]]:
     """The class colours of a palette PNG: its entries without the ignore index's (255) and without the black
     entries that pad a palette to 256 after its last colour."""
@@ -144,10 +67,13 @@ def palette_classes(mask_path: str | Path) -> list[str]:
     """The class list a palette PNG's palette gives: one name per colour ('#rrggbb'), the palette's order."""
     from PIL import Image
 
-    with Image.open(mask_path) as img:
-        if img.mode != "P":
-            raise DataError(f"mask {mask_path} is not a palette PNG (mode {img.mode}); give the class names instead.")
-        colours = _palette(img)
+    try:
+        with Image.open(mask_path) as img:
+            mode, colours = img.mode, (_palette(img) if img.mode == "P" else [])
+    except (OSError, SyntaxError, Image.DecompressionBombError) as e:
+        raise DataError(f"mask {mask_path} cannot be read ({e}); save it again as an index or palette PNG.") from None
+    if mode != "P":
+        raise DataError(f"mask {mask_path} is not a palette PNG (mode {mode}); give the class names instead.")
     return ["#{:02x}{:02x}{:02x}".format(*c) for c in colours]
 
 
@@ -156,14 +82,18 @@ def read_mask(path: str | Path, num_classes: int, palette: list[str] | None = No
     from the palettes (a palette PNG with more colours than it is refused)."""
     from PIL import Image
 
-    with Image.open(path) as img:
-        if img.mode not in _MASK_MODES:
-            raise DataError(f"mask {path} is a {img.mode} image; save it as an index PNG (one channel, the value "
-                            "is the class) or a palette PNG.")
-        if img.mode == "P" and palette is not None and len(_palette(img)) > len(palette):
-            raise DataError(f"mask {path} has a palette of {len(_palette(img))} colours but the class list has "
-                            f"{len(palette)}; save every mask with the same palette, one colour per class.")
-        a = np.array(img)  # a writable copy
+    try:
+        with Image.open(path) as img:
+            mode, colours = img.mode, (_palette(img) if img.mode == "P" else [])
+            a = np.array(img)  # a writable copy; a truncated file fails here
+    except (OSError, SyntaxError, Image.DecompressionBombError) as e:  # not an image, cut short, too large
+        raise DataError(f"mask {path} cannot be read ({e}); save it again as an index or palette PNG.") from None
+    if mode not in _MASK_MODES:
+        raise DataError(f"mask {path} is a {mode} image; save it as an index PNG (one channel, the value "
+                        "is the class) or a palette PNG.")
+    if mode == "P" and palette is not None and len(colours) > len(palette):
+        raise DataError(f"mask {path} has a palette of {len(colours)} colours but the class list has "
+                        f"{len(palette)}; save every mask with the same palette, one colour per class.")
     if a.dtype != np.uint8:
         if a.min() < 0 or a.max() > IGNORE_INDEX:
             raise DataError(f"mask {path} holds values up to {a.max()}; classes are 0..{num_classes - 1} and "
@@ -319,12 +249,6 @@ def collate_naflex_seg(batch: list[tuple]) -> tuple:
     from .naflex import collate_naflex
 
     return collate_naflex([(sample, 0) for sample, _ in batch])[0], [mask for _, mask in batch]
-
-
-def split_source(root: Path, split: str) -> Path:
-    """root/<split>/ (images/ + masks/) or root/<split>.csv."""
-    csv_file = root / f"{split}.csv"
-    return csv_file if csv_file.is_file() and not (root / split).is_dir() else root / split
 
 
 def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]:

@@ -152,12 +152,10 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ou
     from ..data.segmentation import DataError, SegmentationDataset, find_pairs, split_source
     from ..utils.atomic import atomic_write_csv, atomic_write_text
 
-    source = Path(folder) if folder is not None else split_source(Path(cfg.data.root), split)
+    source = Path(folder) if folder is not None else split_source(Path(cfg.data.root), split)  # or one sentence
     if not source.exists():
-        where = "--data-dir" if folder is not None else f"--split {split}"
-        hint = "" if folder is not None else f" (data.root/{split}/ or data.root/{split}.csv)"
-        raise DataError(f"{where}: {source} does not exist; give a folder with images/ and masks/ or a CSV of "
-                        f"pairs{hint}.")
+        raise DataError(f"--data-dir: {source} does not exist; give a folder with images/ and masks/ or a CSV of "
+                        "pairs.")
     ds = SegmentationDataset(find_pairs(source, cfg.seg.missing_masks), classes, transform=None)
     mean, std, n = cfg.aug.mean or [0.5] * 3, cfg.aug.std or [0.5] * 3, len(classes)
     conf = torch.zeros(n, n, dtype=torch.int64)

@@ -46,9 +46,9 @@ def describe_model(model: torch.nn.Module, name: str) -> str:
     visual, text = getattr(model, "visual", None), getattr(model, "text", None)
     backbone, head = getattr(model, "backbone", None), getattr(model, "head", None)
     if isinstance(backbone, torch.nn.Module) and isinstance(head, torch.nn.Module):  # a Segmenter: both parts
-        head_params = sum(p.numel() for p in head.parameters())
+        n = sum(p.numel() for p in head.parameters())
         return (f"{describe_model(backbone, name).removesuffix(' params')} params backbone; "
-                f"{type(head).__name__} {head_params / 1e6:.2f}M params on blocks "
+                f"{type(head).__name__} {f'{n / 1e6:.2f}M' if n >= 10_000 else n} params on blocks "
                 f"{', '.join(str(i) for i in getattr(model, 'indices', []))}; {params / 1e6:.2f}M params")
     if visual is not None and text is not None:
         return (f"{describe_model(visual, name).removesuffix(' params')} params image tower; text tower width "

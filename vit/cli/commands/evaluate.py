@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter,
                                  usage="%(prog)s (--checkpoint DIR | --model NAME) [options] [--data.key=value ...]",
                                  epilog="Any --data.* or --aug.* config key may follow (train.py --help lists them), "
-                                        "e.g. --data.dataset=imagefolder --data.root=/data/other. " + CROP_HINT)
+                                        "e.g. --data.dataset=imagefolder --data.root=/data/other; for a segmenter "
+                                        "also --seg.missing_masks and --seg.window. " + CROP_HINT)
     add_model_source(ap, clip=True)  # --checkpoint | --model NAME [--pretrained | --weights FILE] | --clip NAME
     add_zero_shot_inputs(ap, ": also the images scored, unless --data-dir")  # --classes, --templates
     data = ap.add_mutually_exclusive_group()
@@ -62,7 +63,8 @@ def parse_args(argv):
     from vit.cli.args import parse_command
     from vit.config import ConfigError
 
-    args, overrides = parse_command(build_parser(), argv, "evaluate.py", ("data.", "aug."),
+    args, overrides = parse_command(build_parser(), argv, "evaluate.py",
+                                    ("data.", "aug.", "seg.missing_masks", "seg.window"),
                                     ("topk", "batch_size", "img_size"))
     if args.threshold is not None and not 0 < args.threshold < 1:
         raise ConfigError(f"--threshold must be between 0 and 1 (a probability), got {args.threshold}.")
