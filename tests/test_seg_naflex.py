@@ -47,14 +47,22 @@ def test_each_image_of_a_padded_batch_gets_the_logits_it_gets_alone(head, kw):
                                        atol=1e-5, rtol=1e-5)
 
 
-def test_the_linear_heads_batchnorm_trains_on_every_patch_of_the_batch():
-    """Training mode: the linear head is per patch, so a NaFlex batch of images of one size gives the logits of the
-    same images as one tensor batch (BatchNorm's batch statistics over all their patches, not per image)."""
-    model = _segmenter("linear", blocks=2).train()
+@pytest.mark.parametrize("head,kw", [("linear", {"blocks": 2}), ("dpt", {"sizes": (8, 16, 16, 32), "width": 8,
+                                                                         "dropout": 0.0})])
+def test_the_heads_batchnorm_trains_on_every_pixel_of_the_batch(head, kw):
+    """Training mode: a NaFlex batch of images of one size gives the logits of the same images as one tensor batch
+    and moves BatchNorm's running statistics as it does: the linear head's over all their patches, DPT's classifier
+    over all their pixels (its neck runs on each image's grid alone), not per image."""
     images = torch.randn(3, 3, 16, 24)
+    naflex_model, tensor_model = _segmenter(head, **kw).train(), _segmenter(head, **kw).train()
     with torch.no_grad():
-        naflex = model(collate_naflex([(patchify(x, 8), 0) for x in images])[0])
-        torch.testing.assert_close(torch.stack(naflex), model(images), atol=1e-5, rtol=1e-5)
+        naflex = naflex_model(collate_naflex([(patchify(x, 8), 0) for x in images])[0])
+        torch.testing.assert_close(torch.stack(naflex), tensor_model(images), atol=1e-5, rtol=1e-5)
+    bns = [[m for m in model.head.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+           for model in (naflex_model, tensor_model)]
+    assert len(bns[0]) == 1
+    torch.testing.assert_close(bns[0][0].running_mean, bns[1][0].running_mean, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(bns[0][0].running_var, bns[1][0].running_var, atol=1e-6, rtol=1e-5)
 
 
 def test_loss_and_confusion_count_every_pixel_of_every_image_once():

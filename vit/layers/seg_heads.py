@@ -133,6 +133,15 @@ class _DPTClassifier(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(x)
 
+    def forward_many(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Maps of several sizes, (1, width, h_i, w_i) each, -> their logits as `forward` gives them, the
+        BatchNorm's statistics taken over every map's pixels at once (as over a batch of one size)."""
+        conv, bn, rest = self.head[0], self.head[1], self.head[2:]
+        ys = [conv(x) for x in xs]
+        flat = bn(torch.cat([y.flatten(2) for y in ys], 2)[..., None])[..., 0]  # (1, width, all pixels)
+        parts = flat.split([y.shape[-2] * y.shape[-1] for y in ys], dim=2)
+        return [rest(part.reshape(y.shape)) for part, y in zip(parts, ys)]
+
 
 class DPTHead(nn.Module):
     """DPT's neck and segmentation head on four blocks' maps of width `embed_dim` (module docstring).
@@ -153,10 +162,18 @@ class DPTHead(nn.Module):
         self.fusion_stage = _FusionStage(width, len(sizes))
         self.head = _DPTClassifier(width, num_classes, dropout)
 
-    def forward(self, feats: Maps) -> torch.Tensor:
+    def neck(self, feats: Maps) -> torch.Tensor:
+        """Reassembled and fused: the map the classifier reads (B, width, 8h, 8w at factors 4, 2, 1, 0.5)."""
         maps = self.reassemble_stage(feats)
-        maps = [conv(x) for conv, x in zip(self.convs, maps)]
-        return self.head(self.fusion_stage(maps))  # (B, C, 16h, 16w): the patch size 16 gives the input size
+        return self.fusion_stage([conv(x) for conv, x in zip(self.convs, maps)])
+
+    def forward(self, feats: Maps) -> torch.Tensor:
+        return self.head(self.neck(feats))  # (B, C, 16h, 16w): the patch size 16 gives the input size
+
+    def forward_many(self, feats: list[Maps]) -> list[torch.Tensor]:
+        """Per image (a NaFlex batch: each its own grid) its logits (1, C, h', w'); the neck runs on each grid
+        alone, the classifier's BatchNorm over all their pixels at once."""
+        return self.head.forward_many([self.neck(f) for f in feats])
 
 
 SEG_HEADS = {"linear": LinearSegHead, "dpt": DPTHead}  # seg.head's choices

@@ -12,8 +12,8 @@ transformers' `backbone_out_indices`), before the final norm.
 A NaFlex backbone (data.naflex) takes a batch dict of patches with each image's own grid: the head runs on each
 image's grid and the model returns a list of logits (C, h_i P, w_i P), the pixels of that grid. The linear head is
 per patch, so it runs once on every image's patches in a row (BatchNorm's statistics over all of them, as over a
-batch of one size); DPT's convolutions run on each image's grid alone, so in training its BatchNorm sees one image
-at a time (a padded batch of grids would put padding into the statistics and the border convolutions).
+batch of one size); DPT's neck runs on each image's grid alone (a padded batch of grids would put padding into the
+border convolutions) and its classifier's BatchNorm over all the images' pixels at once (`DPTHead.forward_many`).
 """
 
 from __future__ import annotations
@@ -76,9 +76,10 @@ class Segmenter(nn.Module):
             row = [(torch.cat([m.flatten(1) for m in maps], 1)[None, :, None], None) for maps, _ in feats]
             logits = self.head(row)[0, :, 0].split([h * w for h, w in grids], dim=1)
             logits = [lg.reshape(-1, h, w) for lg, (h, w) in zip(logits, grids)]
-        else:
-            logits = [self.head([(maps[i][None], None if prefix is None else prefix[i:i + 1])
-                                 for maps, prefix in feats])[0] for i in range(len(grids))]
+        else:  # DPT: each image's grid through the neck alone, the classifier's BatchNorm over all their pixels
+            per_image = [[(maps[i][None], None if prefix is None else prefix[i:i + 1]) for maps, prefix in feats]
+                         for i in range(len(grids))]
+            logits = [lg[0] for lg in self.head.forward_many(per_image)]
         return [F.interpolate(lg[None], size=(h * ph, w * pw), mode="bilinear", align_corners=False)[0]
                 for lg, (h, w) in zip(logits, grids)]
 
