@@ -106,6 +106,32 @@ def test_exact_geometry_moves_whole_pixels_only(seed):
     assert moved >= 3  # exact moves pixels too: not an identity
 
 
+def _position_image_hw(h: int, w: int) -> np.ndarray:
+    yy, xx = np.mgrid[:h, :w]
+    return np.stack([yy, xx, np.full_like(yy, 255)], -1).astype(np.uint8)
+
+
+@pytest.mark.parametrize("shape", [(48, 80), (16, 90), (20, 20)])
+def test_exact_geometry_reads_a_larger_image_at_its_own_scale(shape):
+    """exact on an image larger than the input: a random input-size window at the image's own scale (as predict.py's
+    sliding windows read it; a short side padded, the ignore index in the mask); a smaller one is resized to it."""
+    rng = np.random.default_rng(sum(shape))
+    image, mask = _position_image_hw(*shape), rng.integers(0, 4, shape).astype(np.uint8)
+    t = seg_transform(32, True, None, None, jitter=0.0, geometry="exact")
+    t.set_random_seed(1)
+    outs = [t(image=image, mask=mask) for _ in range(8)]
+    assert all(o["image"].shape == (32, 32, 3) and o["mask"].shape == (32, 32) for o in outs)
+    if max(shape) > 32:
+        assert all(_moves_whole_pixels(o["image"], o["mask"], mask) for o in outs)
+        seen = {tuple(o["image"][..., :2][o["image"][..., 2] == 255].min(0)) for o in outs}
+        assert len(seen) > 1  # the window moves over the image
+        if shape[0] < 32:  # the strip's rows below the image: padding, not scored
+            assert all((o["mask"][o["image"][..., 2] != 255] == IGNORE_INDEX).all() for o in outs)
+            assert all((o["image"][..., 2] != 255).sum() >= 32 * (32 - shape[0]) for o in outs)
+    else:
+        assert not any(_moves_whole_pixels(o["image"], o["mask"], mask) for o in outs)  # resized, as predict.py
+
+
 def test_geometry_none_and_a_bad_choice():
     image, mask = _blocky(np.random.default_rng(2))
     out = seg_transform(64, True, None, None, jitter=0.0, geometry="none")(image=image, mask=mask)

@@ -5,7 +5,8 @@ multi-label labels files in `multilabel`, sentences in `text`, image-caption pai
 loaders (`loaders`), images at their own aspect ratio batched by token budget (`naflex`), unlabelled images and
 DINO's multi-crop for pretraining (`pretrain`), the config completed from the data (`resolve`)
 generated images (`synthetic`), image / mask pairs for segmentation (`segmentation`; where they come from:
-`seg_pairs`) and the colours a class mask is drawn in (`mask_colours`).
+`seg_pairs`; native-scale training windows: `seg_window`) and the colours a class mask is drawn in
+(`mask_colours`).
 
 The names below load on first use (PEP 562, as `vit/__init__.py` does), so `vit.data.decode` (NumPy, Pillow,
 OpenCV) imports without torch: the torch-free predictor (`predict.py --onnx`) reads its images through it."""

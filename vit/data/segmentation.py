@@ -116,22 +116,25 @@ def seg_transform(img_size: int | None, train: bool, mean, std, scale: tuple[flo
                   geometry: str = "resample"):
     """The albumentations pipeline of a split. Train: `geometry` (seg.geometry), then colour jitter (image only):
     resample: a random resized crop (area `scale`), horizontal and vertical flips, a rotation up to `rotate`
-    degrees (border pixels: the ignore index in the mask); exact: whole pixels only (flips, quarter turns on a
-    square image, shifts up to an eighth of the side), so a defect one or two pixels wide keeps its edges in image
-    and mask alike; none: a resize only. Eval: a resize. Always normalised by `mean`, `std` (0..1 scale). Masks use
-    nearest interpolation; `interpolation` (cv2 flag) sets the image's (bilinear by default). `img_size` None
-    (NaFlex): no crop and no resize, the image keeps its size (the dataset fits it to the patch budget)."""
+    degrees (border pixels: the ignore index in the mask); exact: whole pixels only (an image larger than the input
+    read at its own scale, a random window of it, as predict.py's sliding windows read it: vit/data/seg_window.py;
+    then flips, quarter turns on a square image, shifts up to an eighth of the side), so a defect one or two pixels
+    wide keeps its edges in image and mask alike; none: a resize only. Eval: a resize. Always normalised by
+    `mean`, `std` (0..1 scale). Masks use nearest interpolation; `interpolation` (cv2 flag) sets the image's
+    (bilinear by default). `img_size` None (NaFlex): no crop and no resize, the image keeps its size (the dataset
+    fits it to the patch budget)."""
     import albumentations as A
     import cv2
 
     interp = cv2.INTER_LINEAR if interpolation is None else interpolation
-    steps = _geometry(img_size, geometry if train else "none", scale, rotate, interp)
+    fill = tuple(255 * m for m in mean) if mean is not None else 0  # a window's padding: the mean, as predict.py's
+    steps = _geometry(img_size, geometry if train else "none", scale, rotate, interp, fill)
     photometric = [A.ColorJitter(jitter, jitter, jitter, 0.0, p=0.8 if jitter else 0.0)] if train else []
     norm = [A.Normalize(mean=tuple(mean), std=tuple(std), max_pixel_value=255.0)] if mean is not None else []
     return A.Compose([*steps, *photometric, *norm])
 
 
-def _geometry(img_size: int | None, geometry: str, scale, rotate: float, interp: int) -> list:
+def _geometry(img_size: int | None, geometry: str, scale, rotate: float, interp: int, fill=0) -> list:
     """seg_transform's geometric steps, applied to image and mask together (masks: nearest)."""
     import albumentations as A
     import cv2
@@ -148,7 +151,10 @@ def _geometry(img_size: int | None, geometry: str, scale, rotate: float, interp:
         turns = [] if img_size is None else [A.RandomRotate90(p=0.5)]
         shift = A.Affine(translate_percent=(-0.125, 0.125), interpolation=nearest, mask_interpolation=nearest,
                          p=0.5, **border)
-        return [*resize, *flips, *turns, shift]
+        from .seg_window import NativeWindow  # albumentations' transform classes, imported for training only
+
+        first = [] if img_size is None else [NativeWindow(img_size, interp, fill)]
+        return [*first, *flips, *turns, shift]
     crop = [] if img_size is None else [A.RandomResizedCrop(size=size, scale=scale, interpolation=interp,
                                                             mask_interpolation=nearest)]
     turn = A.Affine(rotate=(-rotate, rotate), interpolation=interp, mask_interpolation=nearest,
