@@ -105,8 +105,59 @@ def test_evaluate_scores_the_files_as_predict_writes_them(tmp_path):
     keep = truth != 255
     want = confusion_matrix(truth[keep], pred[keep], labels=[0, 1, 2])
     np.testing.assert_array_equal(np.array(m["confusion"]), want)
+    # and against the inference written out here (_want: the whole image for the 1x1 model, whose windows are
+    # the whole image's; the small one resized to 16 and back), independent of segment_image
+    own = []
+    for p in paths:
+        image = np.array(Image.open(p))
+        own.append(np.asarray(_want(pixel_model(3), image, 16 if max(image.shape[:2]) <= 16 else None)).ravel())
+    own = np.concatenate(own)
+    np.testing.assert_array_equal(np.array(m["confusion"]), confusion_matrix(truth[keep], own[keep], labels=[0, 1, 2]))
     assert m["pixels"] == keep.sum() == 15 * 50 + 39 * 40 + 11 * 10 and m["images"] == 3  # the first rows ignored
+    (root / "test" / "images" / "zbroken.png").write_bytes(b"not a png")  # unreadable: skipped (the default)
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(root / "test" / "masks" / "zbroken.png")
+    again = evaluate_segmentation(pixel_model(3), cfg, classes, "test")
+    assert again["confusion"] == m["confusion"] and again["images"] == 3 and "zbroken.png" in again["skipped"][0]
+    cfg.data.on_bad_image = "error"
+    with pytest.raises(DataError, match=r"zbroken\.png.*; remove it or set --data\.on_bad_image=skip"):
+        evaluate_segmentation(pixel_model(3), cfg, classes, "test")
     with pytest.raises(DataError, match=r"the holdout split is missing: .* has neither holdout/ .* nor holdout.csv"):
         evaluate_segmentation(pixel_model(3), cfg, classes, "holdout")
     with pytest.raises(DataError, match=r"--data-dir: .*elsewhere does not exist"):
         evaluate_segmentation(pixel_model(3), cfg, classes, folder=str(tmp_path / "elsewhere"))
+
+
+def test_trainings_val_scores_the_files_as_evaluate_does(tmp_path):
+    """train.py's val loader reads images and masks at the files' sizes (a strip wider than the input, a smaller
+    and an input-size image) and its evaluation gives evaluate.py's confusion, pixel for pixel."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from torch.utils.data import DataLoader
+
+    from vit.config import load_config
+    from vit.data import build_datasets
+    from vit.eval.segmentation import evaluate_segmentation
+    from vit.train.tasks.segmentation import SegmentationTask
+
+    rng = np.random.default_rng(4)
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        (root / split / "images").mkdir(parents=True)
+        (root / split / "masks").mkdir()
+        for name, shape in (("strip", (16, 50)), ("small", (12, 10)), ("input", (16, 16))):
+            image, mask = rng.integers(0, 255, (*shape, 3), dtype=np.uint8), rng.integers(0, 3, shape).astype(np.uint8)
+            Image.fromarray(image).save(root / split / "images" / f"{name}.png")
+            Image.fromarray(mask).save(root / split / "masks" / f"{name}.png")
+    cfg = load_config("configs/default.yaml", ["--data.dataset=segmentation", f"--data.root={root}",
+                                               "--model.img_size=16", "--aug.mean=[0.5,0.5,0.5]",
+                                               "--aug.std=[0.25,0.25,0.25]", "--seg.classes=[bg, a, b]"])
+    _, val, classes = build_datasets(cfg)
+    acc = SimpleNamespace(autocast=contextlib.nullcontext, device=torch.device("cpu"), num_processes=1)
+    for batch_size in (1, 3):
+        loader = DataLoader(val, batch_size=batch_size, collate_fn=val.collate)
+        run = SimpleNamespace(accelerator=acc, val_loader=loader)
+        got = SegmentationTask(cfg, classes, "ce").evaluate(run, pixel_model(3)).outputs["confusion"]
+        want = evaluate_segmentation(pixel_model(3), cfg, classes, "val")["confusion"]
+        np.testing.assert_array_equal(got.numpy(), np.array(want))
+    assert got.sum() == 16 * 50 + 12 * 10 + 16 * 16

@@ -245,9 +245,10 @@ def test_seg_geometry_reaches_the_training_split_only(tmp_path):
 
 
 def test_bad_pairs_are_refused_before_training(tmp_path):
-    """train.py builds its datasets with check_images: a val mask with a value outside the classes is named then,
-    not at the end of the first epoch; an unreadable training image is refused or, with data.on_bad_image=skip,
-    its pair dropped and named."""
+    """train.py builds its datasets with check_images: a val mask with a value outside the classes or of another
+    size than its image is named then, not at the end of the first epoch; an unreadable training image is refused
+    or, with data.on_bad_image=skip, its pair dropped and named. A camera JPEG turned by its EXIF orientation is
+    compared with its mask as decoded (turned)."""
     from vit.data import DataError, build_datasets
 
     data = _parts(tmp_path / "data")
@@ -259,6 +260,9 @@ def test_bad_pairs_are_refused_before_training(tmp_path):
         build_datasets(cfg)
     train, val, _ = build_datasets(cfg, check_images=False)  # export's and evaluate's reads are unchanged
     assert len(val) == 3
+    Image.fromarray(np.zeros((32, 30), np.uint8)).save(data / "val" / "masks" / "1.png")
+    with pytest.raises(DataError, match=r"mask .*val/masks/1.png is 30x32 but its image .*val/images/1.png is 32x32"):
+        build_datasets(cfg)
     Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "val" / "masks" / "1.png")
     (data / "train" / "images" / "2.png").write_bytes(b"not a png")
     train, val, _ = build_datasets(cfg)  # data.on_bad_image: skip by default
@@ -294,3 +298,17 @@ def test_evaluate_takes_the_seg_keys_its_messages_name():
     with pytest.raises(ConfigError, match=r"takes only --data\.\* and --aug\.\* and --seg\.missing_masks and "
                                           r"--seg\.window overrides, not --seg\.head"):
         parse_args(["--checkpoint", "x", "--seg.head=dpt"])
+
+
+def test_the_size_check_reads_exif_orientation_as_decoding_does(tmp_path):
+    from vit.data.segmentation import SegmentationDataset, find_pairs, image_size
+
+    (tmp_path / "images").mkdir()
+    (tmp_path / "masks").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 32 wide and 16 high, shown turned: 16 wide, 32 high
+    Image.fromarray(np.zeros((16, 32, 3), np.uint8)).save(tmp_path / "images" / "a.jpg", exif=exif.tobytes())
+    Image.fromarray(np.zeros((32, 16), np.uint8)).save(tmp_path / "masks" / "a.png")
+    assert image_size(tmp_path / "images" / "a.jpg") == (32, 16)
+    ds = SegmentationDataset(find_pairs(tmp_path), ["bg", "x"], None)
+    assert ds.check() == [] and ds.load(0)[1].shape == (32, 16)

@@ -277,7 +277,7 @@ def build_datasets(cfg: Config, check_images: bool = True, splits: tuple[str, ..
     if name == "segmentation":  # image / mask pairs (vit/data/segmentation.py)
         from .segmentation import build_seg_datasets
 
-        train, val, classes = build_seg_datasets(cfg, splits, classes)
+        train, val, classes = build_seg_datasets(cfg, splits, classes, val_files=True)  # val scored as predicted
         for ds in (train, val) if check_images else ():  # a bad mask or image found now, not in the first epoch
             if ds is not None:
                 ds.check(cfg.data.on_bad_image)

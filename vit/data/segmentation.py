@@ -9,9 +9,10 @@ palette index, and the palette's colours, without index 255's and the black padd
 can be the class list when no names are given). `ignore_index` (255)
 marks pixels no loss or metric counts. Every refusal is one sentence naming the file (`DataError`).
 
-Augmentation (`seg_transform`, albumentations): geometric transforms (random resized crop, flips, rotation) move
-image and mask together, the mask with nearest interpolation and the ignore index where a rotation leaves a border;
-photometric ones (colour jitter) touch the image only.
+Augmentation (`seg_transform`, albumentations): geometric transforms (seg.geometry: resample, a random resized
+crop, flips and a rotation; exact, whole-pixel moves only, a larger image read at its own scale) move image and
+mask together, the mask with nearest interpolation and the ignore index where a border is left; photometric ones
+(colour jitter) touch the image only. Training's val split is read at the files' sizes (`val_files`).
 
 NaFlex (data.naflex): each image keeps its aspect ratio. `seg_transform(None, ...)` leaves the size alone (flips,
 rotation and jitter only), and the dataset then resizes the image to the largest patch grid the budget allows
@@ -32,7 +33,7 @@ from .seg_pairs import SegPair, find_pairs, split_source
 
 __all__ = ["IGNORE_INDEX", "SegPair", "read_class_names", "find_pairs", "read_mask", "palette_classes",
            "check_mask", "seg_transform", "SegmentationDataset", "seg_classes", "build_seg_datasets",
-           "pixel_class_weights", "collate_naflex_seg", "fit_to_budget", "split_source"]
+           "pixel_class_weights", "collate_naflex_seg", "collate_seg_files", "fit_to_budget", "split_source"]
 
 IGNORE_INDEX = 255  # pixels no loss or metric counts (VOC's border, ADE20K's "other")
 _MASK_MODES = ("L", "P", "I", "I;16", "1")
@@ -191,16 +192,23 @@ class SegmentationDataset(SeededDataset):
         return image, mask
 
     def check(self, on_bad_image: str = "error") -> list[str]:
-        """Read every pair once, as `load` does, before training: a mask of another size than its image or with a
-        value outside the classes is refused (one sentence naming the file); an unreadable image is refused
-        (`on_bad_image` error) or its pair dropped (skip) and named in `self.bad`."""
+        """Read every pair once before training: each mask whole (a value outside the classes, or another size
+        than its image's, is refused in one sentence naming the file); each image at a reduced scale, as imagefolder
+        checks its images (its size from the header): an unreadable one is refused (`on_bad_image` error) or its
+        pair dropped (skip) and named in `self.bad`."""
         good, bad = [], []
-        for i, pair in enumerate(self.pairs):
+        for pair in self.pairs:
             try:
-                self.load(i)
-                good.append(pair)
+                decode_image(pair.image, max_side=64)  # readable: a large JPEG decoded at 1/8 scale
             except BadImageError as e:
                 bad.append(str(e))
+                continue
+            if pair.mask is not None:
+                mask, (h, w) = read_mask(pair.mask, len(self.classes), self.palette), image_size(pair.image)
+                if mask.shape != (h, w):
+                    raise DataError(f"mask {pair.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {pair.image} "
+                                    f"is {w}x{h}; masks must have their image's size.")
+            good.append(pair)
         if bad and on_bad_image == "error":
             raise DataError(f"{len(bad)} unreadable image(s) among the segmentation pairs, first: {bad[0]}; remove "
                             "them or set data.on_bad_image=skip.")
@@ -249,6 +257,22 @@ def fit_to_budget(image: np.ndarray, patch: int, budget: int) -> np.ndarray:
     return cv2.resize(image, (w * patch, h * patch), interpolation=cv2.INTER_LINEAR)
 
 
+def image_size(path) -> tuple[int, int]:
+    """(height, width) of an image file as `decode_image` gives it (EXIF orientation applied), from its header."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        w, h = img.size
+        turned = img.getexif().get(0x0112) in (5, 6, 7, 8)  # orientations that swap width and height
+    return (w, h) if turned else (h, w)
+
+
+def collate_seg_files(batch: list[tuple]) -> tuple[list, list]:
+    """[(image (3, H_i, W_i), mask (H_i, W_i)), ...] -> (the images as a list, the masks as a list): images at their
+    files' sizes, each read on its own."""
+    return [x for x, _ in batch], [y for _, y in batch]
+
+
 def collate_naflex_seg(batch: list[tuple]) -> tuple:
     """[(patchify dict, mask (H_i, W_i)), ...] -> (the NaFlex batch dict padded to its longest image, the masks as a
     list: each image has its own size)."""
@@ -272,12 +296,13 @@ def seg_classes(seg, pairs: list[SegPair]) -> tuple[list[str], list[str] | None]
 
 
 def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes: list[str] | None = None,
-                       augment: bool = True):
+                       augment: bool = True, val_files: bool = False):
     """(train, val, class names) of data.dataset=segmentation: data.root/train and data.root/val as the folder
     layout (or train.csv / val.csv), transforms from model.img_size, aug.mean / aug.std and seg.geometry.
     `classes` (a checkpoint's) are used as given; a split left out of `splits` is None. `augment` False
     (scoring): the train split read as val is, without augmentation and, with NaFlex, with its masks at the files'
-    size."""
+    size. `val_files` (training's evaluation): val images and masks at the files' own sizes, batched as
+    lists (`collate_seg_files`), so each is scored as predict.py reads it (vit.eval.segmentation.image_logits)."""
     root, seg, aug = Path(cfg.data.root), cfg.seg, cfg.aug
     pairs = {s: find_pairs(split_source(root, s), seg.missing_masks) for s in ("train", "val") if s in splits}
     palette = None
@@ -288,10 +313,13 @@ def build_seg_datasets(cfg, splits: tuple[str, ...] = ("train", "val"), classes:
     size = None if nf is not None else cfg.model.img_size
 
     def build(s: str) -> SegmentationDataset:
-        train = augment and s == "train"
+        train, files = augment and s == "train", val_files and s == "val" and nf is None
         naflex = None if nf is None else (cfg.model.patch_size, nf.max_num_patches, train)
-        t = seg_transform(size, train, mean, std, geometry=seg.geometry)
-        return SegmentationDataset(pairs[s], classes, t, cfg.run.seed, palette, naflex)
+        t = seg_transform(None if files else size, train, mean, std, geometry=seg.geometry)
+        ds = SegmentationDataset(pairs[s], classes, t, cfg.run.seed, palette, naflex)
+        if files:
+            ds.collate = collate_seg_files
+        return ds
 
     out = [build(s) if s in pairs else None for s in ("train", "val")]
     return out[0], out[1], list(classes)

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["segment_image", "confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts", "sliding_logits",
-           "predict_masks", "evaluate_segmentation", "flat_pixels", "naflex_budget"]
+__all__ = ["segment_image", "image_logits", "confusion", "seg_scores", "pixel_auroc", "normalised", "window_starts",
+           "sliding_logits", "predict_masks", "evaluate_segmentation", "flat_pixels", "naflex_budget"]
 
 IGNORE_INDEX = 255
 
@@ -140,15 +140,17 @@ def predict_masks(model, loader, num_classes: int, window: int | None = None, ke
 
 
 def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", out_dir=None,
-                          folder: str | None = None) -> dict:
+                          folder: str | None = None, log=None) -> dict:
     """evaluate.py's metrics of a segmentation checkpoint: mIoU, per-class IoU and Dice, pixel accuracy, the
     confusion over classes; with `out_dir`, metrics.json and per_class.csv. Scored: the config's `split` (data.root/
     <split>/ or <split>.csv: train, val, test, ...) or `folder` (images/ + masks/, or a CSV of pairs). Each image is
     segmented as predict.py segments it (`segment_image`: resized, in sliding windows or at its NaFlex grid) and
-    compared with its mask file at the file's own size; training's val mIoU compares at model.img_size, the same
-    number when the images are that size."""
+    compared with its mask file at the file's own size, as training's val evaluation compares them. An unreadable
+    image is refused or, with data.on_bad_image=skip, left out and named in `skipped`. `log`: told what is scored
+    before it starts."""
     import json
 
+    from ..data.decode import BadImageError
     from ..data.segmentation import DataError, SegmentationDataset, find_pairs, split_source
     from ..utils.atomic import atomic_write_csv, atomic_write_text
 
@@ -157,18 +159,28 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ou
         raise DataError(f"--data-dir: {source} does not exist; give a folder with images/ and masks/ or a CSV of "
                         "pairs.")
     ds = SegmentationDataset(find_pairs(source, cfg.seg.missing_masks), classes, transform=None)
+    if log is not None:
+        log(f"scoring {len(ds)} images of {source} as predict.py segments them, against the mask files at their "
+            "own size")
     mean, std, n = cfg.aug.mean or [0.5] * 3, cfg.aug.std or [0.5] * 3, len(classes)
-    conf = torch.zeros(n, n, dtype=torch.int64)
+    conf, skipped = torch.zeros(n, n, dtype=torch.int64), []
     model.eval()
     with torch.no_grad():
         for i in range(len(ds)):
-            image, mask = ds.load(i)
+            try:
+                image, mask = ds.load(i)
+            except BadImageError as e:  # as training's check: refused, or left out and named
+                if cfg.data.on_bad_image != "skip":
+                    raise DataError(f"{e}; remove it or set --data.on_bad_image=skip.") from None
+                skipped.append(str(e))
+                continue
             pred = segment_image(model, image, cfg.model.img_size, mean, std, cfg.seg.window, naflex_budget(cfg))
             conf += confusion(pred, torch.from_numpy(mask).long(), n)
     s = seg_scores(conf)
-    metrics = dict(miou=s["miou"], mdice=s["mdice"], pixel_acc=s["pixel_acc"], pixels=s["pixels"], images=len(ds),
-                   classes=classes, iou=dict(zip(classes, s["iou"])), dice=dict(zip(classes, s["dice"])),
-                   confusion=conf.tolist(), split=split if folder is None else None, source=str(source))
+    metrics = dict(miou=s["miou"], mdice=s["mdice"], pixel_acc=s["pixel_acc"], pixels=s["pixels"],
+                   images=len(ds) - len(skipped), skipped=skipped, classes=classes, iou=dict(zip(classes, s["iou"])),
+                   dice=dict(zip(classes, s["dice"])), confusion=conf.tolist(),
+                   split=split if folder is None else None, source=str(source))
     if out_dir is not None:
         out = Path(out_dir)
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=1))
@@ -178,23 +190,28 @@ def evaluate_segmentation(model, cfg, classes: list[str], split: str = "val", ou
 
 
 @torch.no_grad()
+def image_logits(model, x: torch.Tensor, img_size: int, window: int | None = None) -> torch.Tensor:
+    """(1, C, H, W) logits of one normalised image (1, 3, H, W) at its own size, as predict.py reads it: in
+    sliding windows when a side is longer than the input, else resized to the input and the logits back."""
+    H, W = x.shape[-2:]
+    if max(H, W) > img_size:
+        return sliding_logits(model, x, window or img_size)
+    small = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return F.interpolate(model(small), size=(H, W), mode="bilinear", align_corners=False)
+
+
+@torch.no_grad()
 def segment_image(model, image: np.ndarray, img_size: int, mean, std, window: int | None = None,
                   naflex: tuple[int, int] | None = None) -> np.ndarray:
     """(H, W) int64 classes of an RGB uint8 (H, W, 3) image (module docstring: resize, or sliding windows).
     `naflex` (patch size, max_num_patches): a NaFlex model reads the image whole at its own aspect ratio, resized
     to the largest grid the budget allows, and its logits are resized back."""
     x = normalised(image, mean, std)[None]  # (1, 3, H, W)
-    H, W = image.shape[:2]
-    if naflex is not None:
-        from ..data.naflex import collate_naflex, patchify
-        from ..data.segmentation import fit_to_budget
+    if naflex is None:
+        return image_logits(model, x, img_size, window).argmax(1)[0]
+    from ..data.naflex import collate_naflex, patchify
+    from ..data.segmentation import fit_to_budget
 
-        small = torch.from_numpy(fit_to_budget(x[0].permute(1, 2, 0).numpy(), *naflex)).permute(2, 0, 1)
-        logits = model(collate_naflex([(patchify(small.contiguous(), naflex[0]), 0)])[0])[0][None]
-        logits = F.interpolate(logits, size=(H, W), mode="bilinear", align_corners=False)
-    elif max(H, W) > img_size:
-        logits = sliding_logits(model, x, window or img_size)
-    else:
-        small = F.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
-        logits = F.interpolate(model(small), size=(H, W), mode="bilinear", align_corners=False)
-    return logits.argmax(1)[0]
+    small = torch.from_numpy(fit_to_budget(x[0].permute(1, 2, 0).numpy(), *naflex)).permute(2, 0, 1)
+    logits = model(collate_naflex([(patchify(small.contiguous(), naflex[0]), 0)])[0])[0][None]
+    return F.interpolate(logits, size=image.shape[:2], mode="bilinear", align_corners=False).argmax(1)[0]

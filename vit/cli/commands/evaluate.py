@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="score this folder of <class>/ image folders instead (its class names must be the model's; "
                            "a segmentation checkpoint: images/ + masks/, or a CSV of pairs)")
     ap.add_argument("--batch-size", type=int, default=None,
-                    help="images per batch (default: the config's data.eval_batch_size, else data.batch_size)")
+                    help="images per batch (default: the config's data.eval_batch_size, else data.batch_size; a "
+                         "segmenter reads one image at a time, as predict.py does)")
     ap.add_argument("--topk", type=int, default=5, help="predictions per row in predictions.csv")
     ap.add_argument("--token-reduction", default=None, metavar="SPEC",
                     help="evaluate with token reduction, e.g. merge:8 (ToMe) or topk:0.7@3,6,9; 'none' turns off "
@@ -141,8 +142,11 @@ def _evaluate_segmentation(args, out_dir: Path, model, cfg, classes) -> int:
     from vit.eval.segmentation import evaluate_segmentation
     from vit.utils.untrusted_text import printable
 
-    m = evaluate_segmentation(model, cfg, classes, args.split, out_dir, folder=args.data_dir)
-    print(f"scoring {printable(m['source'])} as predict.py segments it, against the mask files at their own size")
+    m = evaluate_segmentation(model, cfg, classes, args.split, out_dir, folder=args.data_dir,
+                              log=lambda line: print(printable(line), flush=True))
+    if m["skipped"]:
+        print(f"skipped {len(m['skipped'])} unreadable image(s) (data.on_bad_image=skip): "
+              + "; ".join(printable(b) for b in m["skipped"][:5]))
     print(f"{m['images']} images, {m['pixels']} pixels scored: mIoU {100 * m['miou']:.2f}%   mean Dice "
           f"{100 * m['mdice']:.2f}%   pixel accuracy {100 * m['pixel_acc']:.2f}%\n")
     width = max(len("class"), *(len(printable(c)) for c in classes)) + 2

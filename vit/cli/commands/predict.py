@@ -116,7 +116,8 @@ def run_onnx(argv: list[str]) -> int:
 def parse_args(argv):
     from vit.cli.args import parse_command
 
-    return parse_command(build_parser(), argv, "predict.py", ("aug.",), ("topk", "batch_size", "img_size"))
+    return parse_command(build_parser(), argv, "predict.py", ("aug.", "seg.window"),  # seg.window: as evaluate.py
+                         ("topk", "batch_size", "img_size"))
 
 
 def main(argv=None) -> int:

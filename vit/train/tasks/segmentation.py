@@ -72,6 +72,19 @@ class SegmentationTask(Task):
             logits, y = flat_pixels(run.model(x), y)  # NaFlex: per-image logits and masks, every pixel once
         return seg_loss(logits, y, self.loss_name, self.class_weights)
 
+    def _val_logits(self, model: torch.nn.Module, x, y) -> tuple:
+        """A val batch's (logits, masks): a tensor or NaFlex batch through the model; images at their files' sizes
+        (a list) each as predict.py reads it (resized, or in sliding windows), stacked into one batch when all are
+        the input size."""
+        if not isinstance(x, list):
+            return model(x), y
+        from ...eval.segmentation import image_logits
+
+        size = self.cfg.model.img_size
+        if all(tuple(xi.shape[-2:]) == (size, size) for xi in x):
+            return model(torch.stack(x)), torch.stack(y)
+        return [image_logits(model, xi[None], size, self.cfg.seg.window)[0] for xi in x], y
+
     @torch.no_grad()
     def evaluate(self, run, model: torch.nn.Module) -> Evaluation:
         from ...eval.segmentation import confusion, flat_pixels, seg_scores
@@ -81,7 +94,7 @@ class SegmentationTask(Task):
         conf, losses = torch.zeros(n, n, dtype=torch.int64, device=acc.device), []
         for x, y in run.val_loader:
             with acc.autocast():
-                logits, y = flat_pixels(model(x), y)
+                logits, y = flat_pixels(*self._val_logits(model, x, y))
             losses.append(seg_loss(logits, y, self.loss_name, self.class_weights).detach())
             conf += confusion(logits.argmax(1), y, n).to(acc.device)
         model.train()
