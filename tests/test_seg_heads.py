@@ -130,3 +130,28 @@ def test_frozen_backbone_trains_the_head_alone():
     used = {n: p for n, p in model.head.named_parameters() if not n.startswith("fusion_stage.layers.0.residual_layer1")}
     assert len(used) < len(list(model.head.parameters()))
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in used.values())
+
+
+@pytest.mark.parametrize("pool", [{}, {"global_pool": "avg"}, {"global_pool": "map"}])
+@pytest.mark.parametrize("head,kw", [("linear", {"blocks": 2}), ("dpt", {"sizes": (8, 16, 16, 32), "width": 8})])
+def test_every_trainable_parameter_gets_a_gradient(head, kw, pool):
+    """DDP waits for a gradient of every trainable parameter: a segmenter leaves trainable only what its patch grids
+    pass through (the backbone's final norm for DPT, fc_norm, attention pooling and the classifier are not), so a
+    two-process run does not stop at its second step."""
+    from vit.models import create_model
+    from vit.models.segmenter import create_segmenter
+
+    torch.manual_seed(0)
+    backbone = create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2,
+                            num_classes=0, **pool)
+    model = create_segmenter(backbone, 3, head, **kw)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    idle = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not idle, idle
+    frozen = {n.split(".")[1] if n.startswith("backbone.") else n.rsplit(".", 2)[0]
+              for n, p in model.named_parameters() if not p.requires_grad}
+    want = {"dpt": {"norm", "head.fusion_stage.layers.0.residual_layer1"}, "linear": set()}[head]
+    want |= {"avg": {"fc_norm"}, "map": {"attn_pool"}}.get(pool.get("global_pool"), set())
+    if pool.get("global_pool") == "avg":  # fc_norm instead of a final norm: nothing there to freeze
+        want.discard("norm")
+    assert frozen == want  # only what no patch grid passes through

@@ -115,6 +115,9 @@ class _FusionStage(nn.Module):
     def __init__(self, width: int, n: int) -> None:
         super().__init__()
         self.layers = nn.ModuleList(_Fusion(width) for _ in range(n))
+        # the coarsest layer has no finer map to add: its first residual unit is never used (kept, as transformers'
+        # DPT keeps it, so weights load either way), and left out of training (DDP needs every trainable one used)
+        self.layers[0].residual_layer1.requires_grad_(False)
 
     def forward(self, maps: list[torch.Tensor]) -> torch.Tensor:
         fused = None

@@ -48,6 +48,12 @@ class Segmenter(nn.Module):
     def __init__(self, backbone: nn.Module, head: nn.Module, indices: list[int], norm: bool) -> None:
         super().__init__()
         self.backbone, self.head, self.indices, self.norm = backbone, head, list(indices), norm
+        # what the patch grids never pass through gets no gradient: not trained, so DDP (which waits for a gradient
+        # of every trainable parameter) does not stop at the second step; the weights stay in the checkpoint
+        for name in ("fc_norm", "attn_pool", "head", "head_drop") + (() if norm else ("norm",)):
+            unused = getattr(backbone, name, None)
+            if isinstance(unused, nn.Module):
+                unused.requires_grad_(False)
 
     def features(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per block in `indices`: (patch maps (B, D, h, w), prefix tokens (B, P, D) or None)."""
