@@ -132,6 +132,16 @@ def test_exact_geometry_reads_a_larger_image_at_its_own_scale(shape):
         assert not any(_moves_whole_pixels(o["image"], o["mask"], mask) for o in outs)  # resized, as predict.py
 
 
+def test_a_native_windows_padding_is_the_fill_and_the_ignore_index():
+    from vit.data.seg_window import NativeWindow
+
+    image, mask = np.full((10, 50, 3), 200, np.uint8), np.ones((10, 50), np.uint8)
+    out = NativeWindow(16, fill=(128, 64, 32), p=1.0)(image=image, mask=mask)
+    assert out["image"].shape == (16, 16, 3) and (out["image"][10:] == (128, 64, 32)).all()
+    assert (out["image"][:10] == 200).all() and (out["mask"][:10] == 1).all()
+    assert (out["mask"][10:] == IGNORE_INDEX).all()
+
+
 def test_geometry_none_and_a_bad_choice():
     image, mask = _blocky(np.random.default_rng(2))
     out = seg_transform(64, True, None, None, jitter=0.0, geometry="none")(image=image, mask=mask)
