@@ -34,9 +34,10 @@ def _folder_pairs(root: Path, missing: str) -> list[SegPair]:
         if not d.is_dir() and not (d == masks and missing == "background"):
             raise DataError(f"{d} does not exist; the folder layout is {root}/images/<stem>.<ext> with "
                             f"{root}/masks/<stem>.png.")
-    found = _mask_files(masks, {q.stem for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS})
+    files = sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS)  # listed once
+    found = _mask_files(masks, {q.stem for q in files})
     pairs = []
-    for p in sorted(q for q in images.iterdir() if q.suffix.lower() in IMG_EXTENSIONS):
+    for p in files:
         m = found.get(p.stem)
         if m is None and missing != "background":
             raise DataError(f"image {p} has no mask {masks / (p.stem + '.png')}; add it, or set "
@@ -104,8 +105,9 @@ def find_pairs(root: str | Path, missing: str = "error") -> list[SegPair]:
 
 def split_source(root: Path, split: str) -> Path:
     """root/<split>/ (images/ + masks/) or root/<split>.csv; DataError naming both when neither exists."""
-    csv_file = root / f"{split}.csv"
-    if not csv_file.is_file() and not (root / split).is_dir():
-        raise DataError(f"the {split} split is missing: {root} has neither {split}/ (images/ and masks/) nor "
-                        f"{split}.csv (columns image,mask).")
-    return csv_file if csv_file.is_file() and not (root / split).is_dir() else root / split
+    if (root / split).is_dir():  # a folder wins over a CSV of the same name
+        return root / split
+    if (root / f"{split}.csv").is_file():
+        return root / f"{split}.csv"
+    raise DataError(f"the {split} split is missing: {root} has neither {split}/ (images/ and masks/) nor "
+                    f"{split}.csv (columns image,mask).")

@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = ["NativeWindow"]
 
-IGNORE_INDEX = 255  # vit.data.segmentation's: a padded mask pixel is not scored
+IGNORE_INDEX = 255  # vit.data.segmentation's (which imports this module, so not imported back): a padded pixel
 
 
 class NativeWindow(A.DualTransform):

@@ -64,15 +64,22 @@ def _palette(img) -> list[tuple[int, int, int]]:
     return colours
 
 
-def palette_classes(mask_path: str | Path) -> list[str]:
-    """The class list a palette PNG's palette gives: one name per colour ('#rrggbb'), the palette's order."""
+def _open_mask(path: str | Path, pixels: bool) -> tuple[str, list, np.ndarray | None]:
+    """(mode, palette colours, the pixels when `pixels`) of a mask file; one sentence naming it when it is not an
+    image, is cut short or is too large."""
     from PIL import Image
 
     try:
-        with Image.open(mask_path) as img:
-            mode, colours = img.mode, (_palette(img) if img.mode == "P" else [])
+        with Image.open(path) as img:
+            colours = _palette(img) if img.mode == "P" else []
+            return img.mode, colours, np.array(img) if pixels else None  # a writable copy; a cut file fails here
     except (OSError, SyntaxError, Image.DecompressionBombError) as e:
-        raise DataError(f"mask {mask_path} cannot be read ({e}); save it again as an index or palette PNG.") from None
+        raise DataError(f"mask {path} cannot be read ({e}); save it again as an index or palette PNG.") from None
+
+
+def palette_classes(mask_path: str | Path) -> list[str]:
+    """The class list a palette PNG's palette gives: one name per colour ('#rrggbb'), the palette's order."""
+    mode, colours, _ = _open_mask(mask_path, pixels=False)
     if mode != "P":
         raise DataError(f"mask {mask_path} is not a palette PNG (mode {mode}); give the class names instead.")
     return ["#{:02x}{:02x}{:02x}".format(*c) for c in colours]
@@ -81,14 +88,7 @@ def palette_classes(mask_path: str | Path) -> list[str]:
 def read_mask(path: str | Path, num_classes: int, palette: list[str] | None = None) -> np.ndarray:
     """A mask file as (H, W) uint8 class indices, checked (`check_mask`). `palette`: the class list when it came
     from the palettes (a palette PNG with more colours than it is refused)."""
-    from PIL import Image
-
-    try:
-        with Image.open(path) as img:
-            mode, colours = img.mode, (_palette(img) if img.mode == "P" else [])
-            a = np.array(img)  # a writable copy; a truncated file fails here
-    except (OSError, SyntaxError, Image.DecompressionBombError) as e:  # not an image, cut short, too large
-        raise DataError(f"mask {path} cannot be read ({e}); save it again as an index or palette PNG.") from None
+    mode, colours, a = _open_mask(path, pixels=True)
     if mode not in _MASK_MODES:
         raise DataError(f"mask {path} is a {mode} image; save it as an index PNG (one channel, the value "
                         "is the class) or a palette PNG.")
@@ -140,12 +140,11 @@ def _geometry(img_size: int | None, geometry: str, scale, rotate: float, interp:
     import albumentations as A
     import cv2
 
-    nearest, size = cv2.INTER_NEAREST, (img_size, img_size)
-    resize = [] if img_size is None else [A.Resize(*size, interpolation=interp, mask_interpolation=nearest)]
     if geometry not in ("resample", "exact", "none"):
         raise ValueError(f"seg.geometry is resample, exact or none, not {geometry!r}.")
+    nearest, size = cv2.INTER_NEAREST, (img_size, img_size)
     if geometry == "none":
-        return resize
+        return [] if img_size is None else [A.Resize(*size, interpolation=interp, mask_interpolation=nearest)]
     flips = [A.HorizontalFlip(p=0.5), A.VerticalFlip(p=0.5)]
     border = dict(border_mode=cv2.BORDER_CONSTANT, fill=0, fill_mask=IGNORE_INDEX)
     if geometry == "exact":  # whole pixels only: a nearest shift moves image and mask by the same rounded offset
@@ -186,9 +185,7 @@ class SegmentationDataset(SeededDataset):
         if pair.mask is None:
             return image, np.zeros(image.shape[:2], np.uint8)
         mask = read_mask(pair.mask, len(self.classes), self.palette)
-        if mask.shape != image.shape[:2]:
-            raise DataError(f"mask {pair.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {pair.image} is "
-                            f"{image.shape[1]}x{image.shape[0]}; masks must have their image's size.")
+        _check_size(pair, mask.shape, image.shape[:2])
         return image, mask
 
     def check(self, on_bad_image: str = "error") -> list[str]:
@@ -204,10 +201,7 @@ class SegmentationDataset(SeededDataset):
                 bad.append(str(e))
                 continue
             if pair.mask is not None:
-                mask, (h, w) = read_mask(pair.mask, len(self.classes), self.palette), image_size(pair.image)
-                if mask.shape != (h, w):
-                    raise DataError(f"mask {pair.mask} is {mask.shape[1]}x{mask.shape[0]} but its image {pair.image} "
-                                    f"is {w}x{h}; masks must have their image's size.")
+                _check_size(pair, read_mask(pair.mask, len(self.classes), self.palette).shape, image_size(pair.image))
             good.append(pair)
         if bad and on_bad_image == "error":
             raise DataError(f"{len(bad)} unreadable image(s) among the segmentation pairs, first: {bad[0]}; remove "
@@ -255,6 +249,13 @@ def fit_to_budget(image: np.ndarray, patch: int, budget: int) -> np.ndarray:
 
     h, w = grid_for_budget(*image.shape[:2], patch, budget)
     return cv2.resize(image, (w * patch, h * patch), interpolation=cv2.INTER_LINEAR)
+
+
+def _check_size(pair: SegPair, mask: tuple[int, int], image: tuple[int, int]) -> None:
+    """One sentence naming both files when a mask's (height, width) is not its image's."""
+    if tuple(mask) != tuple(image):
+        raise DataError(f"mask {pair.mask} is {mask[1]}x{mask[0]} but its image {pair.image} is {image[1]}x{image[0]}; "
+                        "masks must have their image's size.")
 
 
 def image_size(path) -> tuple[int, int]:

@@ -118,17 +118,15 @@ def naflex_budget(cfg) -> tuple[int, int] | None:
 
 
 @torch.no_grad()
-def predict_masks(model, loader, num_classes: int, window: int | None = None, keep_probs: bool = False) -> dict:
-    """Over (images, masks) batches: the confusion, and with `keep_probs` the softmax probabilities (N, C, H, W)
-    and masks (N, H, W) for pixel AUROC. `window`: sliding-window inference for inputs larger than it."""
+def predict_masks(model, loader, num_classes: int, keep_probs: bool = False) -> dict:
+    """Over (images, masks) batches of the input size (or NaFlex batches): the confusion, and with `keep_probs` the
+    softmax probabilities (N, C, H, W) and masks (N, H, W) for pixel AUROC (scripts/seg_parts.py). Files of other
+    sizes are scored by `evaluate_segmentation`."""
     model.eval()
     conf = torch.zeros(num_classes, num_classes, dtype=torch.int64)
     probs, masks = [], []
     for x, y in loader:
-        if isinstance(x, dict):  # NaFlex: every image at its own grid, scored on its mask's pixels
-            logits, y = flat_pixels(model(x), y)
-        else:
-            logits = sliding_logits(model, x, window) if window and max(x.shape[-2:]) > window else model(x)
+        logits, y = flat_pixels(model(x), y)  # NaFlex: every image at its own grid; a tensor batch passes through
         conf += confusion(logits.argmax(1), y, num_classes)
         if keep_probs:
             probs.append(logits.float().softmax(1).cpu())
